@@ -1,0 +1,7 @@
+"""Drop-in replacements for other frameworks' sandbox interfaces:
+
+* :mod:`corral.adapters.open_instruct`: open-instruct's ``SandboxBackend``
+  (``CorralBackend``, in place of ``DockerBackend``);
+* :mod:`corral.adapters.mini_swe_agent`: mini-swe-agent's environments
+  (``CorralEnvironment``, in place of ``DockerEnvironment``).
+"""

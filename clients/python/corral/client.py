@@ -1,0 +1,630 @@
+"""The synchronous client: :class:`Client`, :class:`Sandbox`, :class:`Shell`
+and :class:`CommandStream`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from types import TracebackType
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Type, Union
+
+import httpx
+
+from . import _core
+from ._core import Command, RetryPolicy, Stdin, seg
+from ._sse import SSEDecoder
+from .errors import CorralError, NotFoundError, SandboxNotFoundError, ServiceUnavailableError, error_from_response
+from .models import CommandResult, FileEntry, Health, SandboxInfo, StreamEvent
+
+__all__ = ["Client", "Sandbox", "Shell", "CommandStream"]
+
+log = logging.getLogger("corral")
+
+PathLike = Union[str, "os.PathLike[str]"]
+Data = Union[bytes, bytearray, memoryview, str]
+
+
+class Client:
+    """A connection to a corral service.
+
+    Args:
+        base_url: the service, default ``$CORRAL_URL`` else
+            ``http://127.0.0.1:7070``. ``unix:///path/to.sock`` talks over a
+            Unix socket.
+        token: bearer token, default ``$CORRAL_TOKEN``.
+        uds: path of a Unix socket to connect through (the host of
+            ``base_url`` is then nominal).
+        timeout: seconds to wait for an ordinary answer (commands wait for
+            their own timeout plus a grace; creating a sandbox up to 10
+            minutes), or an :class:`httpx.Timeout`.
+        retry: retries of connection failures and retryable 503s
+            (:class:`~corral.RetryPolicy`); ``None`` or ``attempts=1`` disables.
+        transport: an httpx transport, for tests or custom networking.
+    """
+
+    def __init__(
+        self,
+        base_url: Optional[str] = None,
+        *,
+        token: Optional[str] = None,
+        uds: Optional[str] = None,
+        timeout: Union[float, httpx.Timeout, None] = None,
+        retry: Optional[RetryPolicy] = RetryPolicy(),
+        transport: Optional[httpx.BaseTransport] = None,
+    ) -> None:
+        self.base_url = _core.resolve_base_url(base_url)
+        socket_path = _core.resolve_uds(base_url, uds)
+        if transport is None and socket_path:
+            transport = httpx.HTTPTransport(uds=socket_path)
+        self.retry = retry or _core.NO_RETRY
+        self._timeout = _core.default_timeout(timeout)
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers=_core.default_headers(_core.resolve_token(token)),
+            timeout=self._timeout,
+            transport=transport,
+        )
+
+    # -- plumbing ----------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Optional[Mapping[str, Any]] = None,
+        content: Optional[bytes] = None,
+        headers: Optional[Mapping[str, str]] = None,
+        timeout: Union[httpx.Timeout, float, None, object] = httpx.USE_CLIENT_DEFAULT,
+        idempotent: bool = False,
+        resource: Optional[str] = None,
+    ) -> httpx.Response:
+        """Send one request with the retry rule; raise the typed error for an
+        error answer; return the (read) response otherwise."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = self._http.request(
+                    method,
+                    path,
+                    json=json,
+                    params=params,
+                    content=content,
+                    headers=headers,
+                    timeout=timeout,  # type: ignore[arg-type]
+                )
+            except httpx.TransportError as exc:
+                if attempt < self.retry.attempts and _core.may_retry_transport(exc, idempotent):
+                    delay = self.retry.delay(attempt)
+                    log.debug("corral: %s %s failed (%s); retrying in %.2fs", method, path, exc, delay)
+                    time.sleep(delay)
+                    continue
+                raise _core.transport_error(exc, self.base_url) from exc
+            if idempotent and attempt < self.retry.attempts and _core.should_retry_status(response):
+                delay = self.retry.delay(attempt)
+                log.debug("corral: %s %s answered 503; retrying in %.2fs", method, path, delay)
+                time.sleep(delay)
+                continue
+            _core.raise_for_error(response, resource)
+            return response
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- service -----------------------------------------------------------
+
+    def health(self) -> Health:
+        """``GET /v1/health`` (needs no token)."""
+        return Health.from_json(self.request("GET", "/v1/health", idempotent=True).json())
+
+    # -- sandboxes ---------------------------------------------------------
+
+    def create_sandbox(
+        self,
+        *,
+        image: Optional[str] = None,
+        spec: Optional[Mapping[str, Any]] = None,
+        profile: Optional[str] = None,
+        session: Optional[str] = None,
+        persistent: bool = False,
+    ) -> "Sandbox":
+        """Create (or, for an existing ``session`` key, get) a sandbox. Use it
+        as a context manager to delete it at the end."""
+        return Sandbox(
+            self, image=image, spec=spec, profile=profile, session=session, persistent=persistent
+        )
+
+    sandbox = create_sandbox
+
+    def get_sandbox(self, sandbox_id: str) -> "Sandbox":
+        """An existing sandbox by id (raises :class:`SandboxNotFoundError`)."""
+        info = self.sandbox_info(sandbox_id)
+        return Sandbox(self, _info=info)
+
+    def sandbox_info(self, sandbox_id: str) -> SandboxInfo:
+        r = self.request("GET", f"/v1/sandboxes/{seg(sandbox_id)}", idempotent=True, resource="sandbox")
+        return SandboxInfo.from_json(r.json())
+
+    def list_sandboxes(self) -> List[SandboxInfo]:
+        r = self.request("GET", "/v1/sandboxes", idempotent=True)
+        return [SandboxInfo.from_json(s) for s in r.json().get("sandboxes", [])]
+
+    def delete_sandbox(self, sandbox_id: str, *, missing_ok: bool = True) -> None:
+        """Release a sandbox (destroyed unless persistent)."""
+        try:
+            self.request("DELETE", f"/v1/sandboxes/{seg(sandbox_id)}", idempotent=True, resource="sandbox")
+        except NotFoundError:
+            if not missing_ok:
+                raise
+
+    def _create(self, body: Dict[str, Any]) -> SandboxInfo:
+        # The session key is made here when not given, so a retry after a
+        # lost answer gets the same sandbox rather than a second one.
+        r = self.request(
+            "POST",
+            "/v1/sandboxes",
+            json=body,
+            timeout=httpx.Timeout(_core.CREATE_TIMEOUT, connect=self._timeout.connect),
+            idempotent=True,
+        )
+        return SandboxInfo.from_json(r.json())
+
+
+class Sandbox:
+    """A sandbox: a hardened container with corral's agent inside.
+
+    ``Sandbox(image=...)`` creates one at once (through ``client``, else a
+    client of its own built from ``base_url``/``token``/``$CORRAL_URL``/
+    ``$CORRAL_TOKEN``); as a context manager it is deleted on exit::
+
+        with Sandbox() as sb:
+            print(sb.run("echo hi").stdout)
+
+    Args:
+        image: image, overriding the service's default.
+        spec: a complete sandbox spec (keys as under ``defaults`` in corral's
+            config: ``image``, ``env``, ``limits``, ``network``, ...). Keys left
+            out take corral's hardened defaults, not the service's
+            ``defaults``.
+        profile: a profile or pool name of the service's config.
+        session: session key: the same key gets the same sandbox until it is
+            deleted. Default: a fresh key.
+        persistent: keep ``/workspace`` and the home directory per session key.
+    """
+
+    def __init__(
+        self,
+        client: Optional[Client] = None,
+        *,
+        image: Optional[str] = None,
+        spec: Optional[Mapping[str, Any]] = None,
+        profile: Optional[str] = None,
+        session: Optional[str] = None,
+        persistent: bool = False,
+        base_url: Optional[str] = None,
+        token: Optional[str] = None,
+        timeout: Union[float, httpx.Timeout, None] = None,
+        _info: Optional[SandboxInfo] = None,
+    ) -> None:
+        self._owns_client = client is None
+        self.client = client if client is not None else Client(base_url, token=token, timeout=timeout)
+        self._deleted = False
+        try:
+            if _info is None:
+                body = _core.create_body(
+                    session=session, image=image, spec=spec, profile=profile, persistent=persistent
+                )
+                _info = self.client._create(body)
+        except BaseException:
+            if self._owns_client:
+                self.client.close()
+            raise
+        self.info: SandboxInfo = _info
+
+    @classmethod
+    def create(cls, client: Optional[Client] = None, **kwargs: Any) -> "Sandbox":
+        """Same as ``Sandbox(client, **kwargs)``."""
+        return cls(client, **kwargs)
+
+    # -- identity ----------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """The handle of every route (the session key)."""
+        return self.info.id
+
+    @property
+    def container_id(self) -> Optional[str]:
+        return self.info.container_id
+
+    @property
+    def sandbox_id(self) -> Optional[str]:
+        return self.info.sandbox_id
+
+    @property
+    def image(self) -> Optional[str]:
+        return self.info.image
+
+    def refresh(self) -> SandboxInfo:
+        """Fetch the sandbox's current description."""
+        self.info = self.client.sandbox_info(self.id)
+        return self.info
+
+    def _path(self, *parts: str) -> str:
+        return "/v1/sandboxes/" + seg(self.id) + "".join("/" + p for p in parts)
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, container_id={(self.container_id or '')[:12]!r}, image={self.image!r})"
+
+    # -- commands ----------------------------------------------------------
+
+    def run(
+        self,
+        cmd: Command,
+        timeout: Optional[float] = None,
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        stdin: Stdin = None,
+        max_output: Optional[int] = None,
+        check: bool = False,
+        raise_on_failure: bool = True,
+    ) -> CommandResult:
+        """Run a command and wait for it.
+
+        ``cmd`` is a command line (run by ``/bin/sh -c``) or an argv list.
+        ``timeout`` is in seconds (the command's whole process tree is killed
+        then); ``max_output`` caps the bytes kept per stream (head and tail).
+
+        A non-zero exit is a result, not an error (``check=True`` raises
+        :class:`CommandFailedError` for it). A failure (timeout, OOM kill,
+        lost container, ...) raises its typed exception carrying the result,
+        unless ``raise_on_failure=False``, which returns the result with
+        ``failure`` set.
+        """
+        body = _core.exec_body(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output)
+        r = self.client.request(
+            "POST",
+            self._path("exec"),
+            json=body,
+            timeout=_core.exec_http_timeout(self.client._timeout, timeout),
+            resource="sandbox",
+        )
+        result = CommandResult.from_json(r.json())
+        return _finish(result, check=check, raise_on_failure=raise_on_failure)
+
+    def stream(
+        self,
+        cmd: Command,
+        timeout: Optional[float] = None,
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        stdin: Stdin = None,
+        max_output: Optional[int] = None,
+        raise_on_failure: bool = True,
+    ) -> "CommandStream":
+        """Run a command, yielding its output as it comes::
+
+            for ev in sb.stream("make test"):
+                if ev.is_output:
+                    print(ev.text, end="")
+                else:
+                    print("exit", ev.result.exit_code)
+
+        Events are ``stdout``/``stderr`` chunks, then one ``result`` (also kept
+        as ``.result`` of the returned stream). A failure raises its typed
+        exception in place of the ``result`` event unless
+        ``raise_on_failure=False``.
+        """
+        body = _core.exec_body(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output)
+        return CommandStream(self, body, timeout, raise_on_failure)
+
+    # -- shell sessions ----------------------------------------------------
+
+    def shell(self, name: str = "main") -> "Shell":
+        """A stateful shell session (``cd``, exports and functions persist
+        between commands). It starts with its first command."""
+        return Shell(self, name)
+
+    def shells(self) -> List[str]:
+        """Names of the open shell sessions."""
+        r = self.client.request("GET", self._path("shells"), idempotent=True, resource="sandbox")
+        return list(r.json().get("shells", []))
+
+    # -- files -------------------------------------------------------------
+
+    def write_file(
+        self,
+        path: str,
+        data: Data,
+        mode: Union[int, str, None] = None,
+        mkdirs: bool = False,
+    ) -> None:
+        """Write ``data`` (bytes, or str as UTF-8) to ``path`` atomically.
+        ``mode`` as 0o644 or "644"; ``mkdirs`` creates missing parents."""
+        params: Dict[str, str] = {"path": path}
+        m = _core.file_mode(mode)
+        if m is not None:
+            params["mode"] = m
+        if mkdirs:
+            params["mkdirs"] = "true"
+        self.client.request(
+            "PUT",
+            self._path("files"),
+            params=params,
+            content=_core.as_bytes(data),
+            headers={"Content-Type": "application/octet-stream"},
+            idempotent=True,
+            resource="file",
+        )
+
+    def read_file(self, path: str, max_bytes: Optional[int] = None) -> bytes:
+        """The bytes of the file at ``path``. A missing file raises
+        :class:`SandboxFileNotFoundError` (a :class:`FileNotFoundError`)."""
+        params: Dict[str, Any] = {"path": path}
+        if max_bytes is not None:
+            params["max_bytes"] = int(max_bytes)
+        r = self.client.request("GET", self._path("files"), params=params, idempotent=True, resource="file")
+        return r.content
+
+    def read_text(self, path: str, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return self.read_file(path).decode(encoding, errors)
+
+    def list_files(self, path: str) -> List[FileEntry]:
+        """The entries of directory ``path``, by name."""
+        r = self.client.request(
+            "GET", self._path("files", "list"), params={"path": path}, idempotent=True, resource="file"
+        )
+        return [FileEntry.from_json(e) for e in r.json().get("entries", [])]
+
+    def upload_tar(self, dest: str, tar: Union[bytes, bytearray, memoryview]) -> None:
+        """Extract the tar archive ``tar`` under directory ``dest``."""
+        self.client.request(
+            "PUT",
+            self._path("archive"),
+            params={"path": dest},
+            content=bytes(tar),
+            headers={"Content-Type": "application/x-tar"},
+            idempotent=True,
+            resource="file",
+        )
+
+    def download_tar(self, path: str) -> bytes:
+        """A tar archive of ``path`` (a file or a directory)."""
+        r = self.client.request(
+            "GET", self._path("archive"), params={"path": path}, idempotent=True, resource="file"
+        )
+        return r.content
+
+    def upload_dir(self, local_dir: PathLike, dest: str) -> None:
+        """Copy the contents of ``local_dir`` into ``dest`` in the sandbox."""
+        self.upload_tar(dest, _core.pack_dir(local_dir))
+
+    def download_dir(self, path: str, local_dir: PathLike) -> List[str]:
+        """Copy ``path`` from the sandbox into ``local_dir`` (members that
+        would land outside it are refused). Returns the extracted names."""
+        return _core.unpack_tar(self.download_tar(path), local_dir)
+
+    # -- lifetime ----------------------------------------------------------
+
+    def delete(self) -> None:
+        """Release the sandbox (its container is removed unless persistent).
+        Deleting twice, or a sandbox already gone, is not an error."""
+        if self._deleted:
+            return
+        try:
+            self.client.delete_sandbox(self.id)
+            self._deleted = True
+        finally:
+            if self._deleted and self._owns_client:
+                self.client.close()
+
+    close = delete
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        try:
+            self.delete()
+        except CorralError as err:
+            if exc is None:
+                raise
+            log.warning("corral: could not delete sandbox %s: %s", self.id, err)
+        finally:
+            if self._owns_client:
+                self.client.close()
+
+
+class Shell:
+    """A shell session in a sandbox: commands share one shell process, so
+    ``cd``, exported variables and functions carry over."""
+
+    def __init__(self, sandbox: Sandbox, name: str = "main") -> None:
+        self.sandbox = sandbox
+        self.name = name
+
+    def run(
+        self,
+        cmd: str,
+        timeout: Optional[float] = None,
+        *,
+        max_output: Optional[int] = None,
+        check: bool = False,
+        raise_on_failure: bool = True,
+    ) -> CommandResult:
+        """Run ``cmd`` in the session. The result says whether the shell was
+        ``restarted`` (earlier state lost) and whether it ``ended`` (``exit``).
+        On a timeout the command is interrupted; the session survives when it
+        stops on the interrupt, else it is restarted."""
+        body = _core.shell_body(cmd, timeout=timeout, max_output=max_output)
+        c = self.sandbox.client
+        r = c.request(
+            "POST",
+            self.sandbox._path("shells", seg(self.name), "exec"),
+            json=body,
+            timeout=_core.exec_http_timeout(c._timeout, timeout),
+            resource="sandbox",
+        )
+        return _finish(CommandResult.from_json(r.json()), check=check, raise_on_failure=raise_on_failure)
+
+    def close(self) -> None:
+        """End the session (its processes are killed). Closing a session that
+        is not open is not an error."""
+        try:
+            self.sandbox.client.request(
+                "DELETE", self.sandbox._path("shells", seg(self.name)), idempotent=True, resource="shell"
+            )
+        except NotFoundError as err:
+            if isinstance(err, SandboxNotFoundError):
+                raise
+
+    def __enter__(self) -> "Shell":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.close()
+        except CorralError as err:
+            if exc[1] is None:
+                raise
+            log.warning("corral: could not close shell %s: %s", self.name, err)
+
+    def __repr__(self) -> str:
+        return f"Shell(sandbox={self.sandbox.id!r}, name={self.name!r})"
+
+
+class CommandStream:
+    """The events of a streamed command; iterate it once. ``result`` holds
+    the final :class:`CommandResult` once it arrived. Closing it early (or
+    leaving a ``with`` block) drops the connection."""
+
+    def __init__(self, sandbox: Sandbox, body: Dict[str, Any], timeout: Optional[float], raise_on_failure: bool):
+        self.sandbox = sandbox
+        self.result: Optional[CommandResult] = None
+        self._body = body
+        self._timeout = timeout
+        self._raise = raise_on_failure
+        self._response: Optional[httpx.Response] = None
+        self._started = False
+
+    def _open(self) -> httpx.Response:
+        c = self.sandbox.client
+        attempt = 0
+        while True:
+            attempt += 1
+            req = c._http.build_request(
+                "POST",
+                self.sandbox._path("exec", "stream"),
+                json=self._body,
+                headers={"Accept": "text/event-stream"},
+                timeout=_core.exec_http_timeout(c._timeout, self._timeout),
+            )
+            try:
+                response = c._http.send(req, stream=True)
+            except httpx.TransportError as exc:
+                if attempt < c.retry.attempts and isinstance(exc, _core.NOT_SENT):
+                    time.sleep(c.retry.delay(attempt))
+                    continue
+                raise _core.transport_error(exc, c.base_url) from exc
+            if response.status_code >= 400:
+                try:
+                    response.read()
+                finally:
+                    response.close()
+                _core.raise_for_error(response, "sandbox")
+            return response
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        if self._started:
+            raise RuntimeError("a CommandStream can be iterated once")
+        self._started = True
+        self._response = self._open()
+        try:
+            decoder = SSEDecoder()
+            try:
+                for chunk in self._response.iter_bytes():
+                    for sse in decoder.feed(chunk):
+                        ev = self._event(sse.event, sse.data)
+                        if ev is not None:
+                            yield ev
+                for sse in decoder.close():
+                    ev = self._event(sse.event, sse.data)
+                    if ev is not None:
+                        yield ev
+            except httpx.TransportError as exc:
+                raise _core.transport_error(exc, self.sandbox.client.base_url) from exc
+            if self.result is None:
+                raise ServiceUnavailableError(
+                    "the command's event stream ended before its result", kind="stream_incomplete"
+                )
+        finally:
+            self.close()
+
+    def _event(self, event: str, data: str) -> Optional[StreamEvent]:
+        kind, payload = _core.stream_event(event, data)
+        ev = _to_event(kind, payload)
+        if ev is not None and ev.result is not None:
+            self.result = ev.result
+            if self._raise:
+                ev.result.raise_for_failure()
+        return ev
+
+    def close(self) -> None:
+        if self._response is not None:
+            self._response.close()
+
+    def __enter__(self) -> "CommandStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _to_event(kind: str, payload: Any) -> Optional[StreamEvent]:
+    """An SSE event of an exec stream as a :class:`StreamEvent` (``None`` for
+    kinds this client does not know); an ``error`` event raises."""
+    if kind in ("stdout", "stderr"):
+        payload = payload if isinstance(payload, Mapping) else {}
+        text = str(payload.get("data", ""))
+        raw = _core.as_bytes(text)
+        b64 = payload.get("base64")
+        if isinstance(b64, str):
+            import base64 as _b64
+
+            try:
+                raw = _b64.b64decode(b64)
+            except ValueError:
+                pass
+        return StreamEvent(kind=kind, text=text, data=raw)
+    if kind == "result":
+        return StreamEvent(kind="result", result=CommandResult.from_json(payload if isinstance(payload, Mapping) else {}))
+    if kind == "error":
+        status = 500
+        if isinstance(payload, Mapping) and isinstance(payload.get("status"), int):
+            status = payload["status"]
+        raise error_from_response(status, payload, resource="sandbox")
+    return None
+
+
+def _finish(result: CommandResult, *, check: bool, raise_on_failure: bool) -> CommandResult:
+    if raise_on_failure:
+        result.raise_for_failure()
+    if check and result.failure is None:
+        result.check()
+    return result

@@ -1,0 +1,266 @@
+"""The service's JSON shapes as dataclasses."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+__all__ = [
+    "Failure",
+    "CommandResult",
+    "SandboxInfo",
+    "FileEntry",
+    "StreamEvent",
+    "Health",
+]
+
+
+def _b64(value: Any) -> Optional[bytes]:
+    if not isinstance(value, str):
+        return None
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a command did not complete normally.
+
+    ``kind`` is one of ``timeout``, ``oom_killed``, ``container_lost``,
+    ``daemon_unavailable``, ``image_not_found``, ``invalid_spec``,
+    ``unsupported``, ``spawn_failed``, ``agent_error`` (or a kind a newer
+    service added); ``retryable`` says whether running it again may succeed.
+    """
+
+    kind: str
+    message: str = ""
+    retryable: bool = False
+    container: Optional[Dict[str, Any]] = None
+
+    @classmethod
+    def from_json(cls, data: Optional[Mapping[str, Any]]) -> Optional["Failure"]:
+        if not data:
+            return None
+        container = data.get("container")
+        return cls(
+            kind=str(data.get("kind") or "unknown"),
+            message=str(data.get("message") or ""),
+            retryable=bool(data.get("retryable", False)),
+            container=dict(container) if isinstance(container, Mapping) else None,
+        )
+
+
+@dataclass
+class CommandResult:
+    """A command's outcome.
+
+    ``stdout``/``stderr`` are text (UTF-8, with U+FFFD where the bytes were
+    not UTF-8); ``stdout_bytes``/``stderr_bytes`` are the exact bytes. When
+    output went over ``max_output`` its head and tail are kept and
+    ``*_truncated`` is set; ``*_total_bytes`` count everything the command
+    wrote. ``failure`` is ``None`` when the command ran to its exit, whatever
+    its exit code. Shell-session results also say whether the shell was
+    ``restarted`` before the command (earlier state lost) or ``ended`` after it.
+    """
+
+    exit_code: Optional[int] = None
+    stdout: str = ""
+    stderr: str = ""
+    stdout_bytes: bytes = b""
+    stderr_bytes: bytes = b""
+    signal: Optional[int] = None
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    stdout_total_bytes: int = 0
+    stderr_total_bytes: int = 0
+    duration_ms: float = 0.0
+    failure: Optional[Failure] = None
+    sandbox_id: Optional[str] = None
+    restarted: Optional[bool] = None
+    ended: Optional[bool] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "CommandResult":
+        stdout = data.get("stdout") or ""
+        stderr = data.get("stderr") or ""
+        stdout_bytes = _b64(data.get("stdout_base64"))
+        stderr_bytes = _b64(data.get("stderr_base64"))
+        restarted = data.get("restarted")
+        ended = data.get("ended")
+        exit_code = data.get("exit_code")
+        sig = data.get("signal")
+        return cls(
+            exit_code=int(exit_code) if exit_code is not None else None,
+            stdout=stdout,
+            stderr=stderr,
+            stdout_bytes=stdout_bytes if stdout_bytes is not None else stdout.encode("utf-8"),
+            stderr_bytes=stderr_bytes if stderr_bytes is not None else stderr.encode("utf-8"),
+            signal=int(sig) if sig is not None else None,
+            stdout_truncated=bool(data.get("stdout_truncated", False)),
+            stderr_truncated=bool(data.get("stderr_truncated", False)),
+            stdout_total_bytes=int(data.get("stdout_total_bytes") or 0),
+            stderr_total_bytes=int(data.get("stderr_total_bytes") or 0),
+            duration_ms=float(data.get("duration_ms") or 0.0),
+            failure=Failure.from_json(data.get("failure")),
+            sandbox_id=data.get("sandbox_id"),
+            restarted=bool(restarted) if restarted is not None else None,
+            ended=bool(ended) if ended is not None else None,
+            raw=dict(data),
+        )
+
+    @property
+    def ok(self) -> bool:
+        """The command ran to its exit with code 0."""
+        return self.failure is None and self.exit_code == 0
+
+    @property
+    def truncated(self) -> bool:
+        """Either stream was cut to its cap."""
+        return self.stdout_truncated or self.stderr_truncated
+
+    @property
+    def output(self) -> str:
+        """stdout followed by stderr."""
+        return self.stdout + self.stderr
+
+    @property
+    def duration(self) -> float:
+        """Wall time in seconds."""
+        return self.duration_ms / 1000.0
+
+    def raise_for_failure(self) -> "CommandResult":
+        """Raise the typed exception when ``failure`` is set; else return self."""
+        if self.failure is not None:
+            from .errors import error_from_failure
+
+            raise error_from_failure(self)
+        return self
+
+    def check(self) -> "CommandResult":
+        """Raise when the command failed or exited non-zero; else return self."""
+        self.raise_for_failure()
+        if self.exit_code != 0:
+            from .errors import CommandFailedError
+
+            tail = (self.stderr or self.stdout).strip().splitlines()[-3:]
+            msg = f"command exited with code {self.exit_code}"
+            if tail:
+                msg += ": " + " | ".join(tail)
+            raise CommandFailedError(msg, result=self)
+        return self
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """A sandbox as the service describes it. ``id`` (the session key) is the
+    handle of every route; ``sandbox_id`` is corral's id of the current
+    container incarnation; ``container_id`` the Docker container."""
+
+    id: str
+    session: Optional[str] = None
+    sandbox_id: Optional[str] = None
+    container_id: Optional[str] = None
+    image: Optional[str] = None
+    profile: Optional[str] = None
+    persistent: bool = False
+    alive: bool = True
+    shells: List[str] = field(default_factory=list)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "SandboxInfo":
+        return cls(
+            id=str(data["id"]),
+            session=data.get("session", data.get("id")),
+            sandbox_id=data.get("sandbox_id"),
+            container_id=data.get("container_id"),
+            image=data.get("image"),
+            profile=data.get("profile"),
+            persistent=bool(data.get("persistent", False)),
+            alive=bool(data.get("alive", True)),
+            shells=list(data.get("shells") or []),
+            raw=dict(data),
+        )
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One directory entry: ``type`` is ``file``, ``dir``, ``symlink`` or
+    ``other``; ``mode`` the permission bits; ``target`` a symlink's target as
+    stored (not resolved)."""
+
+    name: str
+    type: str
+    size: int = 0
+    mode: int = 0
+    target: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "FileEntry":
+        return cls(
+            name=str(data.get("name", "")),
+            type=str(data.get("type", "other")),
+            size=int(data.get("size") or 0),
+            mode=int(data.get("mode") or 0),
+            target=data.get("target"),
+        )
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type == "dir"
+
+    @property
+    def is_file(self) -> bool:
+        return self.type == "file"
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One event of :meth:`Sandbox.stream`.
+
+    ``kind`` is ``stdout`` or ``stderr`` for an output chunk (``text`` as
+    UTF-8, lossy; ``data`` the exact bytes) and ``result`` for the last event
+    (``result`` set).
+    """
+
+    kind: str
+    text: str = ""
+    data: bytes = b""
+    result: Optional[CommandResult] = None
+
+    @property
+    def is_output(self) -> bool:
+        return self.kind in ("stdout", "stderr")
+
+
+@dataclass(frozen=True)
+class Health:
+    """``GET /v1/health``: ``status`` is ``ok`` when the daemon answers."""
+
+    status: str
+    version: str = ""
+    daemon_endpoint: str = ""
+    daemon_reachable: bool = False
+    daemon_error: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Health":
+        daemon = data.get("daemon") or {}
+        return cls(
+            status=str(data.get("status", "")),
+            version=str(data.get("version", "")),
+            daemon_endpoint=str(daemon.get("endpoint", "")),
+            daemon_reachable=bool(daemon.get("reachable", False)),
+            daemon_error=daemon.get("error"),
+            raw=dict(data),
+        )
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"

@@ -1,0 +1,113 @@
+"""Fixtures for the Python client's tests: a real ``corral serve`` on the real
+container daemon, no mocks.
+
+* ``corral_server`` (session): the server (binary ``$CORRAL_BIN`` else
+  ``<repo>/target/debug/corral``) on a free loopback port, its config's
+  ``defaults`` using ``corral-test/busybox`` and labelling every container
+  ``corraltest=pyclient`` (plus this run's ``corraltest.run`` id). Stopped
+  with SIGTERM at the end, after which no container of this run may remain.
+* ``corral_url`` (session): its base URL.
+* ``corral_client``: a :class:`corral.Client` for it.
+* ``corral_sandbox``: a fresh sandbox, deleted after the test.
+* ``corral_spec``: builds a full sandbox spec that keeps the test image and
+  labels (a spec does not inherit the server's ``defaults``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator
+
+import pytest
+
+import corral
+from corral.testing import LocalServer, docker_ids
+
+REPO = Path(__file__).resolve().parents[3]
+IMAGE = os.environ.get("CORRAL_TEST_IMAGE", "corral-test/busybox")
+LABEL = "corraltest=pyclient"
+RUN_ID = uuid.uuid4().hex[:12]
+LABELS = {"corraltest": "pyclient", "corraltest.run": RUN_ID}
+
+
+def corral_binary() -> str:
+    return os.environ.get("CORRAL_BIN") or str(REPO / "target" / "debug" / "corral")
+
+
+def server_config(**sections: Any) -> Dict[str, Any]:
+    cfg: Dict[str, Any] = {"defaults": {"image": IMAGE, "labels": dict(LABELS)}}
+    cfg.update(sections)
+    return cfg
+
+
+def leaked_containers() -> list:
+    return docker_ids(LABEL, f"corraltest.run={RUN_ID}")
+
+
+def assert_no_leaks(wait: float = 15.0) -> None:
+    """No container of this run may remain (removal after SIGTERM may take a
+    moment). Leftovers are removed, then reported."""
+    deadline = time.monotonic() + wait
+    left = leaked_containers()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.25)
+        left = leaked_containers()
+    if left:
+        subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
+        pytest.fail(f"containers labelled {LABEL} left behind (now removed): {left}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "server: needs a real corral serve on a real container daemon")
+
+
+@pytest.fixture(scope="session")
+def corral_server() -> Iterator[LocalServer]:
+    binary = corral_binary()
+    if not Path(binary).is_file():
+        pytest.fail(f"no corral binary at {binary}: run `cargo build --bin corral` or set CORRAL_BIN", pytrace=False)
+    server = LocalServer(binary, config=server_config())
+    try:
+        server.start()
+    except BaseException:
+        server.close()
+        raise
+    try:
+        yield server
+    finally:
+        code = server.stop()
+        tail = server.log_tail()
+        server.close()
+        assert_no_leaks()
+        assert code == 0, f"corral serve exited with {code} on SIGTERM:\n{tail}"
+
+
+@pytest.fixture(scope="session")
+def corral_url(corral_server: LocalServer) -> str:
+    return corral_server.url
+
+
+@pytest.fixture
+def corral_client(corral_url: str) -> Iterator[corral.Client]:
+    with corral.Client(corral_url) as client:
+        yield client
+
+
+@pytest.fixture
+def corral_sandbox(corral_client: corral.Client) -> Iterator[corral.Sandbox]:
+    with corral_client.sandbox() as sb:
+        yield sb
+
+
+@pytest.fixture(scope="session")
+def corral_spec() -> Callable[..., Dict[str, Any]]:
+    def make(**keys: Any) -> Dict[str, Any]:
+        spec: Dict[str, Any] = {"image": IMAGE, "labels": dict(LABELS)}
+        spec.update(keys)
+        return spec
+
+    return make

@@ -1,0 +1,353 @@
+"""corral's MCP server, driven by the official Python MCP client (`mcp`).
+
+Two transports, the same checks: `corral mcp` over stdio, and the
+streamable HTTP endpoint `/mcp` of `corral serve`. Each test lists the
+tools, runs a command, writes a file and reads it back, lists its
+directory, keeps `cd` state in a shell session, and sees a bad argument
+refused with the field named. Every sandbox is made from a config whose
+`defaults.labels` carry a label unique to the test, so the test can see
+its sandbox exist while the session is open and assert that none is left
+once the session (and the server) has ended.
+
+Needs: a Docker daemon, the image `corral-test/busybox`
+(`scripts/build-test-images.sh`), the corral binary ($CORRAL_BIN, default
+`target/debug/corral` of this repository) and the pip packages `mcp`,
+`pytest` and `pytest-asyncio` (`anyio`, used for timeouts, comes with
+`mcp`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import anyio
+import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+try:  # mcp >= 2
+    from mcp.client.streamable_http import streamable_http_client as _http_client
+except ImportError:  # mcp 1.x
+    from mcp.client.streamable_http import streamablehttp_client as _http_client
+
+try:  # mcp >= 2
+    from mcp.shared.exceptions import MCPError as _McpError
+except ImportError:  # mcp 1.x
+    from mcp.shared.exceptions import McpError as _McpError
+
+pytestmark = [pytest.mark.server, pytest.mark.asyncio]
+
+REPO = Path(__file__).resolve().parents[3]
+
+EXPECTED_TOOLS = {
+    "run_command",
+    "read_file",
+    "write_file",
+    "list_files",
+    "shell_run",
+    "shell_close",
+}
+
+# Longest any one step may take: a sandbox start, a command, a teardown.
+STEP_TIMEOUT = 120.0
+
+
+@pytest.fixture(scope="module")
+def corral_bin() -> str:
+    path = Path(os.environ.get("CORRAL_BIN", REPO / "target" / "debug" / "corral"))
+    if not path.is_absolute():
+        path = REPO / path
+    if not path.is_file():
+        pytest.fail(f"corral binary not found at {path}: run `cargo build` or set CORRAL_BIN")
+    return str(path)
+
+
+def _docker_ids(label: str) -> list[str]:
+    out = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label={label}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return out.stdout.split()
+
+
+def _remove(ids: list[str]) -> None:
+    if ids:
+        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, timeout=120)
+
+
+class Labelled:
+    """A config file whose sandboxes carry `corraltest=<unique>`, and the
+    leak checks by that label. Anything left is removed at the end, so a
+    failing test still leaves nothing behind (after reporting it)."""
+
+    def __init__(self, tag: str) -> None:
+        self.value = f"{tag}-{uuid.uuid4().hex[:12]}"
+        self.label = f"corraltest={self.value}"
+        self._dir = tempfile.TemporaryDirectory(prefix="corral-mcp-test-")
+        self.config = str(Path(self._dir.name) / "corral.yaml")
+        Path(self.config).write_text(
+            f"defaults:\n  labels:\n    corraltest: {self.value}\n", encoding="utf-8"
+        )
+
+    def ids(self) -> list[str]:
+        return _docker_ids(self.label)
+
+    def wait_at_most(self, count: int, timeout: float) -> list[str]:
+        """Waits until at most `count` containers carry the label; returns them."""
+        deadline = time.monotonic() + timeout
+        left = self.ids()
+        while len(left) > count and time.monotonic() < deadline:
+            time.sleep(0.25)
+            left = self.ids()
+        return left
+
+    def close(self) -> None:
+        _remove(self.ids())
+        self._dir.cleanup()
+
+
+@pytest.fixture
+def labelled(request: pytest.FixtureRequest) -> Iterator[Labelled]:
+    lab = Labelled(f"mcp-{request.node.name[:20]}")
+    try:
+        yield lab
+    finally:
+        lab.close()
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("CORRAL_IMAGE", "corral-test/busybox")
+    env.setdefault("CORRAL_LOG", "info")
+    env.update(extra)
+    return env
+
+
+def _text(result: Any) -> str:
+    return "".join(getattr(c, "text", "") for c in result.content)
+
+
+def _is_error(result: Any) -> bool:
+    flag = getattr(result, "is_error", None)
+    if flag is None:
+        flag = getattr(result, "isError", None)
+    return bool(flag)
+
+
+async def _call(session: ClientSession, tool: str, args: dict[str, Any]) -> Any:
+    with anyio.fail_after(STEP_TIMEOUT):
+        return await session.call_tool(tool, args)
+
+
+async def _ok(session: ClientSession, tool: str, args: dict[str, Any]) -> str:
+    result = await _call(session, tool, args)
+    text = _text(result)
+    assert not _is_error(result), f"{tool} {args} failed: {text}"
+    return text
+
+
+async def exercise(session: ClientSession, labelled: Labelled) -> None:
+    """The checks both transports must pass, on an initialized session."""
+    with anyio.fail_after(STEP_TIMEOUT):
+        tools = await session.list_tools()
+    names = {t.name for t in tools.tools}
+    assert EXPECTED_TOOLS <= names, names
+    schemas = {t.name: getattr(t, "input_schema", None) or getattr(t, "inputSchema") for t in tools.tools}
+    assert schemas["run_command"]["required"] == ["command"], schemas["run_command"]
+    # Listing tools starts no sandbox.
+    assert labelled.ids() == [], "a sandbox was started before any tool call"
+
+    text = await _ok(session, "run_command", {"command": "echo hello"})
+    assert "hello" in text and "exit code: 0" in text, text
+    # The session's sandbox exists and carries the test's label.
+    assert len(labelled.ids()) == 1, labelled.ids()
+
+    result = await _call(session, "run_command", {"command": "echo oops >&2; exit 3"})
+    assert _is_error(result), _text(result)
+    assert "exit code: 3" in _text(result) and "oops" in _text(result), _text(result)
+
+    result = await _call(session, "run_command", {"command": "sleep 30", "timeout_secs": 0.5})
+    assert _is_error(result) and "timeout" in _text(result), _text(result)
+
+    content = "line one\nünïcode ✓\n"
+    text = await _ok(
+        session,
+        "write_file",
+        {"path": "/tmp/mcp-test/dir/notes.txt", "content": content, "mkdirs": True},
+    )
+    assert "/tmp/mcp-test/dir/notes.txt" in text, text
+    assert await _ok(session, "read_file", {"path": "/tmp/mcp-test/dir/notes.txt"}) == content
+    # The file is really in the sandbox, not an echo of the tool.
+    text = await _ok(session, "run_command", {"command": "cat /tmp/mcp-test/dir/notes.txt"})
+    assert "ünïcode ✓" in text, text
+
+    listing = await _ok(session, "list_files", {"path": "/tmp/mcp-test/dir"})
+    assert "notes.txt" in listing, listing
+    assert str(len(content.encode())) in listing, listing
+    listing = await _ok(session, "list_files", {"path": "/tmp/mcp-test"})
+    assert "dir/" in listing, listing
+
+    result = await _call(session, "read_file", {"path": "/tmp/mcp-test/missing"})
+    assert _is_error(result) and "not found" in _text(result), _text(result)
+
+    await _ok(session, "shell_run", {"command": "cd /tmp/mcp-test/dir && export GREETING=hi"})
+    text = await _ok(session, "shell_run", {"command": 'pwd; echo "$GREETING"'})
+    assert "/tmp/mcp-test/dir" in text and "hi" in text, text
+    # Another named session has its own state.
+    text = await _ok(session, "shell_run", {"command": "pwd", "session": "other"})
+    assert "/tmp/mcp-test/dir" not in text, text
+    await _ok(session, "shell_close", {"session": "main"})
+    text = await _ok(session, "shell_run", {"command": 'echo "[$GREETING]"'})
+    assert "[]" in text and "restarted" not in text, text
+
+    # A bad argument is an MCP error naming the field and the value.
+    with pytest.raises(_McpError) as bad:
+        await _call(session, "run_command", {"command": "true", "timeout_secs": -5})
+    assert "timeout_secs" in str(bad.value) and "-5" in str(bad.value), str(bad.value)
+    with pytest.raises(_McpError) as bad:
+        await _call(session, "shell_run", {"command": "true", "session": "no spaces"})
+    assert "session" in str(bad.value) and "no spaces" in str(bad.value), str(bad.value)
+
+
+async def test_stdio_session_runs_commands_and_files_then_cleans_up(
+    corral_bin: str, labelled: Labelled
+) -> None:
+    params = StdioServerParameters(
+        command=corral_bin,
+        args=["--config", labelled.config, "mcp"],
+        env=_env(),
+    )
+    with tempfile.TemporaryFile(mode="w+") as errlog:
+        try:
+            async with stdio_client(params, errlog=errlog) as (read, write):
+                async with ClientSession(read, write) as session:
+                    with anyio.fail_after(STEP_TIMEOUT):
+                        init = await session.initialize()
+                    info = getattr(init, "server_info", None) or getattr(init, "serverInfo")
+                    assert info.name == "corral", info
+                    assert "sandbox" in (init.instructions or ""), init.instructions
+                    await exercise(session, labelled)
+        except BaseException:
+            errlog.seek(0)
+            sys.stderr.write(f"--- corral mcp stderr ---\n{errlog.read()}\n")
+            raise
+    # The client closed stdin and the server exited: its sandbox is gone.
+    left = labelled.ids()
+    assert left == [], f"corral mcp left containers behind: {left}"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`corral serve` as a subprocess, its stderr kept for failures."""
+
+    def __init__(self, corral_bin: str, config: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self._err = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [corral_bin, "--config", config, "serve", "--listen", f"127.0.0.1:{self.port}"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self._err,
+            env=_env(),
+        )
+
+    def stderr(self) -> str:
+        self._err.seek(0)
+        return self._err.read()
+
+    def wait_listening(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"corral serve exited with {self.proc.returncode}:\n{self.stderr()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        pytest.fail(f"corral serve did not listen on port {self.port}:\n{self.stderr()}")
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM, then waits for the graceful shutdown; kills on timeout."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+            pytest.fail(f"corral serve did not stop within {timeout}s of SIGTERM:\n{self.stderr()}")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self._err.close()
+
+
+@pytest.fixture
+def server(corral_bin: str, labelled: Labelled) -> Iterator[Server]:
+    srv = Server(corral_bin, labelled.config)
+    try:
+        srv.wait_listening()
+        yield srv
+    finally:
+        srv.close()
+
+
+async def test_streamable_http_sessions_get_own_sandboxes_released_on_close(
+    server: Server, labelled: Labelled
+) -> None:
+    try:
+        async with _http_client(server.url) as streams:
+            read, write = streams[0], streams[1]
+            async with ClientSession(read, write) as session:
+                with anyio.fail_after(STEP_TIMEOUT):
+                    init = await session.initialize()
+                info = getattr(init, "server_info", None) or getattr(init, "serverInfo")
+                assert info.name == "corral", info
+                await exercise(session, labelled)
+
+                # A second MCP session gets a sandbox of its own.
+                async with _http_client(server.url) as streams2:
+                    async with ClientSession(streams2[0], streams2[1]) as other:
+                        with anyio.fail_after(STEP_TIMEOUT):
+                            await other.initialize()
+                        text = await _ok(
+                            other,
+                            "run_command",
+                            {"command": "test -e /tmp/mcp-test/dir/notes.txt && echo shared || echo separate"},
+                        )
+                        assert "separate" in text, text
+                        assert len(labelled.ids()) == 2, labelled.ids()
+                # Closing that session (DELETE) released its sandbox while the
+                # server and the first session live on.
+                left = await anyio.to_thread.run_sync(labelled.wait_at_most, 1, 60.0)
+                assert len(left) == 1, f"the closed session's sandbox was not released: {left}"
+                await _ok(session, "run_command", {"command": "true"})
+        # The first session is closed too: nothing of this test is left.
+        left = await anyio.to_thread.run_sync(labelled.wait_at_most, 0, 60.0)
+        assert left == [], f"closed MCP sessions left containers behind: {left}"
+    except BaseException:
+        sys.stderr.write(f"--- corral serve stderr ---\n{server.stderr()}\n")
+        raise
+    code = server.stop()
+    assert code == 0, f"corral serve exited with {code}:\n{server.stderr()}"
+    assert labelled.ids() == [], "corral serve left containers behind after stopping"

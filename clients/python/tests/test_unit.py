@@ -1,0 +1,224 @@
+"""Pieces that need no server: the SSE parser, result and error parsing,
+request bodies, the retry rule (over httpx's in-process transport)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import tarfile
+
+import httpx
+import pytest
+
+import corral
+from corral import _core
+from corral._sse import SSEDecoder, iter_sse
+from corral.errors import error_from_response
+
+
+def events(*chunks: bytes):
+    return list(iter_sse(chunks))
+
+
+# -- SSE -------------------------------------------------------------------
+
+
+def test_sse_basic_events_and_fields():
+    evs = events(b'event: stdout\ndata: {"data":"hi"}\n\nevent: result\ndata: {}\n\n')
+    assert [(e.event, e.data) for e in evs] == [("stdout", '{"data":"hi"}'), ("result", "{}")]
+
+
+def test_sse_line_ends_split_across_chunks():
+    # CRLF split between chunks, a bare CR, and an event cut mid-field.
+    evs = events(b"event: a\r", b"\ndata: 1\r\n\r", b"\nevent: b\rdata: 2\r\rev", b"ent: c\ndata: 3\n", b"\n")
+    assert [(e.event, e.data) for e in evs] == [("a", "1"), ("b", "2"), ("c", "3")]
+
+
+def test_sse_multiline_data_comments_and_defaults():
+    evs = events(b": keep-alive\n\ndata: one\ndata:two\ndata\n\nid: 7\nretry: 300\ndata: x\n\n")
+    assert evs[0].event == "message"
+    assert evs[0].data == "one\ntwo\n"
+    assert evs[1].id == "7" and evs[1].retry == 300
+
+
+def test_sse_event_without_data_is_dropped_and_partial_event_at_eof_too():
+    evs = events(b"event: lonely\n\nevent: x\ndata: y\n\nevent: cut\ndata: z")
+    assert [(e.event, e.data) for e in evs] == [("x", "y")]
+
+
+def test_sse_utf8_split_inside_a_character_and_bom():
+    payload = "data: h\u00e9llo \u2603\n\n".encode()
+    d = SSEDecoder()
+    out = []
+    for i in range(len(b"\xef\xbb\xbf" + payload)):
+        out += d.feed((b"\xef\xbb\xbf" + payload)[i : i + 1])
+    out += d.close()
+    assert [e.data for e in out] == ["h\u00e9llo \u2603"]
+
+
+# -- results and errors ----------------------------------------------------
+
+
+def test_result_parsing_decodes_base64_and_failure():
+    r = corral.CommandResult.from_json(
+        {
+            "exit_code": None,
+            "signal": 9,
+            "stdout": "\ufffd",
+            "stdout_base64": base64.b64encode(b"\xff").decode(),
+            "stderr": "e",
+            "stdout_truncated": True,
+            "stderr_truncated": False,
+            "stdout_total_bytes": 10,
+            "stderr_total_bytes": 1,
+            "duration_ms": 12.5,
+            "failure": {"kind": "timeout", "retryable": False, "message": "timed out", "container": None},
+            "sandbox_id": "sb-1",
+            "restarted": False,
+            "ended": True,
+        }
+    )
+    assert r.stdout_bytes == b"\xff" and r.stderr_bytes == b"e"
+    assert r.truncated and r.duration == 0.0125 and not r.ok
+    assert r.failure == corral.Failure(kind="timeout", message="timed out", retryable=False)
+    assert r.ended is True and r.restarted is False
+    with pytest.raises(corral.SandboxTimeoutError) as ei:
+        r.raise_for_failure()
+    assert ei.value.result is r and isinstance(ei.value, TimeoutError)
+
+
+@pytest.mark.parametrize(
+    "status,kind,cls,retryable",
+    [
+        (400, "invalid_spec", corral.InvalidSpecError, False),
+        (400, "invalid_request", corral.InvalidRequestError, False),
+        (400, "image_not_found", corral.ImageNotFoundError, False),
+        (401, "unauthorized", corral.AuthenticationError, False),
+        (410, "container_lost", corral.SandboxContainerLostError, True),
+        (410, "oom_killed", corral.SandboxOOMError, False),
+        (413, "too_large", corral.TooLargeError, False),
+        (503, "daemon_unavailable", corral.DaemonUnavailableError, True),
+        (503, "shutting_down", corral.ServiceUnavailableError, True),
+        (500, "internal", corral.InternalError, False),
+        (418, "brand_new_kind", corral.InvalidRequestError, False),
+    ],
+)
+def test_error_bodies_map_to_classes(status, kind, cls, retryable):
+    body = {"error": {"kind": kind, "message": "m", "field": "spec.limits.memory", "retryable": retryable}}
+    err = error_from_response(status, body)
+    assert type(err) is cls
+    assert (err.kind, err.message, err.retryable, err.status) == (kind, "m", retryable, status)
+    assert err.field == "spec.limits.memory"
+
+
+def test_not_found_is_narrowed_by_message_and_route():
+    nf = lambda msg, res: error_from_response(404, {"error": {"kind": "not_found", "message": msg}}, resource=res)
+    assert type(nf("no sandbox 'x'", "file")) is corral.SandboxNotFoundError
+    assert type(nf("sandbox 'x' is gone: it was evicted", "sandbox")) is corral.SandboxNotFoundError
+    assert type(nf("sandbox 'x' has no shell session 'main'", "shell")) is corral.ShellNotFoundError
+    assert type(nf('sandbox sb-1: "/nope" not found: missing', "file")) is corral.SandboxFileNotFoundError
+    assert isinstance(nf('sandbox sb-1: "/nope" not found', "file"), FileNotFoundError)
+    assert type(nf("no such route", "file")) is corral.NotFoundError
+    assert type(error_from_response(502, None, text="bad gateway")) is corral.InternalError
+
+
+def test_exec_body_shapes():
+    assert _core.exec_body("echo hi") == {"command": "echo hi"}
+    body = _core.exec_body(["ls", "-l"], timeout=1.5, cwd="/tmp", env={"A": 1}, stdin=b"\x00", max_output=10)
+    assert body == {
+        "argv": ["ls", "-l"],
+        "timeout_ms": 1500,
+        "cwd": "/tmp",
+        "env": {"A": "1"},
+        "stdin_base64": "AA==",
+        "max_output": 10,
+    }
+    assert _core.exec_body("cat", stdin="text")["stdin"] == "text"
+    with pytest.raises(ValueError):
+        _core.exec_body("x", timeout=0)
+    with pytest.raises(ValueError):
+        _core.exec_body([])
+    assert _core.file_mode(0o644) == "644" and _core.file_mode("0o755") == "755"
+    with pytest.raises(ValueError):
+        _core.file_mode("rw-")
+
+
+def test_unpack_refuses_members_outside_the_destination(tmp_path):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("../evil")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(corral.CorralError, match="escapes"):
+        _core.unpack_tar(buf.getvalue(), tmp_path / "out")
+    assert not (tmp_path / "evil").exists()
+
+
+# -- retries ---------------------------------------------------------------
+
+
+def _counting_transport(answers):
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append((request.method, request.url.path))
+        status, body = answers[min(len(calls), len(answers)) - 1]
+        return httpx.Response(status, json=body)
+
+    return httpx.MockTransport(handler), calls
+
+
+FAST = corral.RetryPolicy(attempts=3, initial_delay=0.001, max_delay=0.002, jitter=False)
+UNAVAILABLE = {"error": {"kind": "daemon_unavailable", "message": "down", "field": None, "retryable": True}}
+
+
+def test_idempotent_requests_retry_a_retryable_503():
+    transport, calls = _counting_transport([(503, UNAVAILABLE), (503, UNAVAILABLE), (200, {"sandboxes": []})])
+    with corral.Client("http://corral.test", transport=transport, retry=FAST) as c:
+        assert c.list_sandboxes() == []
+    assert len(calls) == 3
+
+
+def test_retries_give_up_with_the_typed_error():
+    transport, calls = _counting_transport([(503, UNAVAILABLE)])
+    with corral.Client("http://corral.test", transport=transport, retry=FAST) as c:
+        with pytest.raises(corral.DaemonUnavailableError) as ei:
+            c.list_sandboxes()
+    assert ei.value.retryable and len(calls) == 3
+
+
+def test_commands_are_not_retried_after_reaching_the_service():
+    transport, calls = _counting_transport([(503, UNAVAILABLE), (200, {})])
+    with corral.Client("http://corral.test", transport=transport, retry=FAST) as c:
+        sb = corral.Sandbox(c, _info=corral.SandboxInfo(id="s1"))
+        with pytest.raises(corral.DaemonUnavailableError):
+            sb.run("echo hi")
+    assert calls == [("POST", "/v1/sandboxes/s1/exec")]
+
+
+def test_creating_a_sandbox_sends_a_session_key_so_it_can_be_retried():
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        import json
+
+        seen.append(json.loads(request.content))
+        if len(seen) == 1:
+            return httpx.Response(503, json=UNAVAILABLE)
+        return httpx.Response(201, json={"id": seen[-1]["session"], "container_id": "c", "image": "i"})
+
+    with corral.Client("http://corral.test", transport=httpx.MockTransport(handler), retry=FAST) as c:
+        sb = c.sandbox(image="busybox")
+    assert len(seen) == 2 and seen[0] == seen[1]
+    assert seen[0]["session"].startswith("py-") and seen[0]["image"] == "busybox"
+    assert sb.id == seen[0]["session"]
+
+
+def test_an_unreachable_service_is_a_retryable_service_error():
+    from corral.testing import free_port
+
+    port = free_port()
+    with corral.Client(f"http://127.0.0.1:{port}", retry=FAST) as c:
+        with pytest.raises(corral.ServiceUnavailableError) as ei:
+            c.health()
+    assert ei.value.retryable and "cannot reach" in ei.value.message

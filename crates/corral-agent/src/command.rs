@@ -1,0 +1,158 @@
+//! Turning an Exec request into a running process.
+//!
+//! Every command gets its own process group (so a signal or a kill reaches
+//! what it started), a clean signal state (the agent blocks signals that its
+//! children must not inherit), and pipes the agent reads with `poll`. Failures
+//! are reported as one message naming what could not be used, because the
+//! bare OS error ("No such file or directory") does not say whether the
+//! program or the working directory is missing.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Instant;
+
+use corral_core::protocol::ExecRequest;
+
+use crate::control::Control;
+use crate::reaper::Reaper;
+use crate::sys;
+
+/// A started command: its pid (also its process group id) and our ends of
+/// its pipes, all non-blocking.
+#[derive(Debug)]
+pub struct Spawned {
+    /// Pid of the main process, and id of its process group.
+    pub pid: i32,
+    /// Write end of its stdin, when it has one.
+    pub stdin: Option<File>,
+    /// Read end of its stdout.
+    pub stdout: File,
+    /// Read end of its stderr.
+    pub stderr: File,
+    /// Just before the spawn; durations are measured from here.
+    pub started: Instant,
+}
+
+/// Expands `~` and `~/...` with `home` (`/` when unset or empty).
+pub fn expand_cwd(cwd: &str, home: Option<&OsStr>) -> PathBuf {
+    let home = || match home {
+        Some(h) if !h.is_empty() => PathBuf::from(h),
+        _ => PathBuf::from("/"),
+    };
+    if cwd == "~" {
+        home()
+    } else if let Some(rest) = cwd.strip_prefix("~/") {
+        home().join(rest)
+    } else {
+        PathBuf::from(cwd)
+    }
+}
+
+/// Starts `req` and registers it with `reaper`, whose status then goes to
+/// `ctl`. `Err` is the SpawnFailed message.
+pub fn spawn(reaper: &Reaper, req: &ExecRequest, ctl: Arc<Control>) -> Result<Spawned, String> {
+    let Some(program) = req.argv.first() else {
+        return Err("argv is empty: nothing to run".to_string());
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(&req.argv[1..])
+        .envs(req.env.iter().map(|(k, v)| (k, v)))
+        .stdin(if req.stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+
+    if let Some(cwd) = &req.cwd {
+        let dir = expand_cwd(cwd, std::env::var_os("HOME").as_deref());
+        // Checked here (as the same user the child runs as) so the message
+        // can say it is the directory that is wrong, not the program.
+        match std::fs::metadata(&dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(format!(
+                    "working directory {} is not a directory",
+                    dir.display()
+                ))
+            }
+            Err(e) => return Err(format!("working directory {}: {e}", dir.display())),
+        }
+        cmd.current_dir(dir);
+    }
+
+    // SAFETY: the closure runs between fork and exec and only makes
+    // async-signal-safe calls (open/write/close, sigemptyset, pthread_sigmask,
+    // signal); it does not allocate or touch locks.
+    unsafe {
+        cmd.pre_exec(|| {
+            sys::prefer_oom_kill_in_child();
+            sys::reset_signals_in_child()
+        });
+    }
+
+    let started = Instant::now();
+    let mut child = reaper
+        .spawn(&mut cmd, ctl)
+        .map_err(|e| format!("cannot run {program:?}: {e}"))?;
+    // Pids fit in i32 on Linux (pid_max <= 2^22).
+    let pid = child.id() as i32;
+    let stdin = child.stdin.take().map(|s| File::from(OwnedFd::from(s)));
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        // Cannot happen: both were asked for as pipes. Do not leave a
+        // process nobody watches.
+        reaper.forget(pid);
+        crate::tree::kill_tree(pid);
+        return Err(format!("cannot run {program:?}: output pipes missing"));
+    };
+    let stdout = File::from(OwnedFd::from(stdout));
+    let stderr = File::from(OwnedFd::from(stderr));
+    // `child` is dropped without waiting: the reaper owns reaping.
+    drop(child);
+
+    // Non-blocking so a stalled reader never holds the supervisor: only the
+    // agent's ends change (pipe ends are separate open file descriptions).
+    for fd in [
+        Some(stdout.as_fd()),
+        Some(stderr.as_fd()),
+        stdin.as_ref().map(|f| f.as_fd()),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        // Cannot fail on a pipe we own; if it did, reads after poll are still
+        // correct, just potentially blocking.
+        let _ = sys::set_nonblocking(fd);
+    }
+    Ok(Spawned {
+        pid,
+        stdin,
+        stdout,
+        stderr,
+        started,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expands_home() {
+        let home = Some(OsStr::new("/home/u"));
+        assert_eq!(expand_cwd("~", home), PathBuf::from("/home/u"));
+        assert_eq!(expand_cwd("~/src/x", home), PathBuf::from("/home/u/src/x"));
+        assert_eq!(expand_cwd("/tmp", home), PathBuf::from("/tmp"));
+        // `~user` is not ours to resolve: left alone.
+        assert_eq!(expand_cwd("~bob", home), PathBuf::from("~bob"));
+        assert_eq!(expand_cwd("~", None), PathBuf::from("/"));
+        assert_eq!(expand_cwd("~/a", Some(OsStr::new(""))), PathBuf::from("/a"));
+    }
+}

@@ -1,0 +1,162 @@
+//! The mailbox of one running command.
+//!
+//! Three threads talk to a command's supervisor: the reaper (the exit status),
+//! the connection reader (stdin bytes, stdin EOF) and nobody else. They drop
+//! their news here and poke an eventfd; the supervisor sleeps in `poll` on its
+//! pipes plus that eventfd, so it wakes for output, input and exit alike
+//! without a thread per pipe.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use crate::sys::{EventFd, ExitStatus};
+
+/// What the supervisor has not picked up yet.
+#[derive(Debug, Default)]
+pub struct Inbox {
+    /// Exit status and when the reaper saw it.
+    pub exit: Option<(ExitStatus, Instant)>,
+    /// Stdin bytes received from the client, not yet written to the pipe.
+    pub stdin: Vec<u8>,
+    /// The client sent StdinEof.
+    pub stdin_eof: bool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    inbox: Inbox,
+    /// Set once the exit status arrived; never cleared. Lets the connection
+    /// avoid signalling a pid that may already belong to someone else.
+    exited: bool,
+    /// Stdin was closed by the client; later Stdin frames are errors.
+    stdin_closed: bool,
+}
+
+/// Why a Stdin/StdinEof frame was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StdinRefused {
+    /// The command was started with `stdin: false`.
+    NoPipe,
+    /// StdinEof was already received.
+    AlreadyClosed,
+}
+
+/// Shared between a command's supervisor and the threads feeding it.
+#[derive(Debug)]
+pub struct Control {
+    state: Mutex<State>,
+    wake: EventFd,
+    has_stdin: bool,
+}
+
+/// Locks `m`, ignoring poisoning: a panicking holder cannot leave these plain
+/// data structures half-updated in a way worse than losing the agent.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Control {
+    /// A mailbox for a command with (or without) a stdin pipe.
+    pub fn new(has_stdin: bool) -> std::io::Result<Self> {
+        Ok(Control {
+            state: Mutex::new(State::default()),
+            wake: EventFd::new()?,
+            has_stdin,
+        })
+    }
+
+    /// Called by the reaper with the command's exit status.
+    pub fn set_exit(&self, status: ExitStatus, at: Instant) {
+        {
+            let mut s = lock(&self.state);
+            s.inbox.exit = Some((status, at));
+            s.exited = true;
+        }
+        self.wake.notify();
+    }
+
+    /// True once the command's main process has been reaped.
+    pub fn exited(&self) -> bool {
+        lock(&self.state).exited
+    }
+
+    /// Queues bytes for the command's stdin.
+    pub fn push_stdin(&self, bytes: &[u8]) -> Result<(), StdinRefused> {
+        self.check_stdin()?;
+        {
+            let mut s = lock(&self.state);
+            if s.stdin_closed {
+                return Err(StdinRefused::AlreadyClosed);
+            }
+            s.inbox.stdin.extend_from_slice(bytes);
+        }
+        self.wake.notify();
+        Ok(())
+    }
+
+    /// Closes the command's stdin once queued bytes are written.
+    pub fn close_stdin(&self) -> Result<(), StdinRefused> {
+        self.check_stdin()?;
+        {
+            let mut s = lock(&self.state);
+            if s.stdin_closed {
+                return Err(StdinRefused::AlreadyClosed);
+            }
+            s.stdin_closed = true;
+            s.inbox.stdin_eof = true;
+        }
+        self.wake.notify();
+        Ok(())
+    }
+
+    fn check_stdin(&self) -> Result<(), StdinRefused> {
+        if self.has_stdin {
+            Ok(())
+        } else {
+            Err(StdinRefused::NoPipe)
+        }
+    }
+
+    /// Takes everything queued so far (the supervisor's side). Clears the
+    /// eventfd first, so news arriving after this call wakes the next poll.
+    pub fn take(&self) -> Inbox {
+        self.wake.clear();
+        std::mem::take(&mut lock(&self.state).inbox)
+    }
+
+    /// The eventfd to poll for news.
+    pub fn wake_fd(&self) -> std::os::fd::RawFd {
+        self.wake.raw()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stdin_rules() {
+        let c = Control::new(true).expect("control");
+        assert_eq!(c.push_stdin(b"ab"), Ok(()));
+        assert_eq!(c.push_stdin(b"c"), Ok(()));
+        assert_eq!(c.close_stdin(), Ok(()));
+        assert_eq!(c.push_stdin(b"d"), Err(StdinRefused::AlreadyClosed));
+        assert_eq!(c.close_stdin(), Err(StdinRefused::AlreadyClosed));
+        let inbox = c.take();
+        assert_eq!(inbox.stdin, b"abc");
+        assert!(inbox.stdin_eof);
+        let none = Control::new(false).expect("control");
+        assert_eq!(none.push_stdin(b"x"), Err(StdinRefused::NoPipe));
+    }
+
+    #[test]
+    fn exit_is_delivered_once_and_remembered() {
+        let c = Control::new(false).expect("control");
+        assert!(!c.exited());
+        c.set_exit(ExitStatus::Code(4), Instant::now());
+        assert!(c.exited());
+        assert!(matches!(c.take().exit, Some((ExitStatus::Code(4), _))));
+        assert!(c.take().exit.is_none());
+        assert!(c.exited());
+    }
+}

@@ -1,0 +1,311 @@
+//! corral-agent: PID 1 of every corral sandbox, and the relay to reach it.
+//!
+//! `init` runs commands for corral over the framed protocol of
+//! `corral_core::protocol`, reaps zombies, forwards signals and stops the
+//! sandbox when its controller disappears. `attach` is what corral runs with
+//! `docker exec -i` to get a byte stream to `init`. The binary is built
+//! statically so it runs in any image, `FROM scratch` included; its
+//! arguments are parsed by hand to keep it small. `file-write`, `file-read`,
+//! `file-list`, `tar-extract` and `tar-create` make it corral's file tool
+//! inside the sandbox (see `files.rs`).
+
+mod attach;
+mod command;
+mod control;
+mod deadman;
+mod files;
+mod init;
+mod listing;
+mod oom;
+mod reaper;
+mod server;
+mod signals;
+mod supervise;
+mod sys;
+mod tarball;
+mod tree;
+mod writer;
+
+use std::io::Write;
+use std::time::Duration;
+
+use files::{FileRequest, Op};
+use init::{InitOptions, DEFAULT_GRACE_MS};
+
+const USAGE: &str = "usage: corral-agent init [--grace-ms N]
+       corral-agent attach
+       corral-agent file-write PATH [--root DIR] [--mode OCTAL] [--mkdirs] [--max BYTES]
+       corral-agent file-read PATH [--root DIR] [--max BYTES]
+       corral-agent tar-extract DIR [--root DIR] [--max BYTES]
+       corral-agent tar-create PATH [--root DIR] [--max BYTES]
+       corral-agent file-list DIR [--root DIR] [--max BYTES]
+       corral-agent --version
+
+file commands: stdin/stdout carry the bytes; PATH must be absolute unless
+--root is given, and must resolve inside --root (symlinks followed); --max
+defaults to 64 MiB. file-list prints five NUL-ended fields per entry, sorted
+by name: TYPE (file, dir, symlink, other), SIZE, MODE (octal), NAME, TARGET
+(a symlink's, else empty). Exit codes: 1 IO error, 2 usage, 3 not found, 4
+too large, 5 escapes the root or unsafe tar entry.";
+
+/// What the command line asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Mode {
+    Init(InitOptions),
+    Attach,
+    File(FileRequest),
+    Version,
+    Help,
+}
+
+/// Parses the arguments of a file command: one PATH and its flags (`--`
+/// ends the flags, for paths starting with `-`).
+fn parse_file_args(op: Op, rest: &[String]) -> Result<FileRequest, String> {
+    let name = op.name();
+    let mut req = FileRequest {
+        op,
+        path: String::new(),
+        root: None,
+        mode: None,
+        mkdirs: false,
+        max: files::DEFAULT_MAX,
+    };
+    let mut path = None;
+    let mut flags_done = false;
+    let mut it = rest.iter();
+    while let Some(arg) = it.next() {
+        if flags_done || !arg.starts_with('-') || arg == "-" {
+            if path.replace(arg.clone()).is_some() {
+                return Err(format!(
+                    "unexpected argument '{arg}' for {name}: one path only"
+                ));
+            }
+            continue;
+        }
+        if arg == "--" {
+            flags_done = true;
+            continue;
+        }
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) => (f, Some(v.to_string())),
+            None => (arg.as_str(), None),
+        };
+        let allowed = match flag {
+            "--root" | "--max" => true,
+            "--mode" | "--mkdirs" => op == Op::Write,
+            _ => return Err(format!("unexpected argument '{arg}' for {name}")),
+        };
+        if !allowed {
+            return Err(format!("'{flag}' applies to file-write only, not {name}"));
+        }
+        if flag == "--mkdirs" {
+            if inline.is_some() {
+                return Err(format!("'--mkdirs' takes no value (got '{arg}')"));
+            }
+            req.mkdirs = true;
+            continue;
+        }
+        let value = match inline {
+            Some(v) => v,
+            None => it
+                .next()
+                .cloned()
+                .ok_or_else(|| format!("missing value for '{flag}'"))?,
+        };
+        match flag {
+            "--root" => req.root = Some(value),
+            "--max" => {
+                req.max = value
+                    .parse()
+                    .ok()
+                    .filter(|m| *m > 0)
+                    .ok_or_else(|| format!("invalid value '{value}' for '--max': expected a whole number of bytes above zero"))?;
+            }
+            _ => {
+                req.mode = Some(
+                    u32::from_str_radix(&value, 8)
+                        .ok()
+                        .filter(|m| *m <= 0o7777)
+                        .ok_or_else(|| format!("invalid value '{value}' for '--mode': expected octal permission bits like 644"))?,
+                );
+            }
+        }
+    }
+    req.path = path.ok_or_else(|| format!("missing path for {name}"))?;
+    Ok(req)
+}
+
+fn parse_args(args: &[String]) -> Result<Mode, String> {
+    let Some((first, rest)) = args.split_first() else {
+        return Err("missing subcommand".to_string());
+    };
+    if let Some(op) = Op::from_name(first) {
+        return parse_file_args(op, rest).map(Mode::File);
+    }
+    let no_more = |rest: &[String]| match rest.first() {
+        Some(extra) => Err(format!("unexpected argument '{extra}'")),
+        None => Ok(()),
+    };
+    match first.as_str() {
+        "init" => {
+            let mut grace_ms = DEFAULT_GRACE_MS;
+            let mut it = rest.iter();
+            while let Some(arg) = it.next() {
+                let value = if arg == "--grace-ms" {
+                    it.next().ok_or("missing value for '--grace-ms'")?.as_str()
+                } else if let Some(v) = arg.strip_prefix("--grace-ms=") {
+                    v
+                } else {
+                    return Err(format!("unexpected argument '{arg}' for init"));
+                };
+                grace_ms = value.parse().map_err(|_| {
+                    format!("invalid value '{value}' for '--grace-ms': expected a whole number of milliseconds")
+                })?;
+            }
+            Ok(Mode::Init(InitOptions {
+                grace: Duration::from_millis(grace_ms),
+            }))
+        }
+        "attach" => no_more(rest).map(|()| Mode::Attach),
+        "--version" | "-V" => no_more(rest).map(|()| Mode::Version),
+        "--help" | "-h" | "help" => Ok(Mode::Help),
+        other => Err(format!("unknown subcommand '{other}'")),
+    }
+}
+
+fn main() {
+    let mut args = Vec::new();
+    for a in std::env::args_os().skip(1) {
+        match a.into_string() {
+            Ok(s) => args.push(s),
+            Err(bad) => {
+                eprintln!("corral-agent: argument {bad:?} is not valid UTF-8\n{USAGE}");
+                std::process::exit(2);
+            }
+        }
+    }
+    let code = match parse_args(&args) {
+        Ok(Mode::Init(opts)) => init::run(&opts),
+        Ok(Mode::Attach) => attach::run(),
+        Ok(Mode::File(req)) => files::run(&req),
+        Ok(Mode::Version) => {
+            println!("corral-agent {}", env!("CARGO_PKG_VERSION"));
+            0
+        }
+        Ok(Mode::Help) => {
+            println!("{USAGE}");
+            0
+        }
+        // corral reads a file command's error as one line.
+        Err(message) if args.first().is_some_and(|a| Op::from_name(a).is_some()) => {
+            // Never a panic, even with stderr gone: the exit code still tells.
+            let _ = writeln!(
+                std::io::stderr(),
+                "corral-agent: {message} (see corral-agent --help)"
+            );
+            2
+        }
+        Err(message) => {
+            eprintln!("corral-agent: {message}\n{USAGE}");
+            2
+        }
+    };
+    std::process::exit(code);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Mode, String> {
+        parse_args(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn parses_subcommands() {
+        let default = Mode::Init(InitOptions {
+            grace: Duration::from_millis(DEFAULT_GRACE_MS),
+        });
+        assert_eq!(parse(&["init"]), Ok(default));
+        let short = Mode::Init(InitOptions {
+            grace: Duration::from_millis(1500),
+        });
+        assert_eq!(parse(&["init", "--grace-ms", "1500"]), Ok(short));
+        assert!(matches!(
+            parse(&["init", "--grace-ms=0"]),
+            Ok(Mode::Init(_))
+        ));
+        assert_eq!(parse(&["attach"]), Ok(Mode::Attach));
+        assert_eq!(parse(&["--version"]), Ok(Mode::Version));
+    }
+
+    #[test]
+    fn parses_file_commands() {
+        let Ok(Mode::File(r)) = parse(&[
+            "file-write",
+            "--root",
+            "/w",
+            "a/b",
+            "--mode=640",
+            "--mkdirs",
+            "--max",
+            "10",
+        ]) else {
+            panic!("file-write did not parse");
+        };
+        assert_eq!(
+            r,
+            FileRequest {
+                op: Op::Write,
+                path: "a/b".into(),
+                root: Some("/w".into()),
+                mode: Some(0o640),
+                mkdirs: true,
+                max: 10,
+            }
+        );
+        let Ok(Mode::File(r)) = parse(&["file-read", "/x"]) else {
+            panic!("file-read did not parse");
+        };
+        assert_eq!((r.op, r.max, r.root), (Op::Read, files::DEFAULT_MAX, None));
+        // `--` lets a path start with a dash.
+        let Ok(Mode::File(r)) = parse(&["tar-create", "--root=/r", "--", "-odd"]) else {
+            panic!("tar-create did not parse");
+        };
+        assert_eq!((r.op, r.path.as_str()), (Op::TarCreate, "-odd"));
+        assert!(matches!(parse(&["tar-extract", "/d"]), Ok(Mode::File(_))));
+        let Ok(Mode::File(r)) = parse(&["file-list", "--max=99", "/d"]) else {
+            panic!("file-list did not parse");
+        };
+        assert_eq!((r.op, r.path.as_str(), r.max), (Op::List, "/d", 99));
+    }
+
+    #[test]
+    fn errors_name_the_bad_argument() {
+        let e = parse(&["init", "--grace-ms", "soon"]).expect_err("bad value");
+        assert!(e.contains("'soon'"), "{e}");
+        let e = parse(&["init", "--grace"]).expect_err("bad flag");
+        assert!(e.contains("'--grace'"), "{e}");
+        let e = parse(&["init", "--grace-ms"]).expect_err("missing value");
+        assert!(e.contains("--grace-ms"), "{e}");
+        let e = parse(&["attach", "x"]).expect_err("extra");
+        assert!(e.contains("'x'"), "{e}");
+        let e = parse(&["file-read", "/a", "/b"]).expect_err("two paths");
+        assert!(e.contains("'/b'"), "{e}");
+        let e = parse(&["file-read", "/a", "--mode", "644"]).expect_err("write only");
+        assert!(e.contains("'--mode'") && e.contains("file-read"), "{e}");
+        let e = parse(&["file-list", "/a", "--mkdirs"]).expect_err("write only");
+        assert!(e.contains("'--mkdirs'") && e.contains("file-list"), "{e}");
+        let e = parse(&["file-write", "/a", "--mode", "999"]).expect_err("not octal");
+        assert!(e.contains("'999'"), "{e}");
+        let e = parse(&["file-write", "/a", "--max", "0"]).expect_err("zero cap");
+        assert!(e.contains("'0'") && e.contains("--max"), "{e}");
+        let e = parse(&["tar-create", "--root", "/r"]).expect_err("no path");
+        assert!(e.contains("missing path"), "{e}");
+        let e = parse(&["tar-extract", "/d", "--root"]).expect_err("no value");
+        assert!(e.contains("'--root'"), "{e}");
+        let e = parse(&["run"]).expect_err("unknown");
+        assert!(e.contains("'run'"), "{e}");
+        assert!(parse(&[]).is_err());
+    }
+}

@@ -1,0 +1,298 @@
+//! Thin, safe wrappers over the few libc calls std does not offer.
+//!
+//! Every `unsafe` block of the agent lives here, each with the reason it is
+//! sound, so the rest of the crate is plain safe Rust.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// The signals PID 1 takes over: blocked in every thread, collected by one
+/// thread with `sigwait` and forwarded to the sandbox's processes.
+pub const FORWARDED: [libc::c_int; 6] = [
+    libc::SIGTERM,
+    libc::SIGINT,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
+
+fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// The calling process's pid.
+pub fn getpid() -> i32 {
+    // SAFETY: getpid has no preconditions and cannot fail.
+    unsafe { libc::getpid() }
+}
+
+/// The calling process's process group id.
+pub fn getpgrp() -> i32 {
+    // SAFETY: getpgrp has no preconditions and cannot fail.
+    unsafe { libc::getpgrp() }
+}
+
+/// The calling process's session id, or `None` if it cannot be read.
+pub fn getsid() -> Option<i32> {
+    // SAFETY: getsid(0) only queries the calling process.
+    let sid = unsafe { libc::getsid(0) };
+    (sid > 0).then_some(sid)
+}
+
+/// `kill(2)`. Errors are returned, not interpreted: callers decide whether
+/// `ESRCH` (already gone) matters.
+pub fn kill(pid: i32, sig: i32) -> io::Result<()> {
+    // SAFETY: kill takes plain integers; the kernel validates them.
+    cvt(unsafe { libc::kill(pid, sig) }).map(drop)
+}
+
+fn sigset(signals: &[libc::c_int]) -> libc::sigset_t {
+    // SAFETY: sigset_t is a plain bit array; an all-zero value is valid
+    // storage and sigemptyset initialises it properly right after.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is valid, writable storage for a sigset_t; sigemptyset and
+    // sigaddset with valid signal numbers cannot fail.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        for &s in signals {
+            libc::sigaddset(&mut set, s);
+        }
+    }
+    set
+}
+
+/// Blocks `signals` in the calling thread; threads spawned afterwards inherit
+/// the mask, which is why `init` calls this before starting any thread.
+pub fn block_signals(signals: &[libc::c_int]) -> io::Result<()> {
+    let set = sigset(signals);
+    // SAFETY: `set` is an initialised sigset_t; a null old-set pointer is allowed.
+    let ret = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if ret != 0 {
+        return Err(io::Error::from_raw_os_error(ret));
+    }
+    Ok(())
+}
+
+/// Waits for one of `signals` (which must be blocked) and returns it.
+pub fn sigwait(signals: &[libc::c_int]) -> io::Result<libc::c_int> {
+    let set = sigset(signals);
+    let mut sig: libc::c_int = 0;
+    // SAFETY: both pointers point to valid, initialised locals.
+    let ret = unsafe { libc::sigwait(&set, &mut sig) };
+    if ret != 0 {
+        return Err(io::Error::from_raw_os_error(ret));
+    }
+    Ok(sig)
+}
+
+/// Sets `sig` to be ignored in this process.
+pub fn ignore_signal(sig: libc::c_int) {
+    // SAFETY: installing SIG_IGN involves no handler code and is always sound.
+    unsafe {
+        libc::signal(sig, libc::SIG_IGN);
+    }
+}
+
+/// Puts the calling (forked, not yet exec'd) child into a standard signal
+/// state: empty mask, SIGPIPE at its default. Only async-signal-safe calls,
+/// because it runs between fork and exec of a multi-threaded parent.
+pub fn reset_signals_in_child() -> io::Result<()> {
+    // SAFETY: sigemptyset/pthread_sigmask/signal are async-signal-safe and
+    // operate on a local set; nothing here allocates or takes locks.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        let ret = libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+        if ret != 0 {
+            return Err(io::Error::from_raw_os_error(ret));
+        }
+        if libc::signal(libc::SIGPIPE, libc::SIG_DFL) == libc::SIG_ERR {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Makes the calling (forked, not yet exec'd) child the OOM killer's
+/// preferred victim over the agent and its relays (adj 500 of 1000), so a
+/// command that exhausts memory is killed itself rather than taking the
+/// sandbox's control path down. Raising one's own score needs no privilege.
+/// Best effort: a missing or read-only /proc changes nothing else.
+pub fn prefer_oom_kill_in_child() {
+    const PATH: &[u8] = b"/proc/self/oom_score_adj\0";
+    const VALUE: &[u8] = b"500";
+    // SAFETY: open/write/close are async-signal-safe; PATH is NUL-terminated
+    // and VALUE outlives the call.
+    unsafe {
+        let fd = libc::open(PATH.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd >= 0 {
+            libc::write(fd, VALUE.as_ptr().cast(), VALUE.len());
+            libc::close(fd);
+        }
+    }
+}
+
+/// Sets `O_NONBLOCK` on `fd`'s open file description.
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let raw = fd.as_raw_fd();
+    // SAFETY: `raw` is a live descriptor for the lifetime of `fd`; F_GETFL and
+    // F_SETFL take no pointers.
+    unsafe {
+        let flags = cvt(libc::fcntl(raw, libc::F_GETFL))?;
+        cvt(libc::fcntl(raw, libc::F_SETFL, flags | libc::O_NONBLOCK))?;
+    }
+    Ok(())
+}
+
+/// `poll(2)` over `fds`, retrying on `EINTR`. `None` waits forever.
+/// Returns how many entries have events.
+pub fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<usize> {
+    let ms = match timeout {
+        None => -1,
+        // Round up so a wait never ends just before a deadline and spins.
+        Some(d) => i32::try_from(d.as_micros().div_ceil(1000)).unwrap_or(i32::MAX),
+    };
+    loop {
+        // SAFETY: `fds` is a valid, exclusively borrowed slice of pollfd and
+        // its length is passed along with it.
+        let ret = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if ret >= 0 {
+            return Ok(ret as usize);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// A pollfd entry asking for `events` on `fd`.
+pub fn pollfd(fd: RawFd, events: libc::c_short) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }
+}
+
+/// A non-blocking, close-on-exec eventfd: lets one thread wake another that
+/// sleeps in `poll`.
+#[derive(Debug)]
+pub struct EventFd(OwnedFd);
+
+impl EventFd {
+    /// A fresh eventfd with counter 0.
+    pub fn new() -> io::Result<Self> {
+        // SAFETY: eventfd takes plain flags and returns a new descriptor or -1.
+        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+        // SAFETY: `fd` was just returned by eventfd, so we own it exclusively.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Makes the eventfd readable (wakes a poller).
+    pub fn notify(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our own descriptor. A
+        // failure can only be EAGAIN (counter saturated), which still leaves
+        // the eventfd readable, so the result is deliberately ignored.
+        unsafe {
+            libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8);
+        }
+    }
+
+    /// Resets the counter so the eventfd is no longer readable.
+    pub fn clear(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads at most 8 bytes into a valid u64. EAGAIN (nothing
+        // pending) is the only expected failure and means already clear.
+        unsafe {
+            libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8);
+        }
+    }
+
+    /// The descriptor, for `poll`.
+    pub fn raw(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// Blocks until some child of this process has terminated, without reaping
+/// it (`WNOWAIT`). `Err` with `ECHILD` when there are no children at all.
+pub fn wait_any_child_exit() -> io::Result<()> {
+    // SAFETY: siginfo_t is plain data; zeroed is valid storage for the kernel
+    // to fill in.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is valid, writable storage; P_ALL ignores the id.
+    cvt(unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOWAIT) }).map(drop)
+}
+
+/// Reaps one terminated child if there is one: `Some((pid, raw status))`,
+/// `None` when no child is waiting (or there are no children).
+pub fn reap_one() -> Option<(i32, libc::c_int)> {
+    loop {
+        let mut status: libc::c_int = 0;
+        // SAFETY: `status` is a valid, writable c_int.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid > 0 {
+            return Some((pid, status));
+        }
+        if pid == -1 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        return None;
+    }
+}
+
+/// How a reaped process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// It called exit with this code.
+    Code(i32),
+    /// A signal with this number killed it.
+    Signal(i32),
+}
+
+impl ExitStatus {
+    /// Decodes a raw `waitpid` status (exited or killed; we never ask for
+    /// stop reports).
+    pub fn from_raw(status: libc::c_int) -> Self {
+        if libc::WIFSIGNALED(status) {
+            ExitStatus::Signal(libc::WTERMSIG(status))
+        } else {
+            ExitStatus::Code(libc::WEXITSTATUS(status))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_wait_statuses() {
+        // Layout per wait(2): exit code in bits 8..16, signal in bits 0..7.
+        assert_eq!(ExitStatus::from_raw(3 << 8), ExitStatus::Code(3));
+        assert_eq!(ExitStatus::from_raw(0), ExitStatus::Code(0));
+        assert_eq!(ExitStatus::from_raw(9), ExitStatus::Signal(9));
+        assert_eq!(ExitStatus::from_raw(15 | 0x80), ExitStatus::Signal(15));
+    }
+
+    #[test]
+    fn eventfd_wakes_poll_and_clears() {
+        let e = EventFd::new().expect("eventfd");
+        let mut fds = [pollfd(e.raw(), libc::POLLIN)];
+        assert_eq!(poll(&mut fds, Some(Duration::ZERO)).expect("poll"), 0);
+        e.notify();
+        e.notify();
+        assert_eq!(poll(&mut fds, Some(Duration::ZERO)).expect("poll"), 1);
+        e.clear();
+        let mut fds = [pollfd(e.raw(), libc::POLLIN)];
+        assert_eq!(poll(&mut fds, Some(Duration::ZERO)).expect("poll"), 0);
+    }
+}

@@ -1,0 +1,681 @@
+//! The agent, tested the way it runs: static binary, PID 1 of a hardened
+//! container, driven over `docker exec -i ... attach`.
+//!
+//! Each test makes its own container (removed by a guard even on failure)
+//! and skips only when no Docker daemon answers.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use corral_core::protocol::{
+    Frame, FrameKind, Hello, SignalRequest, OUTPUT_CHUNK, PROTOCOL_VERSION,
+};
+use support::{docker_available, processes, req, Opts, Sandbox};
+
+macro_rules! need_docker {
+    () => {
+        if !docker_available() {
+            return;
+        }
+    };
+}
+
+#[test]
+fn runs_commands_and_reports_exit() {
+    need_docker!();
+    let sb = Sandbox::start(Opts::default());
+    let mut c = sb.client();
+
+    let o = c.run(&["echo", "hello", "world"]);
+    assert_eq!(o.out(), "hello world\n");
+    let r = o.report();
+    assert_eq!(
+        (r.exit_code, r.signal, r.timed_out, r.oom_killed),
+        (Some(0), None, false, false)
+    );
+    assert_eq!(r.stdout.total_bytes, 12);
+    assert!(!r.stdout.truncated);
+    assert!(o.pid.is_some_and(|p| p > 1));
+    assert!(
+        !o.frames
+            .iter()
+            .any(|f| matches!(f.kind, FrameKind::StdoutTail | FrameKind::StderrTail)),
+        "empty tails must not be sent: {:?}",
+        o.frames
+    );
+    assert_eq!(o.frames.first().map(|f| f.kind), Some(FrameKind::Started));
+
+    assert_eq!(c.sh("exit 3").report().exit_code, Some(3));
+    let killed = c.sh("kill -TERM $$");
+    assert_eq!(
+        (killed.report().exit_code, killed.report().signal),
+        (None, Some(15))
+    );
+
+    let o = c.sh("echo out; echo err >&2");
+    assert_eq!(o.out(), "out\n");
+    assert_eq!(o.stderr, b"err\n");
+    assert_eq!(o.report().stderr.total_bytes, 4);
+
+    // Environment on top of the agent's, PATH lookup, cwd with ~ expansion.
+    let mut r = req(&["sh", "-c", "echo $FOO:$HOME; pwd"]);
+    r.env = vec![("FOO".into(), "bar".into())];
+    r.cwd = Some("~".into());
+    assert_eq!(c.run_req(&r).out(), "bar:/root\n/root\n");
+    let mut r = req(&["pwd"]);
+    r.cwd = Some("/tmp".into());
+    assert_eq!(c.run_req(&r).out(), "/tmp\n");
+    // No cwd: the container's working directory.
+    assert_eq!(c.run(&["pwd"]).out(), "/\n");
+    // Commands start with no blocked signals although the agent blocks some.
+    let mask = c
+        .run(&["grep", "-E", "Sig(Blk|Ign)", "/proc/self/status"])
+        .out();
+    assert_eq!(
+        mask,
+        "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n"
+    );
+}
+
+#[test]
+fn reports_spawn_failures_precisely() {
+    need_docker!();
+    let sb = Sandbox::start(Opts::default());
+    let mut c = sb.client();
+
+    let o = c.run(&["no-such-program", "x"]);
+    let msg = o.spawn_error.expect("SpawnFailed for a missing program");
+    assert!(
+        msg.contains("no-such-program") && msg.contains("No such file"),
+        "{msg}"
+    );
+    assert!(
+        o.pid.is_none(),
+        "no Started before SpawnFailed: {:?}",
+        o.frames
+    );
+
+    let mut r = req(&["true"]);
+    r.cwd = Some("/does/not/exist".into());
+    let msg = c
+        .run_req(&r)
+        .spawn_error
+        .expect("SpawnFailed for a missing cwd");
+    assert!(msg.contains("/does/not/exist"), "{msg}");
+
+    let mut r = req(&["true"]);
+    r.cwd = Some("/etc/passwd".into());
+    let msg = c
+        .run_req(&r)
+        .spawn_error
+        .expect("SpawnFailed for a file cwd");
+    assert!(msg.contains("not a directory"), "{msg}");
+
+    let msg = c.run(&["/etc/passwd"]).spawn_error.expect("not executable");
+    assert!(
+        msg.contains("/etc/passwd") && msg.contains("ermission denied"),
+        "{msg}"
+    );
+
+    let msg = c.run(&[]).spawn_error.expect("empty argv");
+    assert!(msg.contains("argv"), "{msg}");
+
+    // The agent is fine afterwards.
+    assert_eq!(c.run(&["echo", "ok"]).out(), "ok\n");
+}
+
+#[test]
+fn feeds_stdin_and_gives_eof_without_it() {
+    need_docker!();
+    let sb = Sandbox::start(Opts::default());
+    let mut c = sb.client();
+
+    // No stdin: immediate EOF, `cat` returns at once.
+    let t0 = Instant::now();
+    let o = c.run(&["cat"]);
+    assert_eq!(o.report().exit_code, Some(0));
+    assert!(o.out().is_empty());
+    assert!(t0.elapsed() < Duration::from_secs(5));
+
+    // Stdin frames, then EOF.
+    let mut r = req(&["cat"]);
+    r.stdin = true;
+    let id = c.fresh_id();
+    c.exec(id, &r);
+    c.send(&Frame::new(FrameKind::Stdin, id, b"hello ".to_vec()));
+    c.send(&Frame::new(FrameKind::Stdin, id, b"world".to_vec()));
+    c.send(&Frame::new(FrameKind::StdinEof, id, Vec::new()));
+    let o = c.wait(id);
+    assert_eq!(o.out(), "hello world");
+
+    // Binary, larger than any pipe buffer, echoed back exactly while it is
+    // being written (needs non-blocking stdin and concurrent reading).
+    let data: Vec<u8> = (0..=255u8).cycle().take(3 << 20).collect();
+    let mut r = req(&["cat"]);
+    r.stdin = true;
+    r.max_output = 8 << 20;
+    let id = c.fresh_id();
+    c.exec(id, &r);
+    for chunk in data.chunks(100_000) {
+        c.send(&Frame::new(FrameKind::Stdin, id, chunk.to_vec()));
+    }
+    c.send(&Frame::new(FrameKind::StdinEof, id, Vec::new()));
+    let o = c.wait(id);
+    assert_eq!(o.report().stdout.total_bytes, data.len() as u64);
+    assert!(
+        o.stdout == data,
+        "stdin/stdout round trip corrupted the bytes"
+    );
+
+    // Refused stdin frames: no pipe, after EOF, unknown id.
+    let mut r = req(&["sleep", "5"]);
+    r.stdin = false;
+    let id = c.fresh_id();
+    c.exec(id, &r);
+    assert_eq!(c.next_frame(id).kind, FrameKind::Started);
+    c.send(&Frame::new(FrameKind::Stdin, id, b"x".to_vec()));
+    assert!(c.expect_error(id).contains("without stdin"));
+    c.send(&Frame::new(FrameKind::Stdin, 999_999, b"x".to_vec()));
+    assert!(c.expect_error(999_999).contains("no running command"));
+    c.send(&Frame::json(
+        FrameKind::Signal,
+        id,
+        &SignalRequest { signal: 9 },
+    ));
+    assert_eq!(c.wait(id).report().signal, Some(9));
+}
+
+#[test]
+fn output_is_binary_safe_and_capped() {
+    need_docker!();
+    let sb = Sandbox::start(Opts::default());
+    let mut c = sb.client();
+
+    // Every byte value, produced by the command itself.
+    let o = c.sh(r#"i=0; while [ $i -lt 256 ]; do printf "\\$(printf %o $i)"; i=$((i+1)); done"#);
+    let all: Vec<u8> = (0..=255u8).collect();
+    assert_eq!(o.stdout, all);
+
+    // Big output with a small budget: head and tail exact, totals counted.
+    let expected: Vec<u8> = (1..=100_000)
+        .flat_map(|i| format!("{i}\n").into_bytes())
+        .collect();
+    let mut r = req(&["seq", "1", "100000"]);
+    r.max_output = 1000;
+    let o = c.run_req(&r);
+    assert_eq!(o.stdout, &expected[..500]);
+    assert_eq!(o.stdout_tail, &expected[expected.len() - 500..]);
+    assert_eq!(o.report().stdout.total_bytes, expected.len() as u64);
+    assert!(o.report().stdout.truncated);
+
+    // The same on stderr, with an odd budget.
+    let mut r = req(&["sh", "-c", "seq 1 100000 >&2"]);
+    r.max_output = 1001;
+    let o = c.run_req(&r);
+    assert_eq!(o.stderr, &expected[..501]);
+    assert_eq!(o.stderr_tail, &expected[expected.len() - 500..]);
+    assert_eq!(o.report().stderr.total_bytes, expected.len() as u64);
+    assert!(o.report().stderr.truncated);
+    assert_eq!(o.report().stdout.total_bytes, 0);
+
+    // Large output within budget: all live, in frames of at most OUTPUT_CHUNK.
+    let o = c.run(&["head", "-c", "300000", "/dev/zero"]);
+    assert_eq!(o.stdout, vec![0u8; 300_000]);
+    assert!(o.stdout_tail.is_empty());
+    assert!(!o.report().stdout.truncated);
+    assert!(o
+        .frames
+        .iter()
+        .all(|f| f.kind != FrameKind::Stdout || f.payload.len() <= OUTPUT_CHUNK));
+}
+
+#[test]
+fn timeout_kills_the_whole_tree() {
+    need_docker!();
+    let sb = Sandbox::start(Opts::default());
+    let mut c = sb.client();
+
+    // A background child, and one that escaped into its own session.
+    let mut r = req(&["sh", "-c", "sleep 100 & setsid sleep 101 & sleep 102"]);
+    r.timeout_ms = Some(500);
+    let t0 = Instant::now();
+    let o = c.run_req(&r);
+    let rep = o.report();
+    assert!(rep.timed_out, "{rep:?}");
+    assert_eq!(rep.signal, Some(9));
+    assert!(!rep.oom_killed);
+    assert!(
+        rep.duration_us >= 500_000 && rep.duration_us < 3_000_000,
+        "{rep:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5));
+
+    // Killed, and reaped: no sleep in any state (zombies included).
+    std::thread::sleep(Duration::from_millis(300));
+    let ps = processes(&mut c);
+    assert!(!ps.iter().any(|(_, cmd)| cmd.contains("sleep")), "{ps:?}");
+}
+
+#[test]
+fn background_children_do_not_hold_completion() {
+    need_docker!();
+    let sb = Sandbox::start(Opts::default());
+    let mut c = sb.client();
+
+    let t0 = Instant::now();
+    let o = c.sh("sleep 100 & echo hi");
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(o.out(), "hi\n");
+    assert_eq!(o.report().exit_code, Some(0));
+    assert!(!o.report().timed_out);
+
+    // Output written just before exit is not lost to the early finish.
+    let o = c.sh("sleep 100 & seq 1 20000");
+    let expected: String = (1..=20000).map(|i| format!("{i}\n")).collect();
+    assert_eq!(o.out(), expected);
+}
+
+#[test]
+fn reaps_zombies() {
+    need_docker!();
+    let sb = Sandbox::start(Opts::default());
+    let mut c = sb.client();
+    // The sleep is orphaned to PID 1 and dies later: only PID 1 can reap it.
+    assert_eq!(c.sh("sleep 0.1 & exit 0").report().exit_code, Some(0));
+    assert_eq!(
+        c.sh("(sleep 0.1 &) ; (sh -c 'exit 0' &)")
+            .report()
+            .exit_code,
+        Some(0)
+    );
+    std::thread::sleep(Duration::from_millis(800));
+    let ps = processes(&mut c);
+    assert!(!ps.iter().any(|(stat, _)| stat.starts_with('Z')), "{ps:?}");
+    assert!(!ps.iter().any(|(_, cmd)| cmd.contains("sleep")), "{ps:?}");
+}
+
+#[test]
+fn oom_kill_is_attributed_and_the_sandbox_survives() {
+    need_docker!();
+    let sb = Sandbox::start(Opts {
+        memory: "32m",
+        ..Opts::default()
+    });
+    let mut c = sb.raw_client();
+    let ack = c.hello();
+    assert!(
+        ack.oom_counter == "v1" || ack.oom_counter == "v2",
+        "Docker gives containers a memory cgroup: {ack:?}"
+    );
+    let o = c.run(&["dd", "if=/dev/zero", "of=/dev/null", "bs=100M", "count=1"]);
+    let r = o.report();
+    assert!(r.oom_killed, "{r:?}");
+    assert_eq!(r.signal, Some(9));
+    assert!(!r.timed_out);
+
+    // Through a shell, which reports its child's SIGKILL as 137.
+    let o = c.sh("dd if=/dev/zero of=/dev/null bs=100M count=1; exit $?");
+    assert_eq!(o.report().exit_code, Some(137));
+    assert!(o.report().oom_killed, "{:?}", o.report());
+
+    // A plain SIGKILL is not an OOM kill.
+    assert!(!c.sh("kill -9 $$").report().oom_killed);
+
+    assert!(sb.running());
+    assert_eq!(c.run(&["echo", "alive"]).out(), "alive\n");
+}
+
+#[test]
+fn multiplexes_concurrent_commands() {
+    need_docker!();
+    let sb = Sandbox::start(Opts::default());
+    let mut c = sb.client();
+    let t0 = Instant::now();
+    let ids: Vec<u32> = (1..=6).collect();
+    for &id in &ids {
+        c.exec(
+            id,
+            &req(&[
+                "sh",
+                "-c",
+                &format!("sleep 1; seq 1 {}; echo done{id}", id * 1000),
+            ]),
+        );
+    }
+    // Collect in reverse order: frames of the others must be kept meanwhile.
+    for &id in ids.iter().rev() {
+        let o = c.wait(id);
+        let expected: String = (1..=id * 1000)
+            .map(|i| format!("{i}\n"))
+            .chain([format!("done{id}\n")])
+            .collect();
+        assert_eq!(o.out(), expected, "command {id}");
+    }
+    // Six one-second commands in well under six seconds.
+    assert!(
+        t0.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        t0.elapsed()
+    );
+
+    // A duplicate id while the first runs is refused; the first is intact.
+    c.exec(7, &req(&["sleep", "30"]));
+    assert_eq!(c.next_frame(7).kind, FrameKind::Started);
+    c.exec(7, &req(&["echo", "dup"]));
+    assert!(c.expect_error(7).contains("already running"));
+    c.send(&Frame::json(
+        FrameKind::Signal,
+        7,
+        &SignalRequest { signal: 15 },
+    ));
+    assert_eq!(c.wait(7).report().signal, Some(15));
+    // Once Exited arrived the id is free again.
+    assert_eq!(c.run_with_id(7, &req(&["echo", "again"])).out(), "again\n");
+}
+
+#[test]
+fn signals_reach_the_process_group() {
+    need_docker!();
+    let sb = Sandbox::start(Opts::default());
+    let mut c = sb.client();
+    c.exec(1, &req(&["sh", "-c", "sleep 100; echo never"]));
+    assert_eq!(c.next_frame(1).kind, FrameKind::Started);
+    std::thread::sleep(Duration::from_millis(200));
+    c.send(&Frame::json(
+        FrameKind::Signal,
+        1,
+        &SignalRequest { signal: 2 },
+    ));
+    let o = c.wait(1);
+    assert_eq!(o.report().signal, Some(2));
+    assert!(o.out().is_empty());
+
+    c.send(&Frame::json(
+        FrameKind::Signal,
+        1,
+        &SignalRequest { signal: 2 },
+    ));
+    assert!(c.expect_error(1).contains("no running command"));
+    c.exec(2, &req(&["sleep", "10"]));
+    c.send(&Frame::json(
+        FrameKind::Signal,
+        2,
+        &SignalRequest { signal: 999 },
+    ));
+    assert_eq!(c.next_frame(2).kind, FrameKind::Started);
+    assert!(c.expect_error(2).contains("invalid signal"));
+    c.send(&Frame::json(
+        FrameKind::Signal,
+        2,
+        &SignalRequest { signal: 9 },
+    ));
+    assert_eq!(c.wait(2).report().signal, Some(9));
+}
+
+#[test]
+fn protocol_errors_are_answered() {
+    need_docker!();
+    let sb = Sandbox::start(Opts::default());
+
+    // Wrong version: Error, then closed.
+    let mut c = sb.raw_client();
+    c.send(&Frame::json(
+        FrameKind::Hello,
+        0,
+        &Hello {
+            protocol: PROTOCOL_VERSION + 1,
+        },
+    ));
+    assert!(c.expect_error(0).contains("version"));
+    assert!(c.closed_within(Duration::from_secs(5)));
+
+    // First frame not Hello: Error, then closed.
+    let mut c = sb.raw_client();
+    c.send(&Frame::new(FrameKind::Ping, 0, b"x".to_vec()));
+    assert!(c.expect_error(0).contains("Hello"));
+    assert!(c.closed_within(Duration::from_secs(5)));
+
+    // After the handshake: bad frames are answered and the connection goes on.
+    let mut c = sb.client();
+    c.send(&Frame::new(FrameKind::Ping, 42, vec![0, 255, 1]));
+    let pong = c.next_frame(42);
+    assert_eq!(
+        (pong.kind, pong.payload),
+        (FrameKind::Pong, vec![0, 255, 1])
+    );
+    c.send(&Frame::new(FrameKind::Exec, 5, b"{not json".to_vec()));
+    assert!(c.expect_error(5).contains("bad payload"));
+    c.send(&Frame::new(FrameKind::Started, 6, b"{}".to_vec()));
+    assert!(c.expect_error(6).contains("not accepted"));
+    c.send(&Frame::json(
+        FrameKind::Hello,
+        0,
+        &Hello {
+            protocol: PROTOCOL_VERSION,
+        },
+    ));
+    assert!(c.expect_error(0).contains("duplicate"));
+    assert_eq!(c.run(&["echo", "still"]).out(), "still\n");
+
+    // A broken header loses framing: Error naming the frame, then closed.
+    c.send_raw(&[200, 0, 0, 0, 9, 0, 0, 0, 0]);
+    assert!(c.expect_error(9).contains("unknown frame kind"));
+    assert!(c.closed_within(Duration::from_secs(5)));
+
+    // The agent serves new clients afterwards.
+    let mut c = sb.client();
+    assert_eq!(c.run(&["echo", "fine"]).out(), "fine\n");
+
+    // A clean close: answers to what was sent still arrive, then the relay
+    // ends because the agent closed its side.
+    c.send(&Frame::new(FrameKind::Ping, 1, b"last".to_vec()));
+    c.close_stdin();
+    assert_eq!(c.next_frame(1).kind, FrameKind::Pong);
+    assert!(c.closed_within(Duration::from_secs(5)));
+}
+
+#[test]
+fn a_vanished_client_takes_its_commands_along() {
+    need_docker!();
+    let sb = Sandbox::start(Opts::default());
+    let mut keeper = sb.client();
+    let mut doomed = sb.client();
+    doomed.exec(
+        1,
+        &req(&["sh", "-c", "sleep 1234 & setsid sleep 1235 & sleep 1236"]),
+    );
+    assert_eq!(doomed.next_frame(1).kind, FrameKind::Started);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(processes(&mut keeper)
+        .iter()
+        .any(|(_, c)| c.contains("sleep 1236")));
+    doomed.kill();
+
+    let t0 = Instant::now();
+    loop {
+        let ps = processes(&mut keeper);
+        if !ps.iter().any(|(_, c)| c.contains("sleep 123")) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "left running: {ps:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(sb.running());
+}
+
+#[test]
+fn dead_man_switch_stops_an_abandoned_sandbox() {
+    need_docker!();
+    let sb = Sandbox::start(Opts {
+        grace_ms: 3000,
+        ..Opts::default()
+    });
+    let mut c = sb.client();
+    c.exec(1, &req(&["sleep", "1000"]));
+    assert_eq!(c.next_frame(1).kind, FrameKind::Started);
+    // Well past the grace, but connected: nothing happens.
+    std::thread::sleep(Duration::from_millis(4000));
+    assert!(sb.running());
+
+    c.kill();
+    let took = sb
+        .wait_stopped(Duration::from_secs(15))
+        .expect("the sandbox stops after the grace");
+    assert!(
+        took >= Duration::from_millis(2500),
+        "stopped before the grace: {took:?}"
+    );
+    assert!(took < Duration::from_secs(8), "took {took:?}");
+    assert_eq!(sb.exit_code(), "0");
+    assert!(sb.logs().contains("no client connected"), "{}", sb.logs());
+
+    // Never connected at all: counted from the agent's start.
+    let idle = Sandbox::start(Opts {
+        grace_ms: 1500,
+        ..Opts::default()
+    });
+    let took = idle
+        .wait_stopped(Duration::from_secs(15))
+        .expect("an unclaimed sandbox stops");
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+}
+
+#[test]
+fn docker_stop_forwards_sigterm_and_exits_cleanly() {
+    need_docker!();
+    let sb = Sandbox::start(Opts::default());
+    let mut c = sb.client();
+    c.exec(1, &req(&["sleep", "1000"]));
+    assert_eq!(c.next_frame(1).kind, FrameKind::Started);
+    // A process that ignores SIGTERM is killed after the agent's 2 s grace.
+    c.exec(
+        2,
+        &req(&["sh", "-c", "trap '' TERM; while :; do sleep 1; done"]),
+    );
+    assert_eq!(c.next_frame(2).kind, FrameKind::Started);
+    std::thread::sleep(Duration::from_millis(300));
+
+    let took = sb.stop(20);
+    assert!(took < Duration::from_secs(8), "docker stop took {took:?}");
+    assert_eq!(sb.exit_code(), "0");
+    // The relay survived the forwarded SIGTERM long enough to deliver this.
+    let o = c.wait(1);
+    assert_eq!(o.report().signal, Some(15));
+}
+
+#[test]
+fn runs_in_an_image_without_anything() {
+    need_docker!();
+    let sb = Sandbox::start(Opts {
+        image: "corral-test/scratch",
+        ..Opts::default()
+    });
+    let mut c = sb.client();
+    let o = c.run(&[support::AGENT_IN_CONTAINER, "--version"]);
+    assert_eq!(
+        o.out(),
+        format!("corral-agent {}\n", env!("CARGO_PKG_VERSION"))
+    );
+    let msg = c
+        .run(&["sh", "-c", "true"])
+        .spawn_error
+        .expect("no shell here");
+    assert!(msg.contains("\"sh\""), "{msg}");
+}
+
+#[test]
+fn statuses_go_to_the_right_command_under_load() {
+    need_docker!();
+    let sb = Sandbox::start(Opts::default());
+    let mut c = sb.client();
+    // Rounds of concurrent commands that exit at once, mixed with exec
+    // failures (std reaps those itself, racing the agent's reaper if the
+    // agent got that wrong) and orphan-producing shells.
+    for round in 0..5u32 {
+        let ids: Vec<u32> = (1..=40).map(|i| round * 100 + i).collect();
+        for &id in &ids {
+            let argv: Vec<String> = match id % 4 {
+                0 => vec!["no-such-binary".into()],
+                1 => vec!["sh".into(), "-c".into(), format!("exit {}", id % 256)],
+                2 => vec!["sh".into(), "-c".into(), format!("true & echo {id}")],
+                _ => vec!["true".into()],
+            };
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            c.exec(id, &req(&argv));
+        }
+        for &id in &ids {
+            let o = c.wait(id);
+            match id % 4 {
+                0 => assert!(o.spawn_error.is_some(), "{id}: {o:?}"),
+                1 => assert_eq!(o.report().exit_code, Some((id % 256) as i32), "{id}"),
+                2 => assert_eq!(o.out(), format!("{id}\n")),
+                _ => assert_eq!(o.report().exit_code, Some(0), "{id}"),
+            }
+        }
+    }
+    // Sequential round trips stay fast (no hidden poll or reaper delays).
+    let t0 = Instant::now();
+    for _ in 0..50 {
+        assert_eq!(c.run(&["true"]).report().exit_code, Some(0));
+    }
+    let per = t0.elapsed() / 50;
+    eprintln!("round trip of `true`: {per:?}");
+    assert!(per < Duration::from_millis(100), "{per:?} per command");
+    assert!(sb.running());
+}
+
+#[test]
+fn other_signals_are_forwarded_without_stopping() {
+    need_docker!();
+    let sb = Sandbox::start(Opts::default());
+    let mut c = sb.client();
+    c.exec(
+        1,
+        &req(&[
+            "sh",
+            "-c",
+            "trap 'echo usr1; exit 0' USR1; while :; do sleep 0.1; done",
+        ]),
+    );
+    assert_eq!(c.next_frame(1).kind, FrameKind::Started);
+    std::thread::sleep(Duration::from_millis(300));
+    sb.kill_signal("USR1");
+    let o = c.wait(1);
+    assert_eq!(o.out(), "usr1\n");
+    assert_eq!(o.report().exit_code, Some(0));
+    // The agent and this client's relay are still there.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(sb.running());
+    assert_eq!(c.run(&["echo", "still"]).out(), "still\n");
+}
+
+#[test]
+fn works_as_an_unprivileged_user_on_a_read_only_root() {
+    need_docker!();
+    let sb = Sandbox::start(Opts {
+        grace_ms: 2000,
+        extra: vec!["--user", "1000:1000", "--read-only", "--tmpfs", "/tmp"],
+        mount_agent: true,
+        ..Opts::default()
+    });
+    let mut c = sb.client();
+    assert_eq!(c.run(&["id", "-u"]).out(), "1000\n");
+    assert_ne!(c.run(&["touch", "/x"]).report().exit_code, Some(0));
+    assert_eq!(c.sh("echo hi > /tmp/f && cat /tmp/f").out(), "hi\n");
+    let mut r = req(&["sh", "-c", "sleep 100 & sleep 100"]);
+    r.timeout_ms = Some(300);
+    assert!(c.run_req(&r).report().timed_out);
+    std::thread::sleep(Duration::from_millis(300));
+    let ps = processes(&mut c);
+    assert!(!ps.iter().any(|(_, cmd)| cmd.contains("sleep")), "{ps:?}");
+    c.kill();
+    assert!(sb.wait_stopped(Duration::from_secs(10)).is_some());
+}

@@ -1,0 +1,77 @@
+//! `corral doctor`: is the daemon usable, and which protections hold.
+
+use std::process::ExitCode;
+
+use clap::Args;
+
+/// Check the daemon: reachable, API version, runtimes, cgroup version,
+/// storage-opt support, and (with an image that has /bin/sh) which
+/// protections are actually in force inside a default sandbox.
+/// Exits 1 when a protection does not hold.
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// Image for the probe sandbox [default: $CORRAL_IMAGE or corral-test/busybox].
+    #[arg(long)]
+    image: Option<String>,
+    /// Skip the probe sandbox; report the daemon only.
+    #[arg(long)]
+    no_probe: bool,
+}
+
+pub async fn run(
+    config: corral_docker::BackendConfig,
+    args: DoctorArgs,
+) -> anyhow::Result<ExitCode> {
+    let backend = super::connect(config).await?;
+    let image = (!args.no_probe).then(|| args.image.clone().unwrap_or_else(super::default_image));
+    let r = backend.doctor(image.as_deref()).await?;
+    println!("daemon        {} (reachable)", r.endpoint);
+    println!("version       {} (API {})", r.server_version, r.api_version);
+    println!("os / kernel   {} / {}", r.os, r.kernel);
+    println!(
+        "cgroup        v{} ({} driver)",
+        r.cgroup_version, r.cgroup_driver
+    );
+    println!("storage       {}", r.storage_driver);
+    println!(
+        "runtimes      {} (default {})",
+        r.runtimes.join(", "),
+        r.default_runtime
+    );
+    println!(
+        "gVisor        {}",
+        if r.runtimes.iter().any(|x| x == "runsc") {
+            "available (--runtime runsc)"
+        } else {
+            "not registered"
+        }
+    );
+    println!("security      {}", r.security_options.join("; "));
+    println!(
+        "disk limits   {}",
+        match r.storage_opt {
+            Some(true) => "supported (--storage-opt size=)",
+            Some(false) => "NOT supported by this storage driver: --disk is refused",
+            None => "not probed",
+        }
+    );
+    println!("agent         {} bytes, embedded", r.agent_bytes);
+    let mut all_ok = true;
+    if let Some(image) = image {
+        println!("protections in force (probe sandbox from {image}):");
+        for c in &r.protections {
+            all_ok &= c.ok;
+            println!(
+                "  [{}] {:<24} {}",
+                if c.ok { " ok " } else { "FAIL" },
+                c.name,
+                c.detail
+            );
+        }
+    }
+    Ok(if all_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

@@ -1,0 +1,48 @@
+//! `corral gc`: remove orphaned sandboxes.
+
+use std::process::ExitCode;
+
+use clap::Args;
+use corral_core::outcome::short;
+
+/// Remove orphans: corral containers whose owning corral process is gone
+/// (killed, crashed). Containers of live corral processes, of other hosts
+/// and persistent ones are kept.
+#[derive(Args, Debug)]
+pub struct GcArgs {
+    /// Also remove sandboxes whose owner is alive or on another host
+    /// (persistent ones are still kept).
+    #[arg(long)]
+    all: bool,
+}
+
+pub async fn run(config: corral_docker::BackendConfig, args: GcArgs) -> anyhow::Result<ExitCode> {
+    let backend = super::connect(config).await?;
+    let report = backend.gc(args.all).await?;
+    for s in &report.removed {
+        println!(
+            "removed {} ({}, {})",
+            s.sandbox_id,
+            short(&s.container_id),
+            s.state
+        );
+    }
+    for (s, e) in &report.failed {
+        eprintln!(
+            "corral: could not remove {} ({}): {e}",
+            s.sandbox_id,
+            short(&s.container_id)
+        );
+    }
+    println!(
+        "{} removed, {} kept, {} failed",
+        report.removed.len(),
+        report.kept.len(),
+        report.failed.len()
+    );
+    Ok(if report.failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

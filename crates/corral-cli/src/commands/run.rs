@@ -1,0 +1,433 @@
+//! `corral run`: one command in a new sandbox, removed afterwards.
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use corral_core::command::DEFAULT_MAX_OUTPUT;
+use corral_core::config::Config;
+use corral_core::units::{parse_bytes, parse_cpus};
+use corral_core::{
+    CommandResult, CommandSpec, EnvVar, FailureKind, Mount, Network, Recovery, SandboxSpec,
+};
+use corral_docker::{OutputStream, Sandbox};
+use tokio::io::AsyncReadExt;
+
+use crate::json;
+
+/// Run COMMAND with /bin/sh -c in a new hardened sandbox, then remove it.
+///
+/// Output is passed through and corral exits with the command's exit code.
+/// When the command does not exit by itself, the exit code says why:
+/// 124 timeout, 137 OOM-killed, 127 could not start, 125 any other failure
+/// (container lost, daemon unavailable, image not found, invalid spec).
+/// With --json, one JSON object describes the outcome instead.
+#[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct RunArgs {
+    /// Start from the config's profile NAME instead of its `defaults:`
+    /// (flags still override).
+    #[arg(long, value_name = "NAME")]
+    profile: Option<String>,
+    /// Image to run [default: the --profile's image, else $CORRAL_IMAGE,
+    /// else the config's defaults.image, else corral-test/busybox].
+    #[arg(long)]
+    image: Option<String>,
+    /// Memory limit, e.g. 64m or 2g (swap is capped at the same value)
+    /// [default: from the config, else 1g].
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_size)]
+    memory: Option<u64>,
+    /// CPU limit, e.g. 0.5 or 2 [default: from the config, else 1].
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_cpu_count)]
+    cpus: Option<f64>,
+    /// Maximum number of processes [default: from the config, else 256].
+    #[arg(long, allow_hyphen_values = true, value_parser = clap::value_parser!(i64).range(8..))]
+    pids: Option<i64>,
+    /// Writable layer size limit, e.g. 1g (only where the storage driver supports it).
+    #[arg(long, value_parser = parse_size)]
+    disk: Option<u64>,
+    /// Network: bridge or none [default: from the config, else bridge].
+    #[arg(long, value_parser = parse_network)]
+    network: Option<Network>,
+    /// OCI runtime, e.g. runc or runsc (gVisor).
+    #[arg(long)]
+    runtime: Option<String>,
+    /// Kill the command's whole process tree after this many seconds (fractions allowed).
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_timeout)]
+    timeout: Option<Duration>,
+    /// Bytes kept per output stream (head and tail; the middle is dropped).
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_size, default_value_t = DEFAULT_MAX_OUTPUT)]
+    max_output: u64,
+    /// Environment: NAME=value sets it, NAME alone forwards the host's value
+    /// (replacing the config's entry of the same name).
+    #[arg(long = "env", short = 'e', value_name = "NAME[=VALUE]")]
+    env: Vec<String>,
+    /// Resolve --env values starting with $ from the host environment.
+    #[arg(long)]
+    expand_env: bool,
+    /// Bind mount HOST:CONTAINER[:ro].
+    #[arg(long = "mount", short = 'v', value_name = "HOST:CONTAINER[:ro]")]
+    mounts: Vec<String>,
+    /// Working directory inside the sandbox.
+    #[arg(long, short = 'w')]
+    workdir: Option<String>,
+    /// Run as this user (uid, uid:gid or a name the image knows).
+    #[arg(long, short = 'u')]
+    user: Option<String>,
+    /// Mount the root filesystem read-only.
+    #[arg(long)]
+    read_only: bool,
+    /// Add SETUID and SETGID back (needed to switch users inside the sandbox).
+    #[arg(long)]
+    setuid_caps: bool,
+    /// Seconds the sandbox outlives a vanished corral (the agent's dead-man
+    /// switch: if corral is killed, everything in the sandbox stops this long after)
+    /// [default: from the config, else 30].
+    #[arg(long, value_parser = parse_timeout)]
+    agent_grace: Option<Duration>,
+    /// When the container is lost mid-command: fail (report container_lost)
+    /// or recreate (new container from the same spec, command retried once)
+    /// [default: from the config, else fail].
+    #[arg(long, value_parser = parse_recovery)]
+    recovery: Option<Recovery>,
+    /// A shell command run in the sandbox before COMMAND (and again after a
+    /// recreate), after the config's; repeatable, run in order; one failing
+    /// fails the run.
+    #[arg(long, value_name = "SCRIPT")]
+    startup: Vec<String>,
+    /// Print one JSON object with the outcome instead of passing output through.
+    #[arg(long)]
+    json: bool,
+    /// The command, run by /bin/sh -c (several words are joined with spaces).
+    #[arg(required = true, last = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    parse_bytes(s).map_err(|e| e.to_string())
+}
+
+fn parse_cpu_count(s: &str) -> Result<f64, String> {
+    parse_cpus(s).map_err(|e| e.to_string())
+}
+
+fn parse_network(s: &str) -> Result<Network, String> {
+    Network::parse(s).ok_or_else(|| format!("'{s}' is not a network mode: expected bridge or none"))
+}
+
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of seconds"))?;
+    if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
+        return Err(format!("'{s}' is not a positive number of seconds"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_recovery(s: &str) -> Result<Recovery, String> {
+    Recovery::parse(s)
+        .ok_or_else(|| format!("'{s}' is not a recovery policy: expected fail or recreate"))
+}
+
+fn parse_env(entries: &[String]) -> Vec<EnvVar> {
+    entries
+        .iter()
+        .map(|e| match e.split_once('=') {
+            Some((name, value)) => EnvVar::Set {
+                name: name.to_string(),
+                value: value.to_string(),
+            },
+            None => EnvVar::Forward { forward: e.clone() },
+        })
+        .collect()
+}
+
+fn parse_mount(entry: &str) -> anyhow::Result<Mount> {
+    let parts: Vec<&str> = entry.split(':').collect();
+    let (host, container, read_only) = match parts.as_slice() {
+        [h, c] => (*h, *c, false),
+        [h, c, "ro"] => (*h, *c, true),
+        [h, c, "rw"] => (*h, *c, false),
+        _ => anyhow::bail!(
+            "invalid value '{entry}' for '--mount': expected HOST:CONTAINER or HOST:CONTAINER:ro"
+        ),
+    };
+    Ok(Mount {
+        host: host.to_string(),
+        container: container.to_string(),
+        read_only,
+    })
+}
+
+impl RunArgs {
+    /// The config's `defaults:` (or `--profile`'s spec) with the flags given
+    /// on top; a flag left out keeps the config's value.
+    fn spec(&self, config: &Config) -> anyhow::Result<SandboxSpec> {
+        let mut spec = match &self.profile {
+            Some(name) => config.profile(name)?.clone(),
+            None => config.defaults.clone(),
+        };
+        spec.image = match &self.image {
+            Some(image) => image.clone(),
+            None if !spec.image.is_empty() => spec.image,
+            None => super::default_image(),
+        };
+        if let Some(memory) = self.memory {
+            spec.limits.memory = Some(memory);
+        }
+        if let Some(cpus) = self.cpus {
+            spec.limits.cpus = Some(cpus);
+        }
+        if let Some(pids) = self.pids {
+            spec.limits.pids = Some(pids);
+        }
+        if self.disk.is_some() {
+            spec.limits.disk = self.disk;
+        }
+        if let Some(network) = self.network {
+            spec.network = network;
+        }
+        if self.runtime.is_some() {
+            spec.runtime = self.runtime.clone();
+        }
+        let flags_env = parse_env(&self.env);
+        spec.env
+            .retain(|base| !flags_env.iter().any(|f| env_name(f) == env_name(base)));
+        spec.env.extend(flags_env);
+        spec.expand_host_env |= self.expand_env;
+        for m in &self.mounts {
+            spec.mounts.push(parse_mount(m)?);
+        }
+        if self.workdir.is_some() {
+            spec.workdir = self.workdir.clone();
+        }
+        if self.user.is_some() {
+            spec.security.user = self.user.clone();
+        }
+        spec.security.read_only_root |= self.read_only;
+        spec.security.setuid_caps |= self.setuid_caps;
+        if let Some(recovery) = self.recovery {
+            spec.recovery = recovery;
+        }
+        spec.startup.extend(self.startup.iter().cloned());
+        if let Some(grace) = self.agent_grace {
+            spec.agent_grace_ms = grace.as_millis().min(u64::MAX as u128) as u64;
+        }
+        Ok(spec)
+    }
+}
+
+fn env_name(var: &EnvVar) -> &str {
+    match var {
+        EnvVar::Set { name, .. } => name,
+        EnvVar::Forward { forward } => forward,
+    }
+}
+
+/// Exit code for an outcome, as documented in `corral run --help`.
+fn exit_code(result: &CommandResult) -> u8 {
+    match &result.failure {
+        None => match (result.exit_code, result.signal) {
+            (Some(code), _) => (code & 0xff) as u8,
+            (None, Some(sig)) => (128 + sig.clamp(0, 127)) as u8,
+            (None, None) => 125,
+        },
+        Some(f) => match f.kind {
+            FailureKind::Timeout => 124,
+            FailureKind::OomKilled => 137,
+            FailureKind::SpawnFailed => 127,
+            _ => 125,
+        },
+    }
+}
+
+pub async fn run(
+    config: corral_docker::BackendConfig,
+    settings: &Config,
+    args: RunArgs,
+) -> anyhow::Result<ExitCode> {
+    let script = args.command.join(" ");
+    let spec = match args.spec(settings) {
+        Ok(s) => s,
+        Err(e) => return finish_early(&args, FailureKind::InvalidSpec, format!("{e:#}")),
+    };
+    // Listen for Ctrl-C and SIGTERM before anything is created, so an
+    // interrupt at any point (even mid-create) ends in teardown, not a leak.
+    let mut interrupt = Interrupt::listen()?;
+    let backend = match super::connect(config).await {
+        Ok(b) => b,
+        Err(e) => return finish_early(&args, FailureKind::DaemonUnavailable, format!("{e:#}")),
+    };
+    let sandbox = match backend.create(&spec).await {
+        Ok(s) => s,
+        Err(e) => {
+            let f = e.failure();
+            return finish_early(&args, f.kind, f.message);
+        }
+    };
+
+    let result = tokio::select! {
+        r = execute(&sandbox, &args, script) => Some(r),
+        _ = interrupt.recv() => None,
+    };
+    if let Err(e) = sandbox.destroy().await {
+        eprintln!(
+            "corral: warning: could not remove sandbox {}: {e}",
+            sandbox.id()
+        );
+    }
+    let Some(result) = result else {
+        eprintln!("corral: interrupted; sandbox {} removed", sandbox.id());
+        return Ok(ExitCode::from(130));
+    };
+    if args.json {
+        println!("{}", json::result(&result, Some(sandbox.id())));
+    } else if let Some(f) = &result.failure {
+        eprintln!("corral: {f}");
+    }
+    Ok(ExitCode::from(exit_code(&result)))
+}
+
+async fn execute(sandbox: &Sandbox, args: &RunArgs, script: String) -> CommandResult {
+    let forward_stdin = !std::io::stdin().is_terminal();
+    let mut cmd = CommandSpec::shell(script).max_output(args.max_output);
+    cmd.timeout = args.timeout;
+    if forward_stdin {
+        cmd.stdin = Some(Vec::new());
+    }
+    let exec = match sandbox.exec(&cmd).await {
+        Ok(e) => e,
+        Err(f) => return CommandResult::failed(f, Duration::ZERO),
+    };
+    if forward_stdin {
+        let writer = exec.stdin();
+        tokio::spawn(async move {
+            let mut stdin = tokio::io::stdin();
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match stdin.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if writer.write(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            let _ = writer.close().await;
+        });
+    }
+    let passthrough = !args.json;
+    exec.wait_with(|stream, bytes| {
+        if passthrough {
+            // A closed stdout/stderr on our side must not stop the command.
+            let _ = match stream {
+                OutputStream::Stdout => {
+                    let mut out = std::io::stdout().lock();
+                    out.write_all(bytes).and_then(|_| out.flush())
+                }
+                OutputStream::Stderr => {
+                    let mut err = std::io::stderr().lock();
+                    err.write_all(bytes).and_then(|_| err.flush())
+                }
+            };
+        }
+    })
+    .await
+}
+
+/// Reports a failure that happened before the command could run.
+fn finish_early(args: &RunArgs, kind: FailureKind, message: String) -> anyhow::Result<ExitCode> {
+    let result = CommandResult::failed(corral_core::Failure::new(kind, message), Duration::ZERO);
+    if args.json {
+        println!("{}", json::result(&result, None));
+    } else if let Some(f) = &result.failure {
+        eprintln!("corral: {f}");
+    }
+    Ok(ExitCode::from(exit_code(&result)))
+}
+
+/// Ctrl-C and SIGTERM, registered once; a signal that arrives before
+/// `recv` is awaited is kept and reported then.
+struct Interrupt {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Interrupt {
+    fn listen() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Interrupt {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+        })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mounts_and_env_parse_or_name_the_value() {
+        let m = parse_mount("/a:/b:ro").expect("valid");
+        assert!(m.read_only && m.host == "/a" && m.container == "/b");
+        let e = parse_mount("/a").expect_err("invalid").to_string();
+        assert!(e.contains("'/a'") && e.contains("--mount"), "{e}");
+        assert_eq!(
+            parse_env(&["A=1".into(), "B".into()]),
+            vec![
+                EnvVar::Set {
+                    name: "A".into(),
+                    value: "1".into()
+                },
+                EnvVar::Forward {
+                    forward: "B".into()
+                }
+            ]
+        );
+        assert!(parse_timeout("0").is_err());
+        assert!(parse_timeout("1.5").is_ok());
+    }
+
+    #[test]
+    fn unset_flags_keep_the_configs_values() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        let args = |argv: &[&str]| {
+            Cli::try_parse_from(["run"].iter().chain(argv).chain(&["--", "true"]))
+                .expect("valid flags")
+                .run
+        };
+        let config = Config::from_yaml(
+            "defaults: {image: cfg-image, limits: {memory: 67108864, pids: 64}, network: none}",
+        )
+        .expect("parses");
+        let spec = args(&["--pids", "32"]).spec(&config).expect("spec");
+        assert_eq!(spec.image, "cfg-image");
+        assert_eq!(spec.limits.memory, Some(64 << 20));
+        assert_eq!(spec.limits.pids, Some(32));
+        assert_eq!(spec.limits.cpus, Some(1.0));
+        assert_eq!(spec.network, Network::None);
+        let spec = args(&["--image", "flag-image", "--network", "bridge"])
+            .spec(&config)
+            .expect("spec");
+        assert_eq!(
+            (spec.image.as_str(), spec.network),
+            ("flag-image", Network::Bridge)
+        );
+    }
+}

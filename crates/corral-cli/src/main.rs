@@ -1,0 +1,127 @@
+//! `corral`: run untrusted commands in hardened, disposable containers.
+//!
+//! Each subcommand lives in `commands/<name>.rs` and turns its flags into
+//! library calls on `corral-docker`; none talks to Docker directly.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod commands;
+mod json;
+
+/// Container sandboxes for AI agents and RL rollouts.
+#[derive(Parser)]
+#[command(
+    name = "corral",
+    version,
+    about,
+    long_about = None,
+    after_help = "Settings come from, highest precedence first: command-line flags, CORRAL_* \
+environment variables, the config file, the built-in defaults. The config file is --config \
+(or $CORRAL_CONFIG), else $XDG_CONFIG_HOME/corral/config.yaml or ~/.config/corral/config.yaml \
+when it exists. `corral config example` prints every key with its default; \
+`corral config check` validates a file."
+)]
+struct Cli {
+    /// YAML config file [default: $XDG_CONFIG_HOME/corral/config.yaml or
+    /// ~/.config/corral/config.yaml, when it exists].
+    #[arg(long, global = true, env = "CORRAL_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+
+    /// Daemon endpoint: unix:///path, tcp://host:port or a socket path.
+    /// Overrides $CORRAL_ENDPOINT and the config's `endpoint`.
+    /// Default: DOCKER_HOST, then /var/run/docker.sock, then Podman's sockets.
+    #[arg(long, global = true)]
+    endpoint: Option<String>,
+
+    /// Container starts in flight at once, shared by every corral process
+    /// of this user on the host (0: unlimited). Overrides
+    /// $CORRAL_START_LIMIT and the config's `daemon.start_limit` [default: 8].
+    #[arg(long, global = true)]
+    start_limit: Option<usize>,
+
+    /// Daemon execs in flight at once, shared like --start-limit. Overrides
+    /// $CORRAL_EXEC_LIMIT and the config's `daemon.exec_limit` [default: 16].
+    #[arg(long, global = true)]
+    exec_limit: Option<usize>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Run(Box<commands::run::RunArgs>),
+    Ps(commands::ps::PsArgs),
+    Gc(commands::gc::GcArgs),
+    Doctor(commands::doctor::DoctorArgs),
+    Workload(commands::workload::WorkloadArgs),
+    Bench(commands::bench::BenchArgs),
+    Config(commands::config::ConfigArgs),
+    Serve(commands::serve::ServeArgs),
+    Mcp(commands::mcp::McpArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let flags = commands::config::Flags {
+        endpoint: cli.endpoint,
+        start_limit: cli.start_limit,
+        exec_limit: cli.exec_limit,
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CORRAL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    // `corral config` reports a bad file itself; everything else needs a
+    // good one before it starts.
+    let command = match cli.command {
+        Command::Config(args) => return commands::config::run(cli.config.as_deref(), &flags, args),
+        other => other,
+    };
+    let settings = match commands::config::load(cli.config.as_deref(), &flags) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("corral: {e:#}");
+            return ExitCode::from(125);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("corral: cannot start the async runtime: {e}");
+            return ExitCode::from(125);
+        }
+    };
+    let config = corral_docker::BackendConfig::from(&settings);
+    let result = runtime.block_on(async move {
+        match command {
+            Command::Run(args) => commands::run::run(config, &settings, *args).await,
+            Command::Ps(args) => commands::ps::run(config, args).await,
+            Command::Gc(args) => commands::gc::run(config, args).await,
+            Command::Doctor(args) => commands::doctor::run(config, args).await,
+            Command::Workload(args) => commands::workload::run(config, args).await,
+            Command::Bench(args) => commands::bench::run(config, args).await,
+            Command::Serve(args) => commands::serve::run(config, &settings, args).await,
+            Command::Mcp(args) => commands::mcp::run(config, &settings, args).await,
+            Command::Config(_) => unreachable!("handled before the runtime starts"),
+        }
+    });
+    // Don't wait for a blocked stdin reader thread at exit.
+    runtime.shutdown_background();
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("corral: {e:#}");
+            ExitCode::from(125)
+        }
+    }
+}

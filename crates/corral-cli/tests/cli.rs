@@ -1,0 +1,313 @@
+//! The `corral` CLI contract, run as a user runs it, against the real daemon.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
+
+fn images() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../scripts/build-test-images.sh"
+        );
+        let status = Command::new("bash")
+            .arg(script)
+            .status()
+            .expect("run build-test-images.sh");
+        assert!(status.success(), "building the test images failed");
+    });
+}
+
+/// Runs corral with `args`, optional stdin; returns (exit code, stdout, stderr).
+fn corral(args: &[&str], stdin: Option<&[u8]>) -> (i32, Vec<u8>, String) {
+    images();
+    let mut child = Command::new(CORRAL)
+        .args(args)
+        .env("CORRAL_IMAGE", "corral-test/busybox")
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn corral");
+    if let Some(bytes) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin");
+        pipe.write_all(bytes).expect("write stdin");
+    }
+    let out = child.wait_with_output().expect("wait corral");
+    (
+        out.status.code().unwrap_or(-1),
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+fn json(args: &[&str]) -> (i32, Value) {
+    let (code, out, err) = corral(args, None);
+    let v: Value = serde_json::from_slice(&out).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {:?} / {err}",
+            String::from_utf8_lossy(&out)
+        )
+    });
+    (code, v)
+}
+
+fn leftovers(filter: &str) -> String {
+    let out = Command::new("docker")
+        .args(["ps", "-aq", "--filter", filter])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn run_passes_output_through_and_exits_with_the_commands_code() {
+    let (code, out, err) = corral(&["run", "--", "echo hello; echo oops >&2; exit 7"], None);
+    assert_eq!(code, 7, "{err}");
+    assert_eq!(String::from_utf8_lossy(&out), "hello\n");
+    assert!(err.contains("oops"), "{err}");
+}
+
+#[test]
+fn run_forwards_stdin() {
+    let (code, out, _) = corral(&["run", "--", "tr a-z A-Z"], Some(b"shout\n"));
+    assert_eq!(code, 0);
+    assert_eq!(String::from_utf8_lossy(&out), "SHOUT\n");
+}
+
+#[test]
+fn run_json_has_the_documented_fields() {
+    let (code, v) = json(&[
+        "run",
+        "--json",
+        "--max-output",
+        "8",
+        "--",
+        "printf 0123456789abcdef; echo e >&2",
+    ]);
+    assert_eq!(code, 0);
+    assert_eq!(v["exit_code"], 0);
+    assert_eq!(v["stdout"], "0123cdef");
+    assert_eq!(v["stdout_truncated"], true);
+    assert_eq!(v["stdout_total_bytes"], 16);
+    assert_eq!(v["stderr"], "e\n");
+    assert_eq!(v["stderr_truncated"], false);
+    assert_eq!(v["stderr_total_bytes"], 2);
+    assert!(v["duration_ms"].as_f64().is_some());
+    assert_eq!(v["failure"], Value::Null);
+}
+
+#[test]
+fn run_json_types_timeouts_and_ooms() {
+    let (code, v) = json(&["run", "--json", "--timeout", "0.5", "--", "sleep 30"]);
+    assert_eq!(code, 124);
+    assert_eq!(v["failure"]["kind"], "timeout");
+    assert_eq!(v["failure"]["retryable"], false);
+    assert_eq!(v["exit_code"], Value::Null);
+
+    let (code, v) = json(&[
+        "run",
+        "--json",
+        "--memory",
+        "48m",
+        "--",
+        "dd if=/dev/zero of=/dev/null bs=300M count=1",
+    ]);
+    assert_eq!(code, 137, "{v}");
+    assert_eq!(v["failure"]["kind"], "oom_killed");
+}
+
+#[test]
+fn run_json_binary_output_is_exact_in_base64() {
+    let (_, v) = json(&["run", "--json", "--", "printf '\\377\\376'"]);
+    assert_eq!(v["stdout_base64"], "//4=");
+}
+
+#[test]
+fn bad_flags_name_the_flag_and_the_value() {
+    let (code, _, err) = corral(&["run", "--memory", "lots", "--", "true"], None);
+    assert_eq!(code, 2);
+    assert!(err.contains("--memory") && err.contains("'lots'"), "{err}");
+    let (code, _, err) = corral(&["run", "--network", "host", "--", "true"], None);
+    assert_eq!(code, 2);
+    assert!(err.contains("--network") && err.contains("'host'"), "{err}");
+    let (code, _, err) = corral(&["run", "--cpus", "-1", "--", "true"], None);
+    assert_eq!(code, 2);
+    assert!(err.contains("--cpus"), "{err}");
+    let (code, v) = json(&["run", "--json", "--env", "1X=2", "--", "true"]);
+    assert_eq!(code, 125);
+    assert_eq!(v["failure"]["kind"], "invalid_spec");
+    assert!(
+        v["failure"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("1X"),
+        "{v}"
+    );
+}
+
+#[test]
+fn missing_image_says_which_and_why() {
+    let (code, v) = json(&[
+        "run",
+        "--json",
+        "--image",
+        "corral-test/nope:9",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code, 125);
+    assert_eq!(v["failure"]["kind"], "image_not_found");
+    let msg = v["failure"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("corral-test/nope:9") && msg.contains("no registry"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn unreachable_daemon_fails_fast_and_typed() {
+    let started = Instant::now();
+    let (code, v) = json(&[
+        "--endpoint",
+        "unix:///nonexistent/docker.sock",
+        "run",
+        "--json",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code, 125);
+    assert_eq!(v["failure"]["kind"], "daemon_unavailable");
+    assert_eq!(v["failure"]["retryable"], true);
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn sigkilled_corral_leaves_nothing_running_and_gc_removes_the_rest() {
+    images();
+    let marker = format!("deadman{}", std::process::id());
+    let mut child = Command::new(CORRAL)
+        .args([
+            "run",
+            "--agent-grace",
+            "2",
+            "--env",
+            &format!("MARK={marker}"),
+            "--",
+            "sleep 120",
+        ])
+        .env("CORRAL_IMAGE", "corral-test/busybox")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn corral");
+    let filter = format!("label=corral.owner.pid={}", child.id());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while leftovers(&filter).is_empty() {
+        assert!(Instant::now() < deadline, "sandbox never appeared");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    child.kill().expect("SIGKILL corral");
+    child.wait().ok();
+    // The agent notices its controller is gone and stops everything within
+    // the grace period (allow generous slack for a loaded machine).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let running = !leftovers(&filter).is_empty() && {
+            let out = Command::new("docker")
+                .args(["ps", "-q", "--filter", &filter])
+                .output()
+                .expect("docker ps");
+            !String::from_utf8_lossy(&out.stdout).trim().is_empty()
+        };
+        if !running {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sandbox still running after its owner was SIGKILLed"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The stopped container is an orphan now: gc (or the reaper of any
+    // corral process that connected meanwhile) removes it.
+    let (code, _, err) = corral(&["gc"], None);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(leftovers(&filter), "");
+}
+
+#[test]
+fn ps_and_doctor_answer() {
+    let (code, _, err) = corral(&["ps"], None);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = corral(&["doctor"], None);
+    let out = String::from_utf8_lossy(&out);
+    assert_eq!(code, 0, "{out}\n{err}");
+    for needle in [
+        "API",
+        "cgroup",
+        "disk limits",
+        "capabilities dropped",
+        "no-new-privileges",
+        "pids limit",
+    ] {
+        assert!(out.contains(needle), "doctor output lacks {needle}: {out}");
+    }
+}
+
+#[test]
+fn interrupted_run_removes_its_sandbox() {
+    images();
+    let child = Command::new(CORRAL)
+        .args(["run", "--", "sleep 120"])
+        .env("CORRAL_IMAGE", "corral-test/busybox")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn corral");
+    let filter = format!("label=corral.owner.pid={}", child.id());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while leftovers(&filter).is_empty() {
+        assert!(Instant::now() < deadline, "sandbox never appeared");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill -INT");
+    assert!(status.success());
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        leftovers(&filter),
+        "",
+        "an interrupted run left its sandbox"
+    );
+}
+
+#[test]
+fn unknown_user_is_a_permanent_spec_error() {
+    let (code, v) = json(&["run", "--json", "--user", "nosuchuser", "--", "true"]);
+    assert_eq!(code, 125);
+    assert_eq!(v["failure"]["kind"], "invalid_spec", "{v}");
+    assert_eq!(v["failure"]["retryable"], false);
+}

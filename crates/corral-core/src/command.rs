@@ -1,0 +1,77 @@
+//! A command to run in a sandbox.
+
+use std::time::Duration;
+
+/// Default per-stream output budget: 1 MiB (half head, half tail).
+pub const DEFAULT_MAX_OUTPUT: u64 = 1 << 20;
+
+/// One command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandSpec {
+    /// Program and arguments.
+    pub argv: Vec<String>,
+    /// Working directory (`~` expands to the sandbox user's home); `None` is
+    /// the sandbox's working directory.
+    pub cwd: Option<String>,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
+    /// Bytes fed to stdin; `None` gives the command an immediate EOF.
+    pub stdin: Option<Vec<u8>>,
+    /// Kill the whole process tree after this long.
+    pub timeout: Option<Duration>,
+    /// Bytes kept per output stream.
+    pub max_output: u64,
+}
+
+impl CommandSpec {
+    /// Runs `script` with `/bin/sh -c`.
+    pub fn shell(script: impl Into<String>) -> Self {
+        Self::argv(["/bin/sh".to_string(), "-c".to_string(), script.into()])
+    }
+
+    /// Runs a program directly.
+    pub fn argv<I, S>(argv: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        CommandSpec {
+            argv: argv.into_iter().map(Into::into).collect(),
+            cwd: None,
+            env: Vec::new(),
+            stdin: None,
+            timeout: None,
+            max_output: DEFAULT_MAX_OUTPUT,
+        }
+    }
+
+    /// Sets the timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Sets stdin.
+    pub fn stdin(mut self, bytes: impl Into<Vec<u8>>) -> Self {
+        self.stdin = Some(bytes.into());
+        self
+    }
+
+    /// Sets the output budget per stream.
+    pub fn max_output(mut self, bytes: u64) -> Self {
+        self.max_output = bytes;
+        self
+    }
+
+    /// Sets the working directory.
+    pub fn cwd(mut self, dir: impl Into<String>) -> Self {
+        self.cwd = Some(dir.into());
+        self
+    }
+
+    /// Adds an environment variable.
+    pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((name.into(), value.into()));
+        self
+    }
+}

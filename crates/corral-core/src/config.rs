@@ -1,0 +1,998 @@
+//! corral's configuration file: every knob of the backend, the base sandbox
+//! spec, named profiles and the provider, in one YAML document.
+//!
+//! Precedence, highest first: command-line flags, `CORRAL_*` environment
+//! variables ([`Config::apply_env`]), the file ([`Config::from_yaml`]), the
+//! library defaults ([`Config::default`]). Every field is optional and its
+//! default equals the default of the library type it feeds, so an empty file
+//! and no file mean the same thing; `examples/corral.yaml` spells out every
+//! key with its default and a test keeps it equal to [`Config::default`].
+//!
+//! Parsing is strict: an unknown key or a value of the wrong type is an
+//! error naming the key path, the value and the line. [`Config::validate`]
+//! then checks ranges and every sandbox spec, naming the field path
+//! (`profiles.python.limits.memory`) and the value. Sizes are plain integers
+//! in bytes here (no `1g`): a config file is read by programs as well as
+//! people, and one spelling per value keeps it unambiguous.
+//!
+//! No IO: the caller reads the file and passes the environment in, as with
+//! [`crate::spec::HostView`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::breaker::BreakerConfig;
+use crate::policy::{Recovery, RetryPolicy};
+use crate::pool::ProviderConfig;
+use crate::spec::{HostView, SandboxSpec, SpecError};
+
+/// The example configuration shipped at `examples/corral.yaml`: every key
+/// with its default value and what it does.
+pub const EXAMPLE_YAML: &str = include_str!("../../../examples/corral.yaml");
+
+/// The environment variables [`Config::apply_env`] reads, with the key each
+/// one overrides. An empty variable counts as unset.
+pub const ENV_OVERRIDES: &[(&str, &str)] = &[
+    ("CORRAL_ENDPOINT", "endpoint"),
+    ("CORRAL_START_LIMIT", "daemon.start_limit"),
+    ("CORRAL_EXEC_LIMIT", "daemon.exec_limit"),
+    ("CORRAL_IMAGE", "defaults.image"),
+    ("CORRAL_RECOVERY", "defaults.recovery"),
+    ("CORRAL_MAX_LIVE", "provider.max_live"),
+    ("CORRAL_PERSISTENCE_ROOT", "persistence_root"),
+    ("CORRAL_LISTEN", "server.listen"),
+    ("CORRAL_TOKEN", "server.token"),
+];
+
+/// Everything corral can be configured with.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Daemon endpoint: `unix:///path`, `tcp://host:port` or a socket path.
+    /// Default `None`: `DOCKER_HOST`, then Docker's default socket, then
+    /// Podman's sockets.
+    pub endpoint: Option<String>,
+    /// How hard corral leans on the daemon.
+    pub daemon: DaemonConfig,
+    /// The base spec of `corral run` (flags override it). Default: the
+    /// hardened [`SandboxSpec::default`]; an empty `image` means the front
+    /// end's own default image.
+    pub defaults: SandboxSpec,
+    /// Named sandbox specs (`corral run --profile NAME`), default none. A
+    /// profile is a full spec on its own: a key it leaves out takes
+    /// [`SandboxSpec`]'s hardened default, not the value in `defaults`.
+    pub profiles: BTreeMap<String, SandboxSpec>,
+    /// Sandboxes by session key, warm pools, eviction.
+    pub provider: ProviderConfig,
+    /// Host directory holding persistent workspaces. Default `None`:
+    /// `$XDG_DATA_HOME/corral/workspaces`, else
+    /// `~/.local/share/corral/workspaces` (see [`Config::persistence_root`]).
+    pub persistence_root: Option<String>,
+    /// `corral serve` and `corral mcp`.
+    pub server: ServerConfig,
+}
+
+/// The service's settings (`corral serve`, `corral mcp`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// TCP address to listen on. Default `127.0.0.1:7070` (loopback only).
+    pub listen: String,
+    /// Also listen on this Unix socket (absolute path). Default `None`.
+    pub unix_socket: Option<String>,
+    /// Bearer token every request must carry (`Authorization: Bearer
+    /// TOKEN`). Required when `listen` is not a loopback address. Default
+    /// `None`: no token on loopback.
+    pub token: Option<String>,
+    /// On shutdown, how long in-flight requests may take before they are
+    /// cancelled, in ms. Default 10000.
+    pub shutdown_grace_ms: u64,
+    /// Largest request body (file uploads included), in bytes. Default
+    /// 67108864 (64 MiB).
+    pub max_body_bytes: u64,
+    /// Profile of the sandbox each MCP session gets; `None`: `defaults`.
+    pub mcp_profile: Option<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "127.0.0.1:7070".into(),
+            unix_socket: None,
+            token: None,
+            shutdown_grace_ms: 10_000,
+            max_body_bytes: 64 << 20,
+            mcp_profile: None,
+        }
+    }
+}
+
+impl ServerConfig {
+    fn validate(&self, profiles: &BTreeMap<String, SandboxSpec>) -> Result<(), ConfigError> {
+        let addr: std::net::SocketAddr = self.listen.trim().parse().map_err(|_| {
+            ConfigError::invalid(
+                "server.listen",
+                &self.listen,
+                "expected IP:PORT, e.g. 127.0.0.1:7070",
+            )
+        })?;
+        if let Some(token) = &self.token {
+            if token.trim().is_empty() || token.chars().any(|c| c.is_whitespace()) {
+                return Err(ConfigError::invalid(
+                    "server.token",
+                    "(hidden)",
+                    "must be non-empty and without whitespace",
+                ));
+            }
+        } else if !addr.ip().is_loopback() {
+            return Err(ConfigError::invalid(
+                "server.listen",
+                &self.listen,
+                "listening beyond loopback needs server.token (or CORRAL_TOKEN)",
+            ));
+        }
+        if let Some(sock) = &self.unix_socket {
+            if !Path::new(sock).is_absolute() {
+                return Err(ConfigError::invalid(
+                    "server.unix_socket",
+                    sock,
+                    "must be an absolute path",
+                ));
+            }
+        }
+        if self.max_body_bytes == 0 {
+            return Err(ConfigError::invalid(
+                "server.max_body_bytes",
+                0,
+                "at least 1",
+            ));
+        }
+        if let Some(p) = &self.mcp_profile {
+            if !profiles.contains_key(p) {
+                let known: Vec<&str> = profiles.keys().map(String::as_str).collect();
+                return Err(ConfigError::invalid(
+                    "server.mcp_profile",
+                    p,
+                    format!("no such profile (known: {})", known.join(", ")),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The backend's settings; defaults equal those of `corral-docker`'s
+/// `BackendConfig::default()`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DaemonConfig {
+    /// Retries of transient daemon errors.
+    pub retry: RetryPolicy,
+    /// Container starts in flight at once (0: unlimited). Default 8.
+    pub start_limit: usize,
+    /// Daemon execs (agent attaches) in flight at once (0: unlimited).
+    /// Default 16.
+    pub exec_limit: usize,
+    /// Share the two limits with every corral process of this user on the
+    /// host through lock files in `slot_dir`. Default true.
+    pub shared_slots: bool,
+    /// Where the slot lock files live (an absolute path). Default `None`:
+    /// the per-user default directory.
+    pub slot_dir: Option<String>,
+    /// Longest wait for a start or exec slot before failing, in ms.
+    /// Default 600000 (10 minutes).
+    pub slot_wait_timeout_ms: u64,
+    /// Back-pressure on starts when the daemon's error rate or latency spikes.
+    pub breaker: BreakerConfig,
+    /// Remove orphaned containers (owner process gone) at connect.
+    /// Default true.
+    pub reap_orphans: bool,
+    /// Then remove orphans again at this interval, in ms (0: only at
+    /// connect). Default 300000 (5 minutes).
+    pub reap_interval_ms: u64,
+    /// Starts slower than this are logged with their phases, in ms.
+    /// Default 5000.
+    pub slow_start_ms: u64,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            retry: RetryPolicy::default(),
+            start_limit: 8,
+            exec_limit: 16,
+            shared_slots: true,
+            slot_dir: None,
+            slot_wait_timeout_ms: 600_000,
+            breaker: BreakerConfig::default(),
+            reap_orphans: true,
+            reap_interval_ms: 300_000,
+            slow_start_ms: 5_000,
+        }
+    }
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The text is not YAML, a key is unknown or a value has the wrong type.
+    #[error("{}{message}", prefix(path))]
+    Parse {
+        /// Key path of the offending value, e.g. `daemon.start_limit`; for an
+        /// unknown key, the mapping holding it; empty for the document.
+        path: String,
+        /// What is wrong, naming the value or key and where it is.
+        message: String,
+        /// 1-based line of the offending text, when known.
+        line: Option<usize>,
+        /// 1-based column of the offending text, when known.
+        column: Option<usize>,
+    },
+    /// A value parsed but is out of range or inconsistent.
+    #[error("{path}: invalid value '{value}': {reason}")]
+    Invalid {
+        /// Key path, e.g. `profiles.python.limits.memory`.
+        path: String,
+        /// The rejected value.
+        value: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// An environment variable override holds a bad value.
+    #[error("environment variable {var}: invalid value '{value}': {reason}")]
+    Env {
+        /// The variable, e.g. `CORRAL_START_LIMIT`.
+        var: String,
+        /// Its value.
+        value: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// The configuration could not be written as YAML.
+    #[error("cannot write the configuration as YAML: {0}")]
+    Serialize(String),
+}
+
+fn prefix(path: &str) -> String {
+    if path.is_empty() {
+        String::new()
+    } else {
+        format!("{path}: ")
+    }
+}
+
+impl ConfigError {
+    /// The key path (or, for [`ConfigError::Env`], the variable) at fault.
+    pub fn path(&self) -> &str {
+        match self {
+            ConfigError::Parse { path, .. } | ConfigError::Invalid { path, .. } => path,
+            ConfigError::Env { var, .. } => var,
+            ConfigError::Serialize(_) => "",
+        }
+    }
+
+    fn invalid(path: impl Into<String>, value: impl ToString, reason: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            path: path.into(),
+            value: value.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    fn env(var: &str, value: &str, reason: impl Into<String>) -> Self {
+        ConfigError::Env {
+            var: var.to_string(),
+            value: value.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    fn from_spec(base: &str, e: SpecError) -> Self {
+        ConfigError::Invalid {
+            path: format!("{base}.{}", e.field),
+            value: e.value,
+            reason: e.reason,
+        }
+    }
+}
+
+/// Names of profiles and pools are typed on command lines and shown in
+/// logs: keep them to one plain word.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// An absolute path from a variable, ignoring empty and relative values as
+/// the XDG base directory spec asks.
+fn abs_var(host: &dyn HostView, name: &str) -> Option<PathBuf> {
+    host.var(name)
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+}
+
+/// yaml_serde's message without its own path prefix (that of the value
+/// being read when the error surfaced, `path` or a parent of it) and
+/// location suffix, which [`Config::from_yaml`] puts back in one format.
+fn clean_message(message: &str, path: &str) -> String {
+    let mut message = message;
+    if let Some(at) = message.rfind(" at line ") {
+        let tail = &message[at + " at line ".len()..];
+        if tail
+            .split(" column ")
+            .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            message = &message[..at];
+        }
+    }
+    if let Some((head, rest)) = message.split_once(": ") {
+        let is_parent = path == head
+            || path
+                .strip_prefix(head)
+                .is_some_and(|r| r.starts_with('.') || r.starts_with('['));
+        if is_parent {
+            message = rest;
+        }
+    }
+    // serde's words for the untagged enum say nothing a user can act on.
+    if message.starts_with("data did not match any variant of untagged enum EnvVar") {
+        return "expected {name: NAME, value: VALUE} or {forward: NAME}".to_string();
+    }
+    message.to_string()
+}
+
+impl Config {
+    /// Parses a YAML document; an empty document is [`Config::default`].
+    /// Does not validate: call [`Config::validate`] after any overrides.
+    pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
+        // A file of only comments is a valid, empty configuration, but YAML
+        // reads it as no document at all.
+        if text
+            .lines()
+            .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
+        {
+            return Ok(Config::default());
+        }
+        // Syntax first, on its own: the typed pass below streams, so it
+        // would report a type error above a syntax error, and name a
+        // syntax error by a half-read path.
+        if let Err(e) = yaml_serde::from_str::<yaml_serde::Value>(text) {
+            let location = e.location();
+            return Err(ConfigError::Parse {
+                path: String::new(),
+                message: e.to_string(),
+                line: location.as_ref().map(|l| l.line()),
+                column: location.as_ref().map(|l| l.column()),
+            });
+        }
+        let de = yaml_serde::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let path = if path == "." { String::new() } else { path };
+            let inner = e.into_inner();
+            let location = inner.location();
+            let mut message = clean_message(&inner.to_string(), &path);
+            if let Some(l) = &location {
+                message = format!("{message} at line {} column {}", l.line(), l.column());
+            }
+            ConfigError::Parse {
+                path,
+                message,
+                line: location.as_ref().map(|l| l.line()),
+                column: location.as_ref().map(|l| l.column()),
+            }
+        })
+    }
+
+    /// The configuration as YAML, as `corral config show` prints it.
+    pub fn to_yaml(&self) -> Result<String, ConfigError> {
+        yaml_serde::to_string(self).map_err(|e| ConfigError::Serialize(e.to_string()))
+    }
+
+    /// The file read when none is named: `$XDG_CONFIG_HOME/corral/config.yaml`,
+    /// else `~/.config/corral/config.yaml`; `None` when neither variable is
+    /// usable. The caller decides whether it exists.
+    pub fn default_path(host: &dyn HostView) -> Option<PathBuf> {
+        abs_var(host, "XDG_CONFIG_HOME")
+            .or_else(|| abs_var(host, "HOME").map(|h| h.join(".config")))
+            .map(|dir| dir.join("corral").join("config.yaml"))
+    }
+
+    /// Where persistent workspaces live: `persistence_root` when set, else
+    /// `$XDG_DATA_HOME/corral/workspaces`, else
+    /// `~/.local/share/corral/workspaces`, else (no usable `HOME`)
+    /// `/var/lib/corral/workspaces`.
+    pub fn persistence_root(&self, host: &dyn HostView) -> PathBuf {
+        if let Some(root) = &self.persistence_root {
+            return PathBuf::from(root);
+        }
+        abs_var(host, "XDG_DATA_HOME")
+            .or_else(|| abs_var(host, "HOME").map(|h| h.join(".local").join("share")))
+            .map(|dir| dir.join("corral").join("workspaces"))
+            .unwrap_or_else(|| PathBuf::from("/var/lib/corral/workspaces"))
+    }
+
+    /// Applies the [`ENV_OVERRIDES`] found by `vars`; a bad value is an
+    /// error naming the variable and the value. Empty values are ignored.
+    pub fn apply_env(&mut self, vars: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        let get = |name: &str| vars(name).filter(|v| !v.trim().is_empty());
+        let count = |name: &str, value: &str| {
+            value.trim().parse::<usize>().map_err(|_| {
+                ConfigError::env(name, value, "expected a whole number (0: unlimited)")
+            })
+        };
+        if let Some(v) = get("CORRAL_ENDPOINT") {
+            self.endpoint = Some(v);
+        }
+        if let Some(v) = get("CORRAL_START_LIMIT") {
+            self.daemon.start_limit = count("CORRAL_START_LIMIT", &v)?;
+        }
+        if let Some(v) = get("CORRAL_EXEC_LIMIT") {
+            self.daemon.exec_limit = count("CORRAL_EXEC_LIMIT", &v)?;
+        }
+        if let Some(v) = get("CORRAL_IMAGE") {
+            self.defaults.image = v;
+        }
+        if let Some(v) = get("CORRAL_RECOVERY") {
+            self.defaults.recovery = Recovery::parse(v.trim()).ok_or_else(|| {
+                ConfigError::env("CORRAL_RECOVERY", &v, "expected fail or recreate")
+            })?;
+        }
+        if let Some(v) = get("CORRAL_MAX_LIVE") {
+            self.provider.max_live = count("CORRAL_MAX_LIVE", &v)?;
+        }
+        if let Some(v) = get("CORRAL_PERSISTENCE_ROOT") {
+            if !Path::new(&v).is_absolute() {
+                return Err(ConfigError::env(
+                    "CORRAL_PERSISTENCE_ROOT",
+                    &v,
+                    "must be an absolute path",
+                ));
+            }
+            self.persistence_root = Some(v);
+        }
+        if let Some(v) = get("CORRAL_LISTEN") {
+            self.server.listen = v.trim().to_string();
+        }
+        if let Some(v) = get("CORRAL_TOKEN") {
+            self.server.token = Some(v.trim().to_string());
+        }
+        Ok(())
+    }
+
+    /// The spec named `profile`, or an error naming it and the known ones.
+    pub fn profile(&self, profile: &str) -> Result<&SandboxSpec, ConfigError> {
+        self.profiles.get(profile).ok_or_else(|| {
+            let known: Vec<&str> = self.profiles.keys().map(String::as_str).collect();
+            ConfigError::invalid(
+                "profiles",
+                profile,
+                if known.is_empty() {
+                    "no such profile: the configuration defines none".to_string()
+                } else {
+                    format!("no such profile: known profiles are {}", known.join(", "))
+                },
+            )
+        })
+    }
+
+    /// Checks ranges and every sandbox spec (mount paths and forwarded
+    /// variables against `host`); the first bad value is returned, named by
+    /// its key path.
+    pub fn validate(&self, host: &dyn HostView) -> Result<(), ConfigError> {
+        if let Some(endpoint) = &self.endpoint {
+            if endpoint.trim().is_empty() {
+                return Err(ConfigError::invalid(
+                    "endpoint",
+                    endpoint,
+                    "empty; leave it out to try DOCKER_HOST and the default sockets",
+                ));
+            }
+        }
+        self.daemon.validate()?;
+        check_spec("defaults", &self.defaults, host, true)?;
+        for (name, spec) in &self.profiles {
+            if !valid_name(name) {
+                return Err(ConfigError::invalid(
+                    "profiles",
+                    name,
+                    "a profile name is letters, digits, '.', '_' and '-'",
+                ));
+            }
+            check_spec(&format!("profiles.{name}"), spec, host, true)?;
+        }
+        self.validate_provider(host)?;
+        if let Some(root) = &self.persistence_root {
+            if !Path::new(root).is_absolute() {
+                return Err(ConfigError::invalid(
+                    "persistence_root",
+                    root,
+                    "must be an absolute path",
+                ));
+            }
+        }
+        self.server.validate(&self.profiles)?;
+        Ok(())
+    }
+
+    fn validate_provider(&self, host: &dyn HostView) -> Result<(), ConfigError> {
+        let p = &self.provider;
+        let mut warm_total = 0usize;
+        for (name, pool) in &p.pools {
+            let base = format!("provider.pools.{name}");
+            if !valid_name(name) {
+                return Err(ConfigError::invalid(
+                    "provider.pools",
+                    name,
+                    "a pool name is letters, digits, '.', '_' and '-'",
+                ));
+            }
+            // A pool has no front end to fill in an image for it.
+            check_spec(&format!("{base}.spec"), &pool.spec, host, false)?;
+            warm_total = warm_total.saturating_add(pool.warm);
+            if p.max_live > 0 && warm_total > p.max_live {
+                return Err(ConfigError::invalid(
+                    format!("{base}.warm"),
+                    pool.warm,
+                    format!(
+                        "the pools' warm targets add up to {warm_total}, above provider.max_live {}",
+                        p.max_live
+                    ),
+                ));
+            }
+            for (i, cmd) in pool.reset.iter().enumerate() {
+                if cmd.trim().is_empty() {
+                    return Err(ConfigError::invalid(
+                        format!("{base}.reset[{i}]"),
+                        cmd,
+                        "an empty command",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl DaemonConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.retry.attempts == 0 {
+            return Err(ConfigError::invalid(
+                "daemon.retry.attempts",
+                0,
+                "at least 1 (1 disables retrying)",
+            ));
+        }
+        if let Some(dir) = &self.slot_dir {
+            if !Path::new(dir).is_absolute() {
+                return Err(ConfigError::invalid(
+                    "daemon.slot_dir",
+                    dir,
+                    "must be an absolute path",
+                ));
+            }
+        }
+        let b = &self.breaker;
+        // A rate of 0 would open the breaker on a window with no error at all.
+        if !(b.error_rate.is_finite() && b.error_rate > 0.0 && b.error_rate <= 1.0) {
+            return Err(ConfigError::invalid(
+                "daemon.breaker.error_rate",
+                b.error_rate,
+                "a fraction above 0 and at most 1",
+            ));
+        }
+        if b.window == 0 {
+            return Err(ConfigError::invalid(
+                "daemon.breaker.window",
+                0,
+                "at least 1",
+            ));
+        }
+        // The window never holds more than `window` outcomes, so a larger
+        // minimum would silently keep the breaker closed forever.
+        if b.min_samples > b.window {
+            return Err(ConfigError::invalid(
+                "daemon.breaker.min_samples",
+                b.min_samples,
+                format!("at most daemon.breaker.window ({})", b.window),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Validates `spec` with its errors prefixed by `base`; with `image_optional`
+/// an empty image stands for the front end's default and is not an error.
+fn check_spec(
+    base: &str,
+    spec: &SandboxSpec,
+    host: &dyn HostView,
+    image_optional: bool,
+) -> Result<(), ConfigError> {
+    let result = if image_optional && spec.image.is_empty() {
+        let mut with_image = spec.clone();
+        with_image.image = "default-image".to_string();
+        with_image.validate(host)
+    } else {
+        spec.validate(host)
+    };
+    result.map_err(|e| ConfigError::from_spec(base, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::EnvVar;
+
+    struct FakeHost;
+    impl HostView for FakeHost {
+        fn var(&self, name: &str) -> Option<String> {
+            match name {
+                "HOME" => Some("/home/ada".into()),
+                _ => None,
+            }
+        }
+        fn path_exists(&self, path: &str) -> bool {
+            path == "/srv/data"
+        }
+    }
+
+    fn parse_err(text: &str) -> ConfigError {
+        Config::from_yaml(text).expect_err("should be rejected")
+    }
+
+    fn invalid(text: &str) -> ConfigError {
+        Config::from_yaml(text)
+            .expect("parses")
+            .validate(&FakeHost)
+            .expect_err("should be rejected")
+    }
+
+    #[test]
+    fn defaults_round_trip_and_empty_is_default() {
+        let yaml = Config::default().to_yaml().expect("serializes");
+        assert_eq!(Config::from_yaml(&yaml).expect("parses"), Config::default());
+        for empty in ["", "\n", "# only a comment\n", "{}"] {
+            assert_eq!(
+                Config::from_yaml(empty).expect("parses"),
+                Config::default(),
+                "{empty:?}"
+            );
+        }
+        Config::default()
+            .validate(&FakeHost)
+            .expect("defaults are valid");
+        let d = DaemonConfig::default();
+        assert_eq!(
+            (d.start_limit, d.exec_limit, d.shared_slots, d.slot_dir),
+            (8, 16, true, None)
+        );
+        assert_eq!(
+            (d.slot_wait_timeout_ms, d.reap_interval_ms, d.slow_start_ms),
+            (600_000, 300_000, 5_000)
+        );
+        assert!(d.reap_orphans);
+        assert_eq!(d.breaker, BreakerConfig::default());
+        assert_eq!(d.retry, RetryPolicy::default());
+    }
+
+    #[test]
+    fn the_example_file_is_the_defaults_with_every_key() {
+        let example = Config::from_yaml(EXAMPLE_YAML).expect("examples/corral.yaml parses");
+        assert_eq!(example, Config::default());
+        example.validate(&FakeHost).expect("the example is valid");
+        // Equal to the defaults could still mean keys left out; require each
+        // key the code knows to be spelled out.
+        let want = yaml_serde::to_value(Config::default()).expect("to value");
+        let have: yaml_serde::Value = yaml_serde::from_str(EXAMPLE_YAML).expect("yaml");
+        let mut missing = Vec::new();
+        missing_keys(&want, &have, "", &mut missing);
+        assert!(missing.is_empty(), "examples/corral.yaml lacks {missing:?}");
+    }
+
+    fn missing_keys(
+        want: &yaml_serde::Value,
+        have: &yaml_serde::Value,
+        path: &str,
+        out: &mut Vec<String>,
+    ) {
+        use yaml_serde::Value;
+        match (want, have) {
+            (Value::Mapping(w), Value::Mapping(h)) => {
+                for (k, v) in w {
+                    let name = k.as_str().unwrap_or("?");
+                    let sub = if path.is_empty() {
+                        name.to_string()
+                    } else {
+                        format!("{path}.{name}")
+                    };
+                    match h.get(k) {
+                        Some(hv) => missing_keys(v, hv, &sub, out),
+                        None => out.push(sub),
+                    }
+                }
+            }
+            (Value::Sequence(w), Value::Sequence(h)) => {
+                for (i, (wv, hv)) in w.iter().zip(h).enumerate() {
+                    missing_keys(wv, hv, &format!("{path}[{i}]"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn a_full_file_parses() {
+        let c = Config::from_yaml(
+            "endpoint: unix:///run/docker.sock
+daemon:
+  start_limit: 4
+  retry: {attempts: 3}
+  breaker: {error_rate: 0.25}
+defaults:
+  image: debian:bookworm
+  env: [{name: GREETING, value: hi}, {forward: TERM}]
+  limits: {memory: 536870912, cpus: 2}
+profiles:
+  python:
+    image: python:3.12
+    network: none
+provider:
+  max_live: 8
+  pools:
+    python:
+      warm: 2
+      spec: {image: python:3.12}
+persistence_root: /srv/corral
+",
+        )
+        .expect("parses");
+        c.validate(&FakeHost).expect("valid");
+        assert_eq!(c.endpoint.as_deref(), Some("unix:///run/docker.sock"));
+        assert_eq!(c.daemon.start_limit, 4);
+        assert_eq!(c.daemon.exec_limit, 16, "untouched keys keep defaults");
+        assert_eq!(c.daemon.retry.attempts, 3);
+        assert_eq!(c.daemon.retry.initial_delay_ms, 500);
+        assert_eq!(c.defaults.limits.cpus, Some(2.0));
+        assert_eq!(c.defaults.limits.pids, Some(256));
+        assert_eq!(
+            c.defaults.env[0],
+            EnvVar::Set {
+                name: "GREETING".into(),
+                value: "hi".into()
+            }
+        );
+        let py = c.profile("python").expect("profile");
+        assert_eq!(py.network, crate::Network::None);
+        assert!(py.env.is_empty(), "profiles do not inherit defaults");
+        assert_eq!(c.provider.pools["python"].warm, 2);
+        assert_eq!(c.persistence_root(&FakeHost), PathBuf::from("/srv/corral"));
+    }
+
+    #[test]
+    fn type_errors_name_the_path_the_value_and_the_line() {
+        let e = parse_err("daemon:\n  start_limit: lots\n");
+        assert_eq!(e.path(), "daemon.start_limit");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("daemon.start_limit: invalid type: string \"lots\", expected usize"),
+            "{text}"
+        );
+        assert!(text.contains("line 2"), "{text}");
+        assert!(
+            matches!(e, ConfigError::Parse { line: Some(2), .. }),
+            "{e:?}"
+        );
+
+        let e = parse_err("profiles:\n  python:\n    limits:\n      memory: 1g\n");
+        assert_eq!(e.path(), "profiles.python.limits.memory");
+        assert!(e.to_string().contains("\"1g\""), "{e}");
+
+        let e = parse_err("daemon:\n  breaker:\n    error_rate: half\n");
+        assert_eq!(e.path(), "daemon.breaker.error_rate");
+        assert!(e.to_string().contains("half"), "{e}");
+
+        let e = parse_err("defaults:\n  env: [{nam: X, value: y}]\n");
+        assert_eq!(e.path(), "defaults.env[0]");
+        assert!(e.to_string().contains("{forward: NAME}"), "{e}");
+
+        let e = parse_err("defaults:\n  recovery: retry\n");
+        assert_eq!(e.path(), "defaults.recovery");
+        assert!(e.to_string().contains("retry"), "{e}");
+
+        let e = parse_err("provider:\n  pools:\n    py:\n      warm: -1\n");
+        assert_eq!(e.path(), "provider.pools.py.warm");
+        assert!(e.to_string().contains("-1"), "{e}");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_by_name() {
+        let e = parse_err("daemon:\n  start_limt: 3\n");
+        assert_eq!(e.path(), "daemon.start_limt");
+        let text = e.to_string();
+        assert!(
+            text.starts_with(
+                "daemon.start_limt: unknown field `start_limt`, expected one of `retry`"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("line 2"), "{text}");
+
+        let e = parse_err("endpiont: tcp://x:1\n");
+        assert!(e.to_string().contains("unknown field `endpiont`"), "{e}");
+
+        let e = parse_err("profiles:\n  py:\n    limits:\n      mem: 1\n");
+        assert_eq!(e.path(), "profiles.py.limits.mem");
+        assert!(e.to_string().contains("`mem`"), "{e}");
+    }
+
+    #[test]
+    fn broken_yaml_reports_the_line() {
+        let e = parse_err("daemon:\n  start_limit: 1\ndefaults: {image: a\n");
+        assert!(
+            matches!(e, ConfigError::Parse { line: Some(4), .. }),
+            "{e:?}"
+        );
+        assert_eq!(e.path(), "");
+        assert!(e.to_string().contains("line 4"), "{e}");
+        // A syntax error wins over a type error above it.
+        let e = parse_err("daemon:\n  start_limit: lots\n  x: [\n");
+        assert_eq!(e.path(), "", "{e}");
+    }
+
+    #[test]
+    fn range_errors_name_the_path_and_value() {
+        let e = invalid("daemon:\n  breaker:\n    error_rate: 1.5\n");
+        assert_eq!(
+            e.to_string(),
+            "daemon.breaker.error_rate: invalid value '1.5': a fraction above 0 and at most 1"
+        );
+        let e = invalid("daemon:\n  retry:\n    attempts: 0\n");
+        assert_eq!(e.path(), "daemon.retry.attempts");
+        let e = invalid("daemon:\n  breaker:\n    window: 5\n    min_samples: 6\n");
+        assert_eq!(e.path(), "daemon.breaker.min_samples");
+        assert!(e.to_string().contains("'6'"), "{e}");
+        let e = invalid("daemon:\n  slot_dir: slots\n");
+        assert_eq!(e.path(), "daemon.slot_dir");
+        let e = invalid("persistence_root: rel/dir\n");
+        assert_eq!(e.path(), "persistence_root");
+        let e = invalid("endpoint: ''\n");
+        assert_eq!(e.path(), "endpoint");
+    }
+
+    #[test]
+    fn every_spec_is_validated_under_its_path() {
+        let e = invalid("profiles:\n  python:\n    limits:\n      memory: 1024\n");
+        assert_eq!(
+            e.to_string(),
+            "profiles.python.limits.memory: invalid value '1024': Docker needs at least 6 MiB"
+        );
+        let e = invalid("defaults:\n  mounts: [{host: /missing, container: /m}]\n");
+        assert_eq!(e.path(), "defaults.mounts[0].host");
+        assert!(e.to_string().contains("'/missing'"), "{e}");
+        // Mounts that exist on the caller's host pass.
+        Config::from_yaml("defaults:\n  mounts: [{host: /srv/data, container: /m}]\n")
+            .expect("parses")
+            .validate(&FakeHost)
+            .expect("valid");
+        let e = invalid("provider:\n  pools:\n    py:\n      spec: {}\n");
+        assert_eq!(e.path(), "provider.pools.py.spec.image");
+        let e = invalid(
+            "provider:
+  max_live: 3
+  pools:
+    a: {warm: 2, spec: {image: x}}
+    b: {warm: 2, spec: {image: x}}
+",
+        );
+        assert_eq!(e.path(), "provider.pools.b.warm");
+        assert!(e.to_string().contains("add up to 4"), "{e}");
+        let e = invalid("profiles:\n  'two words': {}\n");
+        assert_eq!(e.path(), "profiles");
+        assert!(e.to_string().contains("'two words'"), "{e}");
+    }
+
+    #[test]
+    fn env_overrides_apply_and_bad_values_name_the_variable() {
+        let vars: BTreeMap<&str, &str> = [
+            ("CORRAL_ENDPOINT", "tcp://127.0.0.1:2375"),
+            ("CORRAL_START_LIMIT", "3"),
+            ("CORRAL_EXEC_LIMIT", "0"),
+            ("CORRAL_IMAGE", "alpine:3"),
+            ("CORRAL_RECOVERY", "recreate"),
+            ("CORRAL_MAX_LIVE", "12"),
+            ("CORRAL_PERSISTENCE_ROOT", "/data/ws"),
+            ("CORRAL_LISTEN", "0.0.0.0:8080"),
+            ("CORRAL_TOKEN", "s3cret"),
+        ]
+        .into_iter()
+        .collect();
+        let mut c = Config::default();
+        c.apply_env(|n| vars.get(n).map(|v| v.to_string()))
+            .expect("valid overrides");
+        assert_eq!(c.endpoint.as_deref(), Some("tcp://127.0.0.1:2375"));
+        assert_eq!((c.daemon.start_limit, c.daemon.exec_limit), (3, 0));
+        assert_eq!(c.defaults.image, "alpine:3");
+        assert_eq!(c.defaults.recovery, Recovery::Recreate);
+        assert_eq!(c.provider.max_live, 12);
+        assert_eq!(c.persistence_root(&FakeHost), PathBuf::from("/data/ws"));
+        assert_eq!(c.server.listen, "0.0.0.0:8080");
+        assert_eq!(c.server.token.as_deref(), Some("s3cret"));
+        c.validate(&FakeHost)
+            .expect("a token makes a wide listen valid");
+        c.server.token = None;
+        let e = c.validate(&FakeHost).expect_err("no token beyond loopback");
+        assert!(e.to_string().contains("server.listen"), "{e}");
+        assert_eq!(ENV_OVERRIDES.len(), vars.len(), "every override is listed");
+
+        let bad = |name: &str, value: &str| {
+            let mut c = Config::default();
+            c.apply_env(|n| (n == name).then(|| value.to_string()))
+                .expect_err("should be rejected")
+        };
+        let e = bad("CORRAL_START_LIMIT", "lots");
+        assert_eq!(
+            e.to_string(),
+            "environment variable CORRAL_START_LIMIT: invalid value 'lots': expected a whole number (0: unlimited)"
+        );
+        assert!(bad("CORRAL_RECOVERY", "retry")
+            .to_string()
+            .contains("'retry'"));
+        assert_eq!(bad("CORRAL_MAX_LIVE", "-1").path(), "CORRAL_MAX_LIVE");
+        assert_eq!(
+            bad("CORRAL_PERSISTENCE_ROOT", "ws").path(),
+            "CORRAL_PERSISTENCE_ROOT"
+        );
+
+        // Empty counts as unset: the file's value stays.
+        let mut c = Config::from_yaml("daemon: {start_limit: 2}").expect("parses");
+        c.apply_env(|_| Some(String::new())).expect("ignored");
+        assert_eq!(c.daemon.start_limit, 2);
+    }
+
+    #[test]
+    fn file_locations_follow_xdg() {
+        struct Xdg;
+        impl HostView for Xdg {
+            fn var(&self, name: &str) -> Option<String> {
+                match name {
+                    "XDG_CONFIG_HOME" => Some("/cfg".into()),
+                    "XDG_DATA_HOME" => Some("relative/ignored".into()),
+                    "HOME" => Some("/home/ada".into()),
+                    _ => None,
+                }
+            }
+            fn path_exists(&self, _: &str) -> bool {
+                false
+            }
+        }
+        assert_eq!(
+            Config::default_path(&Xdg),
+            Some(PathBuf::from("/cfg/corral/config.yaml"))
+        );
+        assert_eq!(
+            Config::default_path(&FakeHost),
+            Some(PathBuf::from("/home/ada/.config/corral/config.yaml"))
+        );
+        assert_eq!(
+            Config::default().persistence_root(&Xdg),
+            PathBuf::from("/home/ada/.local/share/corral/workspaces")
+        );
+    }
+
+    #[test]
+    fn unknown_profiles_list_the_known_ones() {
+        let c = Config::from_yaml("profiles: {python: {}, node: {}}").expect("parses");
+        let e = c.profile("ruby").expect_err("unknown");
+        assert_eq!(
+            e.to_string(),
+            "profiles: invalid value 'ruby': no such profile: known profiles are node, python"
+        );
+        let e = Config::default().profile("ruby").expect_err("unknown");
+        assert!(e.to_string().contains("defines none"), "{e}");
+    }
+}

@@ -1,0 +1,23 @@
+//! corral's core: the types and policies every other crate shares.
+//!
+//! Nothing in this crate does IO. Backends (`corral-docker`), the in-container
+//! agent (`corral-agent`) and front ends (`corral-cli`) all speak in these
+//! types, so a rule such as "what a hardened sandbox looks like" or "which
+//! failures are retryable" lives in exactly one place.
+
+pub mod breaker;
+pub mod command;
+pub mod config;
+pub mod labels;
+pub mod outcome;
+pub mod output;
+pub mod policy;
+pub mod pool;
+pub mod protocol;
+pub mod spec;
+pub mod units;
+
+pub use command::CommandSpec;
+pub use outcome::{CommandResult, ContainerState, Failure, FailureKind};
+pub use policy::{Recovery, RetryPolicy};
+pub use spec::{EnvVar, Limits, Mount, Network, SandboxSpec, Security, SpecError, Tmpfs};

@@ -1,0 +1,232 @@
+//! What running a command produced: output, exit status and a typed failure.
+//!
+//! A caller (an RL trainer, an agent loop) must be able to act on an outcome
+//! without parsing text: an OOM, a timeout or a lost container is a distinct
+//! [`FailureKind`] with a [`FailureKind::retryable`] answer.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Why a command did not produce a normal exit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// The command ran past its timeout; its whole process tree was killed.
+    Timeout,
+    /// The kernel's OOM killer killed the command (or the sandbox's PID 1).
+    OomKilled,
+    /// The container disappeared or stopped while the command ran
+    /// (removed, killed, crashed, daemon restarted).
+    ContainerLost,
+    /// The daemon could not be reached or failed to answer.
+    DaemonUnavailable,
+    /// The image is not present and no registry could supply it.
+    ImageNotFound,
+    /// The spec or request was rejected before anything ran.
+    InvalidSpec,
+    /// The sandbox asked for something this daemon does not support
+    /// (e.g. a disk limit on a storage driver without quotas).
+    Unsupported,
+    /// The program could not be started (not found, not executable, bad cwd).
+    SpawnFailed,
+    /// The agent inside the sandbox broke the protocol or did not answer.
+    AgentError,
+}
+
+impl FailureKind {
+    /// The stable snake_case name used in JSON and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Timeout => "timeout",
+            FailureKind::OomKilled => "oom_killed",
+            FailureKind::ContainerLost => "container_lost",
+            FailureKind::DaemonUnavailable => "daemon_unavailable",
+            FailureKind::ImageNotFound => "image_not_found",
+            FailureKind::InvalidSpec => "invalid_spec",
+            FailureKind::Unsupported => "unsupported",
+            FailureKind::SpawnFailed => "spawn_failed",
+            FailureKind::AgentError => "agent_error",
+        }
+    }
+
+    /// Whether running the same thing again may succeed. A lost container or
+    /// an unavailable daemon are conditions of the moment; a timeout, an OOM
+    /// or a bad spec will happen again with the same input.
+    pub fn retryable(self) -> bool {
+        matches!(
+            self,
+            FailureKind::ContainerLost | FailureKind::DaemonUnavailable | FailureKind::AgentError
+        )
+    }
+}
+
+impl fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A container's state as the daemon reported it, attached to failures.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerState {
+    /// Container id.
+    pub id: String,
+    /// Status (`running`, `exited`, ... or `removed` when it no longer exists).
+    pub status: String,
+    /// Exit code of PID 1 when it has exited.
+    pub exit_code: Option<i64>,
+    /// The daemon's OOMKilled flag (true only when PID 1 was OOM-killed).
+    pub oom_killed: bool,
+    /// The daemon's error text, if any.
+    pub error: Option<String>,
+    /// How often the daemon restarted it.
+    pub restart_count: Option<i64>,
+    /// The last lines the container's init process (corral's agent) logged,
+    /// when it has stopped: why the agent exited, if it said.
+    pub log_tail: Vec<String>,
+}
+
+impl fmt::Display for ContainerState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "container {} status={}", short(&self.id), self.status)?;
+        if let Some(code) = self.exit_code {
+            write!(f, " exit_code={code}")?;
+        }
+        write!(f, " oom_killed={}", self.oom_killed)?;
+        if let Some(e) = self.error.as_deref().filter(|e| !e.is_empty()) {
+            write!(f, " error={e:?}")?;
+        }
+        if let Some(n) = self.restart_count.filter(|n| *n > 0) {
+            write!(f, " restarts={n}")?;
+        }
+        if !self.log_tail.is_empty() {
+            write!(f, " last_log={:?}", self.log_tail.join(" | "))?;
+        }
+        Ok(())
+    }
+}
+
+/// The first 12 characters of a container id, as Docker prints it.
+pub fn short(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
+}
+
+/// A typed failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// What kind of failure.
+    pub kind: FailureKind,
+    /// Human-readable detail carrying the ids involved.
+    pub message: String,
+    /// The container's state when the failure was seen, when known.
+    pub container: Option<ContainerState>,
+}
+
+impl Failure {
+    /// A failure with no container state.
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        Failure {
+            kind,
+            message: message.into(),
+            container: None,
+        }
+    }
+
+    /// Whether retrying may help.
+    pub fn retryable(&self) -> bool {
+        self.kind.retryable()
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)?;
+        if let Some(state) = &self.container {
+            write!(f, " ({state})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// What a command produced.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommandResult {
+    /// Exit status, when the process exited by itself.
+    pub exit_code: Option<i32>,
+    /// The signal that killed the process, if one did.
+    pub signal: Option<i32>,
+    /// Captured stdout: the head, then the tail when truncated.
+    pub stdout: Vec<u8>,
+    /// Captured stderr: the head, then the tail when truncated.
+    pub stderr: Vec<u8>,
+    /// Bytes were dropped from the middle of stdout.
+    pub stdout_truncated: bool,
+    /// Bytes were dropped from the middle of stderr.
+    pub stderr_truncated: bool,
+    /// Bytes the command wrote to stdout in all.
+    pub stdout_total_bytes: u64,
+    /// Bytes the command wrote to stderr in all.
+    pub stderr_total_bytes: u64,
+    /// Wall time of the command.
+    pub duration: Duration,
+    /// `None` when the command ran to its own exit (whatever the code).
+    pub failure: Option<Failure>,
+}
+
+impl CommandResult {
+    /// A result that is nothing but a failure.
+    pub fn failed(failure: Failure, duration: Duration) -> Self {
+        CommandResult {
+            duration,
+            failure: Some(failure),
+            ..CommandResult::default()
+        }
+    }
+
+    /// True when the command exited by itself with code 0.
+    pub fn success(&self) -> bool {
+        self.failure.is_none() && self.exit_code == Some(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retryable_table() {
+        use FailureKind::*;
+        let retryable: Vec<_> = [
+            Timeout,
+            OomKilled,
+            ContainerLost,
+            DaemonUnavailable,
+            ImageNotFound,
+            InvalidSpec,
+            Unsupported,
+            SpawnFailed,
+            AgentError,
+        ]
+        .into_iter()
+        .filter(|k| k.retryable())
+        .collect();
+        assert_eq!(retryable, [ContainerLost, DaemonUnavailable, AgentError]);
+    }
+
+    #[test]
+    fn failure_message_carries_state() {
+        let mut f = Failure::new(FailureKind::ContainerLost, "sandbox sb-1 lost");
+        f.container = Some(ContainerState {
+            id: "0123456789abcdef".into(),
+            status: "exited".into(),
+            exit_code: Some(137),
+            oom_killed: true,
+            ..ContainerState::default()
+        });
+        assert_eq!(
+            f.to_string(),
+            "container_lost: sandbox sb-1 lost (container 0123456789ab status=exited exit_code=137 oom_killed=true)"
+        );
+    }
+}

@@ -1,0 +1,703 @@
+//! What a sandbox is: image, environment, mounts, limits, security, network.
+//!
+//! [`SandboxSpec::default`] is the hardened sandbox every front end starts
+//! from; each protection is a field that can be turned off on purpose, never
+//! a missing flag. [`SandboxSpec::validate`] is the one place a spec is checked,
+//! and its errors name the field and the value.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::labels;
+use crate::policy::Recovery;
+use crate::protocol::AGENT_DIR;
+
+/// Everything needed to create one sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxSpec {
+    /// Image reference, e.g. `debian:bookworm` or `corral-test/busybox`.
+    pub image: String,
+    /// Working directory for commands; `None` keeps the image's.
+    pub workdir: Option<String>,
+    /// Environment variables, in order.
+    pub env: Vec<EnvVar>,
+    /// Resolve `Set` values starting with `$` (e.g. `$HOME`) from the host
+    /// environment; an unset host variable is an error.
+    pub expand_host_env: bool,
+    /// Bind mounts from the host.
+    pub mounts: Vec<Mount>,
+    /// Resource limits.
+    pub limits: Limits,
+    /// Size-limited tmpfs mounts.
+    pub tmpfs: Vec<Tmpfs>,
+    /// Privilege restrictions.
+    pub security: Security,
+    /// Network attachment.
+    pub network: Network,
+    /// OCI runtime, e.g. `runc` or `runsc` (gVisor); `None` is the daemon's default.
+    pub runtime: Option<String>,
+    /// Extra container labels; keys starting with `corral.` are reserved.
+    pub labels: BTreeMap<String, String>,
+    /// How long the agent keeps the sandbox alive with no controller attached
+    /// before it kills everything and exits (the dead-man switch), in ms.
+    pub agent_grace_ms: u64,
+    /// What happens when the container is lost (removed, killed, crashed).
+    pub recovery: Recovery,
+    /// Shell commands run (with `/bin/sh -c`, in order) after the sandbox
+    /// starts and again after a recreate; one failing fails the start.
+    pub startup: Vec<String>,
+    /// Session key of a persistent sandbox: its container carries
+    /// `corral.persistent=true` and `corral.session=<key>`, outlives its
+    /// owner (no orphan reaping, no dead-man switch) and is adopted by the
+    /// next corral that asks for the key. Set by the provider.
+    pub persistent: Option<String>,
+}
+
+impl Default for SandboxSpec {
+    fn default() -> Self {
+        SandboxSpec {
+            image: String::new(),
+            workdir: None,
+            env: Vec::new(),
+            expand_host_env: false,
+            mounts: Vec::new(),
+            limits: Limits::default(),
+            tmpfs: Tmpfs::hardened_defaults(),
+            security: Security::default(),
+            network: Network::default(),
+            runtime: None,
+            labels: BTreeMap::new(),
+            agent_grace_ms: 30_000,
+            recovery: Recovery::default(),
+            startup: Vec::new(),
+            persistent: None,
+        }
+    }
+}
+
+/// One environment variable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EnvVar {
+    /// `NAME=value`.
+    Set {
+        /// Variable name.
+        name: String,
+        /// Its value.
+        value: String,
+    },
+    /// Take `NAME`'s value from the host environment; skipped when the host
+    /// does not have it (forwarding is best effort, like `docker run -e NAME`).
+    Forward {
+        /// Variable name.
+        forward: String,
+    },
+}
+
+/// A bind mount.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mount {
+    /// Absolute path on the daemon's host; must exist.
+    pub host: String,
+    /// Absolute path inside the sandbox.
+    pub container: String,
+    /// Mount read-only.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// A size-limited tmpfs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tmpfs {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// Size limit in bytes.
+    pub size: u64,
+    /// Mount options besides the size, e.g. `noexec,nosuid,nodev`.
+    #[serde(default)]
+    pub options: String,
+}
+
+impl Tmpfs {
+    /// `/tmp` (nosuid, executables allowed: build tools need it), `/var/tmp` and
+    /// `/run` (noexec, nosuid).
+    pub fn hardened_defaults() -> Vec<Tmpfs> {
+        vec![
+            Tmpfs {
+                path: "/tmp".into(),
+                size: 512 << 20,
+                options: "nosuid,nodev".into(),
+            },
+            Tmpfs {
+                path: "/var/tmp".into(),
+                size: 256 << 20,
+                options: "noexec,nosuid,nodev".into(),
+            },
+            Tmpfs {
+                path: "/run".into(),
+                size: 64 << 20,
+                options: "noexec,nosuid,nodev".into(),
+            },
+        ]
+    }
+}
+
+/// Resource limits; `None` means unlimited.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Memory in bytes; swap is set equal so an OOM is a real OOM, not paging.
+    pub memory: Option<u64>,
+    /// CPUs, e.g. 1.5.
+    pub cpus: Option<f64>,
+    /// Maximum number of processes (fork bombs stop here).
+    pub pids: Option<i64>,
+    /// Writable layer size in bytes (`--storage-opt size=`); only some storage
+    /// drivers support it, and asking for it where unsupported is an error.
+    pub disk: Option<u64>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory: Some(1 << 30),
+            cpus: Some(1.0),
+            pids: Some(256),
+            disk: None,
+        }
+    }
+}
+
+/// Privilege restrictions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Security {
+    /// Drop every Linux capability, then add back [`Security::cap_add`].
+    pub drop_all_caps: bool,
+    /// Capabilities added back after dropping all.
+    pub cap_add: Vec<String>,
+    /// Also add SETUID and SETGID, which root needs to switch users (su,
+    /// package managers dropping privileges).
+    pub setuid_caps: bool,
+    /// Forbid gaining privileges through setuid binaries.
+    pub no_new_privileges: bool,
+    /// Mount the root filesystem read-only (tmpfs mounts stay writable).
+    pub read_only_root: bool,
+    /// Run as this user (`uid`, `uid:gid` or a name the image knows).
+    pub user: Option<String>,
+}
+
+impl Default for Security {
+    fn default() -> Self {
+        Security {
+            drop_all_caps: true,
+            cap_add: vec!["CHOWN".into(), "DAC_OVERRIDE".into(), "FOWNER".into()],
+            setuid_caps: false,
+            no_new_privileges: true,
+            read_only_root: false,
+            user: None,
+        }
+    }
+}
+
+impl Security {
+    /// The capabilities the sandbox gets back after dropping all.
+    pub fn effective_cap_add(&self) -> Vec<String> {
+        let mut caps: Vec<String> = self.cap_add.iter().map(|c| normalize_cap(c)).collect();
+        if self.setuid_caps {
+            caps.extend(["SETUID".to_string(), "SETGID".to_string()]);
+        }
+        caps.sort();
+        caps.dedup();
+        caps
+    }
+}
+
+fn normalize_cap(cap: &str) -> String {
+    let upper = cap.trim().to_ascii_uppercase();
+    upper.strip_prefix("CAP_").unwrap_or(&upper).to_string()
+}
+
+/// Network attachment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    /// The daemon's default bridge network.
+    #[default]
+    Bridge,
+    /// No network at all (loopback only).
+    None,
+}
+
+impl Network {
+    /// Docker's name for the mode.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Network::Bridge => "bridge",
+            Network::None => "none",
+        }
+    }
+
+    /// Parses `bridge` or `none`.
+    pub fn parse(text: &str) -> Option<Network> {
+        match text {
+            "bridge" => Some(Network::Bridge),
+            "none" => Some(Network::None),
+            _ => None,
+        }
+    }
+}
+
+/// A spec field holds a bad value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {field} '{value}': {reason}")]
+pub struct SpecError {
+    /// Which field, e.g. `env[2].name` or `mounts[0].host`.
+    pub field: String,
+    /// The rejected value.
+    pub value: String,
+    /// Why it was rejected.
+    pub reason: String,
+}
+
+impl SpecError {
+    fn new(field: impl Into<String>, value: impl Into<String>, reason: impl Into<String>) -> Self {
+        SpecError {
+            field: field.into(),
+            value: value.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// What validation needs to know about the host; kept behind a trait so this
+/// crate stays free of IO.
+pub trait HostView {
+    /// A host environment variable.
+    fn var(&self, name: &str) -> Option<String>;
+    /// Whether a host path exists.
+    fn path_exists(&self, path: &str) -> bool;
+}
+
+/// True for a POSIX-portable environment variable name.
+pub fn valid_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
+        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+}
+
+fn valid_runtime_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+fn valid_cap_name(cap: &str) -> bool {
+    !cap.is_empty() && cap.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+}
+
+fn check_container_path(field: &str, path: &str) -> Result<(), SpecError> {
+    if !path.starts_with('/') {
+        return Err(SpecError::new(field, path, "must be an absolute path"));
+    }
+    if path == "/" {
+        return Err(SpecError::new(field, path, "cannot be the root directory"));
+    }
+    if path.split('/').any(|part| part == "..") {
+        return Err(SpecError::new(field, path, "must not contain '..'"));
+    }
+    if path == AGENT_DIR || path.starts_with(&format!("{AGENT_DIR}/")) {
+        return Err(SpecError::new(
+            field,
+            path,
+            format!("{AGENT_DIR} is reserved for corral's agent"),
+        ));
+    }
+    Ok(())
+}
+
+impl SandboxSpec {
+    /// A hardened spec for `image`.
+    pub fn new(image: impl Into<String>) -> Self {
+        SandboxSpec {
+            image: image.into(),
+            ..SandboxSpec::default()
+        }
+    }
+
+    /// Checks every field; the first bad one is returned, named.
+    pub fn validate(&self, host: &dyn HostView) -> Result<(), SpecError> {
+        let image = self.image.trim();
+        if image.is_empty() {
+            return Err(SpecError::new("image", &self.image, "an image is required"));
+        }
+        if image.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(SpecError::new(
+                "image",
+                &self.image,
+                "must not contain whitespace",
+            ));
+        }
+        if let Some(dir) = &self.workdir {
+            if !dir.starts_with('/') {
+                return Err(SpecError::new("workdir", dir, "must be an absolute path"));
+            }
+        }
+        self.resolve_env(host)?;
+        let mut seen = HashSet::new();
+        for (i, m) in self.mounts.iter().enumerate() {
+            let field = format!("mounts[{i}]");
+            if !m.host.starts_with('/') {
+                return Err(SpecError::new(
+                    format!("{field}.host"),
+                    &m.host,
+                    "must be an absolute host path",
+                ));
+            }
+            if !host.path_exists(&m.host) {
+                return Err(SpecError::new(
+                    format!("{field}.host"),
+                    &m.host,
+                    "no such file or directory on the host",
+                ));
+            }
+            check_container_path(&format!("{field}.container"), &m.container)?;
+            if !seen.insert(m.container.trim_end_matches('/').to_string()) {
+                return Err(SpecError::new(
+                    format!("{field}.container"),
+                    &m.container,
+                    "mounted twice",
+                ));
+            }
+        }
+        for (i, t) in self.tmpfs.iter().enumerate() {
+            let field = format!("tmpfs[{i}]");
+            check_container_path(&format!("{field}.path"), &t.path)?;
+            if !seen.insert(t.path.trim_end_matches('/').to_string()) {
+                return Err(SpecError::new(
+                    format!("{field}.path"),
+                    &t.path,
+                    "mounted twice",
+                ));
+            }
+            if t.size == 0 {
+                return Err(SpecError::new(
+                    format!("{field}.size"),
+                    "0",
+                    "a tmpfs needs a size limit above zero",
+                ));
+            }
+            if t.options.split(',').any(|o| o.trim().starts_with("size=")) {
+                return Err(SpecError::new(
+                    format!("{field}.options"),
+                    &t.options,
+                    "set the size with the size field",
+                ));
+            }
+        }
+        if let Some(mem) = self.limits.memory {
+            if mem < 6 << 20 {
+                return Err(SpecError::new(
+                    "limits.memory",
+                    mem.to_string(),
+                    "Docker needs at least 6 MiB",
+                ));
+            }
+        }
+        if let Some(cpus) = self.limits.cpus {
+            if !(cpus.is_finite() && cpus > 0.0) {
+                return Err(SpecError::new(
+                    "limits.cpus",
+                    cpus.to_string(),
+                    "must be above zero",
+                ));
+            }
+        }
+        if let Some(pids) = self.limits.pids {
+            if pids < 8 {
+                return Err(SpecError::new(
+                    "limits.pids",
+                    pids.to_string(),
+                    "at least 8 (the agent and a shell need a few)",
+                ));
+            }
+        }
+        if self.limits.disk == Some(0) {
+            return Err(SpecError::new("limits.disk", "0", "must be above zero"));
+        }
+        for (i, cap) in self.security.cap_add.iter().enumerate() {
+            if !valid_cap_name(&normalize_cap(cap)) {
+                return Err(SpecError::new(
+                    format!("security.cap_add[{i}]"),
+                    cap,
+                    "not a capability name such as CHOWN",
+                ));
+            }
+        }
+        if let Some(user) = &self.security.user {
+            if user.is_empty() || user.contains(char::is_whitespace) {
+                return Err(SpecError::new(
+                    "security.user",
+                    user,
+                    "expected uid, uid:gid or a name",
+                ));
+            }
+        }
+        if let Some(rt) = &self.runtime {
+            if !valid_runtime_name(rt) {
+                return Err(SpecError::new(
+                    "runtime",
+                    rt,
+                    "not a runtime name such as runc or runsc",
+                ));
+            }
+        }
+        for key in self.labels.keys() {
+            if key.starts_with(labels::PREFIX) {
+                return Err(SpecError::new(
+                    "labels",
+                    key,
+                    format!("keys starting with '{}' are reserved", labels::PREFIX),
+                ));
+            }
+        }
+        for (i, cmd) in self.startup.iter().enumerate() {
+            if cmd.trim().is_empty() {
+                return Err(SpecError::new(
+                    format!("startup[{i}]"),
+                    cmd,
+                    "an empty command",
+                ));
+            }
+        }
+        if self.agent_grace_ms < 100 {
+            return Err(SpecError::new(
+                "agent_grace_ms",
+                self.agent_grace_ms.to_string(),
+                "at least 100 ms",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The environment the sandbox gets, as `(name, value)` pairs: names
+    /// validated, duplicates rejected, forwarded names looked up on the host.
+    pub fn resolve_env(&self, host: &dyn HostView) -> Result<Vec<(String, String)>, SpecError> {
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for (i, var) in self.env.iter().enumerate() {
+            let name = match var {
+                EnvVar::Set { name, .. } => name,
+                EnvVar::Forward { forward } => forward,
+            };
+            let field = format!("env[{i}]");
+            if !valid_env_name(name) {
+                return Err(SpecError::new(
+                    field,
+                    name,
+                    "a variable name is letters, digits and '_', not starting with a digit",
+                ));
+            }
+            if !seen.insert(name.clone()) {
+                return Err(SpecError::new(field, name, "set more than once"));
+            }
+            match var {
+                EnvVar::Set { name, value } => {
+                    let value = match value.strip_prefix('$') {
+                        Some(host_name) if self.expand_host_env => {
+                            host.var(host_name).ok_or_else(|| {
+                                SpecError::new(
+                                    format!("{field}.value"),
+                                    value,
+                                    format!("host variable {host_name} is not set"),
+                                )
+                            })?
+                        }
+                        _ => value.clone(),
+                    };
+                    if value.contains('\0') {
+                        return Err(SpecError::new(
+                            format!("{field}.value"),
+                            name,
+                            "contains a NUL byte",
+                        ));
+                    }
+                    out.push((name.clone(), value));
+                }
+                EnvVar::Forward { forward } => {
+                    if let Some(value) = host.var(forward) {
+                        out.push((forward.clone(), value));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct FakeHost;
+    impl HostView for FakeHost {
+        fn var(&self, name: &str) -> Option<String> {
+            (name == "HOST_TOKEN").then(|| "secret".to_string())
+        }
+        fn path_exists(&self, path: &str) -> bool {
+            path == "/srv/data"
+        }
+    }
+
+    fn err(spec: &SandboxSpec) -> SpecError {
+        spec.validate(&FakeHost).expect_err("should be rejected")
+    }
+
+    #[test]
+    fn defaults_are_hardened_and_valid() {
+        let spec = SandboxSpec::new("img");
+        spec.validate(&FakeHost).expect("valid");
+        assert!(spec.security.drop_all_caps && spec.security.no_new_privileges);
+        assert_eq!(
+            spec.security.effective_cap_add(),
+            ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
+        );
+        assert_eq!(spec.limits.pids, Some(256));
+        let tmp: Vec<_> = spec.tmpfs.iter().map(|t| t.path.as_str()).collect();
+        assert_eq!(tmp, ["/tmp", "/var/tmp", "/run"]);
+        assert!(spec.tmpfs[2].options.contains("noexec"));
+    }
+
+    #[test]
+    fn setuid_caps_only_on_request() {
+        let mut s = Security {
+            setuid_caps: true,
+            ..Security::default()
+        };
+        s.cap_add.push("cap_chown".into());
+        assert_eq!(
+            s.effective_cap_add(),
+            ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID"]
+        );
+    }
+
+    #[test]
+    fn env_names_are_checked_and_forwarded() {
+        let mut spec = SandboxSpec::new("img");
+        spec.env = vec![
+            EnvVar::Set {
+                name: "A".into(),
+                value: "1".into(),
+            },
+            EnvVar::Forward {
+                forward: "HOST_TOKEN".into(),
+            },
+            EnvVar::Forward {
+                forward: "NOT_ON_HOST".into(),
+            },
+            EnvVar::Set {
+                name: "LITERAL".into(),
+                value: "$HOST_TOKEN".into(),
+            },
+        ];
+        let env = spec.resolve_env(&FakeHost).expect("valid");
+        assert_eq!(
+            env,
+            vec![
+                ("A".to_string(), "1".to_string()),
+                ("HOST_TOKEN".to_string(), "secret".to_string()),
+                ("LITERAL".to_string(), "$HOST_TOKEN".to_string()),
+            ]
+        );
+        spec.expand_host_env = true;
+        let env = spec.resolve_env(&FakeHost).expect("valid");
+        assert_eq!(env[2], ("LITERAL".to_string(), "secret".to_string()));
+
+        spec.env.push(EnvVar::Set {
+            name: "MISSING".into(),
+            value: "$NOPE".into(),
+        });
+        let e = err(&spec);
+        assert_eq!(
+            (e.field.as_str(), e.value.as_str()),
+            ("env[4].value", "$NOPE")
+        );
+
+        spec.env = vec![EnvVar::Set {
+            name: "1BAD".into(),
+            value: String::new(),
+        }];
+        assert_eq!(err(&spec).field, "env[0]");
+        spec.env = vec![
+            EnvVar::Set {
+                name: "X".into(),
+                value: String::new(),
+            },
+            EnvVar::Forward {
+                forward: "X".into(),
+            },
+        ];
+        let e = err(&spec);
+        assert_eq!(
+            (e.field.as_str(), e.reason.as_str()),
+            ("env[1]", "set more than once")
+        );
+    }
+
+    #[test]
+    fn mounts_are_checked_never_skipped() {
+        let mut spec = SandboxSpec::new("img");
+        spec.mounts = vec![Mount {
+            host: "/srv/data".into(),
+            container: "/data".into(),
+            read_only: true,
+        }];
+        spec.validate(&FakeHost).expect("valid");
+        spec.mounts.push(Mount {
+            host: "/missing".into(),
+            container: "/m".into(),
+            read_only: false,
+        });
+        let e = err(&spec);
+        assert_eq!(
+            (e.field.as_str(), e.value.as_str()),
+            ("mounts[1].host", "/missing")
+        );
+        spec.mounts[1] = Mount {
+            host: "/srv/data".into(),
+            container: "rel".into(),
+            read_only: false,
+        };
+        assert_eq!(err(&spec).field, "mounts[1].container");
+        spec.mounts[1].container = "/data/".into();
+        assert_eq!(err(&spec).reason, "mounted twice");
+        spec.mounts[1].container = "/.corral/x".into();
+        assert_eq!(err(&spec).field, "mounts[1].container");
+        spec.mounts[1].container = "/tmp".into();
+        assert_eq!(err(&spec).field, "tmpfs[0].path");
+    }
+
+    #[test]
+    fn limits_and_names_are_checked() {
+        let mut spec = SandboxSpec::new("img");
+        spec.limits.memory = Some(1024);
+        assert_eq!(err(&spec).field, "limits.memory");
+        spec.limits.memory = None;
+        spec.limits.pids = Some(2);
+        assert_eq!(err(&spec).field, "limits.pids");
+        spec.limits.pids = None;
+        spec.runtime = Some("run sc".into());
+        assert_eq!(err(&spec).field, "runtime");
+        spec.runtime = Some("runsc".into());
+        spec.labels.insert("corral.sandbox".into(), "x".into());
+        assert_eq!(err(&spec).field, "labels");
+        spec.labels.clear();
+        spec.image = " ".into();
+        assert_eq!(err(&spec).field, "image");
+    }
+}

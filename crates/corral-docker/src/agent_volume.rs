@@ -1,0 +1,161 @@
+//! Gets the agent binary into sandboxes: a named volume per agent build,
+//! mounted read-only at `/.corral` in every sandbox.
+//!
+//! A volume (rather than an archive upload into each container) works with a
+//! read-only root filesystem, with remote daemons (no host path involved), and
+//! costs nothing per sandbox once filled. It is filled once per agent build
+//! through a created, never-started helper container, then a second, empty
+//! "ready" volume is created: volume creation is atomic, so its presence means
+//! the binary is complete.
+
+use std::collections::HashMap;
+
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, VolumeCreateRequest};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder, UploadToContainerOptionsBuilder,
+};
+use bollard::Docker;
+use corral_core::labels::{self, Owner};
+use corral_core::protocol::AGENT_DIR;
+
+use crate::error::{is_not_found, DockerError};
+use crate::host;
+
+/// The agent binary, built statically by this crate's build script.
+pub static AGENT_BINARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/corral-agent"));
+
+/// Label on agent volumes, value the agent build's hash.
+pub const AGENT_LABEL: &str = "corral.agent";
+
+/// A short hash identifying this agent build.
+pub fn agent_hash() -> String {
+    // FNV-1a: stable across runs and processes (std's hasher is seeded).
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in AGENT_BINARY {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{:012x}", h & 0xffff_ffff_ffff)
+}
+
+/// The volume holding this agent build.
+pub fn volume_name() -> String {
+    format!("corral-agent-{}", agent_hash())
+}
+
+fn ready_name() -> String {
+    format!("{}-ready", volume_name())
+}
+
+/// A tar archive holding the agent binary as `corral-agent`, mode 0755.
+fn agent_tar() -> Result<Vec<u8>, std::io::Error> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(AGENT_BINARY.len() as u64);
+    header.set_mode(0o755);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(0);
+    header.set_cksum();
+    builder.append_data(&mut header, "corral-agent", AGENT_BINARY)?;
+    builder.into_inner()
+}
+
+/// Makes sure the agent volume exists and holds a complete binary. `image` is
+/// any image present on the daemon (the helper container is never started).
+pub async fn ensure(docker: &Docker, image: &str, owner: &Owner) -> Result<String, DockerError> {
+    let volume = volume_name();
+    match docker.inspect_volume(&ready_name()).await {
+        Ok(_) => return Ok(volume),
+        Err(e) if is_not_found(&e) => {}
+        Err(e) => {
+            return Err(DockerError::api(
+                format!("inspect volume {}", ready_name()),
+                e,
+            ))
+        }
+    }
+    let vol_labels = HashMap::from([(AGENT_LABEL.to_string(), agent_hash())]);
+    docker
+        .create_volume(VolumeCreateRequest {
+            name: Some(volume.clone()),
+            labels: Some(vol_labels.clone()),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| DockerError::api(format!("create volume {volume}"), e))?;
+
+    let helper = format!("corral-agent-fill-{}", host::random_hex(8));
+    let body = ContainerCreateBody {
+        image: Some(image.to_string()),
+        entrypoint: Some(vec!["/.corral/corral-agent".into()]),
+        cmd: Some(Vec::new()),
+        // Owner labels too, so no reaper takes it for an orphan mid-fill.
+        labels: Some(
+            [(labels::SANDBOX.to_string(), helper.clone())]
+                .into_iter()
+                .chain(owner.labels())
+                .collect(),
+        ),
+        host_config: Some(HostConfig {
+            mounts: Some(vec![Mount {
+                target: Some(AGENT_DIR.into()),
+                source: Some(volume.clone()),
+                typ: Some(MountType::VOLUME),
+                read_only: Some(false),
+                ..Default::default()
+            }]),
+            network_mode: Some("none".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let opts = CreateContainerOptionsBuilder::default()
+        .name(&helper)
+        .build();
+    docker
+        .create_container(Some(opts), body)
+        .await
+        .map_err(|e| DockerError::api(format!("create agent helper {helper} from {image}"), e))?;
+
+    let upload = async {
+        let tar = agent_tar().map_err(|e| DockerError::Agent {
+            sandbox: helper.clone(),
+            message: format!("cannot pack the agent binary: {e}"),
+        })?;
+        let opts = UploadToContainerOptionsBuilder::default()
+            .path(AGENT_DIR)
+            .build();
+        docker
+            .upload_to_container(&helper, Some(opts), bollard::body_full(tar.into()))
+            .await
+            .map_err(|e| DockerError::api(format!("upload agent into volume {volume}"), e))
+    }
+    .await;
+    let rm = RemoveContainerOptionsBuilder::default()
+        .force(true)
+        .v(false)
+        .build();
+    if let Err(e) = docker.remove_container(&helper, Some(rm)).await {
+        tracing::warn!(container = %helper, error = %e, "removing the agent helper container failed");
+    }
+    if let Err(e) = upload {
+        // Another corral process may have filled the volume meanwhile (and a
+        // running sandbox then holds the binary busy): its ready marker says so.
+        if docker.inspect_volume(&ready_name()).await.is_ok() {
+            return Ok(volume);
+        }
+        return Err(e);
+    }
+
+    docker
+        .create_volume(VolumeCreateRequest {
+            name: Some(ready_name()),
+            labels: Some(vol_labels),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| DockerError::api(format!("create volume {}", ready_name()), e))?;
+    tracing::info!(volume = %volume, bytes = AGENT_BINARY.len(), "agent volume filled");
+    Ok(volume)
+}

@@ -1,0 +1,221 @@
+//! Turns a validated [`SandboxSpec`] into the daemon's container-create body.
+//!
+//! Pure: no daemon calls, so the hardening it applies is unit-tested here
+//! and checked for real (inside a container) by the integration tests.
+
+use std::collections::HashMap;
+
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
+use corral_core::labels::{self, Owner};
+use corral_core::protocol::{AGENT_DIR, AGENT_PATH};
+use corral_core::SandboxSpec;
+
+/// Everything besides the spec that goes into a container.
+pub struct CreateParams<'a> {
+    /// The sandbox id (label value and name suffix).
+    pub sandbox_id: &'a str,
+    /// The owning process.
+    pub owner: &'a Owner,
+    /// Resolved environment.
+    pub env: Vec<(String, String)>,
+    /// The volume holding the agent binary.
+    pub agent_volume: &'a str,
+    /// Whether the daemon honours `--storage-opt size=`.
+    pub storage_opt_supported: bool,
+}
+
+/// The agent's grace for persistent sandboxes: ten years, i.e. never.
+const PERSISTENT_GRACE_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
+
+/// The container name for a sandbox.
+pub fn container_name(sandbox_id: &str) -> String {
+    format!("corral-{sandbox_id}")
+}
+
+/// The create body for `spec`.
+pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateBody {
+    let mut labels: HashMap<String, String> = spec
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    labels.insert(labels::SANDBOX.into(), p.sandbox_id.into());
+    labels.insert(labels::VERSION.into(), env!("CARGO_PKG_VERSION").into());
+    labels.extend(p.owner.labels());
+    if let Some(key) = &spec.persistent {
+        labels.insert(labels::PERSISTENT.into(), "true".into());
+        labels.insert(labels::SESSION.into(), key.clone());
+    }
+
+    let mut mounts = vec![Mount {
+        target: Some(AGENT_DIR.into()),
+        source: Some(p.agent_volume.into()),
+        typ: Some(MountType::VOLUME),
+        read_only: Some(true),
+        ..Default::default()
+    }];
+    mounts.extend(spec.mounts.iter().map(|m| Mount {
+        target: Some(m.container.clone()),
+        source: Some(m.host.clone()),
+        typ: Some(MountType::BIND),
+        read_only: Some(m.read_only),
+        ..Default::default()
+    }));
+
+    let tmpfs: HashMap<String, String> = spec
+        .tmpfs
+        .iter()
+        .map(|t| {
+            let mut opts = format!("size={}", t.size);
+            if !t.options.is_empty() {
+                opts = format!("{},{opts}", t.options);
+            }
+            // Docker mounts tmpfs noexec unless told otherwise; a mount
+            // whose options do not ask for noexec is meant to run programs.
+            if !t.options.split(',').any(|o| o.trim() == "noexec") {
+                opts = format!("exec,{opts}");
+            }
+            (t.path.clone(), opts)
+        })
+        .collect();
+
+    let sec = &spec.security;
+    let mut security_opt = Vec::new();
+    if sec.no_new_privileges {
+        security_opt.push("no-new-privileges:true".to_string());
+    }
+
+    let memory = spec.limits.memory.map(|m| m as i64);
+    let storage_opt = match spec.limits.disk {
+        Some(d) if p.storage_opt_supported => {
+            Some(HashMap::from([("size".to_string(), d.to_string())]))
+        }
+        _ => None,
+    };
+
+    let host_config = HostConfig {
+        memory,
+        // Swap equal to memory: no swap, so exceeding the limit is an OOM.
+        memory_swap: memory,
+        nano_cpus: spec.limits.cpus.map(|c| (c * 1e9) as i64),
+        pids_limit: spec.limits.pids,
+        cap_drop: sec.drop_all_caps.then(|| vec!["ALL".to_string()]),
+        cap_add: sec.drop_all_caps.then(|| sec.effective_cap_add()),
+        security_opt: (!security_opt.is_empty()).then_some(security_opt),
+        readonly_rootfs: Some(sec.read_only_root),
+        tmpfs: (!tmpfs.is_empty()).then_some(tmpfs),
+        mounts: Some(mounts),
+        network_mode: Some(spec.network.as_str().to_string()),
+        runtime: spec.runtime.clone(),
+        storage_opt,
+        // Never auto-remove: it destroys the state that tells an OOM of PID 1.
+        auto_remove: Some(false),
+        init: Some(false),
+        ..Default::default()
+    };
+
+    ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        entrypoint: Some(vec![
+            AGENT_PATH.to_string(),
+            "init".to_string(),
+            "--grace-ms".to_string(),
+            // A persistent sandbox outlives its owner: no dead-man switch.
+            if spec.persistent.is_some() {
+                PERSISTENT_GRACE_MS.to_string()
+            } else {
+                spec.agent_grace_ms.to_string()
+            },
+        ]),
+        cmd: Some(Vec::new()),
+        env: Some(p.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+        working_dir: spec.workdir.clone(),
+        user: sec.user.clone(),
+        labels: Some(labels),
+        network_disabled: Some(false),
+        attach_stdin: Some(false),
+        attach_stdout: Some(false),
+        attach_stderr: Some(false),
+        tty: Some(false),
+        open_stdin: Some(false),
+        stop_signal: Some("SIGTERM".into()),
+        host_config: Some(host_config),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_core::{Mount as SpecMount, Network};
+
+    fn params<'a>(owner: &'a Owner) -> CreateParams<'a> {
+        CreateParams {
+            sandbox_id: "sb-1",
+            owner,
+            env: vec![("A".into(), "1".into())],
+            agent_volume: "corral-agent-x",
+            storage_opt_supported: false,
+        }
+    }
+
+    #[test]
+    fn hardened_defaults_reach_the_daemon() {
+        let owner = Owner {
+            host: "h".into(),
+            pid: 1,
+            start: 2,
+        };
+        let mut spec = SandboxSpec::new("img");
+        spec.limits.memory = Some(64 << 20);
+        spec.limits.disk = Some(1 << 30);
+        spec.network = Network::None;
+        spec.mounts.push(SpecMount {
+            host: "/srv".into(),
+            container: "/data".into(),
+            read_only: true,
+        });
+        let body = create_body(&spec, &params(&owner));
+        let hc = body.host_config.expect("host config");
+        assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(
+            hc.cap_add,
+            Some(vec![
+                "CHOWN".to_string(),
+                "DAC_OVERRIDE".to_string(),
+                "FOWNER".to_string()
+            ])
+        );
+        assert_eq!(
+            hc.security_opt,
+            Some(vec!["no-new-privileges:true".to_string()])
+        );
+        assert_eq!(hc.memory, Some(64 << 20));
+        assert_eq!(hc.memory_swap, hc.memory);
+        assert_eq!(hc.pids_limit, Some(256));
+        assert_eq!(hc.nano_cpus, Some(1_000_000_000));
+        assert_eq!(hc.network_mode.as_deref(), Some("none"));
+        assert_eq!(hc.auto_remove, Some(false));
+        // Unsupported disk limits never reach the daemon silently.
+        assert_eq!(hc.storage_opt, None);
+        let tmpfs = hc.tmpfs.expect("tmpfs");
+        assert_eq!(
+            tmpfs["/run"],
+            format!("noexec,nosuid,nodev,size={}", 64 << 20)
+        );
+        // /tmp runs programs (Docker's tmpfs default would be noexec).
+        assert_eq!(
+            tmpfs["/tmp"],
+            format!("exec,nosuid,nodev,size={}", 512 << 20)
+        );
+        let mounts = hc.mounts.expect("mounts");
+        assert_eq!(mounts[0].target.as_deref(), Some(AGENT_DIR));
+        assert_eq!(mounts[0].read_only, Some(true));
+        assert_eq!(mounts[1].source.as_deref(), Some("/srv"));
+        let labels = body.labels.expect("labels");
+        assert_eq!(labels[labels::SANDBOX], "sb-1");
+        assert_eq!(labels[labels::OWNER_PID], "1");
+        assert_eq!(body.env, Some(vec!["A=1".to_string()]));
+        assert_eq!(body.entrypoint.expect("entrypoint")[0], AGENT_PATH);
+    }
+}

@@ -1,0 +1,156 @@
+//! [`Sandbox::list_dir`]: a directory's entries, through the agent's
+//! `file-list` (five NUL-ended fields per entry: type, size, mode, name,
+//! symlink target; see the agent's `listing.rs`).
+
+use corral_core::{Failure, FailureKind};
+
+use super::{FileError, FileOptions};
+use crate::Sandbox;
+
+/// What a directory entry is (as `lstat` says: symlinks are not followed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EntryKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link (its target is in [`DirEntry::target`]).
+    Symlink,
+    /// A FIFO, socket or device.
+    Other,
+}
+
+impl EntryKind {
+    /// `file`, `dir`, `symlink` or `other`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EntryKind::File => "file",
+            EntryKind::Dir => "dir",
+            EntryKind::Symlink => "symlink",
+            EntryKind::Other => "other",
+        }
+    }
+
+    fn parse(s: &[u8]) -> Option<EntryKind> {
+        match s {
+            b"file" => Some(EntryKind::File),
+            b"dir" => Some(EntryKind::Dir),
+            b"symlink" => Some(EntryKind::Symlink),
+            b"other" => Some(EntryKind::Other),
+            _ => None,
+        }
+    }
+}
+
+/// One entry of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// The entry's name (bytes that are not UTF-8 become U+FFFD).
+    pub name: String,
+    /// File, directory, symlink or other.
+    pub kind: EntryKind,
+    /// Size in bytes (of the link itself for a symlink).
+    pub size: u64,
+    /// Permission bits, e.g. `0o644`.
+    pub mode: u32,
+    /// A symlink's target as stored (not resolved); `None` for other kinds.
+    pub target: Option<String>,
+}
+
+/// Decodes the agent's listing; `None` when it is malformed.
+fn parse(out: &[u8]) -> Option<Vec<DirEntry>> {
+    if out.is_empty() {
+        return Some(Vec::new());
+    }
+    let body = out.strip_suffix(&[0])?;
+    let fields: Vec<&[u8]> = body.split(|b| *b == 0).collect();
+    if !fields.len().is_multiple_of(5) {
+        return None;
+    }
+    let text = |f: &[u8]| String::from_utf8_lossy(f).into_owned();
+    fields
+        .chunks(5)
+        .map(|f| {
+            let kind = EntryKind::parse(f[0])?;
+            let size = std::str::from_utf8(f[1]).ok()?.parse().ok()?;
+            let mode = u32::from_str_radix(std::str::from_utf8(f[2]).ok()?, 8).ok()?;
+            if f[3].is_empty() {
+                return None;
+            }
+            Some(DirEntry {
+                name: text(f[3]),
+                kind,
+                size,
+                mode,
+                target: (kind == EntryKind::Symlink).then(|| text(f[4])),
+            })
+        })
+        .collect()
+}
+
+impl Sandbox {
+    /// The entries of the directory `path` (symlinks to directories are
+    /// followed to reach it, and checked against `opts.root`), sorted by
+    /// name, `.` and `..` left out. Entries are described without following
+    /// symlinks. A listing above `opts.max_bytes` (about 20 bytes plus the
+    /// name per entry) is [`FileError::TooLarge`], never a partial list.
+    pub async fn list_dir(
+        &self,
+        path: &str,
+        opts: &FileOptions,
+    ) -> Result<Vec<DirEntry>, FileError> {
+        let call = self.call("file-list", "path", path, opts, None)?;
+        let out = self.fetch(&call).await?;
+        parse(&out).ok_or_else(|| {
+            FileError::Sandbox(Failure::new(
+                FailureKind::AgentError,
+                format!(
+                    "sandbox {}: corral-agent file-list {path:?} printed a malformed listing ({} bytes)",
+                    self.id(),
+                    out.len()
+                ),
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_agent_format() {
+        assert_eq!(parse(b""), Some(Vec::new()));
+        let out = b"dir\x004096\x00755\x00a b\x00\x00symlink\x003\x00777\x00l\x00../t\x00file\x000\x00644\x00n\nx\xff\x00\x00";
+        let got = parse(out).expect("valid");
+        assert_eq!(got.len(), 3);
+        assert_eq!(
+            got[0],
+            DirEntry {
+                name: "a b".into(),
+                kind: EntryKind::Dir,
+                size: 4096,
+                mode: 0o755,
+                target: None,
+            }
+        );
+        assert_eq!(got[1].target.as_deref(), Some("../t"));
+        assert_eq!(got[1].kind.as_str(), "symlink");
+        assert_eq!(got[2].name, "n\nx\u{fffd}");
+        assert_eq!(got[2].mode, 0o644);
+    }
+
+    #[test]
+    fn rejects_malformed_listings() {
+        for bad in [
+            &b"dir\x004096\x00755\x00a\x00"[..],     // four fields
+            b"dir\x004096\x00755\x00a\x00\x00extra", // no final NUL
+            b"pipe\x000\x00644\x00p\x00\x00",        // unknown type
+            b"file\x00-1\x00644\x00f\x00\x00",       // bad size
+            b"file\x000\x00999\x00f\x00\x00",        // not octal
+            b"file\x000\x00644\x00\x00\x00",         // empty name
+        ] {
+            assert_eq!(parse(bad), None, "{bad:?}");
+        }
+    }
+}

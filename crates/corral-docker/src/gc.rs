@@ -1,0 +1,109 @@
+//! Listing corral's containers and removing orphans by label.
+
+use std::collections::HashMap;
+
+use bollard::query_parameters::ListContainersOptionsBuilder;
+use corral_core::labels::{self, ownership, Owner, Ownership};
+
+use crate::error::DockerError;
+use crate::host;
+use crate::sandbox::remove_container;
+use crate::DockerBackend;
+
+/// One container carrying corral's labels.
+#[derive(Debug, Clone)]
+pub struct SandboxInfo {
+    /// Sandbox id (the `corral.sandbox` label).
+    pub sandbox_id: String,
+    /// Container id.
+    pub container_id: String,
+    /// Image.
+    pub image: String,
+    /// Daemon status text, e.g. "Up 3 seconds".
+    pub status: String,
+    /// Daemon state, e.g. "running" or "exited".
+    pub state: String,
+    /// Creation time, seconds since the epoch.
+    pub created: i64,
+    /// The owning corral process, when labelled.
+    pub owner: Option<Owner>,
+    /// Whether its owner is alive, gone, elsewhere, or it is persistent.
+    pub ownership: Ownership,
+    /// The session key of a persistent sandbox.
+    pub session: Option<String>,
+}
+
+/// What a garbage collection did.
+#[derive(Debug, Default)]
+pub struct GcReport {
+    /// Containers removed.
+    pub removed: Vec<SandboxInfo>,
+    /// Containers that could not be removed, with the reason.
+    pub failed: Vec<(SandboxInfo, String)>,
+    /// Containers kept because their owner is alive, on another host, or they
+    /// are persistent.
+    pub kept: Vec<SandboxInfo>,
+}
+
+impl DockerBackend {
+    /// Every container with a `corral.sandbox` label, running or not.
+    pub async fn list_sandboxes(&self) -> Result<Vec<SandboxInfo>, DockerError> {
+        let filters = HashMap::from([("label".to_string(), vec![labels::SANDBOX.to_string()])]);
+        let opts = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let docker = &self.inner.docker;
+        let list = crate::retry::retry(
+            &self.inner.config.retry,
+            &self.inner.metrics,
+            "list sandboxes",
+            || docker.list_containers(Some(opts.clone())),
+        )
+        .await
+        .map_err(|e| DockerError::api("list sandboxes", e))?;
+        let this_host = &self.inner.owner.host;
+        Ok(list
+            .into_iter()
+            .map(|c| {
+                let l = c.labels.unwrap_or_default();
+                SandboxInfo {
+                    sandbox_id: l.get(labels::SANDBOX).cloned().unwrap_or_default(),
+                    container_id: c.id.unwrap_or_default(),
+                    image: c.image.unwrap_or_default(),
+                    status: c.status.unwrap_or_default(),
+                    state: c.state.map(|s| s.to_string()).unwrap_or_default(),
+                    created: c.created.unwrap_or_default(),
+                    owner: Owner::from_labels(&l),
+                    ownership: ownership(&l, this_host, host::process_alive),
+                    session: l.get(labels::SESSION).cloned(),
+                }
+            })
+            .collect())
+    }
+
+    /// Removes orphans: containers whose owning corral process is gone. With
+    /// `all`, removes every non-persistent corral container, owned or not.
+    pub async fn gc(&self, all: bool) -> Result<GcReport, DockerError> {
+        let mut report = GcReport::default();
+        for info in self.list_sandboxes().await? {
+            let remove = match info.ownership {
+                Ownership::Orphan => true,
+                Ownership::LiveOwner | Ownership::ForeignHost => all,
+                Ownership::Persistent => false,
+            };
+            if !remove {
+                report.kept.push(info);
+                continue;
+            }
+            match remove_container(&self.inner, &info.container_id, &info.sandbox_id).await {
+                Ok(()) => report.removed.push(info),
+                Err(e) => {
+                    tracing::warn!(sandbox = %info.sandbox_id, error = %e, "gc could not remove a container");
+                    report.failed.push((info, e.to_string()));
+                }
+            }
+        }
+        Ok(report)
+    }
+}

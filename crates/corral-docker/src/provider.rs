@@ -1,0 +1,953 @@
+//! The provider: sandboxes by session key, warm pools, eviction.
+//!
+//! An agent's thread or an RL episode asks for "its" sandbox by key; the same
+//! key returns the same sandbox until it is released or evicted. Warm pools
+//! keep started, idle sandboxes of a profile ready, so an acquire is a
+//! hand-over rather than a start. A live-sandbox limit evicts the least
+//! recently used idle one when room is needed; a reaper enforces the idle
+//! timeout and the maximum lifetime and refills the pools.
+//!
+//! All bookkeeping sits behind one std mutex that is never held across an
+//! await: creating, checking and destroying sandboxes happen outside it,
+//! with the slot reserved first so concurrent callers cannot overshoot the
+//! limit.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Deref;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use corral_core::pool::{expired, lru_victim, Candidate, ProviderConfig};
+use corral_core::{CommandSpec, FailureKind, Recovery, SandboxSpec};
+use tokio::sync::Notify;
+
+use crate::error::DockerError;
+use crate::{DockerBackend, Sandbox};
+
+/// How long an acquire waits for room when every live sandbox is in use.
+const ROOM_WAIT: Duration = Duration::from_secs(60);
+
+/// Longest a reset command of a reused sandbox may run.
+const RESET_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Hands out sandboxes by session key. Cheap to clone.
+#[derive(Clone)]
+pub struct Provider {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    backend: DockerBackend,
+    config: ProviderConfig,
+    /// Host directory holding persistent sessions' workspaces and homes.
+    persistence_root: PathBuf,
+    state: Mutex<State>,
+    counters: Counters,
+    epoch: Instant,
+    /// Wakes acquires waiting for room and the refiller.
+    changed: Arc<Notify>,
+    closed: AtomicBool,
+}
+
+#[derive(Default)]
+struct State {
+    sessions: HashMap<String, Entry>,
+    pools: HashMap<String, VecDeque<Pooled>>,
+    /// Sandboxes alive or being created, counted against `max_live`.
+    live: usize,
+    /// Pool refills in flight, by profile.
+    refilling: HashMap<String, usize>,
+}
+
+struct Entry {
+    sandbox: Sandbox,
+    profile: Option<String>,
+    last_used_ms: u64,
+    started_ms: u64,
+    leases: usize,
+}
+
+struct Pooled {
+    sandbox: Sandbox,
+    started_ms: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    pool_hits: AtomicU64,
+    pool_misses: AtomicU64,
+    evicted_lru: AtomicU64,
+    evicted_idle: AtomicU64,
+    evicted_lifetime: AtomicU64,
+    restarted: AtomicU64,
+    released: AtomicU64,
+}
+
+/// The provider's state and counters at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProviderStats {
+    /// Sandboxes alive or being created.
+    pub live: usize,
+    /// Sandboxes bound to a session key.
+    pub sessions: usize,
+    /// Ready sandboxes per pool.
+    pub pooled: BTreeMap<String, usize>,
+    /// Acquires served from a warm pool.
+    pub pool_hits: u64,
+    /// Acquires that had to start a sandbox.
+    pub pool_misses: u64,
+    /// Idle sandboxes evicted to make room.
+    pub evicted_lru: u64,
+    /// Sandboxes evicted after the idle timeout.
+    pub evicted_idle: u64,
+    /// Sandboxes evicted at their maximum lifetime.
+    pub evicted_lifetime: u64,
+    /// Dead sandboxes replaced on acquire (`auto_restart`).
+    pub restarted: u64,
+    /// Sessions released.
+    pub released: u64,
+}
+
+/// A session's sandbox, in use. Dereferences to [`Sandbox`]; dropping it
+/// marks the session idle (its sandbox stays bound to the key).
+pub struct Lease {
+    sandbox: Sandbox,
+    key: String,
+    provider: Weak<Inner>,
+}
+
+impl Deref for Lease {
+    type Target = Sandbox;
+    fn deref(&self) -> &Sandbox {
+        &self.sandbox
+    }
+}
+
+impl Lease {
+    /// The session key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// A handle to the sandbox that outlives the lease.
+    pub fn sandbox(&self) -> Sandbox {
+        self.sandbox.clone()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(inner) = self.provider.upgrade() {
+            let now = inner.now_ms();
+            let mut st = lock(&inner.state);
+            if let Some(e) = st.sessions.get_mut(&self.key) {
+                if e.sandbox.id() == self.sandbox.id() {
+                    e.leases = e.leases.saturating_sub(1);
+                    e.last_used_ms = now;
+                }
+            }
+            drop(st);
+            inner.changed.notify_waiters();
+        }
+    }
+}
+
+fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    // Critical sections are plain map updates; a panic cannot leave them
+    // half-done in a way later code relies on.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Reason an acquire could not be served.
+fn no_room(max: usize) -> DockerError {
+    DockerError::SlotTimeout {
+        what: "sandbox (provider max_live reached, every sandbox in use)",
+        limit: max,
+        waited: ROOM_WAIT,
+    }
+}
+
+impl Inner {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis().min(u64::MAX as u128) as u64
+    }
+}
+
+enum Plan {
+    /// The session already has a sandbox.
+    Existing(Sandbox),
+    /// Taken from the warm pool.
+    FromPool(Sandbox),
+    /// Room reserved; start one (after destroying the evicted, if any).
+    Create(Option<Sandbox>),
+    /// No room: wait.
+    Wait,
+}
+
+impl Provider {
+    /// A provider over `backend`; starts its reaper and pool refiller, which
+    /// stop when the last handle is dropped or on [`Provider::shutdown`].
+    pub fn new(backend: DockerBackend, config: ProviderConfig) -> Provider {
+        Provider::with_persistence_root(backend, config, default_persistence_root())
+    }
+
+    /// Like [`Provider::new`], keeping persistent sessions' directories under `root`.
+    pub fn with_persistence_root(
+        backend: DockerBackend,
+        config: ProviderConfig,
+        root: PathBuf,
+    ) -> Provider {
+        let inner = Arc::new(Inner {
+            backend,
+            config,
+            persistence_root: root,
+            state: Mutex::new(State::default()),
+            counters: Counters::default(),
+            epoch: Instant::now(),
+            changed: Arc::new(Notify::new()),
+            closed: AtomicBool::new(false),
+        });
+        tokio::spawn(maintain(Arc::downgrade(&inner)));
+        Provider { inner }
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &ProviderConfig {
+        &self.inner.config
+    }
+
+    /// The session's sandbox of pool `profile`: the one bound to `key`, else a
+    /// warm one from the pool, else a new one from the pool's spec.
+    pub async fn acquire(&self, key: &str, profile: &str) -> Result<Lease, DockerError> {
+        let Some(pool) = self.inner.config.pools.get(profile) else {
+            return Err(DockerError::InvalidSpec(corral_core::SpecError {
+                field: "profile".into(),
+                value: profile.into(),
+                reason: format!(
+                    "no such pool (known: {})",
+                    self.inner
+                        .config
+                        .pools
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }));
+        };
+        let spec = pool.spec.clone();
+        self.acquire_inner(key, Some(profile), &spec).await
+    }
+
+    /// A persistent session's sandbox: its workspace (`/workspace`, the
+    /// working directory) and home (`/home/corral`, `$HOME`) live in host
+    /// directories under the persistence root, keyed by session, so they
+    /// survive container loss and corral restarts. The container itself
+    /// outlives this process and is adopted, not duplicated, by the next
+    /// corral asking for the same key. Releasing or evicting it removes the
+    /// container and keeps the directories.
+    pub async fn acquire_persistent(
+        &self,
+        key: &str,
+        spec: &SandboxSpec,
+    ) -> Result<Lease, DockerError> {
+        if !lock(&self.inner.state).sessions.contains_key(key) {
+            let spec = self.persistent_spec(key, spec)?;
+            if let Some(sb) = self.adopt_persistent(key, &spec).await? {
+                let now = self.inner.now_ms();
+                let mut st = lock(&self.inner.state);
+                if !st.sessions.contains_key(key) {
+                    st.live += 1;
+                    st.sessions.insert(
+                        key.to_string(),
+                        Entry {
+                            sandbox: sb,
+                            profile: None,
+                            last_used_ms: now,
+                            started_ms: now,
+                            leases: 0,
+                        },
+                    );
+                }
+            }
+            return self.acquire_inner(key, None, &spec).await;
+        }
+        let spec = self.persistent_spec(key, spec)?;
+        self.acquire_inner(key, None, &spec).await
+    }
+
+    /// The session's host directories, created if missing.
+    fn persistent_spec(&self, key: &str, base: &SandboxSpec) -> Result<SandboxSpec, DockerError> {
+        let dir = self.inner.persistence_root.join(session_dir_name(key));
+        let mut spec = base.clone();
+        for (sub, target) in [("workspace", "/workspace"), ("home", "/home/corral")] {
+            let host = dir.join(sub);
+            std::fs::create_dir_all(&host).map_err(|e| {
+                DockerError::InvalidSpec(corral_core::SpecError {
+                    field: "persistence_root".into(),
+                    value: host.display().to_string(),
+                    reason: format!("cannot create the session directory: {e}"),
+                })
+            })?;
+            spec.mounts.retain(|m| m.container != target);
+            spec.mounts.push(corral_core::Mount {
+                host: host.display().to_string(),
+                container: target.to_string(),
+                read_only: false,
+            });
+        }
+        spec.env
+            .retain(|v| !matches!(v, corral_core::EnvVar::Set { name, .. } if name == "HOME"));
+        spec.env.push(corral_core::EnvVar::Set {
+            name: "HOME".into(),
+            value: "/home/corral".into(),
+        });
+        if spec.workdir.is_none() {
+            spec.workdir = Some("/workspace".into());
+        }
+        spec.persistent = Some(key.to_string());
+        Ok(spec)
+    }
+
+    /// A running container an earlier corral left for `key`, attached; stopped
+    /// leftovers are removed (the directories hold the state).
+    async fn adopt_persistent(
+        &self,
+        key: &str,
+        spec: &SandboxSpec,
+    ) -> Result<Option<Sandbox>, DockerError> {
+        let backend = &self.inner.backend;
+        let mine: Vec<_> = backend
+            .list_sandboxes()
+            .await?
+            .into_iter()
+            .filter(|i| i.session.as_deref() == Some(key))
+            .collect();
+        let mut adopted = None;
+        for info in mine {
+            if adopted.is_none() && info.state == "running" {
+                match backend
+                    .adopt(&info.container_id, &info.sandbox_id, spec)
+                    .await
+                {
+                    Ok(sb) => {
+                        tracing::info!(session = key, sandbox = %info.sandbox_id, "adopted a persistent sandbox");
+                        adopted = Some(sb);
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(session = key, error = %e, "could not adopt a persistent sandbox; replacing it")
+                    }
+                }
+            }
+            if let Err(e) = crate::sandbox::remove_container(
+                &backend.inner,
+                &info.container_id,
+                &info.sandbox_id,
+            )
+            .await
+            {
+                tracing::warn!(session = key, error = %e, "removing a stale persistent container failed");
+            }
+        }
+        Ok(adopted)
+    }
+
+    /// The sandbox bound to `key`, leased as [`Provider::acquire`] would
+    /// (a dead one replaced under `auto_restart`, reported under `fail`);
+    /// `None` when no sandbox is bound to it (never acquired, released or
+    /// evicted), so callers holding a key can tell an eviction from a
+    /// sandbox.
+    pub async fn lease(&self, key: &str) -> Option<Result<Lease, DockerError>> {
+        let (spec, profile) = {
+            let st = lock(&self.inner.state);
+            let e = st.sessions.get(key)?;
+            (e.sandbox.spec().clone(), e.profile.clone())
+        };
+        Some(self.acquire_inner(key, profile.as_deref(), &spec).await)
+    }
+
+    /// Whether a sandbox is bound to `key`.
+    pub fn has_session(&self, key: &str) -> bool {
+        lock(&self.inner.state).sessions.contains_key(key)
+    }
+
+    /// The session's sandbox made from `spec` (no pool): the one bound to
+    /// `key`, else a new one.
+    pub async fn acquire_spec(&self, key: &str, spec: &SandboxSpec) -> Result<Lease, DockerError> {
+        self.acquire_inner(key, None, spec).await
+    }
+
+    async fn acquire_inner(
+        &self,
+        key: &str,
+        profile: Option<&str>,
+        spec: &SandboxSpec,
+    ) -> Result<Lease, DockerError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(DockerError::Agent {
+                sandbox: key.into(),
+                message: "the provider is shut down".into(),
+            });
+        }
+        let deadline = Instant::now() + ROOM_WAIT;
+        loop {
+            let waiter = self.inner.changed.notified();
+            let plan = self.plan(key, profile);
+            match plan {
+                Plan::Existing(sb) => {
+                    if self.inner.config.auto_restart && !self.confirm_alive(&sb).await {
+                        self.evict_key(key, &sb, None);
+                        if sb.spec().recovery == Recovery::Fail {
+                            // No blank substitute under `fail`: report the loss.
+                            let failure = sb.dead().unwrap_or_else(|| {
+                                corral_core::Failure::new(
+                                    FailureKind::ContainerLost,
+                                    format!(
+                                        "sandbox {} of session {key} lost its container",
+                                        sb.id()
+                                    ),
+                                )
+                            });
+                            let err = lost_error(sb.id(), &sb.container_id(), failure);
+                            destroy_in_background(sb);
+                            return Err(err);
+                        }
+                        destroy_in_background(sb);
+                        self.inner
+                            .counters
+                            .restarted
+                            .fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    return Ok(self.lease_counted(key, sb));
+                }
+                Plan::FromPool(sb) => {
+                    self.inner
+                        .counters
+                        .pool_hits
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.inner.changed.notify_waiters();
+                    return Ok(self.lease_counted(key, sb));
+                }
+                Plan::Create(victim) => {
+                    self.inner
+                        .counters
+                        .pool_misses
+                        .fetch_add(1, Ordering::Relaxed);
+                    if let Some(v) = victim {
+                        destroy_in_background(v);
+                    }
+                    let created = self.inner.backend.create(spec).await;
+                    let sandbox = match created {
+                        Ok(sb) => sb,
+                        Err(e) => {
+                            lock(&self.inner.state).live -= 1;
+                            self.inner.changed.notify_waiters();
+                            return Err(e);
+                        }
+                    };
+                    let now = self.inner.now_ms();
+                    let mut st = lock(&self.inner.state);
+                    if let Some(existing) = st.sessions.get_mut(key) {
+                        // A concurrent acquire of the same key won the race:
+                        // use its sandbox, give back ours.
+                        existing.leases += 1;
+                        existing.last_used_ms = now;
+                        let theirs = existing.sandbox.clone();
+                        st.live -= 1;
+                        drop(st);
+                        destroy_in_background(sandbox);
+                        return Ok(self.lease_counted(key, theirs));
+                    }
+                    st.sessions.insert(
+                        key.to_string(),
+                        Entry {
+                            sandbox: sandbox.clone(),
+                            profile: profile.map(str::to_string),
+                            last_used_ms: now,
+                            started_ms: now,
+                            leases: 1,
+                        },
+                    );
+                    drop(st);
+                    return Ok(self.lease_counted(key, sandbox));
+                }
+                Plan::Wait => {
+                    if tokio::time::timeout_at(deadline.into(), waiter)
+                        .await
+                        .is_err()
+                    {
+                        return Err(no_room(self.inner.config.max_live));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decides under the lock, without awaiting.
+    fn plan(&self, key: &str, profile: Option<&str>) -> Plan {
+        let now = self.inner.now_ms();
+        let cfg = &self.inner.config;
+        let mut st = lock(&self.inner.state);
+        if let Some(e) = st.sessions.get_mut(key) {
+            e.leases += 1;
+            e.last_used_ms = now;
+            return Plan::Existing(e.sandbox.clone());
+        }
+        if let Some(p) = profile {
+            while let Some(pooled) = st.pools.get_mut(p).and_then(VecDeque::pop_front) {
+                if !pooled.sandbox.looks_alive() {
+                    st.live -= 1;
+                    destroy_in_background(pooled.sandbox);
+                    continue;
+                }
+                st.sessions.insert(
+                    key.to_string(),
+                    Entry {
+                        sandbox: pooled.sandbox.clone(),
+                        profile: Some(p.to_string()),
+                        last_used_ms: now,
+                        started_ms: pooled.started_ms,
+                        leases: 1,
+                    },
+                );
+                return Plan::FromPool(pooled.sandbox);
+            }
+        }
+        if cfg.max_live == 0 || st.live < cfg.max_live {
+            st.live += 1;
+            return Plan::Create(None);
+        }
+        // At the limit: evict a warm spare first (no one's state), else the
+        // least recently used idle session.
+        let spare = st
+            .pools
+            .values_mut()
+            .filter(|q| !q.is_empty())
+            .max_by_key(|q| q.len())
+            .and_then(VecDeque::pop_back);
+        if let Some(spare) = spare {
+            self.inner
+                .counters
+                .evicted_lru
+                .fetch_add(1, Ordering::Relaxed);
+            return Plan::Create(Some(spare.sandbox));
+        }
+        let candidates: Vec<Candidate<String>> = st
+            .sessions
+            .iter()
+            .map(|(k, e)| Candidate {
+                key: k.clone(),
+                last_used_ms: e.last_used_ms,
+                started_ms: e.started_ms,
+                busy: e.leases > 0,
+            })
+            .collect();
+        match lru_victim(&candidates).and_then(|k| st.sessions.remove(&k)) {
+            Some(victim) => {
+                self.inner
+                    .counters
+                    .evicted_lru
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    sandbox = victim.sandbox.id(),
+                    "evicting the least recently used idle sandbox"
+                );
+                Plan::Create(Some(victim.sandbox))
+            }
+            None => Plan::Wait,
+        }
+    }
+
+    /// A liveness check outside the lock: the cheap hint first, the daemon
+    /// only when the hint says the control stream is gone.
+    async fn confirm_alive(&self, sb: &Sandbox) -> bool {
+        if sb.looks_alive() {
+            return true;
+        }
+        if sb.dead().is_some() {
+            return false;
+        }
+        // The stream may have broken with the container still running: a
+        // command re-attaches then, so only a stopped container is dead.
+        matches!(sb.state().await, Ok(s) if s.status == "running")
+    }
+
+    /// A lease for a sandbox whose entry already counts this lease.
+    fn lease_counted(&self, key: &str, sandbox: Sandbox) -> Lease {
+        Lease {
+            sandbox,
+            key: key.to_string(),
+            provider: Arc::downgrade(&self.inner),
+        }
+    }
+
+    /// Removes `key`'s entry if it still holds `sb`; counts the sandbox gone.
+    fn evict_key(&self, key: &str, sb: &Sandbox, counter: Option<&AtomicU64>) {
+        let mut st = lock(&self.inner.state);
+        if st
+            .sessions
+            .get(key)
+            .is_some_and(|e| e.sandbox.id() == sb.id())
+        {
+            st.sessions.remove(key);
+            st.live -= 1;
+            if let Some(c) = counter {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        drop(st);
+        self.inner.changed.notify_waiters();
+    }
+
+    /// Ends the session: its sandbox is destroyed, or reset and returned to
+    /// its pool when the pool reuses sandboxes. Releasing an unknown key is
+    /// not an error.
+    pub async fn release(&self, key: &str) -> Result<(), DockerError> {
+        let entry = lock(&self.inner.state).sessions.remove(key);
+        let Some(entry) = entry else {
+            return Ok(());
+        };
+        self.inner.counters.released.fetch_add(1, Ordering::Relaxed);
+        let pool = entry
+            .profile
+            .as_ref()
+            .and_then(|p| self.inner.config.pools.get(p).map(|c| (p, c)));
+        if let Some((name, cfg)) = pool {
+            if cfg.reuse
+                && entry.sandbox.looks_alive()
+                && self.reset(&entry.sandbox, &cfg.reset).await
+            {
+                let mut st = lock(&self.inner.state);
+                let queue = st.pools.entry(name.clone()).or_default();
+                if queue.len() < cfg.warm.max(1) * 2 && !self.inner.closed.load(Ordering::Acquire) {
+                    queue.push_back(Pooled {
+                        sandbox: entry.sandbox,
+                        started_ms: entry.started_ms,
+                    });
+                    drop(st);
+                    self.inner.changed.notify_waiters();
+                    return Ok(());
+                }
+            }
+        }
+        lock(&self.inner.state).live -= 1;
+        self.inner.changed.notify_waiters();
+        entry.sandbox.destroy().await
+    }
+
+    async fn reset(&self, sb: &Sandbox, scripts: &[String]) -> bool {
+        for script in scripts {
+            let r = sb
+                .run(&CommandSpec::shell(script.clone()).timeout(RESET_TIMEOUT))
+                .await;
+            if r.failure.is_some() || r.exit_code != Some(0) {
+                tracing::info!(
+                    sandbox = sb.id(),
+                    script,
+                    "reset failed; destroying instead of reusing"
+                );
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Waits until pool `profile` holds its `warm` target of ready sandboxes;
+    /// false on timeout or an unknown pool.
+    pub async fn wait_warm(&self, profile: &str, timeout: Duration) -> bool {
+        let Some(target) = self.inner.config.pools.get(profile).map(|p| p.warm) else {
+            return false;
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            let waiter = self.inner.changed.notified();
+            if lock(&self.inner.state)
+                .pools
+                .get(profile)
+                .map_or(0, VecDeque::len)
+                >= target
+            {
+                return true;
+            }
+            self.inner.changed.notify_waiters();
+            if tokio::time::timeout_at(deadline.into(), waiter)
+                .await
+                .is_err()
+            {
+                return false;
+            }
+        }
+    }
+
+    /// State and counters now.
+    pub fn stats(&self) -> ProviderStats {
+        let st = lock(&self.inner.state);
+        let c = &self.inner.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ProviderStats {
+            live: st.live,
+            sessions: st.sessions.len(),
+            pooled: st.pools.iter().map(|(k, q)| (k.clone(), q.len())).collect(),
+            pool_hits: l(&c.pool_hits),
+            pool_misses: l(&c.pool_misses),
+            evicted_lru: l(&c.evicted_lru),
+            evicted_idle: l(&c.evicted_idle),
+            evicted_lifetime: l(&c.evicted_lifetime),
+            restarted: l(&c.restarted),
+            released: l(&c.released),
+        }
+    }
+
+    /// Destroys every sandbox the provider holds, except persistent ones
+    /// (left running for the next corral to adopt), and stops its background
+    /// work; later acquires fail.
+    pub async fn shutdown(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+        // Let refills in flight finish (they destroy what they start once
+        // closed), so nothing is created behind our back.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while lock(&self.inner.state).refilling.values().any(|n| *n > 0)
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let all: Vec<Sandbox> = {
+            let mut st = lock(&self.inner.state);
+            let mut all: Vec<Sandbox> = st
+                .sessions
+                .drain()
+                .map(|(_, e)| e.sandbox)
+                .filter(|sb| sb.spec().persistent.is_none())
+                .collect();
+            for (_, q) in st.pools.drain() {
+                all.extend(q.into_iter().map(|p| p.sandbox));
+            }
+            st.live = st.live.saturating_sub(all.len());
+            all
+        };
+        self.inner.changed.notify_waiters();
+        let destroys = all.iter().map(|sb| async move {
+            if let Err(e) = sb.destroy().await {
+                tracing::warn!(sandbox = sb.id(), error = %e, "destroying at shutdown failed");
+            }
+        });
+        futures_util::future::join_all(destroys).await;
+    }
+}
+
+fn lost_error(sandbox: &str, container: &str, failure: corral_core::Failure) -> DockerError {
+    let mut state = failure
+        .container
+        .unwrap_or_else(|| corral_core::ContainerState {
+            status: "removed".into(),
+            ..Default::default()
+        });
+    if state.id.is_empty() {
+        state.id = container.to_string();
+    }
+    DockerError::ContainerLost {
+        sandbox: sandbox.to_string(),
+        state: Box::new(state),
+    }
+}
+
+/// `$XDG_DATA_HOME/corral/workspaces`, else `~/.local/share/corral/workspaces`,
+/// else `<tmp>/corral-workspaces`.
+pub fn default_persistence_root() -> PathBuf {
+    let data = std::env::var_os("XDG_DATA_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|h| !h.is_empty())
+                .map(|h| PathBuf::from(h).join(".local/share"))
+        });
+    match data {
+        Some(d) => d.join("corral").join("workspaces"),
+        None => std::env::temp_dir().join("corral-workspaces"),
+    }
+}
+
+/// A directory name for a session key: its safe characters, plus a hash of
+/// the whole key so distinct keys never share a directory.
+fn session_dir_name(key: &str) -> String {
+    let safe: String = key
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{safe}-{:08x}", h as u32)
+}
+
+fn destroy_in_background(sb: Sandbox) {
+    tokio::spawn(async move {
+        if let Err(e) = sb.destroy().await {
+            tracing::warn!(sandbox = sb.id(), error = %e, "destroying an evicted sandbox failed");
+        }
+    });
+}
+
+/// The reaper and refiller: expires idle and old sandboxes, drops dead
+/// spares, and keeps every pool at its warm target.
+async fn maintain(weak: Weak<Inner>) {
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        if inner.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let provider = Provider { inner };
+        provider.expire();
+        provider.refill();
+        let interval = Duration::from_millis(provider.inner.config.reap_interval_ms.max(10));
+        let changed = provider.inner.changed.clone();
+        // Hold no strong reference while waiting, so dropping the last
+        // handle ends this task.
+        drop(provider);
+        // Wake on the interval, or early when a pool was drawn from.
+        let _ = tokio::time::timeout(interval, changed.notified()).await;
+    }
+}
+
+impl Provider {
+    fn expire(&self) {
+        let cfg = &self.inner.config;
+        let now = self.inner.now_ms();
+        let doomed: Vec<(Sandbox, bool)> = {
+            let mut st = lock(&self.inner.state);
+            let candidates: Vec<Candidate<String>> = st
+                .sessions
+                .iter()
+                .map(|(k, e)| Candidate {
+                    key: k.clone(),
+                    last_used_ms: e.last_used_ms,
+                    started_ms: e.started_ms,
+                    busy: e.leases > 0,
+                })
+                .collect();
+            let mut doomed = Vec::new();
+            for key in expired(&candidates, now, cfg) {
+                if let Some(e) = st.sessions.remove(&key) {
+                    let by_lifetime = cfg.max_lifetime_ms > 0
+                        && now.saturating_sub(e.started_ms) >= cfg.max_lifetime_ms;
+                    doomed.push((e.sandbox, by_lifetime));
+                }
+            }
+            for q in st.pools.values_mut() {
+                let mut keep = VecDeque::new();
+                while let Some(p) = q.pop_front() {
+                    let old = cfg.max_lifetime_ms > 0
+                        && now.saturating_sub(p.started_ms) >= cfg.max_lifetime_ms;
+                    if old || !p.sandbox.looks_alive() {
+                        doomed.push((p.sandbox, old));
+                    } else {
+                        keep.push_back(p);
+                    }
+                }
+                *q = keep;
+            }
+            st.live = st.live.saturating_sub(doomed.len());
+            doomed
+        };
+        if doomed.is_empty() {
+            return;
+        }
+        for (sb, by_lifetime) in doomed {
+            let counter = if by_lifetime {
+                &self.inner.counters.evicted_lifetime
+            } else {
+                &self.inner.counters.evicted_idle
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                sandbox = sb.id(),
+                by_lifetime,
+                "evicting an expired sandbox"
+            );
+            destroy_in_background(sb);
+        }
+        self.inner.changed.notify_waiters();
+    }
+
+    fn refill(&self) {
+        let cfg = &self.inner.config;
+        let mut starts: Vec<(String, SandboxSpec)> = Vec::new();
+        {
+            let mut st = lock(&self.inner.state);
+            for (name, pool) in &cfg.pools {
+                let have = st.pools.get(name).map_or(0, VecDeque::len)
+                    + st.refilling.get(name).copied().unwrap_or(0);
+                for _ in have..pool.warm {
+                    if cfg.max_live > 0 && st.live >= cfg.max_live {
+                        break;
+                    }
+                    st.live += 1;
+                    *st.refilling.entry(name.clone()).or_default() += 1;
+                    starts.push((name.clone(), pool.spec.clone()));
+                }
+            }
+        }
+        for (name, spec) in starts {
+            let provider = self.clone();
+            tokio::spawn(async move {
+                let created = provider.inner.backend.create(&spec).await;
+                let now = provider.inner.now_ms();
+                let closed = provider.inner.closed.load(Ordering::Acquire);
+                // Book-keeping under the lock; destroying and sleeping after.
+                let leftover = {
+                    let mut st = lock(&provider.inner.state);
+                    match created {
+                        Ok(sb) if !closed => {
+                            st.pools.entry(name.clone()).or_default().push_back(Pooled {
+                                sandbox: sb,
+                                started_ms: now,
+                            });
+                            Ok(None)
+                        }
+                        Ok(sb) => {
+                            st.live -= 1;
+                            Ok(Some(sb))
+                        }
+                        Err(e) => {
+                            st.live -= 1;
+                            Err(e)
+                        }
+                    }
+                };
+                match leftover {
+                    // Shut down meanwhile: destroy before counting the refill
+                    // done, so shutdown's wait covers it.
+                    Ok(Some(sb)) => {
+                        if let Err(e) = sb.destroy().await {
+                            tracing::warn!(sandbox = sb.id(), error = %e, "destroying a late refill failed");
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(pool = %name, error = %e, "refilling a warm pool failed");
+                        // Back off before the next refill attempt.
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+                if let Some(n) = lock(&provider.inner.state).refilling.get_mut(&name) {
+                    *n = n.saturating_sub(1);
+                }
+                provider.inner.changed.notify_waiters();
+            });
+        }
+    }
+}

@@ -1,0 +1,961 @@
+//! A running sandbox: run commands through its agent, inspect it, tear it down.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bollard::query_parameters::{KillContainerOptionsBuilder, RemoveContainerOptionsBuilder};
+use bollard::Docker;
+use corral_core::outcome::short;
+use corral_core::protocol::{
+    ExecRequest, ExitReport, Frame, FrameKind, ProtocolError, SignalRequest, SpawnError, Started,
+    OUTPUT_CHUNK,
+};
+use corral_core::units::Bytes;
+use corral_core::{
+    CommandResult, CommandSpec, ContainerState, Failure, FailureKind, Recovery, SandboxSpec,
+};
+use tokio::sync::mpsc;
+
+use crate::backend::{BackendInner, StartTimings};
+use crate::conn::AgentConn;
+use crate::error::{is_connection_error, is_not_found, DockerError};
+use crate::events::ConnSlot;
+use crate::retry::retry;
+use crate::shell::{ShellOptions, ShellSession, ShellSlot};
+use crate::state::container_state;
+use crate::DockerBackend;
+
+/// How long past a command's own timeout corral waits for the agent's report
+/// before it looks at the container itself.
+const TIMEOUT_SLACK: Duration = Duration::from_secs(10);
+
+/// A sandbox: one container with corral's agent as PID 1. Cheap to clone.
+#[derive(Clone)]
+pub struct Sandbox {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    id: String,
+    spec: SandboxSpec,
+    backend: DockerBackend,
+    /// The current container; replaced by a recreate.
+    container: Mutex<String>,
+    /// The current control stream; replaced by a re-attach or a recreate.
+    conn: Arc<ConnSlot>,
+    /// Serializes re-attaching and recreating, so concurrent callers do it once.
+    reattach: tokio::sync::Mutex<()>,
+    destroyed: AtomicBool,
+    /// Set under the `fail` policy once the container is lost: every later
+    /// command returns this failure at once.
+    dead: Mutex<Option<Failure>>,
+    timings: Mutex<StartTimings>,
+    /// Shell sessions by name.
+    shells: Mutex<HashMap<String, ShellSlot>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Every critical section is a plain read or write of one value.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How long a container whose control stream ended may still be reported
+/// running before corral believes it: the daemon updates its state a moment
+/// after the processes die.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long a container killed by SIGKILL is given for the daemon's `oom`
+/// event to arrive, when its state does not say OOM.
+const OOM_EVENT_WAIT: Duration = Duration::from_millis(750);
+
+/// An `oom` event this recent counts as the cause of a SIGKILLed container.
+const OOM_EVENT_RECENT: Duration = Duration::from_secs(5);
+
+/// Longest a start-up command may run.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Which output stream bytes came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputStream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+/// True when a failure means the container itself is gone or stopped (as
+/// opposed to a command failing inside a live one).
+fn container_gone(f: &Failure) -> bool {
+    match f.kind {
+        FailureKind::ContainerLost => true,
+        FailureKind::OomKilled => f.container.as_ref().is_some_and(|c| c.status != "running"),
+        _ => false,
+    }
+}
+
+impl Sandbox {
+    pub(crate) fn new(
+        id: String,
+        container_id: String,
+        spec: SandboxSpec,
+        conn: AgentConn,
+        backend: DockerBackend,
+    ) -> Self {
+        let conn: Arc<ConnSlot> = Arc::new(Mutex::new(Arc::new(conn)));
+        backend
+            .inner
+            .events
+            .watch(&backend.inner.docker, &container_id, &conn);
+        Sandbox {
+            inner: Arc::new(Inner {
+                id,
+                spec,
+                backend,
+                container: Mutex::new(container_id),
+                conn,
+                reattach: tokio::sync::Mutex::new(()),
+                destroyed: AtomicBool::new(false),
+                dead: Mutex::new(None),
+                timings: Mutex::new(StartTimings::default()),
+                shells: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    fn docker(&self) -> &Docker {
+        &self.inner.backend.inner.docker
+    }
+
+    /// The sandbox id (also the value of its `corral.sandbox` label).
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// The current container id (a recreate changes it).
+    pub fn container_id(&self) -> String {
+        lock(&self.inner.container).clone()
+    }
+
+    /// The spec the sandbox was created from.
+    pub fn spec(&self) -> &SandboxSpec {
+        &self.inner.spec
+    }
+
+    /// Where the (last) start of this sandbox spent its time.
+    pub fn timings(&self) -> StartTimings {
+        lock(&self.inner.timings).clone()
+    }
+
+    pub(crate) fn set_timings(&self, t: StartTimings) {
+        *lock(&self.inner.timings) = t;
+    }
+
+    /// The shell session `name` (started on its first command), with the
+    /// default shell `/bin/sh`.
+    pub fn shell(&self, name: &str) -> ShellSession {
+        self.shell_with(name, ShellOptions::default())
+    }
+
+    /// The shell session `name`; `options` apply when its shell (re)starts.
+    pub fn shell_with(&self, name: &str, options: ShellOptions) -> ShellSession {
+        let slot = lock(&self.inner.shells)
+            .entry(name.to_string())
+            .or_default()
+            .clone();
+        ShellSession::new(self.clone(), name.to_string(), options, slot)
+    }
+
+    /// Names of the shell sessions opened so far.
+    pub fn shell_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = lock(&self.inner.shells).keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// Ends shell session `name` and forgets it.
+    pub async fn close_shell(&self, name: &str) {
+        let slot = lock(&self.inner.shells).remove(name);
+        if let Some(slot) = slot {
+            if let Some(shell) = slot.lock().await.take() {
+                drop(shell);
+            }
+        }
+    }
+
+    /// Whether the sandbox looks usable without asking the daemon: not
+    /// destroyed, not dead, and its control stream open (the events watcher
+    /// closes it when the container dies).
+    pub fn looks_alive(&self) -> bool {
+        !self.inner.destroyed.load(Ordering::Acquire)
+            && self.dead().is_none()
+            && !self.conn().is_closed()
+    }
+
+    /// The failure that ended this sandbox under the `fail` policy, if any.
+    pub fn dead(&self) -> Option<Failure> {
+        lock(&self.inner.dead).clone()
+    }
+
+    /// Which OOM counter the agent reads ("v1", "v2" or "none").
+    pub fn oom_counter(&self) -> &'static str {
+        match self.conn().hello.oom_counter.as_str() {
+            "v1" => "v1",
+            "v2" => "v2",
+            _ => "none",
+        }
+    }
+
+    /// Runs a command to completion and returns its outcome. Never returns an
+    /// error: every failure is typed in [`CommandResult::failure`].
+    ///
+    /// When the container is lost, the sandbox's [`Recovery`] policy decides:
+    /// `fail` marks the sandbox dead and returns the failure; `recreate`
+    /// brings the container back and runs the command once more (output the
+    /// first attempt already streamed to a sink is streamed again).
+    pub async fn run(&self, cmd: &CommandSpec) -> CommandResult {
+        self.run_with(cmd, |_, _| {}).await
+    }
+
+    /// Like [`Sandbox::run`], calling `sink` with output as it arrives (the
+    /// head of each stream live, the kept tail at the end).
+    pub async fn run_with(
+        &self,
+        cmd: &CommandSpec,
+        mut sink: impl FnMut(OutputStream, &[u8]),
+    ) -> CommandResult {
+        let started = Instant::now();
+        let first = self.run_once(cmd, &mut sink).await;
+        {
+            let mut t = lock(&self.inner.timings);
+            if t.first_command.is_none() {
+                let took = started.elapsed();
+                t.first_command = Some(took);
+                tracing::debug!(
+                    sandbox = %self.inner.id,
+                    first_command_ms = took.as_secs_f64() * 1e3,
+                    start_ms = t.total.as_secs_f64() * 1e3,
+                    "first command"
+                );
+            }
+        }
+        let Some(failure) = first.failure.clone() else {
+            return first;
+        };
+        if !container_gone(&failure) || self.inner.destroyed.load(Ordering::Acquire) {
+            return first;
+        }
+        match self.inner.spec.recovery {
+            Recovery::Fail => {
+                self.mark_dead(&failure);
+                first
+            }
+            Recovery::Recreate => match Box::pin(self.recover()).await {
+                // The command that took PID 1 down with it would do so again.
+                Ok(()) if failure.kind == FailureKind::OomKilled => first,
+                Ok(()) => self.run_once(cmd, &mut sink).await,
+                Err(e) => {
+                    let mut r = first;
+                    if let Some(f) = &mut r.failure {
+                        f.message = format!("{}; recreating the container failed: {e}", f.message);
+                    }
+                    r
+                }
+            },
+        }
+    }
+
+    async fn run_once(
+        &self,
+        cmd: &CommandSpec,
+        sink: &mut impl FnMut(OutputStream, &[u8]),
+    ) -> CommandResult {
+        let started = Instant::now();
+        match self.exec(cmd).await {
+            Ok(exec) => {
+                if let Some(bytes) = &cmd.stdin {
+                    if exec.write_stdin(bytes).await.is_ok() {
+                        let _ = exec.close_stdin().await;
+                    }
+                }
+                exec.wait_with(sink).await
+            }
+            Err(failure) => CommandResult::failed(failure, started.elapsed()),
+        }
+    }
+
+    fn mark_dead(&self, failure: &Failure) {
+        let mut dead = lock(&self.inner.dead);
+        if dead.is_none() {
+            tracing::warn!(sandbox = %self.inner.id, %failure, "sandbox lost its container; recovery policy is fail");
+            *dead = Some(failure.clone());
+        }
+    }
+
+    /// Runs the spec's start-up commands in order; the first that fails
+    /// fails the start.
+    pub(crate) async fn run_startup(&self) -> Result<(), DockerError> {
+        for (i, script) in self.inner.spec.startup.iter().enumerate() {
+            let r = self
+                .run_once(
+                    &CommandSpec::shell(script.clone()).timeout(STARTUP_TIMEOUT),
+                    &mut |_, _| {},
+                )
+                .await;
+            if let Some(f) = r.failure {
+                return Err(DockerError::Startup {
+                    sandbox: self.inner.id.clone(),
+                    index: i,
+                    detail: f.to_string(),
+                });
+            }
+            if r.exit_code != Some(0) {
+                return Err(DockerError::Startup {
+                    sandbox: self.inner.id.clone(),
+                    index: i,
+                    detail: format!(
+                        "exit code {:?}: {}",
+                        r.exit_code,
+                        String::from_utf8_lossy(&r.stderr).trim()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts a command and returns a handle to feed it and wait for it. With
+    /// `cmd.stdin` set, the command gets a stdin pipe the caller feeds through
+    /// the handle (the bytes in `cmd.stdin` are not sent by this call).
+    pub async fn exec(&self, cmd: &CommandSpec) -> Result<Execution, Failure> {
+        if cmd.argv.is_empty() {
+            return Err(Failure::new(
+                FailureKind::InvalidSpec,
+                "invalid argv '[]': a command is required",
+            ));
+        }
+        if self.inner.destroyed.load(Ordering::Acquire) {
+            return Err(Failure::new(
+                FailureKind::ContainerLost,
+                format!("sandbox {} was destroyed", self.inner.id),
+            ));
+        }
+        if let Some(f) = self.dead() {
+            return Err(f);
+        }
+        let mut conn = self.conn();
+        if conn.is_closed() {
+            conn = match self.reattach(conn).await {
+                Ok(c) => c,
+                Err(f) if container_gone(&f) => match self.inner.spec.recovery {
+                    Recovery::Fail => {
+                        self.mark_dead(&f);
+                        return Err(f);
+                    }
+                    // Boxed: recovering runs start-up commands, which exec.
+                    Recovery::Recreate => match Box::pin(self.recover()).await {
+                        Ok(()) => self.conn(),
+                        Err(e) => {
+                            let mut f = f;
+                            f.message =
+                                format!("{}; recreating the container failed: {e}", f.message);
+                            return Err(f);
+                        }
+                    },
+                },
+                Err(f) => return Err(f),
+            };
+        }
+        let id = conn.next_id();
+        let rx = match conn.register(id) {
+            Ok(rx) => rx,
+            Err(reason) => return Err(self.diagnose(&reason).await),
+        };
+        let req = ExecRequest {
+            argv: cmd.argv.clone(),
+            cwd: cmd.cwd.clone(),
+            env: cmd.env.clone(),
+            stdin: cmd.stdin.is_some(),
+            timeout_ms: cmd
+                .timeout
+                .map(|t| t.as_millis().min(u64::MAX as u128) as u64),
+            max_output: cmd.max_output,
+        };
+        if let Err(reason) = conn.send(Frame::json(FrameKind::Exec, id, &req)).await {
+            conn.unregister(id);
+            return Err(self.diagnose(&reason).await);
+        }
+        Ok(Execution {
+            sandbox: self.clone(),
+            id,
+            rx,
+            writer: conn.sender(),
+            conn: conn.clone(),
+            started: Instant::now(),
+            timeout: cmd.timeout,
+            max_output: cmd.max_output,
+            pid: None,
+            done: false,
+        })
+    }
+
+    fn conn(&self) -> Arc<AgentConn> {
+        lock(&self.inner.conn).clone()
+    }
+
+    /// Points the sandbox at a new container and control stream.
+    fn swap(&self, container_id: String, conn: AgentConn) {
+        let events = &self.inner.backend.inner.events;
+        let old = std::mem::replace(&mut *lock(&self.inner.container), container_id.clone());
+        events.unwatch(&old);
+        *lock(&self.inner.conn) = Arc::new(conn);
+        events.watch(self.docker(), &container_id, &self.inner.conn);
+    }
+
+    /// Brings a lost container back (the `recreate` policy): adopts a
+    /// running container another corral already recreated for this sandbox,
+    /// else removes the dead one and starts a new one from the identical
+    /// spec, then re-runs the start-up commands.
+    async fn recover(&self) -> Result<(), DockerError> {
+        let _serial = self.inner.reattach.lock().await;
+        if !self.conn().is_closed() {
+            return Ok(()); // a concurrent caller recovered it
+        }
+        let backend = &self.inner.backend;
+        let id = &self.inner.id;
+        let old = self.container_id();
+        let policy = &backend.inner.config.retry;
+        for info in backend.list_sandboxes().await? {
+            if info.sandbox_id == *id && info.container_id != old && info.state == "running" {
+                if let Ok(conn) = AgentConn::attach(
+                    self.docker(),
+                    &info.container_id,
+                    id,
+                    policy,
+                    &backend.inner.metrics,
+                )
+                .await
+                {
+                    tracing::warn!(sandbox = %id, container = short(&info.container_id), "adopted a container another corral recreated");
+                    self.swap(info.container_id, conn);
+                    return Ok(());
+                }
+            }
+        }
+        if let Err(e) = remove_container(&backend.inner, &old, id).await {
+            tracing::warn!(sandbox = %id, error = %e, "removing the lost container failed");
+        }
+        let started = backend.start_new(&self.inner.spec, id).await?;
+        tracing::warn!(sandbox = %id, old = short(&old), new = short(&started.container_id), "recreated the sandbox's container");
+        self.swap(started.container_id, started.conn);
+        self.set_timings(started.timings);
+        backend
+            .inner
+            .metrics
+            .recreated
+            .fetch_add(1, Ordering::Relaxed);
+        self.run_startup().await
+    }
+
+    /// Replaces a broken control stream with a new relay when the container
+    /// still runs (e.g. the relay was OOM-killed); otherwise explains the loss.
+    async fn reattach(&self, stale: Arc<AgentConn>) -> Result<Arc<AgentConn>, Failure> {
+        let _serial = self.inner.reattach.lock().await;
+        let current = self.conn();
+        if !Arc::ptr_eq(&current, &stale) && !current.is_closed() {
+            return Ok(current);
+        }
+        let reason = stale.closed_reason();
+        let state = self.settled_state().await;
+        if !matches!(&state, Ok(s) if s.status == "running") {
+            return Err(self.explain(&reason, state));
+        }
+        let backend = &self.inner.backend.inner;
+        let cid = self.container_id();
+        match AgentConn::attach(
+            self.docker(),
+            &cid,
+            &self.inner.id,
+            &backend.config.retry,
+            &backend.metrics,
+        )
+        .await
+        {
+            Ok(conn) => {
+                let conn = Arc::new(conn);
+                *self.inner.conn.lock().unwrap_or_else(|p| p.into_inner()) = conn.clone();
+                tracing::warn!(sandbox = %self.inner.id, %reason, "re-attached to the agent");
+                Ok(conn)
+            }
+            Err(e) => {
+                let state = self.settled_state().await;
+                let mut f = self.explain(&reason, state);
+                if f.kind == FailureKind::AgentError {
+                    f.message = format!("{}; re-attaching failed: {e}", f.message);
+                }
+                Err(f)
+            }
+        }
+    }
+
+    /// The container's state once it has settled: a container still listed
+    /// as running (or being removed) is re-inspected for a moment, because its
+    /// control stream ending usually means it is about to be reported stopped
+    /// or gone.
+    async fn settled_state(&self) -> Result<ContainerState, DockerError> {
+        let until = Instant::now() + SETTLE_TIMEOUT;
+        loop {
+            let state = self.state().await;
+            match &state {
+                Ok(s)
+                    if matches!(s.status.as_str(), "running" | "removing")
+                        && Instant::now() < until =>
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Ok(s) if s.status != "removed" && s.status != "running" => {
+                    let mut s = s.clone();
+                    if !s.oom_killed && s.exit_code == Some(137) && self.oom_event_seen().await {
+                        tracing::info!(
+                            sandbox = %self.inner.id,
+                            "container killed by SIGKILL after an oom event: reporting an OOM kill"
+                        );
+                        s.oom_killed = true;
+                    }
+                    s.log_tail = crate::state::log_tail(self.docker(), &s.id, 10).await;
+                    return Ok(s);
+                }
+                _ => return state,
+            }
+        }
+    }
+
+    /// Whether the daemon reported an OOM kill in the container lately,
+    /// waiting briefly for the event: it may trail the exit it caused.
+    async fn oom_event_seen(&self) -> bool {
+        let events = &self.inner.backend.inner.events;
+        let cid = self.container_id();
+        let until = Instant::now() + OOM_EVENT_WAIT;
+        loop {
+            if events
+                .last_oom(&cid)
+                .is_some_and(|t| t.elapsed() < OOM_EVENT_RECENT)
+            {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// The container's current state, from the daemon.
+    pub async fn state(&self) -> Result<ContainerState, DockerError> {
+        let b = &self.inner.backend.inner;
+        container_state(
+            self.docker(),
+            &self.container_id(),
+            &b.config.retry,
+            &b.metrics,
+        )
+        .await
+    }
+
+    /// Explains why the control stream ended, from the container's state.
+    async fn diagnose(&self, reason: &str) -> Failure {
+        let state = self.settled_state().await;
+        self.explain(reason, state)
+    }
+
+    fn explain(&self, reason: &str, state: Result<ContainerState, DockerError>) -> Failure {
+        let sb = &self.inner.id;
+        let cid = short(&self.container_id()).to_string();
+        match state {
+            Ok(state) if state.status == "removed" => Failure {
+                kind: FailureKind::ContainerLost,
+                message: format!("sandbox {sb}: container {cid} was removed while in use ({reason})"),
+                container: Some(state),
+            },
+            Ok(state) if state.status == "running" => Failure {
+                kind: FailureKind::AgentError,
+                message: format!("sandbox {sb}: lost the agent's control stream while container {cid} still runs ({reason})"),
+                container: Some(state),
+            },
+            Ok(state) => Failure {
+                kind: if state.oom_killed { FailureKind::OomKilled } else { FailureKind::ContainerLost },
+                message: format!(
+                    "sandbox {sb}: container {cid} stopped while in use{} ({reason})",
+                    if state.oom_killed { ", its init process was OOM-killed" } else { "" }
+                ),
+                container: Some(state),
+            },
+            Err(e) => {
+                let mut f = e.failure();
+                f.message = format!("sandbox {sb}: {} ({reason})", f.message);
+                f
+            }
+        }
+    }
+
+    /// Kills and removes the container. Idempotent; a container that is
+    /// already gone counts as removed.
+    pub async fn destroy(&self) -> Result<(), DockerError> {
+        if self.inner.destroyed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        // Shells hold handles to this sandbox: let them go.
+        lock(&self.inner.shells).clear();
+        let cid = self.container_id();
+        self.inner.backend.inner.events.unwatch(&cid);
+        remove_container(&self.inner.backend.inner, &cid, &self.inner.id).await
+    }
+}
+
+/// Kill first (no graceful stop: sandboxes hold nothing worth saving), then
+/// remove with anonymous volumes. A container already gone is success.
+pub(crate) async fn remove_container(
+    backend: &BackendInner,
+    container: &str,
+    sandbox: &str,
+) -> Result<(), DockerError> {
+    let docker = &backend.docker;
+    let kill = KillContainerOptionsBuilder::default()
+        .signal("SIGKILL")
+        .build();
+    if let Err(e) = docker.kill_container(container, Some(kill)).await {
+        // 409: not running; 404: already gone. Anything else: log and still remove.
+        if is_connection_error(&e) {
+            return Err(DockerError::api(
+                format!("kill sandbox {sandbox} (container {})", short(container)),
+                e,
+            ));
+        }
+        if !matches!(crate::error::status_code(&e), Some(404 | 409)) {
+            tracing::warn!(sandbox, container = short(container), error = %e, "kill before remove failed");
+        }
+    }
+    let rm = RemoveContainerOptionsBuilder::default()
+        .force(true)
+        .v(true)
+        .build();
+    let what = format!("remove sandbox {sandbox}");
+    let removed = retry(&backend.config.retry, &backend.metrics, &what, || {
+        docker.remove_container(container, Some(rm.clone()))
+    });
+    match removed.await {
+        Ok(()) => Ok(()),
+        Err(e) if is_not_found(&e) => Ok(()),
+        // 409 "removal already in progress": another remover owns it.
+        Err(e) if crate::error::status_code(&e) == Some(409) => Ok(()),
+        Err(e) => Err(DockerError::api(
+            format!("remove sandbox {sandbox} (container {})", short(container)),
+            e,
+        )),
+    }
+}
+
+/// What a command in flight did next; see [`Execution::next_event`].
+#[derive(Debug)]
+pub enum ExecEvent {
+    /// Output bytes.
+    Output(OutputStream, Vec<u8>),
+    /// The command ended (or could not start, or its sandbox was lost).
+    Ended(Box<CommandResult>),
+}
+
+/// A command in flight.
+pub struct Execution {
+    sandbox: Sandbox,
+    conn: Arc<AgentConn>,
+    id: u32,
+    rx: mpsc::UnboundedReceiver<Frame>,
+    writer: mpsc::Sender<Vec<u8>>,
+    started: Instant,
+    timeout: Option<Duration>,
+    max_output: u64,
+    pid: Option<u32>,
+    done: bool,
+}
+
+/// A cloneable handle that feeds a running command's stdin and signals it,
+/// usable from another task while the [`Execution`] is awaited.
+#[derive(Clone)]
+pub struct StdinWriter {
+    id: u32,
+    writer: mpsc::Sender<Vec<u8>>,
+}
+
+impl StdinWriter {
+    /// Sends bytes to the command's stdin.
+    pub async fn write(&self, bytes: &[u8]) -> Result<(), String> {
+        for chunk in bytes.chunks(OUTPUT_CHUNK) {
+            self.writer
+                .send(Frame::new(FrameKind::Stdin, self.id, chunk.to_vec()).encode())
+                .await
+                .map_err(|_| "the control stream closed".to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Closes the command's stdin (it reads EOF).
+    pub async fn close(&self) -> Result<(), String> {
+        self.writer
+            .send(Frame::new(FrameKind::StdinEof, self.id, Vec::new()).encode())
+            .await
+            .map_err(|_| "the control stream closed".to_string())
+    }
+
+    /// Sends a signal to the command's process group.
+    pub async fn signal(&self, signal: i32) -> Result<(), String> {
+        self.writer
+            .send(Frame::json(FrameKind::Signal, self.id, &SignalRequest { signal }).encode())
+            .await
+            .map_err(|_| "the control stream closed".to_string())
+    }
+}
+
+impl Execution {
+    /// A handle for feeding stdin from another task.
+    pub fn stdin(&self) -> StdinWriter {
+        StdinWriter {
+            id: self.id,
+            writer: self.writer.clone(),
+        }
+    }
+
+    /// Sends bytes to the command's stdin.
+    pub async fn write_stdin(&self, bytes: &[u8]) -> Result<(), String> {
+        self.stdin().write(bytes).await
+    }
+
+    /// Closes the command's stdin.
+    pub async fn close_stdin(&self) -> Result<(), String> {
+        self.stdin().close().await
+    }
+
+    /// Sends a signal to the command's process group.
+    pub async fn signal(&self, signal: i32) -> Result<(), String> {
+        self.stdin().signal(signal).await
+    }
+
+    /// The command's pid inside the sandbox, once known.
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    /// The next thing the command did, for callers that consume output as a
+    /// stream and keep the command running (shell sessions). `Ended` carries
+    /// the exit status and typed failure, without output (it was streamed).
+    pub async fn next_event(&mut self) -> ExecEvent {
+        loop {
+            let Some(frame) = self.rx.recv().await else {
+                self.done = true;
+                let reason = self.conn.closed_reason();
+                let failure = self.sandbox.diagnose(&reason).await;
+                return ExecEvent::Ended(Box::new(CommandResult::failed(
+                    failure,
+                    self.started.elapsed(),
+                )));
+            };
+            match frame.kind {
+                FrameKind::Started => {
+                    if let Ok(s) = frame.parse::<Started>() {
+                        self.pid = Some(s.pid);
+                    }
+                }
+                FrameKind::Stdout | FrameKind::StdoutTail => {
+                    return ExecEvent::Output(OutputStream::Stdout, frame.payload)
+                }
+                FrameKind::Stderr | FrameKind::StderrTail => {
+                    return ExecEvent::Output(OutputStream::Stderr, frame.payload)
+                }
+                FrameKind::Exited => {
+                    self.done = true;
+                    let mut r = CommandResult {
+                        duration: self.started.elapsed(),
+                        ..CommandResult::default()
+                    };
+                    match frame.parse::<ExitReport>() {
+                        Ok(report) => {
+                            r.exit_code = report.exit_code;
+                            r.signal = report.signal;
+                        }
+                        Err(e) => {
+                            r.failure = Some(Failure::new(FailureKind::AgentError, e.to_string()))
+                        }
+                    }
+                    return ExecEvent::Ended(Box::new(r));
+                }
+                FrameKind::SpawnFailed | FrameKind::Error => {
+                    self.done = true;
+                    let message = String::from_utf8_lossy(&frame.payload).to_string();
+                    let kind = if frame.kind == FrameKind::SpawnFailed {
+                        FailureKind::SpawnFailed
+                    } else {
+                        FailureKind::AgentError
+                    };
+                    return ExecEvent::Ended(Box::new(CommandResult::failed(
+                        Failure::new(kind, format!("sandbox {}: {message}", self.sandbox.id())),
+                        self.started.elapsed(),
+                    )));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Waits for the outcome, calling `sink` with output as it arrives.
+    pub async fn wait_with(mut self, mut sink: impl FnMut(OutputStream, &[u8])) -> CommandResult {
+        let mut result = CommandResult::default();
+        let sb = self.sandbox.inner.id.clone();
+        let deadline = self.timeout.map(|t| self.started + t + TIMEOUT_SLACK);
+        // The agent caps output; this guards against a misbehaving one.
+        let guard = self.max_output.saturating_add(OUTPUT_CHUNK as u64) as usize;
+        loop {
+            let frame = match deadline {
+                Some(d) => match tokio::time::timeout_at(d.into(), self.rx.recv()).await {
+                    Ok(f) => f,
+                    Err(_) => {
+                        let state = self.sandbox.state().await.ok();
+                        let mut failure = Failure::new(
+                            FailureKind::AgentError,
+                            format!(
+                                "sandbox {sb}: the agent did not report command {} within its timeout plus {TIMEOUT_SLACK:?}",
+                                self.id
+                            ),
+                        );
+                        if let Some(s) = state.filter(|s| s.status != "running") {
+                            failure.kind = if s.oom_killed {
+                                FailureKind::OomKilled
+                            } else {
+                                FailureKind::ContainerLost
+                            };
+                            failure.container = Some(s);
+                        }
+                        let _ = self.signal(9).await;
+                        result.failure = Some(failure);
+                        break;
+                    }
+                },
+                None => self.rx.recv().await,
+            };
+            let Some(frame) = frame else {
+                let reason = self.conn.closed_reason();
+                result.failure = Some(self.sandbox.diagnose(&reason).await);
+                break;
+            };
+            match frame.kind {
+                FrameKind::Started => {
+                    if let Ok(s) = frame.parse::<Started>() {
+                        self.pid = Some(s.pid);
+                    }
+                }
+                FrameKind::Stdout | FrameKind::StdoutTail => {
+                    sink(OutputStream::Stdout, &frame.payload);
+                    if result.stdout.len() < guard {
+                        result.stdout.extend_from_slice(&frame.payload);
+                    }
+                }
+                FrameKind::Stderr | FrameKind::StderrTail => {
+                    sink(OutputStream::Stderr, &frame.payload);
+                    if result.stderr.len() < guard {
+                        result.stderr.extend_from_slice(&frame.payload);
+                    }
+                }
+                FrameKind::Exited => {
+                    let report: ExitReport = match frame.parse() {
+                        Ok(r) => r,
+                        Err(e) => {
+                            result.failure = Some(Failure::new(
+                                FailureKind::AgentError,
+                                format!("sandbox {sb}: {e}"),
+                            ));
+                            break;
+                        }
+                    };
+                    result.exit_code = report.exit_code;
+                    result.signal = report.signal;
+                    result.stdout_total_bytes = report.stdout.total_bytes;
+                    result.stderr_total_bytes = report.stderr.total_bytes;
+                    result.stdout_truncated = report.stdout.truncated;
+                    result.stderr_truncated = report.stderr.truncated;
+                    result.duration = Duration::from_micros(report.duration_us);
+                    if report.timed_out {
+                        let t = self.timeout.unwrap_or_default();
+                        result.failure = Some(Failure::new(
+                            FailureKind::Timeout,
+                            format!("sandbox {sb}: command timed out after {t:?}; its process tree was killed"),
+                        ));
+                    } else if report.oom_killed {
+                        let limit = match self.sandbox.inner.spec.limits.memory {
+                            Some(m) => format!("memory limit {}", Bytes(m)),
+                            None => "no memory limit".to_string(),
+                        };
+                        result.failure = Some(Failure::new(
+                            FailureKind::OomKilled,
+                            format!("sandbox {sb}: command was killed by the OOM killer ({limit})"),
+                        ));
+                    }
+                    self.done = true;
+                    break;
+                }
+                FrameKind::SpawnFailed => {
+                    let message = frame
+                        .parse::<SpawnError>()
+                        .map(|e| e.message)
+                        .unwrap_or_else(|e| e.to_string());
+                    result.failure = Some(Failure::new(
+                        FailureKind::SpawnFailed,
+                        format!("sandbox {sb}: {message}"),
+                    ));
+                    self.done = true;
+                    break;
+                }
+                FrameKind::Error => {
+                    let message = frame
+                        .parse::<ProtocolError>()
+                        .map(|e| e.message)
+                        .unwrap_or_else(|e| e.to_string());
+                    result.failure = Some(Failure::new(
+                        FailureKind::AgentError,
+                        format!("sandbox {sb}: {message}"),
+                    ));
+                    self.done = true;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        if result.duration.is_zero() {
+            result.duration = self.started.elapsed();
+        }
+        result
+    }
+
+    /// Waits for the outcome.
+    pub async fn wait(self) -> CommandResult {
+        self.wait_with(|_, _| {}).await
+    }
+}
+
+impl Drop for Execution {
+    fn drop(&mut self) {
+        self.conn.unregister(self.id);
+        if !self.done {
+            // Abandoned mid-run: kill its process tree rather than let it run
+            // unobserved.
+            let frame =
+                Frame::json(FrameKind::Signal, self.id, &SignalRequest { signal: 9 }).encode();
+            let _ = self.writer.try_send(frame);
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let cid = lock(&self.container).clone();
+        self.backend.inner.events.unwatch(&cid);
+    }
+}

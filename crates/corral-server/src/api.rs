@@ -1,0 +1,1083 @@
+//! The REST API: sandboxes by session key, commands (JSON or streamed as
+//! server-sent events), shell sessions, files, health and metrics. Every
+//! handler is a thin translation onto [`Provider`] and
+//! [`corral_docker::Sandbox`]; the OpenAPI document is generated from the
+//! handlers' annotations ([`openapi`]).
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Path, Query, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine;
+use corral_core::config::Config;
+use corral_core::{CommandSpec, Failure, FailureKind, SandboxSpec};
+use corral_docker::{DockerBackend, FileOptions, Lease, OutputStream, Provider};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use utoipa::{IntoParams, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::wire::*;
+
+/// Longest session key and shell name.
+const MAX_NAME: usize = 128;
+
+/// Default cap of a file read or archive download: 64 MiB.
+const DEFAULT_READ_CAP: u64 = 64 << 20;
+
+/// The service's state; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    provider: Provider,
+    backend: DockerBackend,
+    config: Config,
+    default_image: String,
+    /// Sessions created through this service, by key.
+    sessions: Mutex<BTreeMap<String, Meta>>,
+    metrics: Metrics,
+    closing: AtomicBool,
+}
+
+#[derive(Clone)]
+struct Meta {
+    profile: Option<String>,
+    persistent: bool,
+    /// Set once the sandbox's container is lost under the `fail` policy:
+    /// every later command reports it until the sandbox is deleted.
+    lost: Option<Failure>,
+}
+
+/// A sandbox to act on, or the loss that ended it.
+enum Leased {
+    Live(Lease),
+    Lost(Failure),
+}
+
+impl AppState {
+    /// State over `provider` and `backend`; sandboxes without an image get
+    /// `default_image`.
+    pub fn new(
+        provider: Provider,
+        backend: DockerBackend,
+        config: Config,
+        default_image: String,
+    ) -> AppState {
+        let metrics = Metrics::new(provider.clone(), backend.clone());
+        AppState {
+            inner: Arc::new(Shared {
+                provider,
+                backend,
+                config,
+                default_image,
+                sessions: Mutex::new(BTreeMap::new()),
+                metrics,
+                closing: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// The configuration it serves with.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The provider.
+    pub fn provider(&self) -> &Provider {
+        &self.inner.provider
+    }
+
+    /// Refuses new work from now on (requests in flight go on).
+    pub fn close(&self) {
+        self.inner.closing.store(true, Ordering::Release);
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Meta>> {
+        // Plain map updates: a panic cannot leave one half-done.
+        self.inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The sandbox `id`: its lease, or the failure that ended it (its
+    /// container lost under the `fail` policy); 404 when there is no such
+    /// sandbox or the provider evicted it.
+    async fn leased(&self, id: &str) -> Result<Leased, ApiError> {
+        if self.inner.closing.load(Ordering::Acquire) {
+            return Err(ApiError::shutting_down());
+        }
+        match self.sessions().get(id) {
+            None => return Err(no_sandbox(id)),
+            Some(Meta { lost: Some(f), .. }) => return Ok(Leased::Lost(f.clone())),
+            Some(_) => {}
+        }
+        match self.inner.provider.lease(id).await {
+            Some(Ok(lease)) => Ok(Leased::Live(lease)),
+            Some(Err(e)) => {
+                let f = e.failure();
+                if matches!(f.kind, FailureKind::ContainerLost | FailureKind::OomKilled) {
+                    if let Some(meta) = self.sessions().get_mut(id) {
+                        meta.lost = Some(f.clone());
+                    }
+                    Ok(Leased::Lost(f))
+                } else {
+                    Err(ApiError::docker(&e, ""))
+                }
+            }
+            None => {
+                self.sessions().remove(id);
+                let mut e = ApiError::not_found(format!(
+                    "sandbox '{id}' is gone: the provider evicted it (idle timeout, maximum \
+                     lifetime, or room for another sandbox)"
+                ));
+                e.detail.field = Some("id".into());
+                Err(e)
+            }
+        }
+    }
+
+    /// The live lease of sandbox `id`; a lost one is an error (410).
+    async fn lease(&self, id: &str) -> Result<Lease, ApiError> {
+        match self.leased(id).await? {
+            Leased::Live(lease) => Ok(lease),
+            Leased::Lost(f) => Err(ApiError::failure(&f)),
+        }
+    }
+
+    fn info(&self, id: &str, lease: &Lease) -> SandboxInfo {
+        let meta = self.sessions().get(id).cloned().unwrap_or(Meta {
+            profile: None,
+            persistent: false,
+            lost: None,
+        });
+        SandboxInfo {
+            id: id.to_string(),
+            session: id.to_string(),
+            sandbox_id: lease.id().to_string(),
+            container_id: lease.container_id(),
+            image: lease.spec().image.clone(),
+            profile: meta.profile,
+            persistent: meta.persistent,
+            alive: lease.looks_alive(),
+            shells: lease.shell_names(),
+        }
+    }
+}
+
+/// A JSON body whose errors name the field at fault. An empty body is `{}`.
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::invalid("body", e.body_text()))?;
+        let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            &bytes
+        };
+        let de = &mut serde_json::Deserializer::from_slice(text);
+        serde_path_to_error::deserialize(de)
+            .map(JsonBody)
+            .map_err(|e| {
+                let path = e.path().to_string();
+                let field = if path == "." {
+                    "body".to_string()
+                } else {
+                    path
+                };
+                ApiError::invalid(field, format!("invalid request body: {}", e.inner()))
+            })
+    }
+}
+
+fn no_sandbox(id: &str) -> ApiError {
+    let mut e = ApiError::not_found(format!("no sandbox '{id}'"));
+    e.detail.field = Some("id".into());
+    e
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_NAME
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+fn check_name(field: &str, s: &str) -> Result<(), ApiError> {
+    if valid_name(s) {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            field,
+            format!("{field} '{s}' must be 1 to {MAX_NAME} letters, digits, '.', '_' or '-'"),
+        ))
+    }
+}
+
+fn duration_ms(field: &str, ms: Option<u64>) -> Result<Option<Duration>, ApiError> {
+    match ms {
+        Some(0) => Err(ApiError::invalid(
+            field,
+            format!("{field} 0 must be at least 1 (leave it out for no limit)"),
+        )),
+        other => Ok(other.map(Duration::from_millis)),
+    }
+}
+
+fn max_output(v: Option<u64>) -> Result<u64, ApiError> {
+    match v {
+        Some(0) => Err(ApiError::invalid(
+            "max_output",
+            "max_output 0 must be at least 1",
+        )),
+        Some(n) => Ok(n),
+        None => Ok(corral_core::command::DEFAULT_MAX_OUTPUT),
+    }
+}
+
+/// The outcome of a command sent to a sandbox whose container was lost.
+fn lost(f: Failure) -> corral_core::CommandResult {
+    corral_core::CommandResult::failed(f, Duration::ZERO)
+}
+
+/// Merges `patch` into `base`: objects key by key, anything else replaced.
+fn merge(base: &mut serde_json::Value, patch: serde_json::Value) {
+    match (base, patch) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                merge(b.entry(k).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (b, p) => *b = p,
+    }
+}
+
+/// The command of an exec request, validated.
+fn command(req: ExecRequest) -> Result<CommandSpec, ApiError> {
+    let mut cmd = match (req.command, req.argv) {
+        (Some(c), None) => CommandSpec::shell(c),
+        (None, Some(argv)) if !argv.is_empty() => CommandSpec::argv(argv),
+        (None, Some(_)) => return Err(ApiError::invalid("argv", "argv [] is empty")),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "command",
+                "give either command or argv, not both",
+            ))
+        }
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "command",
+                "missing: give command (a shell line) or argv",
+            ))
+        }
+    };
+    cmd.timeout = duration_ms("timeout_ms", req.timeout_ms)?;
+    cmd.max_output = max_output(req.max_output)?;
+    cmd.cwd = req.cwd;
+    for (name, value) in req.env {
+        if name.is_empty() || name.contains('=') || name.contains('\0') {
+            return Err(ApiError::invalid(
+                format!("env.{name}"),
+                format!("environment variable name '{name}' is empty or holds '=' or NUL"),
+            ));
+        }
+        cmd.env.push((name, value));
+    }
+    cmd.stdin = match (req.stdin, req.stdin_base64) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "stdin",
+                "give either stdin or stdin_base64, not both",
+            ))
+        }
+        (Some(s), None) => Some(s.into_bytes()),
+        (None, Some(b)) => Some(
+            base64::engine::general_purpose::STANDARD
+                .decode(b.trim())
+                .map_err(|e| {
+                    ApiError::invalid("stdin_base64", format!("stdin_base64 is not base64: {e}"))
+                })?,
+        ),
+        (None, None) => None,
+    };
+    Ok(cmd)
+}
+
+/// The spec of a create request: a profile, an inline spec, or the defaults.
+fn spec_of(s: &AppState, req: &CreateSandbox) -> Result<(SandboxSpec, Option<String>), ApiError> {
+    let config = &s.inner.config;
+    let (mut spec, profile) = match (&req.profile, &req.spec) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "profile",
+                "give either profile or spec, not both",
+            ))
+        }
+        (Some(p), None) => {
+            if let Some(pool) = config.provider.pools.get(p) {
+                (pool.spec.clone(), Some(p.clone()))
+            } else {
+                let spec = config
+                    .profile(p)
+                    .map_err(|e| ApiError::invalid("profile", e.to_string()))?;
+                (spec.clone(), Some(p.clone()))
+            }
+        }
+        (None, Some(v)) => {
+            if !v.is_object() {
+                return Err(ApiError::invalid("spec", "spec must be a JSON object"));
+            }
+            let mut merged = serde_json::to_value(&config.defaults)
+                .map_err(|e| ApiError::invalid("spec", e.to_string()))?;
+            merge(&mut merged, v.clone());
+            let spec: SandboxSpec = serde_path_to_error::deserialize(merged).map_err(|e| {
+                ApiError::invalid(
+                    format!("spec.{}", e.path()),
+                    format!("invalid spec: {}", e.inner()),
+                )
+            })?;
+            (spec, None)
+        }
+        (None, None) => (config.defaults.clone(), None),
+    };
+    if let Some(image) = &req.image {
+        if image.trim().is_empty() {
+            return Err(ApiError::invalid("image", "image '' is empty"));
+        }
+        spec.image = image.clone();
+    }
+    if spec.image.is_empty() {
+        spec.image = s.inner.default_image.clone();
+    }
+    Ok((spec, profile))
+}
+
+/// Create a sandbox, or return the one bound to the session key.
+#[utoipa::path(
+    post, path = "/v1/sandboxes", tag = "sandboxes",
+    request_body(content = CreateSandbox, description = "All fields optional; an empty body gives a sandbox of the configured defaults"),
+    responses(
+        (status = 201, description = "Created", body = SandboxInfo),
+        (status = 200, description = "The session key already had this sandbox", body = SandboxInfo),
+        (status = 400, description = "Bad request, spec or image", body = ErrorBody),
+        (status = 503, description = "Daemon unavailable (retryable)", body = ErrorBody),
+    )
+)]
+async fn create_sandbox(
+    State(s): State<AppState>,
+    JsonBody(req): JsonBody<CreateSandbox>,
+) -> Result<(StatusCode, Json<SandboxInfo>), ApiError> {
+    if s.inner.closing.load(Ordering::Acquire) {
+        return Err(ApiError::shutting_down());
+    }
+    let key = match &req.session {
+        Some(k) => {
+            check_name("session", k)?;
+            k.clone()
+        }
+        None => format!("sb-{}", corral_docker::host::random_hex(16)),
+    };
+    if s.sessions().contains_key(&key) {
+        if let Ok(lease) = s.lease(&key).await {
+            return Ok((StatusCode::OK, Json(s.info(&key, &lease))));
+        }
+    }
+    let (spec, profile) = spec_of(&s, &req)?;
+    let provider = &s.inner.provider;
+    let lease = if req.persistent {
+        provider.acquire_persistent(&key, &spec).await
+    } else if let Some(pool) = profile
+        .as_deref()
+        .filter(|p| s.inner.config.provider.pools.contains_key(*p))
+    {
+        provider.acquire(&key, pool).await
+    } else {
+        provider.acquire_spec(&key, &spec).await
+    }
+    .map_err(|e| {
+        let mut err = ApiError::docker(&e, "spec");
+        if matches!(e, corral_docker::DockerError::ImageNotFound { .. }) {
+            err.detail.field = Some("image".into());
+        }
+        err
+    })?;
+    s.sessions().insert(
+        key.clone(),
+        Meta {
+            profile,
+            persistent: req.persistent,
+            lost: None,
+        },
+    );
+    Ok((StatusCode::CREATED, Json(s.info(&key, &lease))))
+}
+
+/// List the service's sandboxes.
+#[utoipa::path(
+    get, path = "/v1/sandboxes", tag = "sandboxes",
+    responses((status = 200, body = SandboxList))
+)]
+async fn list_sandboxes(State(s): State<AppState>) -> Result<Json<SandboxList>, ApiError> {
+    let keys: Vec<String> = s.sessions().keys().cloned().collect();
+    let mut sandboxes = Vec::new();
+    for key in keys {
+        match s.leased(&key).await {
+            Ok(Leased::Live(lease)) => sandboxes.push(s.info(&key, &lease)),
+            Ok(Leased::Lost(f)) => sandboxes.push(SandboxInfo {
+                id: key.clone(),
+                session: key.clone(),
+                sandbox_id: String::new(),
+                container_id: f.container.map(|c| c.id).unwrap_or_default(),
+                image: String::new(),
+                profile: None,
+                persistent: false,
+                alive: false,
+                shells: Vec::new(),
+            }),
+            Err(_) => {}
+        }
+    }
+    Ok(Json(SandboxList { sandboxes }))
+}
+
+/// One sandbox.
+#[utoipa::path(
+    get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id (its session key)")),
+    responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody))
+)]
+async fn get_sandbox(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<SandboxInfo>, ApiError> {
+    let lease = s.lease(&id).await?;
+    Ok(Json(s.info(&id, &lease)))
+}
+
+/// Release a sandbox: destroyed, unless persistent (then its container is
+/// removed and its workspace kept for the next sandbox of the key).
+#[utoipa::path(
+    delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id (its session key)")),
+    responses((status = 204, description = "Released"), (status = 404, body = ErrorBody))
+)]
+async fn delete_sandbox(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let Some(meta) = s.sessions().remove(&id) else {
+        return Err(no_sandbox(&id));
+    };
+    if let Err(e) = s.inner.provider.release(&id).await {
+        // A lost sandbox may already be gone from the provider.
+        if meta.lost.is_none() {
+            return Err(ApiError::docker(&e, ""));
+        }
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Run a command and wait for its outcome. Timeouts, OOM kills and lost
+/// containers are outcomes (200 with `failure`), not HTTP errors.
+#[utoipa::path(
+    post, path = "/v1/sandboxes/{id}/exec", tag = "commands",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = ExecRequest,
+    responses(
+        (status = 200, body = CommandOutcome),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+    )
+)]
+async fn exec(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<ExecRequest>,
+) -> Result<Json<CommandOutcome>, ApiError> {
+    let cmd = command(req)?;
+    let (result, sandbox_id) = match s.leased(&id).await? {
+        Leased::Live(lease) => (lease.run(&cmd).await, lease.id().to_string()),
+        Leased::Lost(f) => (lost(f), String::new()),
+    };
+    s.inner.metrics.command("exec", &result);
+    Ok(Json(CommandOutcome::new(&result, &sandbox_id)))
+}
+
+/// Run a command and stream its output as server-sent events: `stdout` and
+/// `stderr` events carry [`OutputChunk`]s as they happen, then one `result`
+/// event carries the [`CommandOutcome`] (with the same capped output, the
+/// totals and the typed failure). Closing the stream kills the command.
+#[utoipa::path(
+    post, path = "/v1/sandboxes/{id}/exec/stream", tag = "commands",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = ExecRequest,
+    responses(
+        (status = 200, content_type = "text/event-stream", description = "Events `stdout`/`stderr` (OutputChunk), then `result` (CommandOutcome)"),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+    )
+)]
+async fn exec_stream(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<ExecRequest>,
+) -> Result<Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let cmd = command(req)?;
+    let lease = match s.leased(&id).await? {
+        Leased::Live(lease) => lease,
+        Leased::Lost(f) => {
+            let result = lost(f);
+            s.inner.metrics.command("stream", &result);
+            let event = Event::default()
+                .event("result")
+                .json_data(CommandOutcome::new(&result, ""))
+                .map_err(|e| ApiError::invalid("body", e.to_string()))?;
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let _ = tx.send(Ok(event));
+            return Ok(Sse::new(UnboundedReceiverStream::new(rx)).keep_alive(KeepAlive::default()));
+        }
+    };
+    // Output is capped by the agent, so this channel holds at most about
+    // twice max_output.
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<Event, Infallible>>();
+    tokio::spawn(async move {
+        let sandbox_id = lease.id().to_string();
+        let result = match lease.exec(&cmd).await {
+            Err(f) => corral_core::CommandResult::failed(f, Duration::ZERO),
+            Ok(execution) => {
+                let control = execution.stdin();
+                let mut abandoned = false;
+                let mut kills = Vec::new();
+                let result = execution
+                    .wait_with(|stream, bytes| {
+                        let name = match stream {
+                            OutputStream::Stdout => "stdout",
+                            OutputStream::Stderr => "stderr",
+                        };
+                        let Ok(event) = Event::default()
+                            .event(name)
+                            .json_data(OutputChunk::new(bytes))
+                        else {
+                            return;
+                        };
+                        if tx.send(Ok(event)).is_err() && !abandoned {
+                            // The client went away: stop the command.
+                            abandoned = true;
+                            let control = control.clone();
+                            kills.push(tokio::spawn(async move { control.signal(9).await }));
+                        }
+                    })
+                    .await;
+                for k in kills {
+                    let _ = k.await;
+                }
+                result
+            }
+        };
+        s.inner.metrics.command("stream", &result);
+        if let Ok(event) = Event::default()
+            .event("result")
+            .json_data(CommandOutcome::new(&result, &sandbox_id))
+        {
+            let _ = tx.send(Ok(event));
+        }
+    });
+    Ok(Sse::new(UnboundedReceiverStream::new(rx)).keep_alive(KeepAlive::default()))
+}
+
+/// Run a command in a stateful shell session (created on first use).
+#[utoipa::path(
+    post, path = "/v1/sandboxes/{id}/shells/{name}/exec", tag = "shells",
+    params(
+        ("id" = String, Path, description = "Sandbox id"),
+        ("name" = String, Path, description = "Session name, e.g. main"),
+    ),
+    request_body = ShellExecRequest,
+    responses((status = 200, body = ShellOutcome), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody))
+)]
+async fn shell_exec(
+    State(s): State<AppState>,
+    Path((id, name)): Path<(String, String)>,
+    JsonBody(req): JsonBody<ShellExecRequest>,
+) -> Result<Json<ShellOutcome>, ApiError> {
+    check_name("name", &name)?;
+    let timeout = duration_ms("timeout_ms", req.timeout_ms)?;
+    let cap = max_output(req.max_output)?;
+    let (r, sandbox_id) = match s.leased(&id).await? {
+        Leased::Live(lease) => (
+            lease.shell(&name).run(&req.command, timeout, cap).await,
+            lease.id().to_string(),
+        ),
+        Leased::Lost(f) => (
+            corral_docker::SessionResult {
+                result: lost(f),
+                restarted: false,
+                ended: true,
+            },
+            String::new(),
+        ),
+    };
+    s.inner.metrics.command("shell", &r.result);
+    Ok(Json(ShellOutcome {
+        result: CommandOutcome::new(&r.result, &sandbox_id),
+        restarted: r.restarted,
+        ended: r.ended,
+    }))
+}
+
+/// Open shell sessions.
+#[utoipa::path(
+    get, path = "/v1/sandboxes/{id}/shells", tag = "shells",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, body = ShellList), (status = 404, body = ErrorBody))
+)]
+async fn list_shells(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<ShellList>, ApiError> {
+    let lease = s.lease(&id).await?;
+    Ok(Json(ShellList {
+        shells: lease.shell_names(),
+    }))
+}
+
+/// Close a shell session (its processes are killed).
+#[utoipa::path(
+    delete, path = "/v1/sandboxes/{id}/shells/{name}", tag = "shells",
+    params(
+        ("id" = String, Path, description = "Sandbox id"),
+        ("name" = String, Path, description = "Session name"),
+    ),
+    responses((status = 204, description = "Closed"), (status = 404, body = ErrorBody))
+)]
+async fn close_shell(
+    State(s): State<AppState>,
+    Path((id, name)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let lease = s.lease(&id).await?;
+    if !lease.shell_names().contains(&name) {
+        let mut e = ApiError::not_found(format!("sandbox '{id}' has no shell session '{name}'"));
+        e.detail.field = Some("name".into());
+        return Err(e);
+    }
+    lease.close_shell(&name).await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Where a file operation acts.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+struct FileQuery {
+    /// Absolute path in the sandbox.
+    path: String,
+    /// Permission bits of a written file, octal (e.g. `644`); default: kept
+    /// for a replaced file, 644 for a new one.
+    mode: Option<String>,
+    /// Create missing parent directories.
+    #[serde(default)]
+    mkdirs: bool,
+    /// Largest file or archive read, in bytes (default 64 MiB).
+    max_bytes: Option<u64>,
+}
+
+fn file_query(q: QueryResult) -> Result<FileQuery, ApiError> {
+    q.map(|Query(q)| q).map_err(|e| {
+        let text = e.body_text();
+        let field = ["path", "mode", "mkdirs", "max_bytes"]
+            .into_iter()
+            .find(|f| text.contains(&format!("`{f}`")))
+            .unwrap_or("query");
+        ApiError::invalid(field, text)
+    })
+}
+
+type QueryResult = Result<Query<FileQuery>, axum::extract::rejection::QueryRejection>;
+
+/// A file operation's query, options and sandbox, each checked.
+async fn file_call(
+    s: &AppState,
+    id: &str,
+    q: QueryResult,
+) -> Result<(FileQuery, FileOptions, Lease), ApiError> {
+    let q = file_query(q)?;
+    let opts = q.options(s)?;
+    let lease = s.lease(id).await?;
+    Ok((q, opts, lease))
+}
+
+impl FileQuery {
+    fn options(&self, s: &AppState) -> Result<FileOptions, ApiError> {
+        let mode = match &self.mode {
+            None => None,
+            Some(m) => {
+                let digits = m.trim().trim_start_matches("0o");
+                Some(u32::from_str_radix(digits, 8).map_err(|_| {
+                    ApiError::invalid("mode", format!("mode '{m}' is not octal permission bits"))
+                })?)
+            }
+        };
+        let max_bytes = match self.max_bytes {
+            Some(0) => {
+                return Err(ApiError::invalid(
+                    "max_bytes",
+                    "max_bytes 0 must be at least 1",
+                ))
+            }
+            Some(n) => n,
+            None => DEFAULT_READ_CAP.max(s.inner.config.server.max_body_bytes),
+        };
+        Ok(FileOptions {
+            mode,
+            mkdirs: self.mkdirs,
+            max_bytes,
+            ..FileOptions::default()
+        })
+    }
+}
+
+/// Write a file (atomically; binary-safe).
+#[utoipa::path(
+    put, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), FileQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 204, description = "Written"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody))
+)]
+async fn write_file(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    q: QueryResult,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let (q, opts, lease) = file_call(&s, &id, q).await?;
+    lease
+        .write_file(&q.path, &body, &opts)
+        .await
+        .map_err(|e| ApiError::file(&e))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Read a file.
+#[utoipa::path(
+    get, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), FileQuery),
+    responses(
+        (status = 200, content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 404, body = ErrorBody), (status = 413, body = ErrorBody)
+    )
+)]
+async fn read_file(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    q: QueryResult,
+) -> Result<Response, ApiError> {
+    let (q, opts, lease) = file_call(&s, &id, q).await?;
+    let bytes = lease
+        .read_file(&q.path, &opts)
+        .await
+        .map_err(|e| ApiError::file(&e))?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+}
+
+/// List a directory: entries sorted by name, symlinks not followed.
+#[utoipa::path(
+    get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), FileQuery),
+    responses((status = 200, body = DirListing), (status = 404, body = ErrorBody))
+)]
+async fn list_files(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    q: QueryResult,
+) -> Result<Json<DirListing>, ApiError> {
+    let (q, opts, lease) = file_call(&s, &id, q).await?;
+    let entries = lease
+        .list_dir(&q.path, &opts)
+        .await
+        .map_err(|e| ApiError::file(&e))?;
+    Ok(Json(DirListing {
+        path: q.path,
+        entries: entries.iter().map(DirEntryBody::from).collect(),
+    }))
+}
+
+/// Extract a tar archive under a directory (created if missing). Entries
+/// that would land outside it are refused and nothing is extracted.
+#[utoipa::path(
+    put, path = "/v1/sandboxes/{id}/archive", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), FileQuery),
+    request_body(content = Vec<u8>, content_type = "application/x-tar"),
+    responses((status = 204, description = "Extracted"), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody))
+)]
+async fn upload_archive(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    q: QueryResult,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let (q, opts, lease) = file_call(&s, &id, q).await?;
+    lease
+        .upload_tar(&q.path, &body, &opts)
+        .await
+        .map_err(|e| ApiError::file(&e))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A tar archive of a file or directory.
+#[utoipa::path(
+    get, path = "/v1/sandboxes/{id}/archive", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), FileQuery),
+    responses(
+        (status = 200, content_type = "application/x-tar", body = Vec<u8>),
+        (status = 404, body = ErrorBody), (status = 413, body = ErrorBody)
+    )
+)]
+async fn download_archive(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    q: QueryResult,
+) -> Result<Response, ApiError> {
+    let (q, opts, lease) = file_call(&s, &id, q).await?;
+    let bytes = lease
+        .download_tar(&q.path, &opts)
+        .await
+        .map_err(|e| ApiError::file(&e))?;
+    Ok(([(header::CONTENT_TYPE, "application/x-tar")], bytes).into_response())
+}
+
+/// Is the service up, and does the daemon answer?
+#[utoipa::path(
+    get, path = "/v1/health", tag = "service",
+    responses((status = 200, body = Health), (status = 503, body = Health))
+)]
+async fn health(State(s): State<AppState>) -> (StatusCode, Json<Health>) {
+    let ping = tokio::time::timeout(Duration::from_secs(5), s.inner.backend.docker().ping()).await;
+    let error = match ping {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some("no answer within 5 s".to_string()),
+    };
+    let ok = error.is_none() && !s.inner.closing.load(Ordering::Acquire);
+    (
+        if ok {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        },
+        Json(Health {
+            status: if ok { "ok" } else { "degraded" }.to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            daemon: DaemonHealth {
+                endpoint: s.inner.backend.endpoint().to_string(),
+                reachable: error.is_none(),
+                error,
+            },
+        }),
+    )
+}
+
+/// Prometheus metrics.
+#[utoipa::path(
+    get, path = "/metrics", tag = "service",
+    responses((status = 200, content_type = "text/plain", body = String))
+)]
+async fn metrics(State(s): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        s.inner.metrics.render(),
+    )
+        .into_response()
+}
+
+/// Requires the bearer token, when one is configured, on every route but
+/// the health check.
+pub async fn require_token(
+    State(token): State<Option<Arc<str>>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let Some(token) = token else {
+        return next.run(req).await;
+    };
+    if req.uri().path() == "/v1/health" {
+        return next.run(req).await;
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match given {
+        Some(g) if same(g.as_bytes(), token.as_bytes()) => next.run(req).await,
+        _ => ApiError::unauthorized().into_response(),
+    }
+}
+
+/// Compares without an early exit on the first differing byte.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "corral",
+        description = "Hardened container sandboxes for AI agents and RL rollouts: sandboxes by \
+session key, commands with typed outcomes, shell sessions, files. Errors are JSON \
+`{\"error\": {kind, message, field, retryable}}`. When the service has a token, every route \
+but /v1/health needs `Authorization: Bearer TOKEN`.",
+    ),
+    components(schemas(OutputChunk, ErrorDetail, FailureBody, ContainerStateBody)),
+    tags(
+        (name = "sandboxes", description = "Sandboxes by session key"),
+        (name = "commands", description = "One-off commands with typed outcomes"),
+        (name = "shells", description = "Stateful shell sessions"),
+        (name = "files", description = "Files and archives"),
+        (name = "service", description = "Health and metrics"),
+    )
+)]
+struct ApiDoc;
+
+fn api_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(create_sandbox, list_sandboxes))
+        .routes(routes!(get_sandbox, delete_sandbox))
+        .routes(routes!(exec))
+        .routes(routes!(exec_stream))
+        .routes(routes!(shell_exec))
+        .routes(routes!(list_shells))
+        .routes(routes!(close_shell))
+        .routes(routes!(write_file, read_file))
+        .routes(routes!(list_files))
+        .routes(routes!(upload_archive, download_archive))
+        .routes(routes!(health))
+        .routes(routes!(metrics))
+}
+
+/// The OpenAPI document of the API.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api_router().split_for_parts().1
+}
+
+/// The OpenAPI document as YAML, as committed in `docs/openapi.yaml`.
+pub fn openapi_yaml() -> String {
+    let value = serde_json::to_value(openapi()).unwrap_or_default();
+    yaml_serde::to_string(&value).unwrap_or_default()
+}
+
+/// The API's routes over `state`, the OpenAPI document at `/openapi.json`
+/// and `/openapi.yaml` included; no auth or body limit (see
+/// [`crate::serve`]).
+pub fn router(state: AppState) -> axum::Router {
+    let (router, doc) = api_router().split_for_parts();
+    let json = serde_json::to_string_pretty(&doc).unwrap_or_default();
+    let yaml = openapi_yaml();
+    router
+        .route(
+            "/openapi.json",
+            axum::routing::get(move || async move {
+                ([(header::CONTENT_TYPE, "application/json")], json)
+            }),
+        )
+        .route(
+            "/openapi.yaml",
+            axum::routing::get(move || async move {
+                ([(header::CONTENT_TYPE, "application/yaml")], yaml)
+            }),
+        )
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_requests_are_checked_field_by_field() {
+        let bad = |req: ExecRequest| command(req).expect_err("rejected").detail;
+        let e = bad(ExecRequest::default());
+        assert_eq!(e.field.as_deref(), Some("command"));
+        let e = bad(ExecRequest {
+            argv: Some(vec![]),
+            ..ExecRequest::default()
+        });
+        assert_eq!(e.field.as_deref(), Some("argv"));
+        let e = bad(ExecRequest {
+            command: Some("true".into()),
+            timeout_ms: Some(0),
+            ..ExecRequest::default()
+        });
+        assert_eq!(e.field.as_deref(), Some("timeout_ms"));
+        let e = bad(ExecRequest {
+            command: Some("true".into()),
+            stdin_base64: Some("***".into()),
+            ..ExecRequest::default()
+        });
+        assert_eq!(e.field.as_deref(), Some("stdin_base64"));
+        let e = bad(ExecRequest {
+            command: Some("true".into()),
+            env: [("A=B".to_string(), "x".to_string())].into(),
+            ..ExecRequest::default()
+        });
+        assert_eq!(e.field.as_deref(), Some("env.A=B"));
+        let ok = command(ExecRequest {
+            argv: Some(vec!["cat".into()]),
+            stdin_base64: Some("aGk=".into()),
+            timeout_ms: Some(1500),
+            ..ExecRequest::default()
+        })
+        .expect("valid");
+        assert_eq!(ok.stdin.as_deref(), Some(&b"hi"[..]));
+        assert_eq!(ok.timeout, Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn names_and_tokens() {
+        assert!(valid_name("episode-7.a_b"));
+        assert!(!valid_name(""));
+        assert!(!valid_name("a/b"));
+        assert!(!valid_name(&"x".repeat(MAX_NAME + 1)));
+        assert!(same(b"secret", b"secret"));
+        assert!(!same(b"secret", b"secreT"));
+        assert!(!same(b"secret", b"secret2"));
+    }
+
+    #[test]
+    fn the_committed_openapi_document_is_current() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.yaml");
+        let now = openapi_yaml();
+        if std::env::var_os("CORRAL_UPDATE_OPENAPI").is_some() {
+            std::fs::write(path, &now).expect("write docs/openapi.yaml");
+        }
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == now,
+            "docs/openapi.yaml differs from the API; regenerate it with \
+             `CORRAL_UPDATE_OPENAPI=1 cargo test -p corral-server openapi` and commit it"
+        );
+    }
+}

@@ -1,0 +1,156 @@
+//! Errors of the HTTP API: a status and a JSON body naming the field at
+//! fault, with `retryable` for daemon trouble.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use corral_core::{Failure, FailureKind};
+use corral_docker::{DockerError, FileError};
+
+use crate::wire::{ErrorBody, ErrorDetail};
+
+/// An error answer.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// What the body says.
+    pub detail: ErrorDetail,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            detail: ErrorDetail {
+                kind: kind.to_string(),
+                message: message.into(),
+                field: None,
+                retryable: false,
+            },
+        }
+    }
+
+    /// 400: a request field is wrong.
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        let mut e = ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message);
+        e.detail.field = Some(field.into());
+        e
+    }
+
+    /// 404: no such thing.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// 401: no or a wrong bearer token.
+    pub fn unauthorized() -> Self {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "this service requires 'Authorization: Bearer TOKEN'",
+        )
+    }
+
+    /// 503 (retryable): the service is shutting down.
+    pub fn shutting_down() -> Self {
+        let mut e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the service is shutting down",
+        );
+        e.detail.retryable = true;
+        e
+    }
+
+    /// The answer for a typed failure.
+    pub fn failure(f: &Failure) -> Self {
+        let status = match f.kind {
+            FailureKind::DaemonUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            FailureKind::ContainerLost | FailureKind::OomKilled => StatusCode::GONE,
+            FailureKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            FailureKind::InvalidSpec | FailureKind::ImageNotFound | FailureKind::Unsupported => {
+                StatusCode::BAD_REQUEST
+            }
+            FailureKind::AgentError => StatusCode::BAD_GATEWAY,
+            FailureKind::SpawnFailed => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let mut e = ApiError::new(status, f.kind.as_str(), f.message.clone());
+        e.detail.retryable = f.retryable();
+        e
+    }
+
+    /// The answer for a backend error; a bad spec names its field under
+    /// `field_prefix` (e.g. `spec`).
+    pub fn docker(err: &DockerError, field_prefix: &str) -> Self {
+        let mut e = ApiError::failure(&err.failure());
+        if let DockerError::InvalidSpec(spec) = err {
+            e.detail.field = Some(if field_prefix.is_empty() {
+                spec.field.clone()
+            } else {
+                format!("{field_prefix}.{}", spec.field)
+            });
+        }
+        if matches!(err, DockerError::SlotTimeout { .. }) {
+            e.detail.retryable = true;
+        }
+        e
+    }
+
+    /// The answer for a file operation's error.
+    pub fn file(err: &FileError) -> Self {
+        let message = err.to_string();
+        match err {
+            FileError::NotFound { .. } => {
+                let mut e = ApiError::not_found(message);
+                e.detail.field = Some("path".into());
+                e
+            }
+            FileError::TooLarge { .. } => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+            }
+            FileError::Escapes { .. } | FileError::Unsafe { .. } => {
+                ApiError::invalid("path", message)
+            }
+            FileError::InvalidPath { field, .. } => ApiError::invalid(*field, message),
+            FileError::InvalidOption { field, .. } => ApiError::invalid(*field, message),
+            FileError::Failed { .. } => {
+                let mut e = ApiError::new(StatusCode::CONFLICT, "file_error", message);
+                e.detail.field = Some("path".into());
+                e
+            }
+            FileError::Host { .. } => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+            }
+            FileError::Sandbox(f) => ApiError::failure(f),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(ErrorBody { error: self.detail })).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn daemon_trouble_is_a_retryable_503_and_bad_specs_name_the_field() {
+        let e = ApiError::failure(&Failure::new(FailureKind::DaemonUnavailable, "down"));
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(e.detail.retryable);
+        let spec = DockerError::InvalidSpec(corral_core::SpecError {
+            field: "limits.memory".into(),
+            value: "0".into(),
+            reason: "too small".into(),
+        });
+        let e = ApiError::docker(&spec, "spec");
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.detail.kind, "invalid_spec");
+        assert_eq!(e.detail.field.as_deref(), Some("spec.limits.memory"));
+        assert!(!e.detail.retryable);
+    }
+}

@@ -1,0 +1,562 @@
+//! corral's MCP server: tools that run commands, move files and keep shell
+//! sessions in a sandbox, for any MCP client (an IDE agent, a chat app, an
+//! RL harness), over stdio ([`serve_stdio`], `corral mcp`) or streamable
+//! HTTP ([`http_service`], mounted at `/mcp` by `corral serve`).
+//!
+//! Each MCP session gets its own sandbox, bound to a provider key
+//! `mcp-<random>`: started on the first tool call (a session that only lists
+//! tools costs no container), kept for the session's later calls, and
+//! released when the session ends (`session.rs`). The tools are thin
+//! translations onto [`corral_docker::Sandbox`]: `run_command`
+//! ([`Sandbox::run`](corral_docker::Sandbox::run) of `/bin/sh -c`),
+//! `read_file`, `write_file`, `list_files`, `shell_run` and `shell_close`
+//! (stateful shells). Arguments are checked in `args.rs` (a bad one is an
+//! invalid-params error naming the field and the value); results are
+//! rendered in `render.rs`: text for the model, with `isError` set on a
+//! failure or a non-zero exit, and the REST API's JSON as structured
+//! content.
+
+mod args;
+mod render;
+mod session;
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use corral_core::{CommandSpec, SandboxSpec};
+use corral_docker::{FileError, FileOptions, Lease, Provider};
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::model::{CallToolResult, Implementation, JsonObject, ServerCapabilities, ServerInfo};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{
+    SessionId, SessionManager, StreamableHttpServerConfig, StreamableHttpService,
+};
+use rmcp::{tool, tool_handler, tool_router, ErrorData, ServerHandler, ServiceExt};
+use tokio_util::sync::CancellationToken;
+
+use args::schema;
+use session::{LeaseError, Session};
+
+/// Bytes of each output stream a tool result keeps (head and tail).
+const MAX_OUTPUT: u64 = 64 * 1024;
+
+/// Largest file `read_file` returns.
+const READ_CAP: u64 = 256 * 1024;
+
+/// Largest file `write_file` accepts.
+const WRITE_CAP: u64 = 16 << 20;
+
+/// Largest listing `list_files` fetches (a few hundred thousand names).
+const LIST_CAP: u64 = 16 << 20;
+
+/// Time limit of a file operation.
+const FILE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Shell session used when `shell_run` names none.
+const DEFAULT_SHELL: &str = "main";
+
+/// What every MCP session's sandbox is made from.
+#[derive(Clone)]
+pub struct McpContext {
+    /// Hands out the sessions' sandboxes.
+    pub provider: Provider,
+    /// The spec of each session's sandbox (its image must be set).
+    pub spec: SandboxSpec,
+}
+
+/// How the streamable HTTP endpoint treats requests and sessions.
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    /// `Host` header values accepted (`host` or `host:port`), a defence
+    /// against DNS rebinding; empty accepts any host (for a service behind
+    /// a bearer token on a public address). Default: `localhost`,
+    /// `127.0.0.1`, `::1`, on any port.
+    pub allowed_hosts: Vec<String>,
+    /// A session without a request for this long is closed and its sandbox
+    /// released. Default 35 minutes: above the longest command a tool may
+    /// run (30 minutes), so a long call does not idle its session out.
+    pub session_idle: Duration,
+    /// Largest request body accepted; above it the answer is 413. Default
+    /// 32 MiB: room for `write_file`'s 16 MiB of content, JSON-escaped.
+    pub max_body_bytes: usize,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+            session_idle: args::MAX_TIMEOUT + Duration::from_secs(300),
+            max_body_bytes: 32 << 20,
+        }
+    }
+}
+
+/// Serves one MCP session over stdin and stdout until the client hangs up
+/// (closes stdin), then releases the session's sandbox. Logs must go to
+/// stderr: stdout carries the protocol.
+pub async fn serve_stdio(ctx: McpContext) -> anyhow::Result<()> {
+    let handler = Handler::new(ctx, CancellationToken::new());
+    let session = handler.session.clone();
+    let served = async {
+        let running = handler.serve(rmcp::transport::stdio()).await?;
+        tracing::info!(session = session.key(), "MCP session started on stdio");
+        let reason = running.waiting().await?;
+        tracing::info!(session = session.key(), ?reason, "MCP stdio session ended");
+        anyhow::Ok(())
+    }
+    .await;
+    session.release().await;
+    served
+}
+
+/// The MCP endpoint over streamable HTTP with sessions (`Mcp-Session-Id`),
+/// one handler and one sandbox per MCP session, loopback `Host` names only
+/// (see [`http_service_with`] for other hosts). Cancelling `cancel` closes
+/// every session, which releases their sandboxes (after any tool call in
+/// flight), and ends SSE streams; later tool calls start no sandbox.
+/// Call it inside the tokio runtime that serves it: it spawns the task that
+/// watches `cancel`.
+///
+/// The router answers at its root; mount it with
+/// `app.nest("/mcp", corral_server::mcp::http_service(ctx, cancel))`, and
+/// clients connect to `http://HOST:PORT/mcp`. Middleware layered on `app`
+/// after the nest (the bearer token check) applies to it too; axum's
+/// `DefaultBodyLimit` does not (rmcp reads request bodies itself): the
+/// endpoint enforces [`HttpOptions::max_body_bytes`].
+pub fn http_service(ctx: McpContext, cancel: CancellationToken) -> axum::Router {
+    http_service_with(ctx, cancel, HttpOptions::default())
+}
+
+/// [`http_service`] with explicit [`HttpOptions`].
+pub fn http_service_with(
+    ctx: McpContext,
+    cancel: CancellationToken,
+    options: HttpOptions,
+) -> axum::Router {
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(options.session_idle);
+    let sessions = Arc::new(sessions);
+    // rmcp's token ends SSE streams only; sessions are closed here, which
+    // drops their handlers and so releases their sandboxes.
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn(close_on_cancel(Arc::downgrade(&sessions), cancel.clone()));
+        }
+        Err(_) => tracing::warn!(
+            "MCP service built outside a tokio runtime: cancelling it will not close its sessions"
+        ),
+    }
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(options.allowed_hosts)
+        .with_cancellation_token(cancel.clone());
+    let service = StreamableHttpService::new(
+        move || Ok(Handler::new(ctx.clone(), cancel.clone())),
+        sessions,
+        config,
+    );
+    axum::Router::new()
+        .route_service("/", service)
+        .layer(axum::middleware::from_fn_with_state(
+            options.max_body_bytes,
+            limit_body,
+        ))
+}
+
+/// Refuses a request body above `max` bytes with 413 before rmcp, which
+/// reads bodies without a limit, sees it.
+async fn limit_body(
+    axum::extract::State(max): axum::extract::State<usize>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let (parts, body) = req.into_parts();
+    match axum::body::to_bytes(body, max).await {
+        Ok(bytes) => {
+            next.run(axum::extract::Request::from_parts(
+                parts,
+                axum::body::Body::from(bytes),
+            ))
+            .await
+        }
+        Err(e) => (
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            format!("MCP request body refused (the limit is {max} bytes): {e}"),
+        )
+            .into_response(),
+    }
+}
+
+/// Closes every session of the service once `cancel` fires.
+async fn close_on_cancel(sessions: Weak<LocalSessionManager>, cancel: CancellationToken) {
+    cancel.cancelled().await;
+    let Some(sessions) = sessions.upgrade() else {
+        return;
+    };
+    let ids: Vec<SessionId> = sessions.sessions.read().await.keys().cloned().collect();
+    tracing::info!(sessions = ids.len(), "closing MCP sessions");
+    for id in ids {
+        if let Err(e) = sessions.close_session(&id).await {
+            tracing::warn!(session = %id, error = %e, "closing an MCP session failed");
+        }
+    }
+}
+
+/// The tools of one MCP session.
+struct Handler {
+    session: Arc<Session>,
+    info: ServerInfo,
+    tool_router: ToolRouter<Handler>,
+}
+
+impl Handler {
+    fn new(ctx: McpContext, closing: CancellationToken) -> Handler {
+        let info = ServerInfo::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("corral", env!("CARGO_PKG_VERSION")))
+            .with_instructions(instructions(&ctx.spec));
+        Handler {
+            session: Arc::new(Session::new(ctx, closing)),
+            info,
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    /// The session's sandbox, or the tool result explaining why there is none.
+    async fn lease(&self) -> Result<(Lease, Vec<String>), CallToolResult> {
+        match self.session.lease().await {
+            Ok((lease, note)) => Ok((lease, note.into_iter().collect())),
+            Err(LeaseError::Ended) => Err(render::error(
+                "this MCP session has ended and its sandbox was released; start a new session",
+            )),
+            Err(LeaseError::Failed(f)) => Err(render::error(render::failure_line(
+                "cannot start the sandbox",
+                &f,
+            ))),
+        }
+    }
+
+    /// `path` made absolute against the sandbox's working directory.
+    async fn absolute(&self, lease: &Lease, path: &str) -> String {
+        if path.starts_with('/') {
+            return path.to_string();
+        }
+        args::absolute(&self.session.cwd(lease).await, path)
+    }
+}
+
+/// A file error as a tool result: the message names the sandbox and path.
+fn file_error(e: &FileError, notes: &[String], hint: Option<&str>) -> CallToolResult {
+    let mut text = String::new();
+    for n in notes {
+        text.push_str(n);
+        text.push('\n');
+    }
+    match e {
+        FileError::Sandbox(f) => text.push_str(&render::failure_line("failure", f)),
+        other => text.push_str(&other.to_string()),
+    }
+    if let Some(h) = hint {
+        text.push('\n');
+        text.push_str(h);
+    }
+    render::error(text)
+}
+
+/// Prepends notes to a successful text result.
+fn with_notes(notes: &[String], text: String) -> CallToolResult {
+    if notes.is_empty() {
+        return render::ok(text);
+    }
+    render::ok(format!("{}\n{text}", notes.join("\n")))
+}
+
+/// What the model is told about the server.
+fn instructions(spec: &SandboxSpec) -> String {
+    let mut limits = Vec::new();
+    if let Some(m) = spec.limits.memory {
+        limits.push(format!("{} MiB of memory", m >> 20));
+    }
+    if let Some(c) = spec.limits.cpus {
+        limits.push(format!("{c} CPUs"));
+    }
+    let limits = if limits.is_empty() {
+        String::new()
+    } else {
+        format!(", limited to {}", limits.join(" and "))
+    };
+    let network = match spec.network.as_str() {
+        "none" => "no network access",
+        _ => "network access",
+    };
+    format!(
+        "corral gives this session its own Linux sandbox: a hardened, disposable container \
+         (image {image}{limits}, {network}), isolated from the host and from other sessions. \
+         It is created on your first tool call and destroyed when the session ends, so \
+         nothing in it persists beyond the session. Use run_command for one-off commands (each \
+         runs in a fresh /bin/sh -c: cd and exports do not carry over), shell_run for a \
+         persistent shell whose working directory and variables carry over between calls \
+         (several named sessions may exist; shell_close ends one), and read_file, write_file \
+         and list_files for files. Relative paths are taken from the sandbox's working \
+         directory. Results give the exit code and output; a command that timed out, ran out \
+         of memory or lost its container says so with a failure kind.",
+        image = spec.image,
+    )
+}
+
+#[tool_router]
+impl Handler {
+    /// Run a shell command in the sandbox with /bin/sh -c and wait for it.
+    /// Each call starts a fresh shell: cd and exported variables do not
+    /// carry over (use shell_run for that). Returns the exit code, stdout
+    /// and stderr (each capped at 64 KiB, first and last parts kept), and
+    /// the failure kind when the command timed out, was OOM-killed or lost
+    /// its container. A non-zero exit is reported as an error result.
+    #[tool(input_schema = schema::<args::RunCommand>())]
+    async fn run_command(&self, params: JsonObject) -> Result<CallToolResult, ErrorData> {
+        const TOOL: &str = "run_command";
+        let a: args::RunCommand = args::parse(TOOL, params)?;
+        args::command(TOOL, &a.command)?;
+        let timeout = args::timeout(TOOL, a.timeout_secs)?;
+        if let Some(cwd) = &a.cwd {
+            args::path(TOOL, "cwd", cwd)?;
+        }
+        let (lease, notes) = match self.lease().await {
+            Ok(l) => l,
+            Err(r) => return Ok(r),
+        };
+        let mut cmd = CommandSpec::shell(a.command)
+            .timeout(timeout)
+            .max_output(MAX_OUTPUT);
+        cmd.cwd = a.cwd;
+        let r = lease.run(&cmd).await;
+        Ok(render::command(&r, lease.id(), &notes, MAX_OUTPUT))
+    }
+
+    /// Read a file from the sandbox. Text comes back as it is; a binary
+    /// file comes back base64-encoded after a note. Files above 256 KiB
+    /// are refused: read parts of them with run_command (head, tail, sed).
+    #[tool(
+        input_schema = schema::<args::ReadFile>(),
+        annotations(read_only_hint = true)
+    )]
+    async fn read_file(&self, params: JsonObject) -> Result<CallToolResult, ErrorData> {
+        const TOOL: &str = "read_file";
+        let a: args::ReadFile = args::parse(TOOL, params)?;
+        args::path(TOOL, "path", &a.path)?;
+        let (lease, notes) = match self.lease().await {
+            Ok(l) => l,
+            Err(r) => return Ok(r),
+        };
+        let path = self.absolute(&lease, &a.path).await;
+        let opts = FileOptions {
+            max_bytes: READ_CAP,
+            timeout: FILE_TIMEOUT,
+            ..FileOptions::default()
+        };
+        match lease.read_file(&path, &opts).await {
+            Ok(bytes) if notes.is_empty() => Ok(render::file_content(&path, bytes)),
+            Ok(bytes) => {
+                let mut r = render::file_content(&path, bytes);
+                r.content.insert(0, rmcp::model::ContentBlock::text(notes.join("\n")));
+                Ok(r)
+            }
+            Err(e @ FileError::TooLarge { .. }) => Ok(file_error(
+                &e,
+                &notes,
+                Some("read parts of it with run_command, e.g. head -c 100000 FILE or sed -n '1,200p' FILE"),
+            )),
+            Err(e) => Ok(file_error(&e, &notes, None)),
+        }
+    }
+
+    /// Write text to a file in the sandbox, replacing it atomically (a new
+    /// file gets mode 0644, a replaced one keeps its mode). mkdirs creates
+    /// missing parent directories.
+    #[tool(input_schema = schema::<args::WriteFile>())]
+    async fn write_file(&self, params: JsonObject) -> Result<CallToolResult, ErrorData> {
+        const TOOL: &str = "write_file";
+        let a: args::WriteFile = args::parse(TOOL, params)?;
+        args::path(TOOL, "path", &a.path)?;
+        if a.content.len() as u64 > WRITE_CAP {
+            return Err(args::invalid(
+                TOOL,
+                "content",
+                &serde_json::json!(format!("({} bytes)", a.content.len())),
+                &format!("at most {WRITE_CAP} bytes"),
+            ));
+        }
+        let (lease, notes) = match self.lease().await {
+            Ok(l) => l,
+            Err(r) => return Ok(r),
+        };
+        let path = self.absolute(&lease, &a.path).await;
+        let opts = FileOptions {
+            max_bytes: WRITE_CAP,
+            mkdirs: a.mkdirs.unwrap_or(false),
+            timeout: FILE_TIMEOUT,
+            ..FileOptions::default()
+        };
+        match lease.write_file(&path, a.content.as_bytes(), &opts).await {
+            Ok(()) => Ok(with_notes(
+                &notes,
+                format!("wrote {} bytes to {path}", a.content.len()),
+            )),
+            Err(e @ FileError::NotFound { .. }) if !opts.mkdirs => Ok(file_error(
+                &e,
+                &notes,
+                Some("pass mkdirs: true to create missing parent directories"),
+            )),
+            Err(e) => Ok(file_error(&e, &notes, None)),
+        }
+    }
+
+    /// List a directory in the sandbox: one line per entry with its type,
+    /// permissions, size and name (directories end in '/', symlinks show
+    /// their target), sorted by name.
+    #[tool(
+        input_schema = schema::<args::ListFiles>(),
+        annotations(read_only_hint = true)
+    )]
+    async fn list_files(&self, params: JsonObject) -> Result<CallToolResult, ErrorData> {
+        const TOOL: &str = "list_files";
+        let a: args::ListFiles = args::parse(TOOL, params)?;
+        args::path(TOOL, "path", &a.path)?;
+        let (lease, notes) = match self.lease().await {
+            Ok(l) => l,
+            Err(r) => return Ok(r),
+        };
+        let path = self.absolute(&lease, &a.path).await;
+        let opts = FileOptions {
+            max_bytes: LIST_CAP,
+            timeout: FILE_TIMEOUT,
+            ..FileOptions::default()
+        };
+        match lease.list_dir(&path, &opts).await {
+            Ok(entries) => Ok(with_notes(&notes, render::listing(&path, &entries))),
+            Err(e) => Ok(file_error(&e, &notes, None)),
+        }
+    }
+
+    /// Run a command in a persistent shell session (default "main"): the
+    /// working directory, exported variables and functions carry over
+    /// between calls, like a terminal. Each call returns that command's
+    /// exit code and output. On timeout the command is interrupted like
+    /// Ctrl-C; if it will not stop, the shell is restarted and the result
+    /// says so.
+    #[tool(input_schema = schema::<args::ShellRun>())]
+    async fn shell_run(&self, params: JsonObject) -> Result<CallToolResult, ErrorData> {
+        const TOOL: &str = "shell_run";
+        let a: args::ShellRun = args::parse(TOOL, params)?;
+        args::command(TOOL, &a.command)?;
+        let name = a.session.unwrap_or_else(|| DEFAULT_SHELL.to_string());
+        args::session(TOOL, &name)?;
+        let timeout = args::timeout(TOOL, a.timeout_secs)?;
+        let (lease, notes) = match self.lease().await {
+            Ok(l) => l,
+            Err(r) => return Ok(r),
+        };
+        let s = lease
+            .shell(&name)
+            .run(&a.command, Some(timeout), MAX_OUTPUT)
+            .await;
+        let ran_before = self.session.shell_used(lease.id(), &name);
+        Ok(render::shell(
+            &s,
+            &name,
+            s.restarted && ran_before,
+            lease.id(),
+            notes,
+            MAX_OUTPUT,
+        ))
+    }
+
+    /// End a shell session and everything it still runs; the next
+    /// shell_run with that name starts a fresh shell.
+    #[tool(input_schema = schema::<args::ShellClose>())]
+    async fn shell_close(&self, params: JsonObject) -> Result<CallToolResult, ErrorData> {
+        const TOOL: &str = "shell_close";
+        let a: args::ShellClose = args::parse(TOOL, params)?;
+        args::session(TOOL, &a.session)?;
+        let none_open = format!("no shell session '{}' is open", a.session);
+        // No sandbox yet: no shell either, and none worth starting for this.
+        if !self.session.used() {
+            return Ok(render::ok(none_open));
+        }
+        let (lease, notes) = match self.lease().await {
+            Ok(l) => l,
+            Err(r) => return Ok(r),
+        };
+        self.session.shell_closed(&a.session);
+        if !lease.shell_names().contains(&a.session) {
+            return Ok(with_notes(&notes, none_open));
+        }
+        lease.close_shell(&a.session).await;
+        Ok(with_notes(
+            &notes,
+            format!("closed shell session '{}'", a.session),
+        ))
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for Handler {
+    fn get_info(&self) -> ServerInfo {
+        self.info.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instructions_describe_the_sandbox() {
+        let mut spec = SandboxSpec::new("corral-test/busybox");
+        spec.limits.memory = Some(512 << 20);
+        let text = instructions(&spec);
+        assert!(text.contains("image corral-test/busybox"), "{text}");
+        assert!(text.contains("512 MiB of memory"), "{text}");
+        for tool in [
+            "run_command",
+            "shell_run",
+            "shell_close",
+            "read_file",
+            "write_file",
+            "list_files",
+        ] {
+            assert!(text.contains(tool), "{tool}: {text}");
+        }
+    }
+
+    #[test]
+    fn every_tool_is_listed_with_a_description_and_schema() {
+        let router = Handler::tool_router();
+        let mut names: Vec<String> = router
+            .list_all()
+            .iter()
+            .map(|t| {
+                assert!(
+                    t.description.as_deref().is_some_and(|d| d.len() > 40),
+                    "{t:?}"
+                );
+                assert_eq!(
+                    t.input_schema.get("type"),
+                    Some(&serde_json::json!("object"))
+                );
+                t.name.to_string()
+            })
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "list_files",
+                "read_file",
+                "run_command",
+                "shell_close",
+                "shell_run",
+                "write_file"
+            ]
+        );
+    }
+}

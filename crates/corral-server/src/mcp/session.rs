@@ -1,0 +1,243 @@
+//! One MCP session's sandbox: acquired from the provider on first use under
+//! a key of its own, released when the session ends.
+//!
+//! The session ends in one of two ways: [`Session::release`] (stdio, after
+//! the client hung up), or the last handle being dropped (streamable HTTP:
+//! rmcp drops the handler when the client deletes the session, the session
+//! idles out or the service closes it on cancellation), which spawns the
+//! release. Once the service's token is cancelled no session acquires a
+//! sandbox any more. A gate
+//! held across every acquire and the release orders them: a release waits
+//! for an acquire in flight and then frees what it made, and no acquire
+//! starts after a release, so no sandbox outlives its session.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use corral_core::{CommandSpec, Failure, FailureKind};
+use corral_docker::{Lease, Provider};
+use tokio_util::sync::CancellationToken;
+
+use super::McpContext;
+
+/// Longest the working-directory probe may take.
+const PWD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A session's sandbox and what is known about it.
+pub(super) struct Session {
+    ctx: McpContext,
+    key: String,
+    /// Held across each acquire and the release.
+    gate: Arc<tokio::sync::Mutex<()>>,
+    /// An acquire was started: a sandbox may be bound to `key`.
+    used: AtomicBool,
+    /// The session ended: no further acquire.
+    released: AtomicBool,
+    /// The service is shutting down: no further acquire either.
+    closing: CancellationToken,
+    books: Mutex<Books>,
+}
+
+/// What the session remembers of its current sandbox.
+#[derive(Default)]
+struct Books {
+    /// Id of the sandbox last handed out.
+    sandbox: Option<String>,
+    /// Shell sessions that have run a command in it.
+    shells: HashSet<String>,
+    /// Its working directory, once asked.
+    cwd: Option<String>,
+}
+
+/// Why a session could not hand out its sandbox.
+pub(super) enum LeaseError {
+    /// The session has ended.
+    Ended,
+    /// The sandbox could not be started or recovered.
+    Failed(Failure),
+}
+
+impl Session {
+    /// A session whose sandbox will be bound to a fresh `mcp-<random>` key;
+    /// it acquires nothing once `closing` is cancelled.
+    pub(super) fn new(ctx: McpContext, closing: CancellationToken) -> Session {
+        Session {
+            ctx,
+            key: format!("mcp-{}", corral_docker::host::random_hex(16)),
+            gate: Arc::new(tokio::sync::Mutex::new(())),
+            used: AtomicBool::new(false),
+            released: AtomicBool::new(false),
+            closing,
+            books: Mutex::new(Books::default()),
+        }
+    }
+
+    /// The provider's key of this session's sandbox.
+    pub(super) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Whether a sandbox may exist for this session.
+    pub(super) fn used(&self) -> bool {
+        self.used.load(Ordering::Acquire)
+    }
+
+    fn books(&self) -> MutexGuard<'_, Books> {
+        // Plain field updates: a panic cannot leave them half-done.
+        self.books.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The session's sandbox, started on first use. The second value says
+    /// when it is not the sandbox the session used before (evicted or lost
+    /// and replaced): earlier files and shells are gone.
+    pub(super) async fn lease(&self) -> Result<(Lease, Option<String>), LeaseError> {
+        let gate = self.gate.clone().lock_owned().await;
+        if self.released.load(Ordering::Acquire) || self.closing.is_cancelled() {
+            return Err(LeaseError::Ended);
+        }
+        self.used.store(true, Ordering::Release);
+        let provider = self.ctx.provider.clone();
+        let key = self.key.clone();
+        let spec = self.ctx.spec.clone();
+        // Its own task, so a client that gives up mid-start cannot leave a
+        // half-registered sandbox: the start completes (or fails) and the
+        // release, waiting on the gate, sees the result.
+        let acquired = tokio::spawn(async move {
+            let r = provider.acquire_spec(&key, &spec).await;
+            drop(gate);
+            r
+        })
+        .await;
+        let lease = match acquired {
+            Ok(Ok(lease)) => lease,
+            Ok(Err(e)) => return Err(LeaseError::Failed(e.failure())),
+            Err(e) => {
+                return Err(LeaseError::Failed(Failure::new(
+                    FailureKind::AgentError,
+                    format!(
+                        "starting the sandbox of MCP session {} failed: {e}",
+                        self.key
+                    ),
+                )))
+            }
+        };
+        let mut books = self.books();
+        let note = match books.sandbox.as_deref() {
+            Some(old) if old != lease.id() => Some(format!(
+                "note: this session's sandbox {old} was lost or evicted and replaced by a new one ({}); files and shell state from before are gone",
+                lease.id()
+            )),
+            _ => None,
+        };
+        if books.sandbox.as_deref() != Some(lease.id()) {
+            *books = Books {
+                sandbox: Some(lease.id().to_string()),
+                ..Books::default()
+            };
+        }
+        Ok((lease, note))
+    }
+
+    /// Records that shell `name` ran a command in `sandbox`; true when it
+    /// had run one before (so a fresh shell means a restart).
+    pub(super) fn shell_used(&self, sandbox: &str, name: &str) -> bool {
+        let mut books = self.books();
+        if books.sandbox.as_deref() != Some(sandbox) {
+            return false;
+        }
+        !books.shells.insert(name.to_string())
+    }
+
+    /// Forgets shell `name` (closed on purpose: its next shell is no restart).
+    pub(super) fn shell_closed(&self, name: &str) {
+        self.books().shells.remove(name);
+    }
+
+    /// The sandbox's working directory: the spec's, else what `pwd` says
+    /// there (asked once), else `/`.
+    pub(super) async fn cwd(&self, lease: &Lease) -> String {
+        if let Some(dir) = self
+            .ctx
+            .spec
+            .workdir
+            .as_deref()
+            .filter(|d| d.starts_with('/'))
+        {
+            return dir.to_string();
+        }
+        {
+            let books = self.books();
+            if books.sandbox.as_deref() == Some(lease.id()) {
+                if let Some(cwd) = &books.cwd {
+                    return cwd.clone();
+                }
+            }
+        }
+        let r = lease
+            .run(
+                &CommandSpec::shell("pwd")
+                    .timeout(PWD_TIMEOUT)
+                    .max_output(4096),
+            )
+            .await;
+        let pwd = String::from_utf8_lossy(&r.stdout).trim().to_string();
+        let cwd = if r.failure.is_none() && r.exit_code == Some(0) && pwd.starts_with('/') {
+            pwd
+        } else {
+            "/".to_string()
+        };
+        let mut books = self.books();
+        if books.sandbox.as_deref() == Some(lease.id()) {
+            books.cwd = Some(cwd.clone());
+        }
+        cwd
+    }
+
+    /// Ends the session: releases its sandbox (after any acquire in
+    /// flight) and refuses later acquires. Idempotent.
+    pub(super) async fn release(&self) {
+        if self.released.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let _gate = self.gate.lock().await;
+        if self.used() {
+            release_key(&self.ctx.provider, &self.key).await;
+        }
+    }
+}
+
+async fn release_key(provider: &Provider, key: &str) {
+    match provider.release(key).await {
+        Ok(()) => tracing::info!(session = key, "MCP session ended; sandbox released"),
+        Err(e) => {
+            tracing::warn!(session = key, error = %e, "releasing the MCP session's sandbox failed")
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if self.released.swap(true, Ordering::AcqRel) || !self.used() {
+            return;
+        }
+        // Every tool call holds the session, so none is in flight; an
+        // acquire task may still be, and holds the gate until it is done.
+        let provider = self.ctx.provider.clone();
+        let key = std::mem::take(&mut self.key);
+        let gate = self.gate.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    let _gate = gate.lock().await;
+                    release_key(&provider, &key).await;
+                });
+            }
+            Err(_) => tracing::warn!(
+                session = key,
+                "no async runtime to release the MCP session's sandbox; the provider's shutdown removes it"
+            ),
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! Prometheus metrics of the service (`GET /metrics`): what the service saw
+//! (command latency, failures by kind) plus, read at scrape time, the
+//! provider's sandboxes and pools and the backend's counters (starts,
+//! retries, slot waits, recreations).
+
+use std::fmt;
+
+use corral_docker::{DockerBackend, Provider};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+/// Labels of command metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CommandLabels {
+    /// `exec`, `stream` or `shell`.
+    pub via: &'static str,
+}
+
+/// Labels of failure counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabels {
+    /// The failure kind, e.g. `timeout`.
+    pub kind: &'static str,
+}
+
+/// The service's metrics.
+pub struct Metrics {
+    registry: Registry,
+    /// Command wall time, in seconds.
+    pub command_seconds: Family<CommandLabels, Histogram>,
+    /// Commands that did not run to their own exit, by kind.
+    pub failures: Family<FailureLabels, Counter>,
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+fn latency_histogram() -> Histogram {
+    // 0.5 ms .. ~65 s: agent round trips sit near 1 ms, starts near 300 ms.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.0005, 2.0, 18,
+    ))
+}
+
+impl Metrics {
+    /// Metrics over `provider` and `backend`.
+    pub fn new(provider: Provider, backend: DockerBackend) -> Metrics {
+        let mut registry = Registry::with_prefix("corral");
+        let command_seconds = Family::<CommandLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> _,
+        );
+        registry.register(
+            "command_duration_seconds",
+            "Wall time of commands run through the service",
+            command_seconds.clone(),
+        );
+        let failures = Family::<FailureLabels, Counter>::default();
+        registry.register(
+            "command_failures",
+            "Commands that did not run to their own exit, by failure kind",
+            failures.clone(),
+        );
+        registry.register_collector(Box::new(Snapshot { provider, backend }));
+        Metrics {
+            registry,
+            command_seconds,
+            failures,
+        }
+    }
+
+    /// Records one command's outcome.
+    pub fn command(&self, via: &'static str, result: &corral_core::CommandResult) {
+        self.command_seconds
+            .get_or_create(&CommandLabels { via })
+            .observe(result.duration.as_secs_f64());
+        if let Some(f) = &result.failure {
+            self.failures
+                .get_or_create(&FailureLabels {
+                    kind: f.kind.as_str(),
+                })
+                .inc();
+        }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::warn!(error = %e, "encoding metrics failed");
+        }
+        out
+    }
+}
+
+/// Values read from the provider and the backend at each scrape.
+struct Snapshot {
+    provider: Provider,
+    backend: DockerBackend,
+}
+
+impl fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Snapshot")
+    }
+}
+
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
+    let m = e.encode_descriptor(name, help, None, MetricType::Counter)?;
+    ConstCounter::new(v).encode(m)
+}
+
+fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> fmt::Result {
+    let m = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    ConstGauge::new(v).encode(m)
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
+        let p = self.provider.stats();
+        let b = self.backend.metrics();
+        {
+            let mut m = e.encode_descriptor(
+                "sandboxes",
+                "Sandboxes of the provider by state (session: bound to a key, pooled: warm and idle)",
+                None,
+                MetricType::Gauge,
+            )?;
+            let pooled: usize = p.pooled.values().sum();
+            for (state, n) in [("session", p.sessions), ("pooled", pooled)] {
+                ConstGauge::new(n as i64).encode(m.encode_family(&[("state", state)])?)?;
+            }
+        }
+        gauge(
+            &mut e,
+            "sandboxes_live",
+            "Sandboxes alive or being created",
+            p.live as f64,
+        )?;
+        {
+            let mut m = e.encode_descriptor(
+                "pool_ready",
+                "Warm sandboxes ready per pool",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (pool, n) in &p.pooled {
+                ConstGauge::new(*n as i64).encode(m.encode_family(&[("pool", pool.as_str())])?)?;
+            }
+        }
+        counter(
+            &mut e,
+            "pool_hits",
+            "Acquires served from a warm pool",
+            p.pool_hits,
+        )?;
+        counter(
+            &mut e,
+            "pool_misses",
+            "Acquires that had to start a sandbox",
+            p.pool_misses,
+        )?;
+        let asked = p.pool_hits + p.pool_misses;
+        gauge(
+            &mut e,
+            "pool_hit_ratio",
+            "Fraction of acquires served from a warm pool",
+            if asked == 0 {
+                0.0
+            } else {
+                p.pool_hits as f64 / asked as f64
+            },
+        )?;
+        {
+            let mut m = e.encode_descriptor(
+                "evictions",
+                "Sandboxes evicted, by reason",
+                None,
+                MetricType::Counter,
+            )?;
+            for (reason, n) in [
+                ("lru", p.evicted_lru),
+                ("idle", p.evicted_idle),
+                ("lifetime", p.evicted_lifetime),
+                ("restarted", p.restarted),
+            ] {
+                ConstCounter::new(n).encode(m.encode_family(&[("reason", reason)])?)?;
+            }
+        }
+        counter(
+            &mut e,
+            "sandboxes_started",
+            "Sandboxes started",
+            b.sandboxes_started,
+        )?;
+        counter(
+            &mut e,
+            "start_failures",
+            "Sandbox starts that failed",
+            b.start_failures,
+        )?;
+        counter(
+            &mut e,
+            "recreated",
+            "Containers recreated by the recreate recovery policy",
+            b.recreated,
+        )?;
+        counter(
+            &mut e,
+            "daemon_retries",
+            "Daemon calls retried after a transient error",
+            b.retries,
+        )?;
+        counter(
+            &mut e,
+            "slot_waits",
+            "Times a start or exec waited for a slot",
+            b.slot_waits,
+        )?;
+        gauge(
+            &mut e,
+            "slot_wait_seconds_sum",
+            "Total time spent waiting for start and exec slots",
+            b.slot_wait_us as f64 / 1e6,
+        )?;
+        gauge(
+            &mut e,
+            "slot_wait_max_seconds",
+            "Longest single slot wait",
+            b.slot_wait_max_us as f64 / 1e6,
+        )?;
+        counter(
+            &mut e,
+            "breaker_opened",
+            "Times the start circuit breaker opened",
+            b.breaker_opened,
+        )?;
+        counter(
+            &mut e,
+            "orphans_reaped",
+            "Orphaned containers removed",
+            b.orphans_reaped,
+        )?;
+        Ok(())
+    }
+}

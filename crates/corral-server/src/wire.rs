@@ -1,0 +1,400 @@
+//! The JSON shapes of the HTTP API. Field names are a contract: the Python
+//! client and `docs/openapi.yaml` rely on them.
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use corral_core::{CommandResult, ContainerState, Failure};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Body of `POST /v1/sandboxes`. Every field is optional.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandbox {
+    /// Session key: the same key returns the same sandbox until it is
+    /// deleted or evicted. Letters, digits, `.`, `_`, `-` (1..=128). Default:
+    /// a new random key. The key is the sandbox's `id` in every other route.
+    pub session: Option<String>,
+    /// A profile or pool name from the service's configuration. A pool
+    /// hands over a warm sandbox.
+    pub profile: Option<String>,
+    /// Sandbox spec keys as under `defaults` in the config file (`image`,
+    /// `env`, `limits`, `network`, `recovery`, ...), merged over the
+    /// service's `defaults` key by key (objects merge, lists and values
+    /// replace), so `{"limits": {"memory": 67108864}}` changes only the
+    /// memory limit. Not with `profile`.
+    #[schema(value_type = Object)]
+    pub spec: Option<serde_json::Value>,
+    /// Image, overriding the one of the spec, profile or defaults.
+    pub image: Option<String>,
+    /// Keep `/workspace` and the home directory in host directories of this
+    /// session key, surviving container loss and service restarts.
+    #[serde(default)]
+    pub persistent: bool,
+}
+
+/// A sandbox of the service.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SandboxInfo {
+    /// The handle used in every route: the session key.
+    pub id: String,
+    /// The session key (the same as `id`).
+    pub session: String,
+    /// corral's id of the sandbox (label `corral.sandbox` of its container);
+    /// changes when a lost container is replaced.
+    pub sandbox_id: String,
+    /// The Docker container id.
+    pub container_id: String,
+    /// The image.
+    pub image: String,
+    /// The profile or pool it came from.
+    pub profile: Option<String>,
+    /// Whether its workspace is persistent.
+    pub persistent: bool,
+    /// Whether its container was running at the last look (no daemon call).
+    pub alive: bool,
+    /// Open shell sessions.
+    pub shells: Vec<String>,
+}
+
+/// Body of `GET /v1/sandboxes`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SandboxList {
+    /// Every sandbox of this service.
+    pub sandboxes: Vec<SandboxInfo>,
+}
+
+/// A command to run.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// A shell command line, run by `/bin/sh -c`. Exactly one of `command`
+    /// and `argv`.
+    pub command: Option<String>,
+    /// Program and arguments, run directly.
+    pub argv: Option<Vec<String>>,
+    /// Kill the command's whole process tree after this many ms; none:
+    /// no limit.
+    pub timeout_ms: Option<u64>,
+    /// Bytes kept per output stream (head and tail); default 1 MiB.
+    pub max_output: Option<u64>,
+    /// Working directory (`~` is the sandbox user's home).
+    pub cwd: Option<String>,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Text fed to stdin; without stdin the command sees EOF at once.
+    pub stdin: Option<String>,
+    /// Bytes fed to stdin, base64; not with `stdin`.
+    pub stdin_base64: Option<String>,
+}
+
+/// A command in a shell session.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ShellExecRequest {
+    /// The command line, run by the session's shell: `cd`, exported
+    /// variables and functions persist to later commands.
+    pub command: String,
+    /// Interrupt the command after this many ms (the session is kept when it
+    /// stops on the interrupt, else restarted).
+    pub timeout_ms: Option<u64>,
+    /// Bytes kept per output stream; default 1 MiB.
+    pub max_output: Option<u64>,
+}
+
+/// The container's state, attached to failures.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ContainerStateBody {
+    /// Container id.
+    pub id: String,
+    /// `running`, `exited`, `removed`, ...
+    pub status: String,
+    /// Exit code of PID 1, once stopped.
+    pub exit_code: Option<i64>,
+    /// The kernel OOM-killed PID 1.
+    pub oom_killed: bool,
+    /// The daemon's error text.
+    pub error: Option<String>,
+    /// Restarts by the daemon.
+    pub restart_count: Option<i64>,
+    /// Last lines of the container's log.
+    pub log_tail: Vec<String>,
+}
+
+/// Why a command did not complete normally.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FailureBody {
+    /// `timeout`, `oom_killed`, `container_lost`, `daemon_unavailable`,
+    /// `image_not_found`, `invalid_spec`, `spawn_failed`, `agent_error`, ...
+    pub kind: String,
+    /// Whether running it again may succeed.
+    pub retryable: bool,
+    /// What happened, with the ids involved.
+    pub message: String,
+    /// The container's state, when it matters.
+    pub container: Option<ContainerStateBody>,
+}
+
+/// A command's outcome: the same fields as `corral run --json`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CommandOutcome {
+    /// Exit code; null when the command did not exit on its own.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it.
+    pub signal: Option<i32>,
+    /// Standard output, as UTF-8 (lossy when it is not UTF-8; then
+    /// `stdout_base64` holds the exact bytes).
+    pub stdout: String,
+    /// Standard error, like `stdout`.
+    pub stderr: String,
+    /// The exact stdout bytes; only when they are not valid UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub stdout_base64: Option<String>,
+    /// The exact stderr bytes; only when they are not valid UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub stderr_base64: Option<String>,
+    /// Stdout was cut to its cap (head and tail kept).
+    pub stdout_truncated: bool,
+    /// Stderr was cut to its cap.
+    pub stderr_truncated: bool,
+    /// Bytes the command wrote to stdout in all.
+    pub stdout_total_bytes: u64,
+    /// Bytes the command wrote to stderr in all.
+    pub stderr_total_bytes: u64,
+    /// Wall time, in ms.
+    pub duration_ms: f64,
+    /// Null when the command ran to its exit (whatever the exit code).
+    pub failure: Option<FailureBody>,
+    /// corral's id of the sandbox it ran in.
+    pub sandbox_id: String,
+}
+
+/// A shell session command's outcome.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ShellOutcome {
+    /// The command's outcome.
+    #[serde(flatten)]
+    pub result: CommandOutcome,
+    /// The command ran in a fresh shell: earlier state was lost.
+    pub restarted: bool,
+    /// The shell is gone after it; the next command starts a fresh one.
+    pub ended: bool,
+}
+
+/// Body of `GET /v1/sandboxes/{id}/shells`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ShellList {
+    /// Open sessions by name.
+    pub shells: Vec<String>,
+}
+
+/// One directory entry.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DirEntryBody {
+    /// File name.
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    /// A symlink's target as stored (not resolved).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub target: Option<String>,
+}
+
+impl From<&corral_docker::DirEntry> for DirEntryBody {
+    fn from(e: &corral_docker::DirEntry) -> Self {
+        DirEntryBody {
+            name: e.name.clone(),
+            kind: e.kind.as_str().to_string(),
+            size: e.size,
+            mode: e.mode,
+            target: e.target.clone(),
+        }
+    }
+}
+
+/// Body of `GET /v1/sandboxes/{id}/files/list`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DirListing {
+    /// The directory listed.
+    pub path: String,
+    /// Its entries, by name.
+    pub entries: Vec<DirEntryBody>,
+}
+
+/// An error answer.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// What went wrong.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorDetail {
+    /// `invalid_request`, `not_found`, `unauthorized`, `too_large`, or a
+    /// failure kind (`daemon_unavailable`, `invalid_spec`, ...).
+    pub kind: String,
+    /// Human-readable, naming the field and value where one is at fault.
+    pub message: String,
+    /// The request field at fault.
+    pub field: Option<String>,
+    /// Whether the same request may succeed later.
+    pub retryable: bool,
+}
+
+/// Body of `GET /v1/health`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// `ok` when the daemon answers, else `degraded`.
+    pub status: String,
+    /// corral's version.
+    pub version: String,
+    /// The container daemon.
+    pub daemon: DaemonHealth,
+}
+
+/// The daemon as the service sees it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DaemonHealth {
+    /// The endpoint in use.
+    pub endpoint: String,
+    /// Whether it answered a ping just now.
+    pub reachable: bool,
+    /// The ping's error, when it did not answer.
+    pub error: Option<String>,
+}
+
+/// One streamed output chunk (SSE events `stdout` and `stderr`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct OutputChunk {
+    /// The chunk as UTF-8 (lossy; a multi-byte character may be split
+    /// between chunks, so use `base64` for exact bytes).
+    pub data: String,
+    /// The exact bytes.
+    pub base64: String,
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// Text for reading, plus the exact bytes when they are not UTF-8.
+fn text(bytes: &[u8]) -> (String, Option<String>) {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => (s.to_string(), None),
+        Err(_) => (
+            String::from_utf8_lossy(bytes).into_owned(),
+            Some(b64(bytes)),
+        ),
+    }
+}
+
+impl From<&ContainerState> for ContainerStateBody {
+    fn from(s: &ContainerState) -> Self {
+        ContainerStateBody {
+            id: s.id.clone(),
+            status: s.status.clone(),
+            exit_code: s.exit_code,
+            oom_killed: s.oom_killed,
+            error: s.error.clone(),
+            restart_count: s.restart_count,
+            log_tail: s.log_tail.clone(),
+        }
+    }
+}
+
+impl From<&Failure> for FailureBody {
+    fn from(f: &Failure) -> Self {
+        FailureBody {
+            kind: f.kind.as_str().to_string(),
+            retryable: f.retryable(),
+            message: f.message.clone(),
+            container: f.container.as_ref().map(ContainerStateBody::from),
+        }
+    }
+}
+
+impl CommandOutcome {
+    /// The wire form of `r`, run in sandbox `sandbox_id`.
+    pub fn new(r: &CommandResult, sandbox_id: &str) -> Self {
+        let (stdout, stdout_base64) = text(&r.stdout);
+        let (stderr, stderr_base64) = text(&r.stderr);
+        CommandOutcome {
+            exit_code: r.exit_code,
+            signal: r.signal,
+            stdout,
+            stderr,
+            stdout_base64,
+            stderr_base64,
+            stdout_truncated: r.stdout_truncated,
+            stderr_truncated: r.stderr_truncated,
+            stdout_total_bytes: r.stdout_total_bytes,
+            stderr_total_bytes: r.stderr_total_bytes,
+            duration_ms: r.duration.as_secs_f64() * 1000.0,
+            failure: r.failure.as_ref().map(FailureBody::from),
+            sandbox_id: sandbox_id.to_string(),
+        }
+    }
+}
+
+impl OutputChunk {
+    /// A chunk of output bytes.
+    pub fn new(bytes: &[u8]) -> Self {
+        OutputChunk {
+            data: String::from_utf8_lossy(bytes).into_owned(),
+            base64: b64(bytes),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_core::FailureKind;
+    use std::time::Duration;
+
+    #[test]
+    fn binary_output_keeps_exact_bytes_and_text_stays_plain() {
+        let r = CommandResult {
+            exit_code: Some(3),
+            stdout: b"ok\n".to_vec(),
+            stderr: vec![0xff, b'a'],
+            duration: Duration::from_millis(5),
+            ..CommandResult::default()
+        };
+        let v = serde_json::to_value(CommandOutcome::new(&r, "sb1")).expect("json");
+        assert_eq!(v["stdout"], "ok\n");
+        assert!(v.get("stdout_base64").is_none());
+        assert_eq!(v["stderr"], "\u{fffd}a");
+        assert_eq!(v["stderr_base64"], b64(&[0xff, b'a']));
+        assert_eq!(v["exit_code"], 3);
+        assert_eq!(v["failure"], serde_json::Value::Null);
+        assert_eq!(v["sandbox_id"], "sb1");
+    }
+
+    #[test]
+    fn failures_carry_kind_and_retryable() {
+        let r = CommandResult::failed(
+            Failure::new(FailureKind::ContainerLost, "gone"),
+            Duration::ZERO,
+        );
+        let v = serde_json::to_value(CommandOutcome::new(&r, "sb")).expect("json");
+        assert_eq!(v["failure"]["kind"], "container_lost");
+        assert_eq!(v["failure"]["retryable"], true);
+        let shell = ShellOutcome {
+            result: CommandOutcome::new(&r, "sb"),
+            restarted: true,
+            ended: false,
+        };
+        let v = serde_json::to_value(shell).expect("json");
+        assert_eq!(v["restarted"], true);
+        assert_eq!(v["failure"]["kind"], "container_lost");
+    }
+}

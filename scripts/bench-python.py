@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Round trip of a trivial command (`true`) through corral's Python client
+against the same command through the raw Docker Engine API, in one run, on
+the same container.
+
+    scripts/python-env.sh && cargo build --bin corral
+    target/pyenv/bin/python scripts/bench-python.py [-n 300] [--url URL]
+
+Without --url it starts its own `corral serve` ($CORRAL_BIN, else
+target/debug/corral) on a free loopback port. It creates one sandbox, then
+alternates, for each of n rounds: one `Sandbox.run(["true"])` (HTTP to the
+service, which hands it to the agent inside the container) and one raw
+Docker exec (POST /containers/{id}/exec, POST /exec/{id}/start, GET
+/exec/{id}/json for the exit code) on the sandbox's container over the
+daemon's Unix socket. It prints p50/p90/mean of each and the ratio, then
+deletes the sandbox, stops the service and checks no container of its own is
+left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import httpx
+
+import corral
+from corral.testing import LocalServer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def percentile(samples: List[float], p: float) -> float:
+    s = sorted(samples)
+    if not s:
+        return float("nan")
+    k = (len(s) - 1) * p
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+class DockerExec:
+    """`true` in a container through the Engine API, as `docker exec` does."""
+
+    def __init__(self, socket_path: str, container_id: str) -> None:
+        self.http = httpx.Client(
+            transport=httpx.HTTPTransport(uds=socket_path), base_url="http://docker", timeout=60.0
+        )
+        version = self.http.get("/version").json()["ApiVersion"]
+        self.prefix = f"/v{version}"
+        self.container_id = container_id
+
+    def run(self, argv: List[str]) -> int:
+        r = self.http.post(
+            f"{self.prefix}/containers/{self.container_id}/exec",
+            json={"Cmd": argv, "AttachStdout": True, "AttachStderr": True},
+        )
+        r.raise_for_status()
+        exec_id = r.json()["Id"]
+        with self.http.stream(
+            "POST", f"{self.prefix}/exec/{exec_id}/start", json={"Detach": False, "Tty": False}
+        ) as s:
+            s.raise_for_status()
+            for _ in s.iter_raw():
+                pass
+        info = self.http.get(f"{self.prefix}/exec/{exec_id}/json").json()
+        if info.get("Running"):
+            raise RuntimeError("exec still running after its stream closed")
+        return int(info["ExitCode"])
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1000.0
+
+
+def docker_socket() -> str:
+    host = os.environ.get("DOCKER_HOST", "")
+    if host.startswith("unix://"):
+        return host[len("unix://") :]
+    return "/var/run/docker.sock"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-n", "--rounds", type=int, default=300, help="measured rounds of each (default 300)")
+    ap.add_argument("--warmup", type=int, default=20, help="unmeasured rounds first (default 20)")
+    ap.add_argument("--url", help="an already running corral service (default: start one)")
+    ap.add_argument("--image", default=os.environ.get("CORRAL_TEST_IMAGE", "corral-test/busybox"))
+    args = ap.parse_args(argv)
+
+    run_label = f"corralbench.run={uuid.uuid4().hex[:12]}"
+    key, value = run_label.split("=")
+    server: Optional[LocalServer] = None
+    if args.url:
+        url = args.url
+    else:
+        binary = os.environ.get("CORRAL_BIN") or str(REPO / "target" / "debug" / "corral")
+        server = LocalServer(binary, config={"defaults": {"image": args.image, "labels": {key: value}}})
+        server.start()
+        url = server.url
+
+    status = 0
+    client = corral.Client(url)
+    sb: Optional[corral.Sandbox] = None
+    docker: Optional[DockerExec] = None
+    try:
+        sb = client.sandbox(image=args.image)
+        assert sb.container_id, "the service did not say which container the sandbox is"
+        docker = DockerExec(docker_socket(), sb.container_id)
+        trivial = ["true"]
+
+        def via_client() -> None:
+            r = sb.run(trivial, timeout=30)
+            if r.exit_code != 0:
+                raise RuntimeError(f"client: exit {r.exit_code}")
+
+        def via_docker() -> None:
+            code = docker.run(trivial)
+            if code != 0:
+                raise RuntimeError(f"docker: exit {code}")
+
+        for _ in range(args.warmup):
+            via_client()
+            via_docker()
+        client_ms: List[float] = []
+        docker_ms: List[float] = []
+        for i in range(args.rounds):
+            # Alternate which goes first so drift on a shared machine hits both.
+            if i % 2 == 0:
+                client_ms.append(timed(via_client))
+                docker_ms.append(timed(via_docker))
+            else:
+                docker_ms.append(timed(via_docker))
+                client_ms.append(timed(via_client))
+
+        rows = [
+            ("corral Python client, Sandbox.run(['true'])", client_ms),
+            ("raw Docker API exec (create+start+inspect)", docker_ms),
+        ]
+        print(f"`true` round trip, {args.rounds} rounds each, same container ({sb.container_id[:12]}), same run")
+        print(f"{'path':<46} {'p50 ms':>8} {'p90 ms':>8} {'mean ms':>8} {'min ms':>8}")
+        for name, xs in rows:
+            print(
+                f"{name:<46} {percentile(xs, 0.5):8.2f} {percentile(xs, 0.9):8.2f} "
+                f"{statistics.fmean(xs):8.2f} {min(xs):8.2f}"
+            )
+        ratio = percentile(client_ms, 0.5) / percentile(docker_ms, 0.5)
+        print(f"p50 ratio client/docker: {ratio:.3f} (the client's round trip is {1 / ratio:.1f}x faster)")
+    except Exception as exc:  # report, then clean up
+        print(f"bench-python: {exc}", file=sys.stderr)
+        status = 1
+    finally:
+        if docker is not None:
+            docker.close()
+        if sb is not None:
+            sb.delete()
+        client.close()
+        if server is not None:
+            server.close()
+
+    if server is not None:
+        left = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"label={run_label}"], capture_output=True, text=True
+        ).stdout.split()
+        if left:
+            subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
+            print(f"bench-python: containers left behind (removed): {left}", file=sys.stderr)
+            return 1
+        print("leak check: no container left")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

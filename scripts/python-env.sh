@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Creates (or updates) the Python environment of the Python client's tests
+# and benchmark: a venv at target/pyenv with the client installed editable
+# (clients/python), pytest, pytest-asyncio and mcp. Quick when nothing
+# changed: a stamp of the inputs is kept in the venv.
+#
+#   scripts/python-env.sh          # then: target/pyenv/bin/python ...
+#   PYTHON=python3.12 scripts/python-env.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=target/pyenv
+python=${PYTHON:-python3}
+reqs=(pytest pytest-asyncio mcp)
+
+if ! command -v "$python" >/dev/null 2>&1; then
+  echo "python-env: $python not found (install python3 and python3-venv)" >&2
+  exit 1
+fi
+
+stamp_of() {
+  {
+    echo "reqs: ${reqs[*]}"
+    "$python" -c 'import sys; print(sys.version)'
+    cat clients/python/pyproject.toml
+  } | sha256sum | cut -d' ' -f1
+}
+want=$(stamp_of)
+
+if [ -x "$venv/bin/python" ] && [ -f "$venv/.corral-stamp" ] && [ "$(cat "$venv/.corral-stamp")" = "$want" ] \
+   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, mcp' >/dev/null 2>&1; then
+  echo "python-env: $venv is up to date"
+  exit 0
+fi
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "python-env: creating $venv" >&2
+  mkdir -p target
+  if ! "$python" -m venv "$venv" 2>/dev/null; then
+    # Debian's python3 lacks ensurepip without python3-venv.
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      ver=$("$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "python${ver}-venv" >/dev/null \
+        || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+      rm -rf "$venv"
+      "$python" -m venv "$venv"
+    else
+      echo "python-env: '$python -m venv' failed (install python3-venv)" >&2
+      exit 1
+    fi
+  fi
+fi
+
+echo "python-env: installing the client and ${reqs[*]}" >&2
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
+"$venv/bin/python" -m pip install -q --disable-pip-version-check -e clients/python "${reqs[@]}"
+echo "$want" > "$venv/.corral-stamp"
+echo "python-env: ready: $venv/bin/python"
