@@ -23,7 +23,7 @@ use crate::error::{is_connection_error, is_not_found, status_code, DockerError};
 use crate::events::EventRouter;
 use crate::host::{self, RealHost};
 use crate::limits::{default_slot_dir, Limiter};
-use crate::metrics::{Metrics, MetricsSnapshot};
+use crate::metrics::{Metrics, MetricsSnapshot, StartPhase};
 use crate::retry::retry;
 use crate::sandbox::{remove_container, Sandbox};
 
@@ -121,6 +121,11 @@ pub struct StartTimings {
     /// Round trip of the first command run after the start (`None` until
     /// one has run).
     pub first_command: Option<Duration>,
+}
+
+/// A span for one phase of a start, a child of the `sandbox_start` span.
+fn phase_span(phase: StartPhase) -> tracing::Span {
+    tracing::debug_span!("start_phase", phase = phase.as_str())
 }
 
 /// A started container with its agent attached, before it becomes a [`Sandbox`].
@@ -239,14 +244,19 @@ impl DockerBackend {
             self.clone(),
         );
         let mut timings = started.timings;
-        let t = Instant::now();
-        if let Err(e) = sandbox.run_startup().await {
-            if let Err(rm) = sandbox.destroy().await {
-                tracing::warn!(sandbox = sandbox.id(), error = %rm, "removing a sandbox whose start-up failed failed");
+        let startup = sandbox
+            .run_startup()
+            .instrument(phase_span(StartPhase::Startup))
+            .await;
+        timings.startup = match startup {
+            Ok(took) => took,
+            Err(e) => {
+                if let Err(rm) = sandbox.destroy().await {
+                    tracing::warn!(sandbox = sandbox.id(), error = %rm, "removing a sandbox whose start-up failed failed");
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
-        timings.startup = t.elapsed();
+        };
         timings.total += timings.startup;
         self.report_start(sandbox.id(), &timings);
         sandbox.set_timings(timings);
@@ -313,7 +323,9 @@ impl DockerBackend {
         let docker = &self.inner.docker;
 
         let t = Instant::now();
-        self.ensure_image(&spec.image).await?;
+        self.ensure_image(&spec.image)
+            .instrument(phase_span(StartPhase::Image))
+            .await?;
         timings.image = t.elapsed();
         let storage_opt_supported = match spec.limits.disk {
             Some(_) => {
@@ -333,12 +345,21 @@ impl DockerBackend {
             .inner
             .agent_volume
             .get_or_try_init(|| agent_volume::ensure(docker, &spec.image, &self.inner.owner))
+            .instrument(phase_span(StartPhase::AgentVolume))
             .await?
             .clone();
         timings.agent_volume = t.elapsed();
 
-        timings.breaker_wait = self.breaker_admit().await?;
-        let slot = self.inner.start_slots.acquire().await?;
+        timings.breaker_wait = self
+            .breaker_admit()
+            .instrument(phase_span(StartPhase::BreakerWait))
+            .await?;
+        let slot = self
+            .inner
+            .start_slots
+            .acquire()
+            .instrument(phase_span(StartPhase::SlotWait))
+            .await?;
         timings.slot_wait = slot.waited;
         if !slot.waited.is_zero() {
             self.inner.metrics.slot_wait(slot.waited);
@@ -357,7 +378,10 @@ impl DockerBackend {
         );
         let probe = self.breaker_probe_flag();
         let t = Instant::now();
-        let created = self.create_container(&name, id, &spec.image, body).await;
+        let created = self
+            .create_container(&name, id, &spec.image, body)
+            .instrument(phase_span(StartPhase::Create))
+            .await;
         timings.create = t.elapsed();
         let cid = match created {
             Ok(cid) => cid,
@@ -384,6 +408,7 @@ impl DockerBackend {
                 }
             },
         )
+        .instrument(phase_span(StartPhase::Start))
         .await
         .map_err(|e| {
             DockerError::api(format!("start sandbox {id} (container {})", short(&cid)), e)
@@ -406,6 +431,7 @@ impl DockerBackend {
                     }
                     AgentConn::attach(docker, &cid, id, policy, &self.inner.metrics).await
                 }
+                .instrument(phase_span(StartPhase::Attach))
                 .await;
                 timings.attach = t.elapsed();
                 r
@@ -415,10 +441,19 @@ impl DockerBackend {
         match attached {
             Ok(conn) => {
                 debug_assert!(ok);
-                self.inner
-                    .metrics
-                    .sandboxes_started
-                    .fetch_add(1, Ordering::Relaxed);
+                let m = &self.inner.metrics;
+                m.sandboxes_started.fetch_add(1, Ordering::Relaxed);
+                for (phase, took) in [
+                    (StartPhase::BreakerWait, timings.breaker_wait),
+                    (StartPhase::SlotWait, timings.slot_wait),
+                    (StartPhase::Image, timings.image),
+                    (StartPhase::AgentVolume, timings.agent_volume),
+                    (StartPhase::Create, timings.create),
+                    (StartPhase::Start, timings.start),
+                    (StartPhase::Attach, timings.attach),
+                ] {
+                    m.phase(phase, took);
+                }
                 timings.total = total.elapsed();
                 Ok(Started {
                     container_id: cid,

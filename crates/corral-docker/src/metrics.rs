@@ -25,6 +25,65 @@ pub struct Metrics {
     pub breaker_wait_us: AtomicU64,
     /// Orphaned containers removed by the reaper.
     pub orphans_reaped: AtomicU64,
+    /// Time successful starts spent in each phase, in µs, indexed by
+    /// [`StartPhase`]; the phase `first_command` counts only sandboxes that
+    /// ran one (see [`Metrics::first_commands`]).
+    pub start_phase_us: [AtomicU64; StartPhase::ALL.len()],
+    /// Sandboxes whose first command has run.
+    pub first_commands: AtomicU64,
+}
+
+/// A phase of a sandbox start, as recorded in [`crate::StartTimings`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartPhase {
+    /// Held back by the open circuit breaker.
+    BreakerWait,
+    /// Waiting for a start slot.
+    SlotWait,
+    /// Looking up (or pulling) the image.
+    Image,
+    /// Making sure the agent volume is filled.
+    AgentVolume,
+    /// Creating the container.
+    Create,
+    /// Starting it.
+    Start,
+    /// Attaching to the agent.
+    Attach,
+    /// Running the start-up commands.
+    Startup,
+    /// The first command's round trip after the start.
+    FirstCommand,
+}
+
+impl StartPhase {
+    /// Every phase, in the order a start goes through them.
+    pub const ALL: [StartPhase; 9] = [
+        StartPhase::BreakerWait,
+        StartPhase::SlotWait,
+        StartPhase::Image,
+        StartPhase::AgentVolume,
+        StartPhase::Create,
+        StartPhase::Start,
+        StartPhase::Attach,
+        StartPhase::Startup,
+        StartPhase::FirstCommand,
+    ];
+
+    /// The phase's name in metrics and logs, e.g. `slot_wait`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StartPhase::BreakerWait => "breaker_wait",
+            StartPhase::SlotWait => "slot_wait",
+            StartPhase::Image => "image",
+            StartPhase::AgentVolume => "agent_volume",
+            StartPhase::Create => "create",
+            StartPhase::Start => "start",
+            StartPhase::Attach => "attach",
+            StartPhase::Startup => "startup",
+            StartPhase::FirstCommand => "first_command",
+        }
+    }
 }
 
 /// A copy of the counters at one moment.
@@ -50,15 +109,35 @@ pub struct MetricsSnapshot {
     pub breaker_wait_us: u64,
     /// See [`Metrics::orphans_reaped`].
     pub orphans_reaped: u64,
+    /// See [`Metrics::start_phase_us`].
+    pub start_phase_us: [u64; StartPhase::ALL.len()],
+    /// See [`Metrics::first_commands`].
+    pub first_commands: u64,
+}
+
+impl MetricsSnapshot {
+    /// Total time successful starts spent in `phase`.
+    pub fn start_phase(&self, phase: StartPhase) -> std::time::Duration {
+        std::time::Duration::from_micros(self.start_phase_us[phase as usize])
+    }
+}
+
+fn micros(d: std::time::Duration) -> u64 {
+    d.as_micros().min(u64::MAX as u128) as u64
 }
 
 impl Metrics {
     /// Records one slot wait.
     pub fn slot_wait(&self, waited: std::time::Duration) {
-        let us = waited.as_micros().min(u64::MAX as u128) as u64;
+        let us = micros(waited);
         self.slot_waits.fetch_add(1, Ordering::Relaxed);
         self.slot_wait_us.fetch_add(us, Ordering::Relaxed);
         self.slot_wait_max_us.fetch_max(us, Ordering::Relaxed);
+    }
+
+    /// Adds `took` to the time spent in `phase`.
+    pub fn phase(&self, phase: StartPhase, took: std::time::Duration) {
+        self.start_phase_us[phase as usize].fetch_add(micros(took), Ordering::Relaxed);
     }
 
     /// The counters now.
@@ -75,6 +154,8 @@ impl Metrics {
             breaker_opened: l(&self.breaker_opened),
             breaker_wait_us: l(&self.breaker_wait_us),
             orphans_reaped: l(&self.orphans_reaped),
+            start_phase_us: std::array::from_fn(|i| l(&self.start_phase_us[i])),
+            first_commands: l(&self.first_commands),
         }
     }
 }

@@ -22,6 +22,7 @@ use crate::backend::{BackendInner, StartTimings};
 use crate::conn::AgentConn;
 use crate::error::{is_connection_error, is_not_found, DockerError};
 use crate::events::ConnSlot;
+use crate::metrics::StartPhase;
 use crate::retry::retry;
 use crate::shell::{ShellOptions, ShellSession, ShellSlot};
 use crate::state::container_state;
@@ -232,6 +233,9 @@ impl Sandbox {
             if t.first_command.is_none() {
                 let took = started.elapsed();
                 t.first_command = Some(took);
+                let m = &self.inner.backend.inner.metrics;
+                m.phase(StartPhase::FirstCommand, took);
+                m.first_commands.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(
                     sandbox = %self.inner.id,
                     first_command_ms = took.as_secs_f64() * 1e3,
@@ -294,8 +298,9 @@ impl Sandbox {
     }
 
     /// Runs the spec's start-up commands in order; the first that fails
-    /// fails the start.
-    pub(crate) async fn run_startup(&self) -> Result<(), DockerError> {
+    /// fails the start. Returns (and records in the metrics) the time taken.
+    pub(crate) async fn run_startup(&self) -> Result<Duration, DockerError> {
+        let t = Instant::now();
         for (i, script) in self.inner.spec.startup.iter().enumerate() {
             let r = self
                 .run_once(
@@ -322,7 +327,13 @@ impl Sandbox {
                 });
             }
         }
-        Ok(())
+        let took = t.elapsed();
+        self.inner
+            .backend
+            .inner
+            .metrics
+            .phase(StartPhase::Startup, took);
+        Ok(took)
     }
 
     /// Starts a command and returns a handle to feed it and wait for it. With
@@ -455,7 +466,7 @@ impl Sandbox {
             .metrics
             .recreated
             .fetch_add(1, Ordering::Relaxed);
-        self.run_startup().await
+        self.run_startup().await.map(|_| ())
     }
 
     /// Replaces a broken control stream with a new relay when the container

@@ -5,6 +5,7 @@
 
 use std::fmt;
 
+use corral_docker::metrics::StartPhase;
 use corral_docker::{DockerBackend, Provider};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -242,6 +243,24 @@ impl Collector for Snapshot {
             "breaker_opened",
             "Times the start circuit breaker opened",
             b.breaker_opened,
+        )?;
+        {
+            let mut m = e.encode_descriptor(
+                "start_phase_seconds",
+                "Time successful sandbox starts spent in each phase (first_command: the first command's round trip)",
+                None,
+                MetricType::Counter,
+            )?;
+            for phase in StartPhase::ALL {
+                ConstCounter::new(b.start_phase(phase).as_secs_f64())
+                    .encode(m.encode_family(&[("phase", phase.as_str())])?)?;
+            }
+        }
+        counter(
+            &mut e,
+            "first_commands",
+            "Sandboxes whose first command has run",
+            b.first_commands,
         )?;
         counter(
             &mut e,

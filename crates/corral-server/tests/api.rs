@@ -238,6 +238,20 @@ async fn sandboxes_commands_shells_and_files() {
         "{m}"
     );
     assert!(m.contains("corral_sandboxes_started_total"), "{m}");
+    // Every start phase is exported; the ones a start always goes through
+    // took time, and so did the sandbox's first command.
+    let phase = |name: &str| -> f64 {
+        let key = format!("corral_start_phase_seconds_total{{phase=\"{name}\"}} ");
+        m.lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {m}"))
+    };
+    for name in ["create", "start", "attach", "first_command"] {
+        assert!(phase(name) > 0.0, "phase {name}: {m}");
+    }
+    assert!(phase("breaker_wait") >= 0.0);
+    assert!(m.contains("corral_first_commands_total 1"), "{m}");
     provider.shutdown().await;
     assert_eq!(remaining("api-main"), Vec::<String>::new());
 }
