@@ -1,12 +1,32 @@
 #!/usr/bin/env bash
-# Runs every test: unit tests, the real-daemon integration tests, and the
-# Python client's and MCP server's tests against a real `corral serve` /
-# `corral mcp`. Sets up what they need first (a daemon, the offline test
-# images, a Python venv at target/pyenv). Extra arguments go to cargo test.
+# Runs every test: unit tests, the real-daemon integration tests (Docker, and
+# Podman's compatible socket), and the Python client's and MCP server's tests
+# against a real `corral serve` / `corral mcp`. Sets up what they need first
+# (a daemon, the offline test images, Podman's service, a Python venv at
+# target/pyenv). Extra arguments go to cargo test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-docker.sh
 scripts/build-test-images.sh
+
+# Podman's Docker-compatible socket, for crates/corral-docker/tests/podman.rs
+# (installed when missing; stopped when the tests end).
+mkdir -p target
+podman_sock=/tmp/corral-podman-$$.sock
+scripts/podman-service.sh "$podman_sock" >target/podman-service.log 2>&1 &
+podman_pid=$!
+trap 'kill $podman_pid 2>/dev/null || true; rm -f "$podman_sock"' EXIT
+for _ in $(seq 1 300); do
+  [ -S "$podman_sock" ] && podman --url "unix://$podman_sock" version >/dev/null 2>&1 && break
+  if ! kill -0 $podman_pid 2>/dev/null; then
+    echo "test.sh: the Podman service did not start:" >&2
+    cat target/podman-service.log >&2
+    exit 1
+  fi
+  sleep 1
+done
+export CORRAL_TEST_PODMAN="unix://$podman_sock"
+
 cargo test --workspace --all-targets --no-fail-fast "$@"
 
 echo "== Python client and MCP tests (real corral serve / corral mcp)"

@@ -157,6 +157,15 @@ const TRANSIENT_MARKERS: &[&str] = &[
     "resource temporarily unavailable",
 ];
 
+/// Daemon error texts that mean the container exists but is not running
+/// (Docker answers 409 "is not running"; Podman's compatible API answers 500
+/// "container state improper"): a lost container, never worth a retry.
+const NOT_RUNNING_MARKERS: &[&str] = &[
+    "is not running",
+    "container state improper",
+    "can only kill running containers",
+];
+
 /// Classifies a daemon error: connection trouble and transient daemon
 /// errors are `DaemonUnavailable` (retryable); a rejected request is
 /// `InvalidSpec`. A 5xx with no known permanent cause counts as transient.
@@ -172,6 +181,9 @@ pub fn classify(e: &bollard::errors::Error) -> FailureKind {
         return FailureKind::AgentError;
     };
     let text = message.to_ascii_lowercase();
+    if NOT_RUNNING_MARKERS.iter().any(|m| text.contains(m)) {
+        return FailureKind::ContainerLost;
+    }
     if TRANSIENT_MARKERS.iter().any(|m| text.contains(m)) {
         return FailureKind::DaemonUnavailable;
     }
@@ -191,6 +203,23 @@ pub fn status_code(e: &bollard::errors::Error) -> Option<u16> {
     match e {
         bollard::errors::Error::DockerResponseServerError { status_code, .. } => Some(*status_code),
         _ => None,
+    }
+}
+
+/// True when the daemon said the container is not running (Docker: 409;
+/// Podman: 500 "container state improper").
+pub fn is_not_running(e: &bollard::errors::Error) -> bool {
+    match e {
+        bollard::errors::Error::DockerResponseServerError {
+            status_code,
+            message,
+        } => {
+            *status_code == 409 || {
+                let text = message.to_ascii_lowercase();
+                NOT_RUNNING_MARKERS.iter().any(|m| text.contains(m))
+            }
+        }
+        _ => false,
     }
 }
 
@@ -258,10 +287,35 @@ mod tests {
             ),
             (server(404, "No such container: abc"), ContainerLost),
             (Error::RequestTimeoutError, DaemonUnavailable),
+            (
+                server(409, "Container abc is not running"),
+                ContainerLost,
+            ),
+            // Podman's answer to a kill or exec of a stopped container: a
+            // 500 that must not be retried as a transient daemon error.
+            (
+                server(
+                    500,
+                    "can only kill running containers. abc is in state created: container state improper",
+                ),
+                ContainerLost,
+            ),
         ];
         for (e, want) in cases {
             assert_eq!(classify(&e), want, "{e}");
             assert_eq!(DockerError::api("op", e).failure().kind, want);
         }
+    }
+
+    #[test]
+    fn not_running_is_recognised_from_docker_and_podman() {
+        assert!(is_not_running(&server(409, "Container abc is not running")));
+        assert!(is_not_running(&server(
+            500,
+            "abc is in state exited: container state improper"
+        )));
+        assert!(!is_not_running(&server(500, "database is locked")));
+        assert!(!is_not_running(&server(404, "No such container: abc")));
+        assert!(!is_not_running(&Error::RequestTimeoutError));
     }
 }

@@ -636,14 +636,14 @@ pub(crate) async fn remove_container(
         .signal("SIGKILL")
         .build();
     if let Err(e) = docker.kill_container(container, Some(kill)).await {
-        // 409: not running; 404: already gone. Anything else: log and still remove.
+        // Not running, or already gone: fine. Anything else: log and still remove.
         if is_connection_error(&e) {
             return Err(DockerError::api(
                 format!("kill sandbox {sandbox} (container {})", short(container)),
                 e,
             ));
         }
-        if !matches!(crate::error::status_code(&e), Some(404 | 409)) {
+        if !is_not_found(&e) && !crate::error::is_not_running(&e) {
             tracing::warn!(sandbox, container = short(container), error = %e, "kill before remove failed");
         }
     }
