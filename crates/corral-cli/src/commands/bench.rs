@@ -58,6 +58,9 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(120);
 const POOL_ROUND: usize = 16;
 /// The throughput target is set for this workload: rollouts, commands, parallel.
 const TARGET_SHAPE: (usize, usize, usize) = (16, 10, 8);
+/// What the reusing pool runs on release before handing a sandbox to the
+/// next rollout: clear the scratch directories a rollout writes to.
+const REUSE_RESET: &str = "rm -rf /tmp/* /var/tmp/*";
 
 /// Measure corral against floors taken in the same run: raw container
 /// create+start and raw `docker exec` through the Engine API, and a rollout
@@ -66,7 +69,8 @@ const TARGET_SHAPE: (usize, usize, usize) = (16, 10, 8);
 /// the ratios against their targets (warm acquire and agent round trip at
 /// least 20x faster than their floors; the workload's commands at least 10x
 /// the commands/s of exec-per-command on started containers, with the
-/// end-to-end ratio, starts and removals included, beside it).
+/// end-to-end ratios beside it: starts and removals included, from a warm
+/// pool, and from a pool that resets and reuses sandboxes).
 /// Every container it makes is removed, also on Ctrl-C (exit 130).
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -274,6 +278,9 @@ struct Report {
     /// The workload end to end, each rollout taking its sandbox from a warm
     /// pool sized to the batch (filled before the clock).
     corral_pooled: Workload,
+    /// The same with a pool that reuses sandboxes: each rollout's sandbox is
+    /// reset and handed back instead of destroyed and replaced.
+    corral_reused: Workload,
     /// The commands of the workload alone, on sandboxes started beforehand.
     corral_commands: Workload,
     /// The same on plain containers started beforehand, one raw exec each.
@@ -384,7 +391,10 @@ impl Bench {
         let corral = self.workload(args, false).await?;
         self.progress
             .set_message("workload through corral, warm pool");
-        let corral_pooled = self.workload_pooled(args).await?;
+        let corral_pooled = self.workload_pooled(args, false).await?;
+        self.progress
+            .set_message("workload through corral, reused pool");
+        let corral_reused = self.workload_pooled(args, true).await?;
         self.progress
             .set_message("workload commands, plain exec (started containers)");
         let plain_commands = self.workload_started(args, true).await?;
@@ -404,6 +414,7 @@ impl Bench {
             corral,
             plain,
             corral_pooled,
+            corral_reused,
             corral_commands,
             plain_commands,
         })
@@ -568,11 +579,20 @@ impl Bench {
     /// rollout acquires one (a hand-over), runs its commands and releases it
     /// (destroyed, awaited inside the clock); the pool refills for the next
     /// batch in the background.
-    async fn workload_pooled(self: &Arc<Self>, args: &BenchArgs) -> anyhow::Result<Workload> {
+    ///
+    /// With `reuse`, the pool is configured to reuse sandboxes: a release
+    /// runs the pool's reset command ([`REUSE_RESET`]) and hands the sandbox
+    /// back, so no container is started or removed inside the clock; the
+    /// live limit equals the batch, so nothing refills behind the rollouts.
+    async fn workload_pooled(
+        self: &Arc<Self>,
+        args: &BenchArgs,
+        reuse: bool,
+    ) -> anyhow::Result<Workload> {
         const ROLLOUT_POOL: &str = "rollout";
         let warm = args.sandboxes.max(1);
         let config = ProviderConfig {
-            max_live: warm * 2,
+            max_live: if reuse { warm } else { warm * 2 },
             idle_timeout_ms: 0,
             max_lifetime_ms: 0,
             pools: BTreeMap::from([(
@@ -580,8 +600,12 @@ impl Bench {
                 PoolConfig {
                     spec: self.spec.clone(),
                     warm,
-                    reuse: false,
-                    reset: Vec::new(),
+                    reuse,
+                    reset: if reuse {
+                        vec![REUSE_RESET.to_string()]
+                    } else {
+                        Vec::new()
+                    },
                 },
             )]),
             ..ProviderConfig::default()
@@ -1055,6 +1079,13 @@ impl Report {
             )
             .workload(&self.corral_pooled),
             Row::new(
+                "workload_reused_corral",
+                "",
+                "workload through corral, reused pool (reset)",
+                self.corral_reused.per_rollout,
+            )
+            .workload(&self.corral_reused),
+            Row::new(
                 "workload_commands_corral",
                 "8",
                 "workload commands only, through corral",
@@ -1099,6 +1130,13 @@ impl Report {
                 id: "workload_pooled_vs_plain",
                 label: "workload (batch pool) commands/s vs plain",
                 value: self.corral_pooled.per_second() / self.plain.per_second().max(1e-9),
+                target: 10.0,
+                applies: (args.sandboxes, args.commands, args.parallel) == TARGET_SHAPE,
+            },
+            Ratio {
+                id: "workload_reused_vs_plain",
+                label: "workload (reused pool) commands/s vs plain",
+                value: self.corral_reused.per_second() / self.plain.per_second().max(1e-9),
                 target: 10.0,
                 applies: (args.sandboxes, args.commands, args.parallel) == TARGET_SHAPE,
             },
