@@ -67,3 +67,20 @@ pub fn result(r: &CommandResult, sandbox_id: Option<&str>) -> Value {
     out.insert("sandbox_id".into(), json!(sandbox_id));
     Value::Object(out)
 }
+
+/// Mean time per successful start in each phase, in ms rounded to the µs,
+/// keyed by phase name (`first_command` over the sandboxes that ran one).
+pub fn start_phase_means(m: &corral_docker::metrics::MetricsSnapshot) -> Value {
+    use corral_docker::metrics::StartPhase;
+    StartPhase::ALL
+        .into_iter()
+        .map(|phase| {
+            let mean = m.start_phase_mean(phase).as_secs_f64() * 1e3;
+            (
+                phase.as_str().to_string(),
+                json!((mean * 1e3).round() / 1e3),
+            )
+        })
+        .collect::<Map<String, Value>>()
+        .into()
+}

@@ -120,6 +120,19 @@ impl MetricsSnapshot {
     pub fn start_phase(&self, phase: StartPhase) -> std::time::Duration {
         std::time::Duration::from_micros(self.start_phase_us[phase as usize])
     }
+
+    /// Mean time a successful start spent in `phase` (for `FirstCommand`:
+    /// over the sandboxes that ran one); zero before any.
+    pub fn start_phase_mean(&self, phase: StartPhase) -> std::time::Duration {
+        let n = match phase {
+            StartPhase::FirstCommand => self.first_commands,
+            _ => self.sandboxes_started,
+        };
+        if n == 0 {
+            return std::time::Duration::ZERO;
+        }
+        std::time::Duration::from_micros(self.start_phase_us[phase as usize] / n)
+    }
 }
 
 fn micros(d: std::time::Duration) -> u64 {
@@ -157,5 +170,36 @@ impl Metrics {
             start_phase_us: std::array::from_fn(|i| l(&self.start_phase_us[i])),
             first_commands: l(&self.first_commands),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn phase_means_divide_by_the_right_count() {
+        let m = Metrics::default();
+        assert_eq!(
+            m.snapshot().start_phase_mean(StartPhase::Start),
+            Duration::ZERO
+        );
+        m.sandboxes_started.store(4, Ordering::Relaxed);
+        m.phase(StartPhase::Start, Duration::from_millis(300));
+        m.phase(StartPhase::Start, Duration::from_millis(500));
+        m.first_commands.store(1, Ordering::Relaxed);
+        m.phase(StartPhase::FirstCommand, Duration::from_millis(6));
+        let s = m.snapshot();
+        assert_eq!(s.start_phase(StartPhase::Start), Duration::from_millis(800));
+        assert_eq!(
+            s.start_phase_mean(StartPhase::Start),
+            Duration::from_millis(200)
+        );
+        assert_eq!(
+            s.start_phase_mean(StartPhase::FirstCommand),
+            Duration::from_millis(6)
+        );
+        assert_eq!(s.start_phase_mean(StartPhase::Image), Duration::ZERO);
     }
 }

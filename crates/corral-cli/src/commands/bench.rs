@@ -1276,7 +1276,7 @@ impl Report {
                 "retries": m.retries,
                 "slot_waits": m.slot_waits,
                 "breaker_opened": m.breaker_opened,
-                "start_phase_mean_ms": super::workload::start_phase_means_ms(&m),
+                "start_phase_mean_ms": crate::json::start_phase_means(&m),
             },
         })
     }

@@ -126,7 +126,7 @@ pub async fn run(
                 "slot_wait_ms": m.slot_wait_us / 1000,
                 "slot_wait_max_ms": m.slot_wait_max_us / 1000,
                 "breaker_opened": m.breaker_opened,
-                "start_phase_mean_ms": start_phase_means_ms(&m),
+                "start_phase_mean_ms": crate::json::start_phase_means(&m),
             },
         })
     );
@@ -135,30 +135,4 @@ pub async fn run(
     } else {
         ExitCode::from(1)
     })
-}
-
-/// Mean time per successful start in each phase, in ms (the first command
-/// over the sandboxes that ran one).
-pub(crate) fn start_phase_means_ms(
-    m: &corral_docker::metrics::MetricsSnapshot,
-) -> serde_json::Map<String, serde_json::Value> {
-    use corral_docker::metrics::StartPhase;
-    StartPhase::ALL
-        .into_iter()
-        .map(|phase| {
-            let n = match phase {
-                StartPhase::FirstCommand => m.first_commands,
-                _ => m.sandboxes_started,
-            };
-            let mean = if n == 0 {
-                0.0
-            } else {
-                m.start_phase(phase).as_secs_f64() * 1e3 / n as f64
-            };
-            (
-                phase.as_str().to_string(),
-                json!((mean * 1e3).round() / 1e3),
-            )
-        })
-        .collect()
 }
