@@ -166,6 +166,12 @@ const NOT_RUNNING_MARKERS: &[&str] = &[
     "can only kill running containers",
 ];
 
+/// True when a daemon error text says the container is not running.
+fn says_not_running(message: &str) -> bool {
+    let text = message.to_ascii_lowercase();
+    NOT_RUNNING_MARKERS.iter().any(|m| text.contains(m))
+}
+
 /// Classifies a daemon error: connection trouble and transient daemon
 /// errors are `DaemonUnavailable` (retryable); a rejected request is
 /// `InvalidSpec`. A 5xx with no known permanent cause counts as transient.
@@ -181,7 +187,7 @@ pub fn classify(e: &bollard::errors::Error) -> FailureKind {
         return FailureKind::AgentError;
     };
     let text = message.to_ascii_lowercase();
-    if NOT_RUNNING_MARKERS.iter().any(|m| text.contains(m)) {
+    if says_not_running(message) {
         return FailureKind::ContainerLost;
     }
     if TRANSIENT_MARKERS.iter().any(|m| text.contains(m)) {
@@ -213,12 +219,7 @@ pub fn is_not_running(e: &bollard::errors::Error) -> bool {
         bollard::errors::Error::DockerResponseServerError {
             status_code,
             message,
-        } => {
-            *status_code == 409 || {
-                let text = message.to_ascii_lowercase();
-                NOT_RUNNING_MARKERS.iter().any(|m| text.contains(m))
-            }
-        }
+        } => *status_code == 409 || says_not_running(message),
         _ => false,
     }
 }
