@@ -1,11 +1,14 @@
 //! The dead-man switch: no controller, no sandbox.
 //!
-//! corral holds one connection to the agent for as long as it uses the
-//! sandbox. If corral dies without cleaning up (SIGKILL, OOM, a crashed
-//! host-side process), the connection drops and nobody would ever stop what
-//! runs in the container. So when no client has been connected for the grace
-//! period (counted from the agent's start until the first client arrives),
-//! the agent kills everything and exits, which stops the container.
+//! corral writes to PID 1's stdin for as long as it uses the sandbox, a
+//! keepalive ping at least every third of the grace period. If corral dies
+//! without cleaning up (SIGKILL, OOM, a crashed host-side process), the bytes
+//! stop and nobody would ever stop what runs in the container. So when
+//! nothing has arrived on stdin for the grace period (counted from the
+//! agent's start until the first byte), the agent kills everything and
+//! exits, which stops the container. Only corral can write to PID 1's stdin
+//! (PID 1 is non-dumpable), so nothing inside the sandbox can keep the switch
+//! from firing.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -13,75 +16,42 @@ use std::time::{Duration, Instant};
 use crate::control::lock;
 use crate::sys;
 
-#[derive(Debug)]
-struct State {
-    clients: usize,
-    /// When the client count last dropped to zero (or the agent started).
-    idle_since: Instant,
-}
-
-/// Counts connected clients and fires after `grace` without any.
+/// Fires after `grace` without a sign of life from the controller.
 #[derive(Debug)]
 pub struct DeadMan {
-    state: Mutex<State>,
+    last_seen: Mutex<Instant>,
     changed: Condvar,
     grace: Duration,
-}
-
-/// Held while a client is connected; dropping it disconnects the client.
-#[derive(Debug)]
-pub struct ClientGuard(Arc<DeadMan>);
-
-impl Drop for ClientGuard {
-    fn drop(&mut self) {
-        let mut s = lock(&self.0.state);
-        s.clients = s.clients.saturating_sub(1);
-        if s.clients == 0 {
-            s.idle_since = Instant::now();
-        }
-        self.0.changed.notify_all();
-    }
 }
 
 impl DeadMan {
     /// A switch with the given grace; the idle clock starts now.
     pub fn new(grace: Duration) -> Arc<Self> {
         Arc::new(DeadMan {
-            state: Mutex::new(State {
-                clients: 0,
-                idle_since: Instant::now(),
-            }),
+            last_seen: Mutex::new(Instant::now()),
             changed: Condvar::new(),
             grace,
         })
     }
 
-    /// Records a connected client until the guard is dropped.
-    pub fn client_connected(self: &Arc<Self>) -> ClientGuard {
-        lock(&self.state).clients += 1;
+    /// Records a sign of life from the controller.
+    pub fn feed(&self) {
+        *lock(&self.last_seen) = Instant::now();
         self.changed.notify_all();
-        ClientGuard(self.clone())
     }
 
-    /// Blocks until the grace period passes with no client; returns how long
-    /// the sandbox was unattended.
+    /// Blocks until the grace period passes with no sign of life; returns
+    /// how long the sandbox was unattended.
     pub fn wait_expired(&self) -> Duration {
-        let mut s = lock(&self.state);
+        let mut seen = lock(&self.last_seen);
         loop {
-            if s.clients > 0 {
-                s = self
-                    .changed
-                    .wait(s)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                continue;
-            }
-            let idle = s.idle_since.elapsed();
+            let idle = seen.elapsed();
             if idle >= self.grace {
                 return idle;
             }
-            s = self
+            seen = self
                 .changed
-                .wait_timeout(s, self.grace - idle)
+                .wait_timeout(seen, self.grace - idle)
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .0;
         }
@@ -92,7 +62,7 @@ impl DeadMan {
     pub fn run(&self) -> ! {
         let idle = self.wait_expired();
         eprintln!(
-            "corral-agent: no client connected for {} ms (grace {} ms): killing all processes and exiting",
+            "corral-agent: nothing from corral for {} ms (grace {} ms): killing all processes and exiting",
             idle.as_millis(),
             self.grace.as_millis()
         );
@@ -107,18 +77,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fires_only_after_grace_without_clients() {
-        let d = DeadMan::new(Duration::from_millis(100));
+    fn fires_only_after_grace_without_feeding() {
+        let d = DeadMan::new(Duration::from_millis(150));
         let t0 = Instant::now();
-        let guard = d.client_connected();
         let d2 = d.clone();
         let waiter = std::thread::spawn(move || d2.wait_expired());
-        std::thread::sleep(Duration::from_millis(200));
-        assert!(!waiter.is_finished(), "fired while a client was connected");
-        drop(guard);
+        for _ in 0..6 {
+            std::thread::sleep(Duration::from_millis(50));
+            d.feed();
+        }
+        assert!(!waiter.is_finished(), "fired while fed");
         let idle = waiter.join().expect("waiter");
-        assert!(idle >= Duration::from_millis(100));
-        assert!(t0.elapsed() >= Duration::from_millis(300));
+        assert!(idle >= Duration::from_millis(150));
+        assert!(t0.elapsed() >= Duration::from_millis(450));
     }
 
     #[test]

@@ -1,16 +1,16 @@
 //! `corral-agent init`: the agent as PID 1 of a sandbox.
 //!
-//! Wires the parts together in the one order that is correct: signals are
-//! blocked before any thread exists (threads inherit the mask, and a signal
-//! delivered to a thread that does not block it would be lost to PID 1's
-//! "no default action" rule), then the reaper, the signal forwarder and the
-//! dead-man switch start, and finally the socket accepts clients.
+//! Wires the parts together in the one order that is correct: the process
+//! becomes non-dumpable before anything else runs in the sandbox (so no
+//! command can ptrace it or open its stdin, stdout or memory through
+//! `/proc/1`), signals are blocked before any thread exists (threads inherit
+//! the mask, and a signal delivered to a thread that does not block it would
+//! be lost to PID 1's "no default action" rule), then the reaper, the signal
+//! forwarder and the dead-man switch start, and finally stdin is served.
 
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr, UnixListener};
+use std::fs::File;
+use std::os::fd::AsFd;
 use std::time::Duration;
-
-use corral_core::protocol::AGENT_SOCKET;
 
 use crate::deadman::DeadMan;
 use crate::oom::OomCounter;
@@ -39,15 +39,24 @@ pub fn run(opts: &InitOptions) -> i32 {
         );
         return 2;
     }
+    if let Err(e) = sys::set_non_dumpable() {
+        // Without it, any command could write frames into our stdout.
+        eprintln!("corral-agent: cannot make PID 1 non-dumpable: {e}");
+        return 1;
+    }
     if let Err(e) = sys::block_signals(&sys::FORWARDED) {
         eprintln!("corral-agent: cannot block signals: {e}");
         return 1;
     }
 
-    let listener = match bind() {
-        Ok(l) => l,
+    let stdio = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .and_then(|i| Ok((i, std::io::stdout().as_fd().try_clone_to_owned()?)));
+    let (stdin, stdout) = match stdio {
+        Ok((i, o)) => (File::from(i), File::from(o)),
         Err(e) => {
-            eprintln!("corral-agent: cannot listen on abstract socket @{AGENT_SOCKET}: {e}");
+            eprintln!("corral-agent: cannot take over stdin/stdout: {e}");
             return 1;
         }
     };
@@ -73,7 +82,12 @@ pub fn run(opts: &InitOptions) -> i32 {
         deadman,
         oom: OomCounter::detect(),
     };
-    accept_loop(&listener, &shared)
+    server::serve_stdio(shared, stdin, stdout);
+    // stdin ended: the daemon closed it (the container is being torn down).
+    // The dead-man switch stops the sandbox once the grace passes.
+    loop {
+        std::thread::park();
+    }
 }
 
 /// Starts a thread that runs for the life of the agent.
@@ -83,23 +97,4 @@ fn start(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), String> {
         .spawn(f)
         .map(drop)
         .map_err(|e| format!("cannot start the {name} thread: {e}"))
-}
-
-fn bind() -> std::io::Result<UnixListener> {
-    let addr = SocketAddr::from_abstract_name(AGENT_SOCKET.as_bytes())?;
-    UnixListener::bind_addr(&addr)
-}
-
-fn accept_loop(listener: &UnixListener, shared: &Shared) -> ! {
-    loop {
-        match listener.accept() {
-            Ok((stream, _)) => server::serve(stream, shared.clone()),
-            Err(e) => {
-                // EMFILE and friends: back off so the loop does not spin,
-                // the condition usually clears as commands finish.
-                eprintln!("corral-agent: accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-    }
 }

@@ -2,14 +2,13 @@
 //!
 //! `init` runs commands for corral over the framed protocol of
 //! `corral_core::protocol`, reaps zombies, forwards signals and stops the
-//! sandbox when its controller disappears. `attach` is what corral runs with
-//! `docker exec -i` to get a byte stream to `init`. The binary is built
+//! sandbox when its controller disappears; corral reaches it through the
+//! daemon's attach to PID 1's stdin and stdout. The binary is built
 //! statically so it runs in any image, `FROM scratch` included; its
 //! arguments are parsed by hand to keep it small. `file-write`, `file-read`,
 //! `file-list`, `tar-extract` and `tar-create` make it corral's file tool
 //! inside the sandbox (see `files.rs`).
 
-mod attach;
 mod command;
 mod control;
 mod deadman;
@@ -33,7 +32,6 @@ use files::{FileRequest, Op};
 use init::{InitOptions, DEFAULT_GRACE_MS};
 
 const USAGE: &str = "usage: corral-agent init [--grace-ms N]
-       corral-agent attach
        corral-agent file-write PATH [--root DIR] [--mode OCTAL] [--mkdirs] [--max BYTES]
        corral-agent file-read PATH [--root DIR] [--max BYTES]
        corral-agent tar-extract DIR [--root DIR] [--max BYTES]
@@ -52,7 +50,6 @@ too large, 5 escapes the root or unsafe tar entry.";
 #[derive(Debug, PartialEq, Eq)]
 enum Mode {
     Init(InitOptions),
-    Attach,
     File(FileRequest),
     Version,
     Help,
@@ -166,7 +163,6 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
                 grace: Duration::from_millis(grace_ms),
             }))
         }
-        "attach" => no_more(rest).map(|()| Mode::Attach),
         "--version" | "-V" => no_more(rest).map(|()| Mode::Version),
         "--help" | "-h" | "help" => Ok(Mode::Help),
         other => Err(format!("unknown subcommand '{other}'")),
@@ -186,7 +182,6 @@ fn main() {
     }
     let code = match parse_args(&args) {
         Ok(Mode::Init(opts)) => init::run(&opts),
-        Ok(Mode::Attach) => attach::run(),
         Ok(Mode::File(req)) => files::run(&req),
         Ok(Mode::Version) => {
             println!("corral-agent {}", env!("CARGO_PKG_VERSION"));
@@ -235,7 +230,7 @@ mod tests {
             parse(&["init", "--grace-ms=0"]),
             Ok(Mode::Init(_))
         ));
-        assert_eq!(parse(&["attach"]), Ok(Mode::Attach));
+        assert!(parse(&["attach"]).is_err(), "the relay is gone");
         assert_eq!(parse(&["--version"]), Ok(Mode::Version));
     }
 
@@ -288,7 +283,7 @@ mod tests {
         assert!(e.contains("'--grace'"), "{e}");
         let e = parse(&["init", "--grace-ms"]).expect_err("missing value");
         assert!(e.contains("--grace-ms"), "{e}");
-        let e = parse(&["attach", "x"]).expect_err("extra");
+        let e = parse(&["--version", "x"]).expect_err("extra");
         assert!(e.contains("'x'"), "{e}");
         let e = parse(&["file-read", "/a", "/b"]).expect_err("two paths");
         assert!(e.contains("'/b'"), "{e}");

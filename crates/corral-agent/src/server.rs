@@ -1,20 +1,26 @@
-//! The agent's side of a client connection: handshake, then frames.
+//! The agent's side of the control stream: PID 1's stdin and stdout.
 //!
-//! One thread per connection reads and dispatches frames; commands run on
-//! supervisor threads of their own and answer through the shared
-//! [`FrameWriter`]. A connection owns the commands it started: when it ends,
-//! their process trees are killed, since nobody can observe them any more.
+//! One thread reads stdin and dispatches frames; commands run on supervisor
+//! threads of their own and answer through the shared [`FrameWriter`].
+//! There is no socket: the only controller is whoever the daemon lets attach
+//! to PID 1, which nothing inside the sandbox can reach.
+//!
+//! A `Hello` (after [`SYNC`](corral_core::protocol::SYNC)) starts a session.
+//! corral re-attaches with a new Hello when its stream broke; the commands
+//! of the old session are then killed, since nobody can observe them any
+//! more, and their frames are never sent. Any byte on stdin feeds the
+//! dead-man switch.
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::io::{self, Read};
-use std::net::Shutdown;
-use std::os::unix::net::UnixStream;
+use std::os::fd::AsRawFd;
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use corral_core::protocol::{
-    Decoder, ExecRequest, Frame, FrameKind, Hello, HelloAck, SignalRequest, SpawnError, Started,
-    PROTOCOL_VERSION,
+    ExecRequest, Frame, FrameKind, Hello, HelloAck, Item, SignalRequest, SpawnError, Started,
+    SyncDecoder, MAX_HANDSHAKE, PROTOCOL_VERSION,
 };
 
 use crate::control::{lock, Control, StdinRefused};
@@ -22,32 +28,33 @@ use crate::deadman::DeadMan;
 use crate::oom::OomCounter;
 use crate::reaper::Reaper;
 use crate::supervise::Job;
-use crate::writer::FrameWriter;
-use crate::{command, tree};
+use crate::writer::{FrameWriter, SessionWriter};
+use crate::{command, sys, tree};
 
-/// A client that connects but never says Hello is dropped after this, so it
-/// cannot hold the dead-man switch open by doing nothing.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Read buffer per connection.
+/// Read buffer for stdin.
 const READ_CHUNK: usize = 64 * 1024;
+
+/// An incomplete frame that gets no further byte for this long is the
+/// remains of a controller whose stream broke mid-write: it is dropped and
+/// the agent hunts for the next session's sync bytes.
+const STALL: Duration = Duration::from_secs(2);
 
 /// Small stacks: these threads hold no big locals (buffers are on the heap),
 /// and a sandbox's pids limit counts threads too, so keep them cheap.
 const THREAD_STACK: usize = 256 * 1024;
 
-/// What every connection shares.
+/// What the controller loop shares with supervisors.
 #[derive(Debug, Clone)]
 pub struct Shared {
     /// The zombie reaper commands spawn through.
     pub reaper: Arc<Reaper>,
-    /// The dead-man switch counting clients.
+    /// The dead-man switch, fed by every byte from corral.
     pub deadman: Arc<DeadMan>,
     /// The sandbox's OOM counter.
     pub oom: OomCounter,
 }
 
-/// A command the connection started and that has not reported Exited.
+/// A command of the current session that has not reported Exited.
 #[derive(Debug, Clone)]
 struct Running {
     pid: i32,
@@ -62,137 +69,138 @@ struct Conn {
     commands: Table,
 }
 
-/// Serves one client on a thread of its own.
-pub fn serve(stream: UnixStream, shared: Shared) {
-    let deadman = shared.deadman.clone();
-    let guard = deadman.client_connected();
-    let spawned = std::thread::Builder::new()
-        .name("conn".into())
-        .stack_size(THREAD_STACK)
-        .spawn(move || {
-            let _guard = guard;
-            handle(stream, shared);
-        });
-    if let Err(e) = spawned {
-        // The closure (with the stream and the guard) is dropped: the
-        // client sees the connection close and may retry.
-        eprintln!("corral-agent: cannot start a connection thread: {e}");
-    }
-}
-
-fn handle(stream: UnixStream, shared: Shared) {
-    let (Ok(write_half), Ok(control_half)) = (stream.try_clone(), stream.try_clone()) else {
-        eprintln!("corral-agent: cannot duplicate a client socket");
-        return;
-    };
+/// Serves corral on stdin/stdout until stdin ends; returns then (the
+/// dead-man switch decides what happens next).
+pub fn serve_stdio(shared: Shared, stdin: File, stdout: File) {
     let conn = Conn {
         shared,
-        writer: Arc::new(FrameWriter::new(write_half)),
+        writer: Arc::new(FrameWriter::new(stdout)),
         commands: Arc::new(Mutex::new(HashMap::new())),
     };
-    conn.read_loop(stream);
-
-    // The client is gone (or broke the protocol). Unblock supervisors stuck
-    // writing to it, then kill what it left running.
-    let _ = control_half.shutdown(Shutdown::Both);
-    let orphaned: Vec<Running> = lock(&conn.commands).values().cloned().collect();
-    for r in orphaned {
-        if !r.ctl.exited() {
-            tree::kill_tree(r.pid);
-        }
-    }
+    conn.read_loop(stdin);
+    conn.end_session();
 }
 
 impl Conn {
-    /// Reads frames until the client goes away or breaks framing.
-    fn read_loop(&self, mut stream: UnixStream) {
-        let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
-        let mut decoder = Decoder::new();
+    /// Reads frames until stdin ends.
+    fn read_loop(&self, mut stdin: File) {
+        let mut decoder = SyncDecoder::new();
         let mut buf = vec![0u8; READ_CHUNK];
         let mut greeted = false;
+        let mut last_byte = Instant::now();
         loop {
-            let n = match stream.read(&mut buf) {
+            if decoder.has_partial() {
+                let mut fds = [sys::pollfd(stdin.as_raw_fd(), libc::POLLIN)];
+                let left = STALL.saturating_sub(last_byte.elapsed());
+                match sys::poll(&mut fds, Some(left)) {
+                    Ok(0) => {
+                        eprintln!("corral-agent: dropping an incomplete frame (no byte for {STALL:?}); waiting for a new session");
+                        decoder.resync();
+                        greeted = false;
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => {}
+                }
+            }
+            let n = match stdin.read(&mut buf) {
                 Ok(0) => return,
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    self.writer.error(0, "no hello received in time");
+                Err(e) => {
+                    eprintln!("corral-agent: reading stdin failed: {e}");
                     return;
                 }
-                Err(_) => return,
             };
+            last_byte = Instant::now();
+            self.shared.deadman.feed();
             decoder.extend(&buf[..n]);
             loop {
-                let frame = match decoder.next_frame() {
-                    Ok(Some(f)) => f,
+                if greeted && decoder.is_hunting() {
+                    greeted = false;
+                }
+                if !greeted && !decoder.is_hunting() {
+                    // Right after the sync bytes only a small Hello may come.
+                    if let Some((kind, len)) = decoder.peek_header() {
+                        if kind != FrameKind::Hello as u8 || len > MAX_HANDSHAKE {
+                            decoder.resync();
+                            continue;
+                        }
+                    }
+                }
+                let item = match decoder.next_item() {
+                    Ok(Some(item)) => item,
                     Ok(None) => break,
                     Err(violation) => {
-                        // Framing is lost: nothing after this can be trusted.
-                        let id = match &violation {
-                            corral_core::protocol::ProtocolViolation::UnknownKind {
-                                id, ..
-                            }
-                            | corral_core::protocol::ProtocolViolation::TooLarge { id, .. }
-                            | corral_core::protocol::ProtocolViolation::BadPayload { id, .. } => {
-                                *id
-                            }
-                        };
-                        self.writer
-                            .error(id, format!("{violation}; closing the connection"));
-                        return;
+                        // Framing is lost (or a new session's sync bytes
+                        // follow a broken frame): hunt for the next sync.
+                        if !decoder.at_sync() {
+                            self.writer.error(
+                                0,
+                                format!("{violation}; waiting for a new session"),
+                            );
+                        }
+                        decoder.resync();
+                        continue;
                     }
                 };
-                if greeted {
-                    self.dispatch(frame);
-                } else if self.greet(&frame) {
-                    greeted = true;
-                    let _ = stream.set_read_timeout(None);
-                } else {
-                    return;
+                match item {
+                    Item::Synced => {}
+                    Item::Frame(frame) if greeted => self.dispatch(frame),
+                    Item::Frame(frame) => {
+                        greeted = self.greet(&frame);
+                        if !greeted {
+                            decoder.resync();
+                        }
+                    }
                 }
             }
         }
     }
 
-    /// Checks the handshake; false means the connection must close.
-    fn greet(&self, frame: &Frame) -> bool {
-        if frame.kind != FrameKind::Hello {
-            self.writer.error(
-                frame.id,
-                format!("expected a Hello frame first, got {:?}", frame.kind),
-            );
-            return false;
+    /// Kills what the current session left running and forgets it.
+    fn end_session(&self) {
+        let orphaned: Vec<Running> = lock(&self.commands).drain().map(|(_, r)| r).collect();
+        for r in orphaned {
+            if !r.ctl.exited() {
+                tree::kill_tree(r.pid);
+            }
         }
-        let hello: Hello = match frame.parse() {
-            Ok(h) => h,
+    }
+
+    /// Starts a session on a Hello. The answer goes out even to a Hello of
+    /// another protocol version (it carries the agent's), so corral can say
+    /// what is wrong instead of waiting; false means no session started.
+    fn greet(&self, frame: &Frame) -> bool {
+        let (hello, ok) = match frame.parse::<Hello>() {
+            Ok(h) => {
+                let ok = h.protocol == PROTOCOL_VERSION;
+                (h, ok)
+            }
             Err(e) => {
-                self.writer.error(frame.id, e.to_string());
-                return false;
+                eprintln!("corral-agent: bad Hello: {e}");
+                let h = Hello {
+                    protocol: 0,
+                    session: String::new(),
+                };
+                (h, false)
             }
         };
-        if hello.protocol != PROTOCOL_VERSION {
-            self.writer.error(
-                frame.id,
-                format!(
-                    "protocol version mismatch: client speaks {}, agent {} speaks {PROTOCOL_VERSION}",
-                    hello.protocol,
-                    env!("CARGO_PKG_VERSION")
-                ),
-            );
-            return false;
+        if ok {
+            // The old session's commands die before the new session's
+            // first answer, and none of their frames follow it.
+            self.end_session();
         }
         let ack = HelloAck {
             protocol: PROTOCOL_VERSION,
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
             oom_counter: self.shared.oom.name().to_string(),
+            session: hello.session,
         };
         self.writer
-            .send(&Frame::json(FrameKind::HelloAck, frame.id, &ack))
+            .new_session(&Frame::json(FrameKind::HelloAck, frame.id, &ack));
+        ok
     }
 
     fn dispatch(&self, frame: Frame) {
@@ -217,7 +225,8 @@ impl Conn {
                     .send(&Frame::new(FrameKind::Pong, id, frame.payload));
             }
             FrameKind::Hello => {
-                self.writer.error(id, "duplicate Hello frame");
+                self.writer
+                    .error(id, "a Hello must follow the sync bytes; frame ignored");
             }
             other => {
                 self.writer.error(
@@ -304,7 +313,7 @@ impl Conn {
             timeout: req.timeout_ms.map(Duration::from_millis),
             max_output: req.max_output,
             oom: (self.shared.oom, oom_before),
-            writer: self.writer.clone(),
+            writer: SessionWriter::new(self.writer.clone(), self.writer.epoch()),
             on_done: Box::new(move || {
                 let mut t = lock(&table);
                 if t.get(&id).is_some_and(|r| Arc::ptr_eq(&r.ctl, &mine)) {
@@ -314,7 +323,9 @@ impl Conn {
             go: wait_go,
         };
         let spawned = std::thread::Builder::new()
-            .name(format!("cmd-{id}"))
+            // No command id in the name: thread names are readable by every
+            // process in the sandbox through /proc/1/task/*/comm.
+            .name("cmd".into())
             .stack_size(THREAD_STACK)
             .spawn(move || job.run());
         if let Err(e) = spawned {

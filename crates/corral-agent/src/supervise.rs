@@ -26,7 +26,7 @@ use crate::control::Control;
 use crate::oom::{self, OomCounter};
 use crate::sys::{self, ExitStatus};
 use crate::tree;
-use crate::writer::FrameWriter;
+use crate::writer::SessionWriter;
 
 /// Upper bound on reading leftovers after the main process exited: a
 /// background child that keeps writing must not keep the command open.
@@ -47,7 +47,7 @@ pub struct Job {
     /// The sandbox's OOM counter and its value before the spawn.
     pub oom: (OomCounter, Option<u64>),
     /// Where frames go.
-    pub writer: Arc<FrameWriter>,
+    pub writer: SessionWriter,
     /// Called once the process is gone, before Exited is sent, so the id is
     /// free again by the time the client learns the command ended.
     pub on_done: Box<dyn FnOnce() + Send>,
@@ -76,7 +76,7 @@ impl Output {
 
     /// Reads one chunk (≤ OUTPUT_CHUNK, so a live frame never exceeds it)
     /// and streams its head part.
-    fn read_once(&mut self, buf: &mut [u8], id: u32, writer: &FrameWriter) {
+    fn read_once(&mut self, buf: &mut [u8], id: u32, writer: &SessionWriter) {
         let Some(file) = &mut self.file else { return };
         match file.read(buf) {
             Ok(0) => self.file = None,
@@ -105,7 +105,7 @@ impl Output {
     /// Sends the kept tail. A tail above MAX_PAYLOAD (budgets over 32 MiB)
     /// would be refused by the peer's decoder, so it is split; the pieces
     /// arrive in order and concatenate to the tail.
-    fn send_tail(&mut self, id: u32, writer: &FrameWriter) {
+    fn send_tail(&mut self, id: u32, writer: &SessionWriter) {
         let tail = self.cap.take_tail();
         for piece in tail.chunks(MAX_PAYLOAD) {
             writer.send(&Frame::new(self.tail, id, piece));
@@ -287,7 +287,7 @@ impl Job {
 }
 
 /// Reads whatever the pipes hold right now, without waiting for EOF.
-fn drain(out: &mut [Output; 2], buf: &mut [u8], id: u32, writer: &FrameWriter) {
+fn drain(out: &mut [Output; 2], buf: &mut [u8], id: u32, writer: &SessionWriter) {
     let until = Instant::now() + DRAIN_LIMIT;
     while Instant::now() < until {
         let mut fds = Vec::with_capacity(2);

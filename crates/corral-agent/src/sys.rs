@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 /// The signals PID 1 takes over: blocked in every thread, collected by one
-/// thread with `sigwait` and forwarded to the sandbox's processes.
+/// thread with `sigwaitinfo` and forwarded to the sandbox's processes.
 pub const FORWARDED: [libc::c_int; 6] = [
     libc::SIGTERM,
     libc::SIGINT,
@@ -79,25 +79,38 @@ pub fn block_signals(signals: &[libc::c_int]) -> io::Result<()> {
     Ok(())
 }
 
-/// Waits for one of `signals` (which must be blocked) and returns it.
-pub fn sigwait(signals: &[libc::c_int]) -> io::Result<libc::c_int> {
+/// Waits for one of `signals` (which must be blocked); returns it and the
+/// sender's pid as this pid namespace sees it: 0 when the sender lives
+/// outside the sandbox (the daemon, the runtime, the kernel).
+pub fn sigwaitinfo(signals: &[libc::c_int]) -> io::Result<(libc::c_int, i32)> {
     let set = sigset(signals);
-    let mut sig: libc::c_int = 0;
-    // SAFETY: both pointers point to valid, initialised locals.
-    let ret = unsafe { libc::sigwait(&set, &mut sig) };
-    if ret != 0 {
-        return Err(io::Error::from_raw_os_error(ret));
+    // SAFETY: siginfo_t is plain data for which all-zero is a valid value.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: both pointers point to valid, initialised locals.
+        let sig = unsafe { libc::sigwaitinfo(&set, &mut info) };
+        if sig >= 0 {
+            // SAFETY: si_pid is valid to read for the SI_USER/SI_QUEUE/
+            // SI_TKILL signals sent with kill(2)/tgkill(2), and is 0 for
+            // kernel-generated ones, whose union we never interpret otherwise.
+            let pid = unsafe { info.si_pid() };
+            return Ok((sig, pid));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
-    Ok(sig)
 }
 
-/// Sets `sig` to be ignored in this process.
-pub fn ignore_signal(sig: libc::c_int) {
-    // SAFETY: installing SIG_IGN involves no handler code and is always sound.
-    unsafe {
-        libc::signal(sig, libc::SIG_IGN);
-    }
+/// Makes this process non-dumpable: without CAP_SYS_PTRACE (which no
+/// sandbox has) nothing can ptrace it or open its `/proc/PID/fd/*`,
+/// `/proc/PID/mem` or `/proc/PID/environ`, even as the same uid.
+pub fn set_non_dumpable() -> io::Result<()> {
+    // SAFETY: PR_SET_DUMPABLE takes plain integer arguments.
+    cvt(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) }).map(drop)
 }
+
 
 /// Puts the calling (forked, not yet exec'd) child into a standard signal
 /// state: empty mask, SIGPIPE at its default. Only async-signal-safe calls,
@@ -120,7 +133,7 @@ pub fn reset_signals_in_child() -> io::Result<()> {
 }
 
 /// Makes the calling (forked, not yet exec'd) child the OOM killer's
-/// preferred victim over the agent and its relays (adj 500 of 1000), so a
+/// preferred victim over the agent (adj 500 of 1000), so a
 /// command that exhausts memory is killed itself rather than taking the
 /// sandbox's control path down. Raising one's own score needs no privilege.
 /// Best effort: a missing or read-only /proc changes nothing else.

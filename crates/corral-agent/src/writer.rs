@@ -1,48 +1,68 @@
-//! The single way frames reach a client.
+//! The single way frames reach corral: PID 1's stdout.
 //!
-//! Many threads answer one client (the connection reader, one supervisor per
+//! Many threads answer corral (the stdin reader, one supervisor per
 //! command); a frame must go out whole or frames interleave and the stream is
 //! garbage. Each frame is encoded first and then written with one
 //! `write_all` under a mutex.
+//!
+//! The mutex also holds the session epoch. A new Hello bumps it under the
+//! same lock that writes the HelloAck, and a supervisor's frames carry the
+//! epoch its command was started in, so once corral has read a HelloAck it
+//! never sees a frame of an earlier session.
 
+use std::fs::File;
 use std::io::Write;
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use corral_core::protocol::{Frame, FrameKind, ProtocolError};
+use corral_core::protocol::{Frame, FrameKind, ProtocolError, SYNC};
 
 use crate::control::lock;
 
-/// Serialised writes to one client.
-#[derive(Debug)]
+struct Out {
+    file: File,
+    epoch: u64,
+}
+
+/// Serialised writes to corral.
 pub struct FrameWriter {
-    stream: Mutex<UnixStream>,
+    out: Mutex<Out>,
     broken: AtomicBool,
 }
 
+impl std::fmt::Debug for FrameWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrameWriter").finish_non_exhaustive()
+    }
+}
+
 impl FrameWriter {
-    /// Writes frames to `stream`.
-    pub fn new(stream: UnixStream) -> Self {
+    /// Writes frames to `file` (PID 1's stdout).
+    pub fn new(file: File) -> Self {
         FrameWriter {
-            stream: Mutex::new(stream),
+            out: Mutex::new(Out { file, epoch: 0 }),
             broken: AtomicBool::new(false),
         }
     }
 
-    /// Sends one frame. Returns false once the client is gone; later frames
-    /// are dropped (nobody can read them any more).
-    pub fn send(&self, frame: &Frame) -> bool {
+    fn write(&self, epoch: Option<u64>, bytes: &[u8]) -> bool {
         if self.broken.load(Ordering::Relaxed) {
             return false;
         }
-        let bytes = frame.encode();
-        let mut stream = lock(&self.stream);
-        if stream.write_all(&bytes).is_err() {
+        let mut out = lock(&self.out);
+        if epoch.is_some_and(|e| e != out.epoch) {
+            return false; // a frame of an earlier session: nobody asked for it
+        }
+        if out.file.write_all(bytes).is_err() {
             self.broken.store(true, Ordering::Relaxed);
             return false;
         }
         true
+    }
+
+    /// Sends one connection-level frame. Returns false once stdout is broken.
+    pub fn send(&self, frame: &Frame) -> bool {
+        self.write(None, &frame.encode())
     }
 
     /// Sends an Error frame about frame `id`.
@@ -51,5 +71,43 @@ impl FrameWriter {
             message: message.into(),
         };
         self.send(&Frame::json(FrameKind::Error, id, &msg))
+    }
+
+    /// Starts a new session: bumps the epoch and writes [`SYNC`] and the
+    /// HelloAck in one go. Returns the new epoch.
+    pub fn new_session(&self, ack: &Frame) -> u64 {
+        let mut bytes = SYNC.to_vec();
+        ack.encode_into(&mut bytes);
+        let mut out = lock(&self.out);
+        out.epoch += 1;
+        if out.file.write_all(&bytes).is_err() {
+            self.broken.store(true, Ordering::Relaxed);
+        }
+        out.epoch
+    }
+
+    /// The current session's epoch.
+    pub fn epoch(&self) -> u64 {
+        lock(&self.out).epoch
+    }
+}
+
+/// A writer bound to the session a command was started in: its frames are
+/// dropped once another session began.
+#[derive(Debug, Clone)]
+pub struct SessionWriter {
+    writer: Arc<FrameWriter>,
+    epoch: u64,
+}
+
+impl SessionWriter {
+    /// Binds `writer` to session `epoch`.
+    pub fn new(writer: Arc<FrameWriter>, epoch: u64) -> Self {
+        SessionWriter { writer, epoch }
+    }
+
+    /// Sends one frame if its session is still current.
+    pub fn send(&self, frame: &Frame) -> bool {
+        self.writer.write(Some(self.epoch), &frame.encode())
     }
 }

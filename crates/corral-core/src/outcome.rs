@@ -28,8 +28,14 @@ pub enum FailureKind {
     Unsupported,
     /// The program could not be started (not found, not executable, bad cwd).
     SpawnFailed,
-    /// The agent inside the sandbox broke the protocol or did not answer.
+    /// The agent inside the sandbox did not answer, or corral lost its
+    /// control stream while the container kept running.
     AgentError,
+    /// The control stream carried something the agent never sends (a frame
+    /// for a command corral did not start, output after `Exited`, ...): the
+    /// sandbox's results cannot be trusted, so the sandbox is finished. Not
+    /// retryable: it is evidence of tampering or a bug, not a passing fault.
+    ProtocolViolation,
 }
 
 impl FailureKind {
@@ -45,6 +51,7 @@ impl FailureKind {
             FailureKind::Unsupported => "unsupported",
             FailureKind::SpawnFailed => "spawn_failed",
             FailureKind::AgentError => "agent_error",
+            FailureKind::ProtocolViolation => "protocol_violation",
         }
     }
 
@@ -207,6 +214,7 @@ mod tests {
             Unsupported,
             SpawnFailed,
             AgentError,
+            ProtocolViolation,
         ]
         .into_iter()
         .filter(|k| k.retryable())

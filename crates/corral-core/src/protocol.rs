@@ -1,8 +1,11 @@
 //! The wire protocol between corral and the in-container agent.
 //!
-//! corral talks to the agent over one long-lived attached exec stream (the
-//! agent's `attach` relay on the container side). Everything on that stream is
-//! a sequence of frames:
+//! corral talks to the agent over PID 1's own stdin and stdout, reached
+//! through the daemon's attach endpoint: nothing inside the sandbox relays
+//! the stream, and PID 1 is non-dumpable, so no command can open, read or
+//! write either end. Both directions start with [`SYNC`] (the attach may
+//! join the byte stream anywhere, and a controller that re-attaches must not
+//! inherit half a frame); after it, everything is a sequence of frames:
 //!
 //! ```text
 //! +--------+-----------------+-----------------+------------------+
@@ -18,7 +21,17 @@
 use serde::{Deserialize, Serialize};
 
 /// Version of this protocol; both ends refuse a peer with another version.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// Marks where a session starts: corral writes it before every
+/// [`FrameKind::Hello`], the agent before every [`FrameKind::HelloAck`]. Its
+/// first byte is no valid frame kind, so a decoder in the middle of a stream
+/// fails on it rather than reading it as a header.
+pub const SYNC: &[u8; 16] = b"\0corral-sync\xa5\x5a\xc3\x3c";
+
+/// Largest payload a handshake frame may announce; a larger one after
+/// [`SYNC`] is not a handshake (the sync bytes were inside some payload).
+pub const MAX_HANDSHAKE: usize = 4096;
 
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 9;
@@ -28,13 +41,6 @@ pub const MAX_PAYLOAD: usize = 16 * 1024 * 1024;
 
 /// Output bytes the agent puts into one frame at most.
 pub const OUTPUT_CHUNK: usize = 64 * 1024;
-
-/// Abstract Unix socket name (without the leading NUL) the agent listens on.
-/// Abstract sockets live in the container's network namespace, so they need no
-/// writable filesystem (read-only root filesystems work) and cannot collide
-/// across sandboxes as long as each sandbox has its own network namespace
-/// (`bridge` and `none` do; a host-network sandbox would share the host's).
-pub const AGENT_SOCKET: &str = "corral-agent";
 
 /// Where the agent binary sits inside every sandbox.
 pub const AGENT_DIR: &str = "/.corral";
@@ -259,6 +265,19 @@ impl Decoder {
         Ok(Some(Frame { kind, id, payload }))
     }
 
+    /// The undecoded bytes.
+    pub fn rest(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+
+    /// Takes the undecoded bytes out, leaving the decoder empty.
+    pub fn take_rest(&mut self) -> Vec<u8> {
+        let rest = self.buf[self.start..].to_vec();
+        self.buf.clear();
+        self.start = 0;
+        rest
+    }
+
     fn compact(&mut self) {
         if self.start > 0 {
             self.buf.drain(..self.start);
@@ -267,11 +286,119 @@ impl Decoder {
     }
 }
 
-/// Handshake from corral.
+/// What a [`SyncDecoder`] produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Item {
+    /// [`SYNC`] was found: a session starts here.
+    Synced,
+    /// A frame after the sync point.
+    Frame(Frame),
+}
+
+/// A [`Decoder`] that first hunts for [`SYNC`] and can go back to hunting:
+/// the start of a stream, or of a session, is wherever the sync bytes are.
+/// Memory is bounded while hunting (only a possible prefix of [`SYNC`] is
+/// kept) and while decoding (by [`MAX_PAYLOAD`]).
+#[derive(Debug, Default)]
+pub struct SyncDecoder {
+    hunting: bool,
+    hunt: Vec<u8>,
+    frames: Decoder,
+}
+
+impl SyncDecoder {
+    /// A decoder hunting for the first [`SYNC`].
+    pub fn new() -> Self {
+        SyncDecoder {
+            hunting: true,
+            hunt: Vec::new(),
+            frames: Decoder::new(),
+        }
+    }
+
+    /// Adds received bytes.
+    pub fn extend(&mut self, bytes: &[u8]) {
+        if self.hunting {
+            self.hunt.extend_from_slice(bytes);
+        } else {
+            self.frames.extend(bytes);
+        }
+    }
+
+    /// True while looking for [`SYNC`].
+    pub fn is_hunting(&self) -> bool {
+        self.hunting
+    }
+
+    /// True when an incomplete frame is buffered.
+    pub fn has_partial(&self) -> bool {
+        !self.hunting && self.frames.pending() > 0
+    }
+
+    /// True when the undecoded bytes start with [`SYNC`]: after a decode
+    /// error, this tells another session starting from a broken stream.
+    pub fn at_sync(&self) -> bool {
+        !self.hunting && self.frames.rest().starts_with(SYNC)
+    }
+
+    /// Goes back to hunting, keeping the undecoded bytes (a sync may be among
+    /// them).
+    pub fn resync(&mut self) {
+        if !self.hunting {
+            let rest = self.frames.take_rest();
+            self.hunt.extend_from_slice(&rest);
+            self.hunting = true;
+        }
+    }
+
+    /// The header after a sync point, once its 9 bytes are here: its kind
+    /// byte and announced length.
+    pub fn peek_header(&self) -> Option<(u8, usize)> {
+        let rest = self.frames.rest();
+        if self.hunting || rest.len() < HEADER_LEN {
+            return None;
+        }
+        let len = u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]) as usize;
+        Some((rest[0], len))
+    }
+
+    /// The next item, `Ok(None)` when more bytes are needed. An error leaves
+    /// the bytes in place: call [`SyncDecoder::resync`] to hunt again.
+    pub fn next_item(&mut self) -> Result<Option<Item>, ProtocolViolation> {
+        if self.hunting {
+            match find(&self.hunt, SYNC) {
+                Some(at) => {
+                    let rest = self.hunt.split_off(at + SYNC.len());
+                    self.hunt.clear();
+                    self.hunting = false;
+                    self.frames = Decoder::new();
+                    self.frames.extend(&rest);
+                    return Ok(Some(Item::Synced));
+                }
+                None => {
+                    let keep = self.hunt.len().min(SYNC.len() - 1);
+                    self.hunt.drain(..self.hunt.len() - keep);
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(self.frames.next_frame()?.map(Item::Frame))
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Handshake from corral. A Hello starts a new session: the agent kills
+/// every command of the previous one and sends nothing more for them.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Hello {
     /// corral's [`PROTOCOL_VERSION`].
     pub protocol: u32,
+    /// A fresh random nonce; the agent echoes it in [`HelloAck`], so corral
+    /// can tell its own answer from sync bytes planted in command output.
+    pub session: String,
 }
 
 /// Handshake answer from the agent.
@@ -283,6 +410,8 @@ pub struct HelloAck {
     pub agent_version: String,
     /// Which OOM counter the agent reads: "v1", "v2" or "none".
     pub oom_counter: String,
+    /// The [`Hello::session`] this answers.
+    pub session: String,
 }
 
 /// Start a command.
@@ -372,7 +501,14 @@ mod tests {
     #[test]
     fn round_trips_frames_split_at_every_byte() {
         let frames = vec![
-            Frame::json(FrameKind::Hello, 0, &Hello { protocol: 1 }),
+            Frame::json(
+                FrameKind::Hello,
+                0,
+                &Hello {
+                    protocol: 1,
+                    session: "s".into(),
+                },
+            ),
             Frame::new(FrameKind::Stdout, 7, vec![0u8, 255, 10, 13, 0xc3]),
             Frame::new(FrameKind::StdinEof, 7, Vec::new()),
         ];
@@ -428,5 +564,48 @@ mod tests {
             bad.parse::<ExecRequest>(),
             Err(ProtocolViolation::BadPayload { id: 3, .. })
         ));
+    }
+
+    #[test]
+    fn sync_decoder_finds_the_session_start_anywhere() {
+        let hello = Frame::new(FrameKind::Ping, 0, b"x".to_vec());
+        let mut wire = b"half a frame from before \0corral".to_vec();
+        wire.extend_from_slice(SYNC);
+        hello.encode_into(&mut wire);
+        for split in 0..wire.len() {
+            let mut d = SyncDecoder::new();
+            let mut got = Vec::new();
+            for part in [&wire[..split], &wire[split..]] {
+                d.extend(part);
+                while let Some(item) = d.next_item().expect("valid") {
+                    got.push(item);
+                }
+            }
+            assert_eq!(got, vec![Item::Synced, Item::Frame(hello.clone())], "split {split}");
+        }
+    }
+
+    #[test]
+    fn sync_decoder_hunts_in_bounded_memory_and_resyncs() {
+        let mut d = SyncDecoder::new();
+        for _ in 0..1000 {
+            d.extend(&[7u8; 4096]);
+            assert_eq!(d.next_item(), Ok(None));
+        }
+        assert!(d.hunt.len() < SYNC.len());
+        d.extend(SYNC);
+        assert_eq!(d.next_item(), Ok(Some(Item::Synced)));
+        // A stream that breaks off mid-frame, then a new session begins.
+        d.extend(&[66, 0, 0, 0, 1, 0, 0, 0, 100, 1, 2]);
+        assert_eq!(d.next_item(), Ok(None));
+        assert!(d.has_partial());
+        d.resync();
+        d.extend(SYNC);
+        assert_eq!(d.next_item(), Ok(Some(Item::Synced)));
+        // Sync bytes in the middle of framed data are an error the caller
+        // can recognise.
+        d.extend(SYNC);
+        assert!(d.next_item().is_err());
+        assert!(d.at_sync());
     }
 }

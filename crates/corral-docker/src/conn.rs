@@ -1,19 +1,29 @@
-//! The control stream to a sandbox's agent: one attached exec of
-//! `corral-agent attach`, carrying multiplexed frames for every command.
+//! The control stream to a sandbox's agent: the daemon's attach to PID 1's
+//! own stdin and stdout, carrying multiplexed frames for every command.
+//!
+//! Nothing inside the sandbox relays this stream and PID 1 is non-dumpable,
+//! so frames come from the agent or from nowhere. They are still checked as
+//! hostile input: a frame for a command corral did not start, output before
+//! `Started`, an `Exited` without `Started` or anything after it is a
+//! protocol violation that ends the stream, and every command in flight
+//! fails with a typed `protocol_violation`, never a result.
 //!
 //! A reader task decodes frames and routes them by command id; a writer task
-//! owns the exec's stdin. No lock is held across an await: the routing table
-//! sits behind a std mutex touched only for map operations.
+//! owns the attach's stdin; a keepalive task pings the agent often enough
+//! that its dead-man switch only fires when corral is gone. No lock is held
+//! across an await: the routing table sits behind a std mutex touched only
+//! for map operations.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::container::{AttachContainerResults, LogOutput};
+use bollard::query_parameters::AttachContainerOptionsBuilder;
 use bollard::Docker;
 use corral_core::protocol::{
-    Decoder, Frame, FrameKind, Hello, HelloAck, AGENT_PATH, PROTOCOL_VERSION,
+    Frame, FrameKind, Hello, HelloAck, Item, SyncDecoder, MAX_HANDSHAKE, PROTOCOL_VERSION, SYNC,
 };
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
@@ -21,6 +31,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::error::DockerError;
+use crate::host::random_hex;
 use crate::metrics::Metrics;
 use crate::retry::retry;
 use corral_core::RetryPolicy;
@@ -28,13 +39,49 @@ use corral_core::RetryPolicy;
 /// How long the agent may take to answer the handshake.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// The handshake is sent again this often until answered: after a broken
+/// stream the agent may first have to drop half a frame (it waits two
+/// seconds for the rest) before it sees a new session's sync bytes.
+const HELLO_RETRY: Duration = Duration::from_secs(3);
+
+/// Agent stderr kept for diagnostics.
+const STDERR_KEEP: usize = 4096;
+
+/// Why a stream ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Closed {
+    /// The stream or the container ended; the container's state tells why.
+    Ended(String),
+    /// The stream broke the protocol: nothing on it can be trusted.
+    Violation(String),
+}
+
+/// One command's route.
+struct Route {
+    /// Where its frames go; `None` once its waiter is gone (frames are then
+    /// checked and dropped until its last one arrives).
+    tx: Option<mpsc::UnboundedSender<Frame>>,
+    started: bool,
+    budget: Arc<Budget>,
+}
+
+/// Output queued for one command and not yet taken by its waiter, bounded:
+/// beyond `cap`, output frames are dropped and counted, so a sandbox that
+/// prints while nobody reads cannot grow corral's memory.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    cap: AtomicUsize,
+    queued: AtomicUsize,
+    dropped: AtomicU64,
+}
+
 #[derive(Default)]
 struct Routes {
-    map: HashMap<u32, mpsc::UnboundedSender<Frame>>,
+    map: HashMap<u32, Route>,
     /// Why the stream ended, once it has.
-    closed: Option<String>,
-    /// The last lines the relay wrote to stderr, for diagnostics.
-    relay_stderr: String,
+    closed: Option<Closed>,
+    /// The last lines the agent wrote to stderr, for diagnostics.
+    agent_stderr: String,
 }
 
 /// A live control stream.
@@ -42,123 +89,195 @@ pub(crate) struct AgentConn {
     routes: Arc<Mutex<Routes>>,
     writer: mpsc::Sender<Vec<u8>>,
     next_id: AtomicU32,
-    reader: JoinHandle<()>,
+    /// Highest id handed out, to tell "after it ended" from "never started".
+    issued: Arc<AtomicU32>,
+    tasks: Vec<JoinHandle<()>>,
     /// What the agent said about itself.
     pub hello: HelloAck,
 }
 
 fn lock(routes: &Mutex<Routes>) -> std::sync::MutexGuard<'_, Routes> {
     // A panic while holding this lock cannot leave the map inconsistent
-    // (every critical section is a single map operation), so poisoning is
-    // safe to ignore.
+    // (every critical section is a few map operations), so poisoning is safe
+    // to ignore.
     routes.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+fn is_output(kind: FrameKind) -> bool {
+    matches!(
+        kind,
+        FrameKind::Stdout | FrameKind::Stderr | FrameKind::StdoutTail | FrameKind::StderrTail
+    )
+}
+
+/// Where the reader is: looking for our session's start, or in it.
+enum Phase {
+    /// Waiting for [`SYNC`] and the HelloAck that echoes `session`.
+    Handshake {
+        session: String,
+        answer: Option<tokio::sync::oneshot::Sender<HelloAck>>,
+    },
+    Session,
+}
+
+impl Routes {
+    /// Checks one frame against what corral asked for and routes it.
+    fn route(&mut self, frame: Frame, issued: u32) -> Result<(), String> {
+        let id = frame.id;
+        let kind = frame.kind;
+        if id == 0 {
+            return match kind {
+                FrameKind::Pong => Ok(()),
+                FrameKind::Error => Err(format!(
+                    "the agent reported a broken stream: {}",
+                    String::from_utf8_lossy(&frame.payload)
+                )),
+                other => Err(format!("unexpected {other:?} frame outside any command")),
+            };
+        }
+        let Some(route) = self.map.get_mut(&id) else {
+            return Err(if id <= issued {
+                format!("{kind:?} frame for command {id} after it ended")
+            } else {
+                format!("{kind:?} frame for command {id}, which corral never started")
+            });
+        };
+        let last = match (kind, route.started) {
+            (FrameKind::Started, false) => {
+                route.started = true;
+                false
+            }
+            (FrameKind::SpawnFailed, false) | (FrameKind::Error, false) => true,
+            (FrameKind::Exited, true) => true,
+            (FrameKind::Error, true) => false,
+            (k, true) if is_output(k) => false,
+            (k, started) => {
+                return Err(format!(
+                    "{k:?} frame for command {id} {}",
+                    if started {
+                        "after it started"
+                    } else {
+                        "before it started"
+                    }
+                ))
+            }
+        };
+        let mut deliver = true;
+        if is_output(kind) {
+            let b = &route.budget;
+            let len = frame.payload.len();
+            if b.queued.load(Ordering::Relaxed).saturating_add(len) > b.cap.load(Ordering::Relaxed) {
+                b.dropped.fetch_add(len as u64, Ordering::Relaxed);
+                deliver = false;
+            } else {
+                b.queued.fetch_add(len, Ordering::Relaxed);
+            }
+        }
+        if deliver {
+            if let Some(tx) = &route.tx {
+                if tx.send(frame).is_err() {
+                    route.tx = None;
+                }
+            }
+        }
+        if last {
+            self.map.remove(&id);
+        }
+        Ok(())
+    }
+
+    fn close(&mut self, why: Closed) {
+        if self.closed.is_none() {
+            self.closed = Some(why);
+        }
+        self.map.clear();
+    }
+}
+
+/// The receiving end of one command's route.
+pub(crate) struct RouteRx {
+    rx: mpsc::UnboundedReceiver<Frame>,
+    budget: Arc<Budget>,
+}
+
+impl RouteRx {
+    fn taken(&self, frame: &Frame) {
+        if is_output(frame.kind) {
+            self.budget
+                .queued
+                .fetch_sub(frame.payload.len(), Ordering::Relaxed);
+        }
+    }
+
+    /// The next frame; `None` once the stream ended.
+    pub async fn recv(&mut self) -> Option<Frame> {
+        let frame = self.rx.recv().await?;
+        self.taken(&frame);
+        Some(frame)
+    }
+
+    /// A frame that is already queued, if any.
+    pub fn try_recv(&mut self) -> Result<Frame, mpsc::error::TryRecvError> {
+        let frame = self.rx.try_recv()?;
+        self.taken(&frame);
+        Ok(frame)
+    }
+
+    /// Changes how much output may wait unread.
+    pub fn set_budget(&self, cap: usize) {
+        self.budget.cap.store(cap, Ordering::Relaxed);
+    }
+
+    /// Output bytes dropped so far because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.budget.dropped.load(Ordering::Relaxed)
+    }
+}
+
 impl AgentConn {
-    /// Starts the relay in `container` and performs the handshake. Creating
-    /// and starting the relay exec are retried on transient daemon errors
-    /// (a fresh exec each time: a failed start may have consumed the old one).
+    /// Attaches to PID 1 of `container` and performs the handshake. The
+    /// attach is retried on transient daemon errors. `keepalive` is how
+    /// often the agent hears from corral when nothing else is sent.
     pub async fn attach(
         docker: &Docker,
         container: &str,
         sandbox: &str,
+        keepalive: Duration,
         policy: &RetryPolicy,
         metrics: &Metrics,
     ) -> Result<Self, DockerError> {
         let what = format!("attach to the agent in sandbox {sandbox}");
-        let started = retry(policy, metrics, &what, || async {
-            let exec = docker
-                .create_exec(
-                    container,
-                    CreateExecOptions::<String> {
-                        attach_stdin: Some(true),
-                        attach_stdout: Some(true),
-                        attach_stderr: Some(true),
-                        tty: Some(false),
-                        cmd: Some(vec![AGENT_PATH.to_string(), "attach".to_string()]),
-                        ..Default::default()
-                    },
-                )
-                .await?;
-            docker
-                .start_exec(
-                    &exec.id,
-                    Some(StartExecOptions {
-                        detach: false,
-                        tty: false,
-                        output_capacity: Some(256 * 1024),
-                    }),
-                )
-                .await
+        let options = AttachContainerOptionsBuilder::default()
+            .stdin(true)
+            .stdout(true)
+            .stderr(true)
+            .stream(true)
+            .logs(false)
+            .build();
+        let AttachContainerResults { output, mut input } = retry(policy, metrics, &what, || {
+            docker.attach_container(container, Some(options.clone()))
         })
         .await
         .map_err(|e| DockerError::api(what.clone(), e))?;
-        let StartExecResults::Attached {
-            mut output,
-            mut input,
-        } = started
-        else {
-            return Err(DockerError::Agent {
-                sandbox: sandbox.to_string(),
-                message: "daemon started the agent exec detached".into(),
-            });
-        };
 
+        let session = random_hex(32);
         let routes = Arc::new(Mutex::new(Routes::default()));
-        let (hello_tx, mut hello_rx) = mpsc::unbounded_channel();
-        lock(&routes).map.insert(0, hello_tx);
-
-        let reader_routes = routes.clone();
-        let sandbox_name = sandbox.to_string();
-        let reader = tokio::spawn(async move {
-            let mut decoder = Decoder::new();
-            let reason = loop {
-                match output.next().await {
-                    None => break "the control stream ended".to_string(),
-                    Some(Err(e)) => break format!("the control stream failed: {e}"),
-                    Some(Ok(bollard::container::LogOutput::StdOut { message })) => {
-                        decoder.extend(&message);
-                        let mut violation = None;
-                        loop {
-                            match decoder.next_frame() {
-                                Ok(Some(frame)) => {
-                                    let r = lock(&reader_routes);
-                                    if let Some(tx) = r.map.get(&frame.id) {
-                                        let _ = tx.send(frame);
-                                    }
-                                }
-                                Ok(None) => break,
-                                Err(e) => {
-                                    violation = Some(e.to_string());
-                                    break;
-                                }
-                            }
-                        }
-                        if let Some(v) = violation {
-                            break format!("agent protocol violation: {v}");
-                        }
-                    }
-                    Some(Ok(other)) => {
-                        let text = String::from_utf8_lossy(&other.into_bytes()).to_string();
-                        tracing::warn!(sandbox = %sandbox_name, relay = %text.trim_end(), "agent relay stderr");
-                        let mut r = lock(&reader_routes);
-                        r.relay_stderr.push_str(&text);
-                        let len = r.relay_stderr.len();
-                        if len > 4096 {
-                            let cut = r.relay_stderr.ceil_char_boundary(len - 4096);
-                            r.relay_stderr.drain(..cut);
-                        }
-                    }
-                }
-            };
-            let mut r = lock(&reader_routes);
-            r.closed = Some(reason);
-            r.map.clear();
-        });
+        let issued = Arc::new(AtomicU32::new(0));
+        let (answer_tx, answer_rx) = tokio::sync::oneshot::channel();
+        let reader = tokio::spawn(read_stream(
+            output,
+            routes.clone(),
+            issued.clone(),
+            Phase::Handshake {
+                session: session.clone(),
+                answer: Some(answer_tx),
+            },
+            sandbox.to_string(),
+        ));
 
         let (writer, mut rx) = mpsc::channel::<Vec<u8>>(1024);
         let writer_sandbox = sandbox.to_string();
-        tokio::spawn(async move {
+        let writer_task = tokio::spawn(async move {
             while let Some(mut buf) = rx.recv().await {
                 // Batch whatever else is queued into one write.
                 while let Ok(more) = rx.try_recv() {
@@ -176,67 +295,80 @@ impl AgentConn {
             }
             let _ = input.shutdown().await;
         });
+        let pinger = writer.clone();
+        let keepalive_task = tokio::spawn(async move {
+            let ping = Frame::new(FrameKind::Ping, 0, Vec::new()).encode();
+            loop {
+                tokio::time::sleep(keepalive).await;
+                if pinger.send(ping.clone()).await.is_err() {
+                    return;
+                }
+            }
+        });
 
         let mut conn = AgentConn {
             routes,
             writer,
             next_id: AtomicU32::new(1),
-            reader,
+            issued,
+            tasks: vec![reader, writer_task, keepalive_task],
             hello: HelloAck {
                 protocol: 0,
                 agent_version: String::new(),
                 oom_counter: String::new(),
+                session: String::new(),
             },
         };
-        conn.send(Frame::json(
-            FrameKind::Hello,
-            0,
-            &Hello {
-                protocol: PROTOCOL_VERSION,
-            },
-        ))
-        .await
-        .map_err(|reason| DockerError::Agent {
-            sandbox: sandbox.to_string(),
-            message: format!("handshake failed: {reason}"),
-        })?;
-        let answer = tokio::time::timeout(HELLO_TIMEOUT, hello_rx.recv()).await;
-        lock(&conn.routes).map.remove(&0);
         let agent_err = |message: String| DockerError::Agent {
             sandbox: sandbox.to_string(),
             message,
         };
-        let frame = match answer {
+        let mut hello = SYNC.to_vec();
+        Frame::json(
+            FrameKind::Hello,
+            0,
+            &Hello {
+                protocol: PROTOCOL_VERSION,
+                session,
+            },
+        )
+        .encode_into(&mut hello);
+        let handshake = async {
+            let mut answer_rx = answer_rx;
+            loop {
+                conn.writer
+                    .send(hello.clone())
+                    .await
+                    .map_err(|_| agent_err(format!("handshake failed: {}", conn.closed_reason())))?;
+                match tokio::time::timeout(HELLO_RETRY, &mut answer_rx).await {
+                    Ok(Ok(ack)) => return Ok(ack),
+                    Ok(Err(_)) => {
+                        return Err(agent_err(format!(
+                            "handshake failed: {}",
+                            conn.closed_reason()
+                        )))
+                    }
+                    Err(_) => continue,
+                }
+            }
+        };
+        let ack = match tokio::time::timeout(HELLO_TIMEOUT, handshake).await {
+            Ok(r) => r?,
             Err(_) => {
                 return Err(agent_err(format!(
-                    "no handshake answer within {HELLO_TIMEOUT:?}"
+                    "no handshake answer within {HELLO_TIMEOUT:?}{}",
+                    conn.stderr_note()
                 )))
             }
-            Ok(None) => {
-                return Err(agent_err(format!(
-                    "handshake failed: {}",
-                    conn.closed_reason()
-                )))
-            }
-            Ok(Some(f)) => f,
         };
-        match frame.kind {
-            FrameKind::HelloAck => {
-                let ack: HelloAck = frame.parse().map_err(|e| agent_err(e.to_string()))?;
-                if ack.protocol != PROTOCOL_VERSION {
-                    return Err(agent_err(format!(
-                        "agent speaks protocol {}, corral speaks {PROTOCOL_VERSION}",
-                        ack.protocol
-                    )));
-                }
-                conn.hello = ack;
-                Ok(conn)
-            }
-            other => Err(agent_err(format!(
-                "unexpected handshake answer {other:?}: {}",
-                String::from_utf8_lossy(&frame.payload)
-            ))),
+        if ack.protocol != PROTOCOL_VERSION {
+            return Err(agent_err(format!(
+                "agent {} speaks protocol {}, corral speaks {PROTOCOL_VERSION}",
+                ack.agent_version, ack.protocol
+            )));
         }
+        conn.hello = ack;
+        Ok(conn)
     }
 
     /// A fresh command id.
@@ -244,25 +376,48 @@ impl AgentConn {
         loop {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             if id != 0 {
+                self.issued.fetch_max(id, Ordering::Relaxed);
                 return id;
             }
         }
     }
 
-    /// Routes frames for `id` to the returned receiver; fails when the stream
-    /// has already ended.
-    pub fn register(&self, id: u32) -> Result<mpsc::UnboundedReceiver<Frame>, String> {
+    /// Routes frames for `id` to the returned receiver, keeping at most
+    /// `cap` bytes of output queued; fails when the stream has already
+    /// ended.
+    pub fn register(&self, id: u32, cap: usize) -> Result<RouteRx, String> {
         let mut r = lock(&self.routes);
-        if let Some(reason) = &r.closed {
-            return Err(reason.clone());
+        if let Some(closed) = &r.closed {
+            return Err(describe(closed));
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        r.map.insert(id, tx);
-        Ok(rx)
+        let budget = Arc::new(Budget {
+            cap: AtomicUsize::new(cap),
+            queued: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
+        });
+        r.map.insert(
+            id,
+            Route {
+                tx: Some(tx),
+                started: false,
+                budget: budget.clone(),
+            },
+        );
+        Ok(RouteRx { rx, budget })
     }
 
-    /// Stops routing frames for `id`.
+    /// Stops delivering frames for `id`. The route stays until the agent's
+    /// last frame for it, so late frames are still checked, not mistaken for
+    /// frames of a command corral never started.
     pub fn unregister(&self, id: u32) {
+        if let Some(route) = lock(&self.routes).map.get_mut(&id) {
+            route.tx = None;
+        }
+    }
+
+    /// Forgets `id` entirely: its Exec never reached the agent.
+    pub fn forget(&self, id: u32) {
         lock(&self.routes).map.remove(&id);
     }
 
@@ -282,11 +437,7 @@ impl AgentConn {
     /// Ends the stream from outside (the container died): commands in
     /// flight see it closed and look at the container's state.
     pub fn close(&self, reason: String) {
-        let mut r = lock(&self.routes);
-        if r.closed.is_none() {
-            r.closed = Some(reason);
-        }
-        r.map.clear();
+        lock(&self.routes).close(Closed::Ended(reason));
     }
 
     /// True once the stream has ended.
@@ -294,23 +445,234 @@ impl AgentConn {
         lock(&self.routes).closed.is_some() || self.writer.is_closed()
     }
 
+    /// The protocol violation that ended the stream, if one did.
+    pub fn violation(&self) -> Option<String> {
+        match &lock(&self.routes).closed {
+            Some(Closed::Violation(v)) => Some(v.clone()),
+            _ => None,
+        }
+    }
+
     /// Why the stream ended (or "closed" when it has not been recorded yet).
     pub fn closed_reason(&self) -> String {
-        let r = lock(&self.routes);
-        let mut reason = r
-            .closed
-            .clone()
-            .unwrap_or_else(|| "the control stream closed".into());
-        let stderr = r.relay_stderr.trim();
-        if !stderr.is_empty() {
-            reason.push_str(&format!(" (relay said: {stderr})"));
-        }
-        reason
+        let reason = match &lock(&self.routes).closed {
+            Some(c) => describe(c),
+            None => "the control stream closed".into(),
+        };
+        format!("{reason}{}", self.stderr_note())
     }
+
+    fn stderr_note(&self) -> String {
+        let r = lock(&self.routes);
+        let stderr = r.agent_stderr.trim();
+        if stderr.is_empty() {
+            String::new()
+        } else {
+            format!(" (agent said: {stderr})")
+        }
+    }
+}
+
+fn describe(closed: &Closed) -> String {
+    match closed {
+        Closed::Ended(r) => r.clone(),
+        Closed::Violation(v) => format!("agent protocol violation: {v}"),
+    }
+}
+
+/// The reader task: finds our session's start, then checks and routes every
+/// frame until the stream ends or breaks the protocol.
+async fn read_stream(
+    mut output: std::pin::Pin<
+        Box<dyn futures_util::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>,
+    >,
+    routes: Arc<Mutex<Routes>>,
+    issued: Arc<AtomicU32>,
+    mut phase: Phase,
+    sandbox: String,
+) {
+    let mut decoder = SyncDecoder::new();
+    let why = 'stream: loop {
+        let message = match output.next().await {
+            None => break Closed::Ended("the control stream ended".into()),
+            Some(Err(e)) => break Closed::Ended(format!("the control stream failed: {e}")),
+            Some(Ok(LogOutput::StdOut { message })) => message,
+            Some(Ok(other)) => {
+                // PID 1's stderr: the agent's own log lines.
+                let text = String::from_utf8_lossy(&other.into_bytes()).to_string();
+                tracing::warn!(sandbox = %sandbox, agent = %text.trim_end(), "agent stderr");
+                let mut r = lock(&routes);
+                r.agent_stderr.push_str(&text);
+                let len = r.agent_stderr.len();
+                if len > STDERR_KEEP {
+                    let cut = r.agent_stderr.ceil_char_boundary(len - STDERR_KEEP);
+                    r.agent_stderr.drain(..cut);
+                }
+                continue;
+            }
+        };
+        decoder.extend(&message);
+        loop {
+            if let Phase::Handshake { .. } = phase {
+                if !decoder.is_hunting() {
+                    // After sync bytes only our small HelloAck may follow;
+                    // anything else means the sync bytes were inside some
+                    // payload (command output can contain them): hunt on.
+                    if let Some((kind, len)) = decoder.peek_header() {
+                        if kind != FrameKind::HelloAck as u8 || len > MAX_HANDSHAKE {
+                            decoder.resync();
+                            continue;
+                        }
+                    }
+                }
+            }
+            let item = match decoder.next_item() {
+                Ok(Some(item)) => item,
+                Ok(None) => break,
+                Err(e) => {
+                    if let Phase::Handshake { .. } = phase {
+                        decoder.resync();
+                        continue;
+                    }
+                    if decoder.at_sync() {
+                        break 'stream Closed::Ended(
+                            "another controller attached to the agent and took over the stream"
+                                .into(),
+                        );
+                    }
+                    break 'stream Closed::Violation(e.to_string());
+                }
+            };
+            let frame = match item {
+                Item::Synced => continue,
+                Item::Frame(f) => f,
+            };
+            match &mut phase {
+                Phase::Handshake { session, answer } => {
+                    let ack = frame.parse::<HelloAck>().ok();
+                    match ack {
+                        Some(ack) if frame.kind == FrameKind::HelloAck && ack.session == *session => {
+                            if let Some(tx) = answer.take() {
+                                let _ = tx.send(ack);
+                            }
+                            phase = Phase::Session;
+                        }
+                        // Not our answer (a stale session's, or sync bytes
+                        // planted in output): keep looking.
+                        _ => decoder.resync(),
+                    }
+                }
+                Phase::Session => {
+                    let issued = issued.load(Ordering::Relaxed);
+                    if let Err(v) = lock(&routes).route(frame, issued) {
+                        break 'stream Closed::Violation(v);
+                    }
+                }
+            }
+        }
+    };
+    if let Closed::Violation(v) = &why {
+        tracing::error!(sandbox = %sandbox, violation = %v, "agent protocol violation: the sandbox's results can no longer be trusted");
+    }
+    lock(&routes).close(why);
 }
 
 impl Drop for AgentConn {
     fn drop(&mut self) {
-        self.reader.abort();
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routes_with(id: u32) -> (Routes, RouteRx) {
+        let mut r = Routes::default();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let budget = Arc::new(Budget {
+            cap: AtomicUsize::new(10),
+            queued: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
+        });
+        r.map.insert(
+            id,
+            Route {
+                tx: Some(tx),
+                started: false,
+                budget: budget.clone(),
+            },
+        );
+        (r, RouteRx { rx, budget })
+    }
+
+    fn f(kind: FrameKind, id: u32) -> Frame {
+        Frame::new(kind, id, b"{}".to_vec())
+    }
+
+    #[test]
+    fn frames_out_of_order_are_violations() {
+        let (mut r, _rx) = routes_with(1);
+        assert!(r.route(f(FrameKind::Exited, 1), 1).is_err(), "Exited before Started");
+        let (mut r, _rx) = routes_with(1);
+        assert!(r.route(f(FrameKind::Stdout, 1), 1).is_err(), "output before Started");
+        let (mut r, _rx) = routes_with(1);
+        assert!(r.route(f(FrameKind::Started, 2), 2).is_err(), "never registered");
+        assert!(r.route(f(FrameKind::Started, 9), 2).is_err(), "never started");
+        assert!(r.route(f(FrameKind::Started, 1), 1).is_ok());
+        assert!(r.route(f(FrameKind::Started, 1), 1).is_err(), "second Started");
+    }
+
+    #[test]
+    fn nothing_may_follow_exited() {
+        let (mut r, _rx) = routes_with(1);
+        r.route(f(FrameKind::Started, 1), 1).expect("started");
+        r.route(f(FrameKind::Stdout, 1), 1).expect("output");
+        r.route(f(FrameKind::Exited, 1), 1).expect("exited");
+        let e = r.route(f(FrameKind::Stdout, 1), 1).expect_err("after Exited");
+        assert!(e.contains("after it ended"), "{e}");
+        assert!(r.route(f(FrameKind::Exited, 1), 1).is_err());
+    }
+
+    #[test]
+    fn abandoned_commands_are_still_checked_until_their_end() {
+        let (mut r, rx) = routes_with(1);
+        drop(rx);
+        r.route(f(FrameKind::Started, 1), 1).expect("started");
+        r.route(f(FrameKind::Exited, 1), 1).expect("exited, nobody listening");
+        assert!(r.map.is_empty());
+    }
+
+    #[test]
+    fn connection_level_frames() {
+        let mut r = Routes::default();
+        assert!(r.route(f(FrameKind::Pong, 0), 0).is_ok());
+        assert!(r.route(f(FrameKind::Error, 0), 0).is_err());
+        assert!(r.route(f(FrameKind::Exited, 0), 0).is_err());
+    }
+
+    #[test]
+    fn output_beyond_the_budget_is_dropped_and_counted() {
+        let (mut r, mut rx) = routes_with(1);
+        r.route(f(FrameKind::Started, 1), 1).expect("started");
+        for _ in 0..5 {
+            r.route(Frame::new(FrameKind::Stdout, 1, vec![b'x'; 4]), 1)
+                .expect("output");
+        }
+        // 10 bytes fit: two frames queued, three dropped.
+        assert_eq!(rx.dropped(), 12);
+        assert!(rx.try_recv().is_ok()); // Started
+        assert!(rx.try_recv().is_ok());
+        assert!(rx.try_recv().is_ok());
+        assert!(rx.try_recv().is_err());
+        // Taking output frees the budget again.
+        r.route(Frame::new(FrameKind::Stdout, 1, vec![b'x'; 4]), 1)
+            .expect("output");
+        assert!(rx.try_recv().is_ok());
+        // Exited is never dropped.
+        r.route(f(FrameKind::Exited, 1), 1).expect("exited");
+        assert_eq!(rx.try_recv().map(|f| f.kind), Ok(FrameKind::Exited));
     }
 }

@@ -4,8 +4,9 @@
 //! and checked for real (inside a container) by the integration tests.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType};
 use corral_core::labels::{self, Owner};
 use corral_core::protocol::{AGENT_DIR, AGENT_PATH};
 use corral_core::SandboxSpec;
@@ -26,6 +27,18 @@ pub struct CreateParams<'a> {
 
 /// The agent's grace for persistent sandboxes: ten years, i.e. never.
 const PERSISTENT_GRACE_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
+
+/// How often corral pings the agent when nothing else is sent: three times
+/// per dead-man grace period, so one late ping never fires the switch, and
+/// at least every ten seconds.
+pub fn keepalive(spec: &SandboxSpec) -> Duration {
+    let grace = if spec.persistent.is_some() {
+        PERSISTENT_GRACE_MS
+    } else {
+        spec.agent_grace_ms
+    };
+    Duration::from_millis((grace / 3).clamp(50, 10_000))
+}
 
 /// The container name for a sandbox.
 pub fn container_name(sandbox_id: &str) -> String {
@@ -110,6 +123,12 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
         storage_opt,
         // Never auto-remove: it destroys the state that tells an OOM of PID 1.
         auto_remove: Some(false),
+        // PID 1's stdout is the control stream: logging it would write every
+        // frame to disk.
+        log_config: Some(HostConfigLogConfig {
+            typ: Some("none".into()),
+            config: None,
+        }),
         init: Some(false),
         ..Default::default()
     };
@@ -137,7 +156,9 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
         attach_stdout: Some(false),
         attach_stderr: Some(false),
         tty: Some(false),
-        open_stdin: Some(false),
+        // PID 1's stdin is the control stream, kept open across attaches.
+        open_stdin: Some(true),
+        stdin_once: Some(false),
         stop_signal: Some("SIGTERM".into()),
         host_config: Some(host_config),
         ..Default::default()

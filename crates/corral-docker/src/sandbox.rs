@@ -19,7 +19,7 @@ use corral_core::{
 use tokio::sync::mpsc;
 
 use crate::backend::{BackendInner, StartTimings};
-use crate::conn::AgentConn;
+use crate::conn::{AgentConn, RouteRx};
 use crate::error::{is_connection_error, is_not_found, DockerError};
 use crate::events::ConnSlot;
 use crate::metrics::StartPhase;
@@ -340,6 +340,23 @@ impl Sandbox {
     /// `cmd.stdin` set, the command gets a stdin pipe the caller feeds through
     /// the handle (the bytes in `cmd.stdin` are not sent by this call).
     pub async fn exec(&self, cmd: &CommandSpec) -> Result<Execution, Failure> {
+        // The agent sends at most max_output per stream (head and tail);
+        // anything beyond that queued for the caller is not the agent's.
+        let budget = cmd
+            .max_output
+            .saturating_mul(2)
+            .saturating_add(4 * OUTPUT_CHUNK as u64)
+            .min(usize::MAX as u64) as usize;
+        self.exec_with_budget(cmd, budget).await
+    }
+
+    /// [`Sandbox::exec`], keeping at most `budget` bytes of output queued
+    /// while the caller does not read (more is dropped and counted).
+    pub(crate) async fn exec_with_budget(
+        &self,
+        cmd: &CommandSpec,
+        budget: usize,
+    ) -> Result<Execution, Failure> {
         if cmd.argv.is_empty() {
             return Err(Failure::new(
                 FailureKind::InvalidSpec,
@@ -357,6 +374,9 @@ impl Sandbox {
         }
         let mut conn = self.conn();
         if conn.is_closed() {
+            if let Some(v) = conn.violation() {
+                return Err(self.violated(&v));
+            }
             conn = match self.reattach(conn).await {
                 Ok(c) => c,
                 Err(f) if container_gone(&f) => match self.inner.spec.recovery {
@@ -379,9 +399,9 @@ impl Sandbox {
             };
         }
         let id = conn.next_id();
-        let rx = match conn.register(id) {
+        let rx = match conn.register(id, budget) {
             Ok(rx) => rx,
-            Err(reason) => return Err(self.diagnose(&reason).await),
+            Err(_) => return Err(self.stream_failure(&conn).await),
         };
         let req = ExecRequest {
             argv: cmd.argv.clone(),
@@ -393,9 +413,9 @@ impl Sandbox {
                 .map(|t| t.as_millis().min(u64::MAX as u128) as u64),
             max_output: cmd.max_output,
         };
-        if let Err(reason) = conn.send(Frame::json(FrameKind::Exec, id, &req)).await {
-            conn.unregister(id);
-            return Err(self.diagnose(&reason).await);
+        if conn.send(Frame::json(FrameKind::Exec, id, &req)).await.is_err() {
+            conn.forget(id);
+            return Err(self.stream_failure(&conn).await);
         }
         Ok(Execution {
             sandbox: self.clone(),
@@ -409,6 +429,30 @@ impl Sandbox {
             pid: None,
             done: false,
         })
+    }
+
+    /// The failure for a control stream that ended: a protocol violation
+    /// finishes the sandbox; otherwise the container's state explains it.
+    async fn stream_failure(&self, conn: &AgentConn) -> Failure {
+        match conn.violation() {
+            Some(v) => self.violated(&v),
+            None => self.diagnose(&conn.closed_reason()).await,
+        }
+    }
+
+    /// Marks the sandbox dead for a protocol violation, whatever its
+    /// recovery policy: nothing it reports can be trusted any more, and
+    /// recreating it would hide the evidence.
+    fn violated(&self, violation: &str) -> Failure {
+        let f = Failure::new(
+            FailureKind::ProtocolViolation,
+            format!(
+                "sandbox {}: the agent's control stream broke the protocol ({violation}); the sandbox is finished and its results are not trusted",
+                self.inner.id
+            ),
+        );
+        self.mark_dead(&f);
+        f
     }
 
     fn conn(&self) -> Arc<AgentConn> {
@@ -443,6 +487,7 @@ impl Sandbox {
                     self.docker(),
                     &info.container_id,
                     id,
+                    crate::container_config::keepalive(&self.inner.spec),
                     policy,
                     &backend.inner.metrics,
                 )
@@ -469,8 +514,9 @@ impl Sandbox {
         self.run_startup().await.map(|_| ())
     }
 
-    /// Replaces a broken control stream with a new relay when the container
-    /// still runs (e.g. the relay was OOM-killed); otherwise explains the loss.
+    /// Attaches again when the control stream broke but the container still
+    /// runs (e.g. the daemon dropped the attach connection); otherwise
+    /// explains the loss.
     async fn reattach(&self, stale: Arc<AgentConn>) -> Result<Arc<AgentConn>, Failure> {
         let _serial = self.inner.reattach.lock().await;
         let current = self.conn();
@@ -488,6 +534,7 @@ impl Sandbox {
             self.docker(),
             &cid,
             &self.inner.id,
+            crate::container_config::keepalive(&self.inner.spec),
             &backend.config.retry,
             &backend.metrics,
         )
@@ -681,7 +728,7 @@ pub struct Execution {
     sandbox: Sandbox,
     conn: Arc<AgentConn>,
     id: u32,
-    rx: mpsc::UnboundedReceiver<Frame>,
+    rx: RouteRx,
     writer: mpsc::Sender<Vec<u8>>,
     started: Instant,
     timeout: Option<Duration>,
@@ -763,8 +810,7 @@ impl Execution {
         loop {
             let Some(frame) = self.rx.recv().await else {
                 self.done = true;
-                let reason = self.conn.closed_reason();
-                let failure = self.sandbox.diagnose(&reason).await;
+                let failure = self.sandbox.stream_failure(&self.conn).await;
                 return ExecEvent::Ended(Box::new(CommandResult::failed(
                     failure,
                     self.started.elapsed(),
@@ -798,6 +844,11 @@ impl Execution {
                         }
                     }
                     return ExecEvent::Ended(Box::new(r));
+                }
+                // An error about a frame for a running command (its stdin
+                // was already closed, say) does not end it.
+                FrameKind::Error if self.pid.is_some() => {
+                    tracing::debug!(sandbox = %self.sandbox.id(), error = %String::from_utf8_lossy(&frame.payload), "agent refused a frame");
                 }
                 FrameKind::SpawnFailed | FrameKind::Error => {
                     self.done = true;
@@ -853,8 +904,7 @@ impl Execution {
                 None => self.rx.recv().await,
             };
             let Some(frame) = frame else {
-                let reason = self.conn.closed_reason();
-                result.failure = Some(self.sandbox.diagnose(&reason).await);
+                result.failure = Some(self.sandbox.stream_failure(&self.conn).await);
                 break;
             };
             match frame.kind {
@@ -924,6 +974,9 @@ impl Execution {
                     self.done = true;
                     break;
                 }
+                FrameKind::Error if self.pid.is_some() => {
+                    tracing::debug!(sandbox = %sb, error = %String::from_utf8_lossy(&frame.payload), "agent refused a frame");
+                }
                 FrameKind::Error => {
                     let message = frame
                         .parse::<ProtocolError>()
@@ -942,7 +995,45 @@ impl Execution {
         if result.duration.is_zero() {
             result.duration = self.started.elapsed();
         }
+        if self.rx.dropped() > 0 {
+            // Only an agent that ignored max_output gets here.
+            result.stdout_truncated = true;
+            result.stderr_truncated = true;
+        }
         result
+    }
+
+    /// Changes how many output bytes may wait unread before more are dropped.
+    pub(crate) fn set_output_budget(&self, cap: usize) {
+        self.rx.set_budget(cap);
+    }
+
+    /// Output bytes dropped so far because nobody was reading them.
+    pub fn dropped_output(&self) -> u64 {
+        self.rx.dropped()
+    }
+
+    /// An event that is already queued, without waiting.
+    pub(crate) fn try_next_output(&mut self) -> Option<ExecEvent> {
+        loop {
+            let frame = self.rx.try_recv().ok()?;
+            match frame.kind {
+                FrameKind::Stdout | FrameKind::StdoutTail => {
+                    return Some(ExecEvent::Output(OutputStream::Stdout, frame.payload))
+                }
+                FrameKind::Stderr | FrameKind::StderrTail => {
+                    return Some(ExecEvent::Output(OutputStream::Stderr, frame.payload))
+                }
+                FrameKind::Exited | FrameKind::SpawnFailed => {
+                    self.done = true;
+                    return Some(ExecEvent::Ended(Box::new(CommandResult {
+                        duration: self.started.elapsed(),
+                        ..CommandResult::default()
+                    })));
+                }
+                _ => {}
+            }
+        }
     }
 
     /// Waits for the outcome.

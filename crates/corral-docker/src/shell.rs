@@ -14,6 +14,16 @@
 //! background jobs ignore it, as in any non-interactive shell. If the
 //! command still runs after a grace period the shell is killed and the next
 //! command starts a fresh one, and results say so.
+//!
+//! Shell results are not trustworthy: the exit code and the markers come
+//! from inside the sandbox, and a command can redefine the functions that
+//! report them. Every [`SessionResult`] says so (`trusted` is false);
+//! graders use [`Sandbox::run`], whose exit report comes from the agent.
+//!
+//! Output produced between commands (by background jobs) is nobody's: at
+//! most [`IDLE_OUTPUT_CAP`] of it waits in memory, the rest is dropped as it
+//! arrives, and all of it is discarded and counted when the next command
+//! starts.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +42,15 @@ use crate::Sandbox;
 const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
 
 const SIGINT: i32 = 2;
+
+/// Output of a session's shell that may wait unread in corral's memory
+/// (between commands, or ahead of a slow reader); more is dropped and
+/// counted.
+pub const IDLE_OUTPUT_CAP: usize = 1 << 20;
+
+/// Output that may wait unread while a command runs (the session reads as
+/// it arrives; this only fills behind a reader slower than the shell).
+const RUN_OUTPUT_CAP: usize = 16 << 20;
 
 /// Sent once to a new shell: the SIGINT trap and the wrapper every command
 /// runs in.
@@ -72,6 +91,14 @@ pub struct SessionResult {
     /// The shell is gone after this command (it ran `exit`, or it was
     /// killed after a timeout); the next command starts a fresh one.
     pub ended: bool,
+    /// Output bytes the session's shell produced between the previous
+    /// command and this one (background jobs): dropped, not attributed to
+    /// this command.
+    pub dropped_between_bytes: u64,
+    /// Always false: the exit code and the end of this command's output are
+    /// reported by the shell inside the sandbox, which a command can
+    /// subvert. Use `exec`/`run` where the result must be trusted.
+    pub trusted: bool,
 }
 
 /// A named, stateful shell in a sandbox. Cheap to clone; commands of one
@@ -88,6 +115,8 @@ pub struct ShellSession {
 pub(crate) struct Shell {
     exec: Execution,
     stdin: StdinWriter,
+    /// Output dropped before the previous command ended (already counted).
+    dropped_seen: u64,
 }
 
 /// The slot a sandbox keeps per session name.
@@ -129,8 +158,19 @@ fn find_marker(buf: &[u8], marker: &[u8], with_code: bool) -> Option<(usize, usi
     None
 }
 
+/// Where `needle` first occurs right after a newline in `hay` (markers only
+/// count at a line start, so only newlines need a closer look: this keeps a
+/// flood of output cheap to scan).
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+    let mut from = 0;
+    while let Some(nl) = hay[from..].iter().position(|b| *b == b'\n') {
+        let at = from + nl + 1;
+        if hay[at..].starts_with(needle) {
+            return Some(at);
+        }
+        from = at;
+    }
+    None
 }
 
 /// Collects one stream of one command up to its marker.
@@ -217,7 +257,7 @@ impl ShellSession {
         cmd.stdin = Some(Vec::new());
         cmd.env = self.options.env.clone();
         cmd.cwd = self.options.cwd.clone();
-        let exec = self.sandbox.exec(&cmd).await?;
+        let exec = self.sandbox.exec_with_budget(&cmd, IDLE_OUTPUT_CAP).await?;
         let stdin = exec.stdin();
         // SIGINT aborts the running command line (the trap returns from the
         // wrapper function, as Ctrl-C would) but not the shell.
@@ -227,7 +267,11 @@ impl ShellSession {
                 format!("session {}: {e}", self.name),
             )
         })?;
-        Ok(Shell { exec, stdin })
+        Ok(Shell {
+            exec,
+            stdin,
+            dropped_seen: 0,
+        })
     }
 
     /// Runs `command` in the session's shell. `timeout` interrupts it (and,
@@ -242,6 +286,24 @@ impl ShellSession {
         let started = Instant::now();
         let mut slot = self.state.lock().await;
         let mut restarted = false;
+        let mut between = 0u64;
+        if let Some(shell) = slot.as_mut() {
+            // What background jobs printed since the last command is not
+            // this command's: count it and let it go.
+            let mut gone = false;
+            while let Some(ev) = shell.exec.try_next_output() {
+                match ev {
+                    ExecEvent::Output(_, bytes) => between += bytes.len() as u64,
+                    ExecEvent::Ended(_) => gone = true,
+                }
+            }
+            let dropped = shell.exec.dropped_output();
+            between += dropped - shell.dropped_seen;
+            shell.dropped_seen = dropped;
+            if gone {
+                *slot = None; // the shell exited between commands
+            }
+        }
         if slot.is_none() {
             match self.start().await {
                 Ok(shell) => *slot = Some(shell),
@@ -250,6 +312,8 @@ impl ShellSession {
                         result: CommandResult::failed(f, started.elapsed()),
                         restarted: false,
                         ended: true,
+                        dropped_between_bytes: between,
+                        trusted: false,
                     }
                 }
             }
@@ -267,6 +331,8 @@ impl ShellSession {
                 ),
                 restarted,
                 ended: true,
+                dropped_between_bytes: between,
+                trusted: false,
             };
         };
         let marker = format!("__CORRAL_{}", random_hex(24));
@@ -274,6 +340,7 @@ impl ShellSession {
             "__corral_cmd={}\n__corral_run\n__corral_rc=$?\nprintf '\\n%s %d\\n' '{marker}' \"$__corral_rc\"\nprintf '\\n%s\\n' '{marker}' >&2\n",
             quote(command)
         );
+        shell.exec.set_output_budget(RUN_OUTPUT_CAP);
         let mut out = Collector::new(&marker, true, max_output);
         let mut err = Collector::new(&marker, false, max_output);
         let mut result = CommandResult::default();
@@ -358,11 +425,23 @@ impl ShellSession {
         result.duration = started.elapsed();
         if ended {
             *slot = None;
+        } else if let Some(shell) = slot.as_mut() {
+            shell.exec.set_output_budget(IDLE_OUTPUT_CAP);
+            // Dropped while this command ran (a reader slower than the
+            // shell): its output is marked truncated, not counted as between.
+            let dropped = shell.exec.dropped_output();
+            if dropped > shell.dropped_seen {
+                result.stdout_truncated = true;
+                result.stderr_truncated = true;
+                shell.dropped_seen = dropped;
+            }
         }
         SessionResult {
             result,
             restarted,
             ended,
+            dropped_between_bytes: between,
+            trusted: false,
         }
     }
 

@@ -632,6 +632,8 @@ async fn shell_exec(
                 result: lost(f),
                 restarted: false,
                 ended: true,
+                dropped_between_bytes: 0,
+                trusted: false,
             },
             String::new(),
         ),
@@ -641,6 +643,8 @@ async fn shell_exec(
         result: CommandOutcome::new(&r.result, &sandbox_id),
         restarted: r.restarted,
         ended: r.ended,
+        dropped_between_bytes: r.dropped_between_bytes,
+        trusted: r.trusted,
     }))
 }
 

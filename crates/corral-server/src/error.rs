@@ -72,7 +72,7 @@ impl ApiError {
             FailureKind::InvalidSpec | FailureKind::ImageNotFound | FailureKind::Unsupported => {
                 StatusCode::BAD_REQUEST
             }
-            FailureKind::AgentError => StatusCode::BAD_GATEWAY,
+            FailureKind::AgentError | FailureKind::ProtocolViolation => StatusCode::BAD_GATEWAY,
             FailureKind::SpawnFailed => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let mut e = ApiError::new(status, f.kind.as_str(), f.message.clone());

@@ -181,6 +181,14 @@ pub struct ShellOutcome {
     pub restarted: bool,
     /// The shell is gone after it; the next command starts a fresh one.
     pub ended: bool,
+    /// Output the session's background jobs printed between the previous
+    /// command and this one: dropped, not part of this result.
+    pub dropped_between_bytes: u64,
+    /// Always false: a shell session's exit code and output boundaries are
+    /// reported by the shell inside the sandbox, which a command can
+    /// subvert (by redefining the functions that report them). Grade with
+    /// `POST /v1/sandboxes/{id}/exec`, whose result comes from the agent.
+    pub trusted: bool,
 }
 
 /// Body of `GET /v1/sandboxes/{id}/shells`.
@@ -392,9 +400,12 @@ mod tests {
             result: CommandOutcome::new(&r, "sb"),
             restarted: true,
             ended: false,
+            dropped_between_bytes: 0,
+            trusted: false,
         };
         let v = serde_json::to_value(shell).expect("json");
         assert_eq!(v["restarted"], true);
+        assert_eq!(v["trusted"], false);
         assert_eq!(v["failure"]["kind"], "container_lost");
     }
 }

@@ -1,6 +1,6 @@
 //! Test harness: a real container running the static agent as PID 1, and a
-//! client speaking the protocol through `docker exec -i ... attach`, exactly
-//! the path corral uses.
+//! client speaking the protocol through `docker attach` to PID 1's stdin and
+//! stdout, exactly the path corral uses.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
@@ -12,8 +12,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use corral_core::protocol::{
-    Decoder, ExecRequest, ExitReport, Frame, FrameKind, Hello, HelloAck, ProtocolError, SpawnError,
-    Started, PROTOCOL_VERSION,
+    ExecRequest, ExitReport, Frame, FrameKind, Hello, HelloAck, Item, ProtocolError, SpawnError,
+    Started, SyncDecoder, PROTOCOL_VERSION, SYNC,
 };
 
 /// Where the agent sits inside test containers.
@@ -95,10 +95,15 @@ fn docker_ok(args: &[&str]) -> String {
 /// How to create a test sandbox.
 pub struct Opts {
     pub image: &'static str,
-    pub memory: &'static str,
+    /// Memory limit (and memory+swap), in MiB.
+    pub memory_mib: u64,
     pub grace_ms: u64,
-    /// More `docker create` options.
-    pub extra: Vec<&'static str>,
+    /// Run as this user instead of the image's.
+    pub user: Option<&'static str>,
+    /// Read-only root filesystem.
+    pub read_only: bool,
+    /// tmpfs mounts.
+    pub tmpfs: Vec<&'static str>,
     /// Bind-mount the agent instead of `docker cp`-ing it (which a
     /// read-only root filesystem refuses). Needs a local daemon.
     pub mount_agent: bool,
@@ -108,12 +113,38 @@ impl Default for Opts {
     fn default() -> Self {
         Opts {
             image: "corral-test/busybox",
-            memory: "64m",
+            memory_mib: 64,
             grace_ms: 30_000,
-            extra: Vec::new(),
+            user: None,
+            read_only: false,
+            tmpfs: Vec::new(),
             mount_agent: false,
         }
     }
+}
+
+/// `POST path` with a JSON body to the local daemon's socket; the status
+/// code and the body. The CLI cannot make a container whose stdin stays
+/// open across attaches (`docker create -i` sets StdinOnce), so test
+/// containers are created through the Engine API, as corral does.
+fn engine_post(path: &str, body: &serde_json::Value) -> (u16, String) {
+    use std::os::unix::net::UnixStream;
+    let body = body.to_string();
+    let mut s = UnixStream::connect("/var/run/docker.sock").expect("connect to the daemon");
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send to the daemon");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read the daemon's answer");
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, answer)
 }
 
 /// A running container with the agent as PID 1; removed on drop, whatever
@@ -134,45 +165,50 @@ impl Sandbox {
         // The guard exists before the container does, so a failure anywhere
         // below still removes it.
         let sb = Sandbox { name };
-        let grace = opts.grace_ms.to_string();
         let bin = bin.to_str().expect("agent path is UTF-8");
-        let mount = format!("{bin}:{AGENT_IN_CONTAINER}:ro");
-        let mut args = vec!["create"];
-        args.extend(&opts.extra);
-        if opts.mount_agent {
-            args.extend(["-v", &mount]);
-        }
         // Owner labels naming this test process, so a corral reaper running
         // elsewhere on the host does not take the container for an orphan.
-        let owner = test_owner_labels();
-        for label in &owner {
-            args.extend(["--label", label.as_str()]);
-        }
-        args.extend([
-            "--name",
-            &sb.name,
-            "--label",
-            "corral.sandbox=agenttest",
-            "--cap-drop",
-            "ALL",
-            "--security-opt",
-            "no-new-privileges",
-            "--pids-limit",
-            "256",
-            "--memory",
-            opts.memory,
-            "--memory-swap",
-            opts.memory,
-            "--network",
-            "none",
-            "--entrypoint",
-            AGENT_IN_CONTAINER,
-            opts.image,
-            "init",
-            "--grace-ms",
-            &grace,
-        ]);
-        docker_ok(&args);
+        let mut labels: serde_json::Map<String, serde_json::Value> = test_owner_labels()
+            .into_iter()
+            .filter_map(|l| {
+                let (k, v) = l.split_once('=')?;
+                Some((k.to_string(), v.into()))
+            })
+            .collect();
+        labels.insert("corral.sandbox".into(), "agenttest".into());
+        let memory = opts.memory_mib << 20;
+        let tmpfs: serde_json::Map<String, serde_json::Value> = opts
+            .tmpfs
+            .iter()
+            .map(|t| (t.to_string(), "".into()))
+            .collect();
+        let binds: Vec<String> = if opts.mount_agent {
+            vec![format!("{bin}:{AGENT_IN_CONTAINER}:ro")]
+        } else {
+            Vec::new()
+        };
+        let body = serde_json::json!({
+            "Image": opts.image,
+            "Entrypoint": [AGENT_IN_CONTAINER],
+            "Cmd": ["init", "--grace-ms", opts.grace_ms.to_string()],
+            "User": opts.user.unwrap_or(""),
+            "Labels": labels,
+            "OpenStdin": true,
+            "StdinOnce": false,
+            "HostConfig": {
+                "CapDrop": ["ALL"],
+                "SecurityOpt": ["no-new-privileges"],
+                "PidsLimit": 256,
+                "Memory": memory,
+                "MemorySwap": memory,
+                "NetworkMode": "none",
+                "ReadonlyRootfs": opts.read_only,
+                "Tmpfs": tmpfs,
+                "Binds": binds,
+            },
+        });
+        let (status, answer) = engine_post(&format!("/containers/create?name={}", sb.name), &body);
+        assert_eq!(status, 201, "creating the test container failed: {answer}");
         if !opts.mount_agent {
             docker_ok(&["cp", bin, &format!("{}:{AGENT_IN_CONTAINER}", sb.name)]);
         }
@@ -269,7 +305,7 @@ impl Outcome {
     }
 }
 
-/// A protocol client over `docker exec -i <sandbox> /corral-agent attach`.
+/// A protocol client over `docker attach <sandbox>` (PID 1's stdio).
 pub struct Client {
     exec: Child,
     stdin: Option<ChildStdin>,
@@ -281,17 +317,20 @@ pub struct Client {
 impl Client {
     fn connect(sandbox: &str) -> Client {
         let mut exec = Command::new("docker")
-            .args(["exec", "-i", sandbox, AGENT_IN_CONTAINER, "attach"])
+            .args(["attach", "--sig-proxy=false", sandbox])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn docker exec");
         let stdin = exec.stdin.take();
+        // `docker attach` forwards stdin only once attached; give it a
+        // moment so nothing the agent answers is missed.
+        std::thread::sleep(Duration::from_millis(300));
         let mut stdout = exec.stdout.take().expect("piped stdout");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
-            let mut d = Decoder::new();
+            let mut d = SyncDecoder::new();
             let mut buf = vec![0u8; 64 * 1024];
             loop {
                 let n = match stdout.read(&mut buf) {
@@ -299,9 +338,17 @@ impl Client {
                     Ok(n) => n,
                 };
                 d.extend(&buf[..n]);
-                while let Ok(Some(f)) = d.next_frame() {
-                    if tx.send(f).is_err() {
-                        return;
+                loop {
+                    match d.next_item() {
+                        Ok(Some(Item::Frame(f))) => {
+                            if tx.send(f).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(Some(Item::Synced)) => {}
+                        Ok(None) => break,
+                        // Another session's sync bytes: hunt on.
+                        Err(_) => d.resync(),
                     }
                 }
             }
@@ -326,10 +373,6 @@ impl Client {
         self.send_raw(&frame.encode());
     }
 
-    /// Closes our side, like corral going away cleanly.
-    pub fn close_stdin(&mut self) {
-        self.stdin = None;
-    }
 
     /// SIGKILLs the `docker exec` process, like corral dying.
     pub fn kill(&mut self) {
@@ -337,17 +380,41 @@ impl Client {
         let _ = self.exec.wait();
     }
 
+    /// Starts a session (sync bytes, then Hello) and returns the answer.
     pub fn hello(&mut self) -> HelloAck {
-        self.send(&Frame::json(
+        self.hello_with(PROTOCOL_VERSION)
+    }
+
+    /// Starts a session speaking protocol `version`.
+    pub fn hello_with(&mut self, version: u32) -> HelloAck {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let session = format!("test-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let mut bytes = SYNC.to_vec();
+        Frame::json(
             FrameKind::Hello,
             0,
             &Hello {
-                protocol: PROTOCOL_VERSION,
+                protocol: version,
+                session: session.clone(),
             },
-        ));
-        let f = self.next_frame(0);
-        assert_eq!(f.kind, FrameKind::HelloAck, "handshake answer: {f:?}");
-        f.parse().expect("HelloAck payload")
+        )
+        .encode_into(&mut bytes);
+        self.send_raw(&bytes);
+        loop {
+            let f = self.next_frame(0);
+            if f.kind != FrameKind::HelloAck {
+                continue; // e.g. a Pong of an earlier session
+            }
+            let ack: HelloAck = f.parse().expect("HelloAck payload");
+            if ack.session == session {
+                return ack;
+            }
+        }
+    }
+
+    /// Sends a keepalive ping (the dead-man switch's food).
+    pub fn ping(&mut self) {
+        self.send(&Frame::new(FrameKind::Ping, 0, Vec::new()));
     }
 
     /// The next frame from the agent for any id, or None when the agent
@@ -360,14 +427,6 @@ impl Client {
         }
     }
 
-    /// True when the agent closes the connection within `wait`, with no
-    /// further frames.
-    pub fn closed_within(&mut self, wait: Duration) -> bool {
-        matches!(
-            self.frames.recv_timeout(wait),
-            Err(RecvTimeoutError::Disconnected)
-        )
-    }
 
     /// The next frame for `id`, stashing frames of other ids.
     pub fn next_frame(&mut self, id: u32) -> Frame {
@@ -383,6 +442,15 @@ impl Client {
             }
             self.stash.entry(f.id).or_default().push_back(f);
         }
+    }
+
+    /// Frames for `id` received and not yet taken, after a short wait for
+    /// stragglers.
+    pub fn stash_of(&mut self, id: u32) -> Vec<Frame> {
+        while let Ok(f) = self.frames.recv_timeout(Duration::from_millis(300)) {
+            self.stash.entry(f.id).or_default().push_back(f);
+        }
+        self.stash.get(&id).map(|q| q.iter().cloned().collect()).unwrap_or_default()
     }
 
     /// The next Error frame's message for `id`.

@@ -152,6 +152,12 @@ pub(super) fn shell(
             "note: shell session '{session}' was restarted before this command: its working directory, variables and functions from earlier commands are gone"
         ));
     }
+    if s.dropped_between_bytes > 0 {
+        notes.push(format!(
+            "note: {} bytes printed by background jobs since the previous command were dropped",
+            s.dropped_between_bytes
+        ));
+    }
     let mut text = command_text(&s.result, &notes, budget);
     if s.ended {
         let _ = writeln!(
@@ -163,6 +169,8 @@ pub(super) fn shell(
         result: CommandOutcome::new(&s.result, sandbox),
         restarted,
         ended: s.ended,
+        dropped_between_bytes: s.dropped_between_bytes,
+        trusted: s.trusted,
     })
     .ok();
     result(text, structured, failed(&s.result))
@@ -315,6 +323,8 @@ mod tests {
             },
             restarted: true,
             ended: true,
+            dropped_between_bytes: 0,
+            trusted: false,
         };
         let text = text_of(&shell(&s, "main", true, "sb", Vec::new(), 64));
         assert!(text.contains("'main' was restarted"), "{text}");
