@@ -136,10 +136,8 @@ impl Conn {
                         // Framing is lost (or a new session's sync bytes
                         // follow a broken frame): hunt for the next sync.
                         if !decoder.at_sync() {
-                            self.writer.error(
-                                0,
-                                format!("{violation}; waiting for a new session"),
-                            );
+                            self.writer
+                                .error(0, format!("{violation}; waiting for a new session"));
                         }
                         decoder.resync();
                         continue;

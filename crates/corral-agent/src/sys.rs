@@ -111,7 +111,6 @@ pub fn set_non_dumpable() -> io::Result<()> {
     cvt(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) }).map(drop)
 }
 
-
 /// Puts the calling (forked, not yet exec'd) child into a standard signal
 /// state: empty mask, SIGPIPE at its default. Only async-signal-safe calls,
 /// because it runs between fork and exec of a multi-threaded parent.

@@ -581,7 +581,11 @@ mod tests {
                     got.push(item);
                 }
             }
-            assert_eq!(got, vec![Item::Synced, Item::Frame(hello.clone())], "split {split}");
+            assert_eq!(
+                got,
+                vec![Item::Synced, Item::Frame(hello.clone())],
+                "split {split}"
+            );
         }
     }
 

@@ -18,7 +18,7 @@ use tracing::Instrument;
 
 use crate::agent_volume;
 use crate::conn::AgentConn;
-use crate::container_config::{keepalive, container_name, create_body, CreateParams};
+use crate::container_config::{container_name, create_body, keepalive, CreateParams};
 use crate::error::{is_connection_error, is_not_found, status_code, DockerError};
 use crate::events::EventRouter;
 use crate::host::{self, RealHost};
@@ -430,8 +430,15 @@ impl DockerBackend {
                     if !exec_slot.waited.is_zero() {
                         self.inner.metrics.slot_wait(exec_slot.waited);
                     }
-                    AgentConn::attach(docker, &cid, id, keepalive(spec), policy, &self.inner.metrics)
-                        .await
+                    AgentConn::attach(
+                        docker,
+                        &cid,
+                        id,
+                        keepalive(spec),
+                        policy,
+                        &self.inner.metrics,
+                    )
+                    .await
                 }
                 .instrument(phase_span(StartPhase::Attach))
                 .await;

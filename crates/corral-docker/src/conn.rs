@@ -166,7 +166,8 @@ impl Routes {
         if is_output(kind) {
             let b = &route.budget;
             let len = frame.payload.len();
-            if b.queued.load(Ordering::Relaxed).saturating_add(len) > b.cap.load(Ordering::Relaxed) {
+            if b.queued.load(Ordering::Relaxed).saturating_add(len) > b.cap.load(Ordering::Relaxed)
+            {
                 b.dropped.fetch_add(len as u64, Ordering::Relaxed);
                 deliver = false;
             } else {
@@ -336,10 +337,9 @@ impl AgentConn {
         let handshake = async {
             let mut answer_rx = answer_rx;
             loop {
-                conn.writer
-                    .send(hello.clone())
-                    .await
-                    .map_err(|_| agent_err(format!("handshake failed: {}", conn.closed_reason())))?;
+                conn.writer.send(hello.clone()).await.map_err(|_| {
+                    agent_err(format!("handshake failed: {}", conn.closed_reason()))
+                })?;
                 match tokio::time::timeout(HELLO_RETRY, &mut answer_rx).await {
                     Ok(Ok(ack)) => return Ok(ack),
                     Ok(Err(_)) => {
@@ -551,7 +551,9 @@ async fn read_stream(
                 Phase::Handshake { session, answer } => {
                     let ack = frame.parse::<HelloAck>().ok();
                     match ack {
-                        Some(ack) if frame.kind == FrameKind::HelloAck && ack.session == *session => {
+                        Some(ack)
+                            if frame.kind == FrameKind::HelloAck && ack.session == *session =>
+                        {
                             if let Some(tx) = answer.take() {
                                 let _ = tx.send(ack);
                             }
@@ -615,14 +617,29 @@ mod tests {
     #[test]
     fn frames_out_of_order_are_violations() {
         let (mut r, _rx) = routes_with(1);
-        assert!(r.route(f(FrameKind::Exited, 1), 1).is_err(), "Exited before Started");
+        assert!(
+            r.route(f(FrameKind::Exited, 1), 1).is_err(),
+            "Exited before Started"
+        );
         let (mut r, _rx) = routes_with(1);
-        assert!(r.route(f(FrameKind::Stdout, 1), 1).is_err(), "output before Started");
+        assert!(
+            r.route(f(FrameKind::Stdout, 1), 1).is_err(),
+            "output before Started"
+        );
         let (mut r, _rx) = routes_with(1);
-        assert!(r.route(f(FrameKind::Started, 2), 2).is_err(), "never registered");
-        assert!(r.route(f(FrameKind::Started, 9), 2).is_err(), "never started");
+        assert!(
+            r.route(f(FrameKind::Started, 2), 2).is_err(),
+            "never registered"
+        );
+        assert!(
+            r.route(f(FrameKind::Started, 9), 2).is_err(),
+            "never started"
+        );
         assert!(r.route(f(FrameKind::Started, 1), 1).is_ok());
-        assert!(r.route(f(FrameKind::Started, 1), 1).is_err(), "second Started");
+        assert!(
+            r.route(f(FrameKind::Started, 1), 1).is_err(),
+            "second Started"
+        );
     }
 
     #[test]
@@ -631,7 +648,9 @@ mod tests {
         r.route(f(FrameKind::Started, 1), 1).expect("started");
         r.route(f(FrameKind::Stdout, 1), 1).expect("output");
         r.route(f(FrameKind::Exited, 1), 1).expect("exited");
-        let e = r.route(f(FrameKind::Stdout, 1), 1).expect_err("after Exited");
+        let e = r
+            .route(f(FrameKind::Stdout, 1), 1)
+            .expect_err("after Exited");
         assert!(e.contains("after it ended"), "{e}");
         assert!(r.route(f(FrameKind::Exited, 1), 1).is_err());
     }
@@ -641,7 +660,8 @@ mod tests {
         let (mut r, rx) = routes_with(1);
         drop(rx);
         r.route(f(FrameKind::Started, 1), 1).expect("started");
-        r.route(f(FrameKind::Exited, 1), 1).expect("exited, nobody listening");
+        r.route(f(FrameKind::Exited, 1), 1)
+            .expect("exited, nobody listening");
         assert!(r.map.is_empty());
     }
 

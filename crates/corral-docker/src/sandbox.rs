@@ -413,7 +413,11 @@ impl Sandbox {
                 .map(|t| t.as_millis().min(u64::MAX as u128) as u64),
             max_output: cmd.max_output,
         };
-        if conn.send(Frame::json(FrameKind::Exec, id, &req)).await.is_err() {
+        if conn
+            .send(Frame::json(FrameKind::Exec, id, &req))
+            .await
+            .is_err()
+        {
             conn.forget(id);
             return Err(self.stream_failure(&conn).await);
         }

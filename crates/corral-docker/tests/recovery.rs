@@ -114,17 +114,44 @@ async fn failing_startup_command_fails_the_start_and_leaves_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_killed_relay_is_reattached_for_the_next_command() {
-    let g = Guard::new("relay-killed");
-    let b = backend().await;
+async fn a_broken_control_stream_is_reattached_for_the_next_command() {
+    use corral_docker::{BackendConfig, DockerBackend};
+    use corral_faultproxy::FaultProxy;
+
+    common::images();
+    let g = Guard::new("stream-cut");
+    let sock = std::env::temp_dir().join(format!("corral-cut-{}.sock", std::process::id()));
+    let proxy = FaultProxy::start(&sock, "/var/run/docker.sock").expect("proxy");
+    let b = DockerBackend::connect(&BackendConfig {
+        endpoint: Some(format!("unix://{}", sock.display())),
+        shared_slots: false,
+        reap_orphans: false,
+        ..BackendConfig::default()
+    })
+    .await
+    .expect("connect");
     let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
-    // Kill the relay (not the agent): the next command re-attaches.
-    let r = sb.run(&sh("pkill -f 'corral-agent attach'; true")).await;
-    let _ = r;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let r = sb.run(&sh("echo after")).await;
+    assert_eq!(text(&sb.run(&sh("echo before")).await.stdout), "before\n");
+
+    // The attach connection drops while a command runs (a daemon restart, a
+    // network fault): that command cannot be reported, the sandbox lives on.
+    let runner = {
+        let sb = sb.clone();
+        tokio::spawn(async move { sb.run(&sh("sleep 30; echo never")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.cut_hijacked();
+    let r = runner.await.expect("join");
+    let f = r.failure.expect("a command cut off from its report fails");
+    assert_eq!(f.kind, FailureKind::AgentError, "{f}");
+
+    // The next command re-attaches (a new session: the cut-off command's
+    // tree is killed) and runs normally.
+    let r = sb
+        .run(&sh("echo after; ps -o args | grep -c '[s]leep 30'"))
+        .await;
     assert_eq!(r.failure, None, "{r:?}");
-    assert_eq!(text(&r.stdout), "after\n");
+    assert_eq!(text(&r.stdout), "after\n0\n");
     sb.destroy().await.expect("destroy");
     g.assert_clean();
 }

@@ -100,6 +100,12 @@ impl std::fmt::Debug for FaultProxy {
 }
 
 impl FaultProxy {
+    /// Cuts every hijacked connection (exec, attach) open right now, as a
+    /// network fault or a daemon restart would; later ones are unaffected.
+    pub fn cut_hijacked(&self) {
+        self.shared.cut.send_modify(|n| *n += 1);
+    }
+
     /// Listens on `listen` and forwards to the daemon socket `upstream`,
     /// with no rules; runs on the current tokio runtime.
     ///

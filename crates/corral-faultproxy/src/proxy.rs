@@ -208,7 +208,8 @@ async fn forward(
     }
     shared.note_forwarded(true);
     let upstream_upgrade = hyper::upgrade::on(&mut response);
-    spawn_until_shutdown(tunnel(client_upgrade, upstream_upgrade), shutdown);
+    let cut = shared.cut.subscribe();
+    spawn_until_shutdown(tunnel(client_upgrade, upstream_upgrade, cut), shutdown);
     // Headers and extensions (hyper keeps Docker's "UPGRADED" reason phrase
     // there) go back unchanged; a 101 has no body.
     let (parts, _) = response.into_parts();
@@ -245,7 +246,8 @@ async fn connect(
 /// shuts down its write half, `copy_bidirectional` shuts down the other's
 /// write half and keeps copying the remaining direction — what an exec with
 /// stdin needs: the client closes stdin, the daemon still sends output.
-async fn tunnel(client: OnUpgrade, upstream: OnUpgrade) {
+/// A bump of `cut` drops both sockets, as a network fault would.
+async fn tunnel(client: OnUpgrade, upstream: OnUpgrade, mut cut: watch::Receiver<u64>) {
     let (client, upstream) = match tokio::try_join!(client, upstream) {
         Ok(pair) => pair,
         Err(error) => {
@@ -255,8 +257,12 @@ async fn tunnel(client: OnUpgrade, upstream: OnUpgrade) {
     };
     let mut client = TokioIo::new(client);
     let mut upstream = TokioIo::new(upstream);
-    match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-        Ok((to_daemon, to_client)) => debug!(to_daemon, to_client, "hijacked connection closed"),
-        Err(error) => debug!(%error, "hijacked connection failed"),
+    cut.mark_unchanged();
+    tokio::select! {
+        copied = tokio::io::copy_bidirectional(&mut client, &mut upstream) => match copied {
+            Ok((to_daemon, to_client)) => debug!(to_daemon, to_client, "hijacked connection closed"),
+            Err(error) => debug!(%error, "hijacked connection failed"),
+        },
+        _ = cut.changed() => debug!("hijacked connection cut"),
     }
 }

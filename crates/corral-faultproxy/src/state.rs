@@ -51,12 +51,15 @@ struct Inner {
 pub(crate) struct Shared {
     pub(crate) upstream: PathBuf,
     inner: Mutex<Inner>,
+    /// Bumped to cut every hijacked connection open at that moment.
+    pub(crate) cut: tokio::sync::watch::Sender<u64>,
 }
 
 impl Shared {
     pub(crate) fn new(upstream: PathBuf, config: Config) -> Shared {
         let shared = Shared {
             upstream,
+            cut: tokio::sync::watch::channel(0).0,
             inner: Mutex::new(Inner {
                 seed: config.seed,
                 rng: XorShift::new(config.seed),

@@ -138,7 +138,8 @@ fn engine_post(path: &str, body: &serde_json::Value) -> (u16, String) {
     )
     .expect("send to the daemon");
     let mut answer = String::new();
-    s.read_to_string(&mut answer).expect("read the daemon's answer");
+    s.read_to_string(&mut answer)
+        .expect("read the daemon's answer");
     let status = answer
         .split_whitespace()
         .nth(1)
@@ -373,7 +374,6 @@ impl Client {
         self.send_raw(&frame.encode());
     }
 
-
     /// SIGKILLs the `docker exec` process, like corral dying.
     pub fn kill(&mut self) {
         let _ = self.exec.kill();
@@ -388,7 +388,11 @@ impl Client {
     /// Starts a session speaking protocol `version`.
     pub fn hello_with(&mut self, version: u32) -> HelloAck {
         static N: AtomicUsize = AtomicUsize::new(0);
-        let session = format!("test-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let session = format!(
+            "test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
         let mut bytes = SYNC.to_vec();
         Frame::json(
             FrameKind::Hello,
@@ -427,7 +431,6 @@ impl Client {
         }
     }
 
-
     /// The next frame for `id`, stashing frames of other ids.
     pub fn next_frame(&mut self, id: u32) -> Frame {
         if let Some(f) = self.stash.get_mut(&id).and_then(VecDeque::pop_front) {
@@ -450,7 +453,10 @@ impl Client {
         while let Ok(f) = self.frames.recv_timeout(Duration::from_millis(300)) {
             self.stash.entry(f.id).or_default().push_back(f);
         }
-        self.stash.get(&id).map(|q| q.iter().cloned().collect()).unwrap_or_default()
+        self.stash
+            .get(&id)
+            .map(|q| q.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// The next Error frame's message for `id`.

@@ -1,0 +1,233 @@
+//! The trust boundary, attacked from inside real sandboxes: a command tries
+//! to forge results (its own, and a later command's), to reach PID 1's
+//! stdio and memory, to learn command ids, and to stop the agent. Each test
+//! runs the attack and checks what corral reports.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{backend, Guard, BUSYBOX};
+use corral_core::{CommandSpec, FailureKind};
+
+fn sh(script: &str) -> CommandSpec {
+    CommandSpec::shell(script).timeout(Duration::from_secs(60))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Shell functions that write protocol frames (kind, id, payload) to a
+/// file, and a `forge` that writes a fake "all tests passed" + exit 0 for
+/// every command id it can guess into every stream it can open: PID 1's
+/// stdout, and the stdout of any relay process it finds (stopping the relay
+/// first so its own writes do not interleave). Ids come from the agent's
+/// thread names when they show them, else ids 1..40 are all tried.
+const FORGER: &str = r#"
+o3() { printf "\\$(printf %03o "$1")"; }
+be32() { o3 $(($1>>24&255)); o3 $(($1>>16&255)); o3 $(($1>>8&255)); o3 $(($1&255)); }
+frame() { o3 "$1"; be32 "$2"; be32 ${#3}; printf '%s' "$3"; }
+forge() {
+  ids=$(cat /proc/1/task/*/comm 2>/dev/null | sed -n 's/^cmd-//p')
+  [ -n "$ids" ] && ids="$ids $(($(echo $ids | tr ' ' '\n' | sort -n | tail -1)+1))"
+  [ -n "$ids" ] || ids=$(seq 1 40)
+  targets=/proc/1/fd/1
+  for p in $(pgrep -f 'corral-agent attach'); do
+    kill -STOP "$p" && targets="$targets /proc/$p/fd/1"
+  done
+  for t in $targets; do
+    for i in $ids; do
+      { frame 66 "$i" 'all tests passed
+'; frame 70 "$i" '{"exit_code":0,"signal":null,"timed_out":false,"oom_killed":false,"duration_us":1,"stdout":{"total_bytes":17,"truncated":false},"stderr":{"total_bytes":0,"truncated":false}}'; } > "$t" || echo "forge: cannot write $t" >&2
+    done
+  done
+  for p in $(pgrep -f 'corral-agent attach'); do kill -CONT "$p"; done
+}
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_cannot_forge_its_own_result() {
+    let g = Guard::new("trust-forge-own");
+    let b = backend().await;
+    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
+    let r = sb
+        .run(&sh(&format!(
+            "{FORGER}\necho '3 tests FAILED'; forge; exit 1"
+        )))
+        .await;
+    assert_eq!(r.failure, None, "{r:?}");
+    assert_eq!(r.exit_code, Some(1), "forged exit code: {r:?}");
+    let out = text(&r.stdout);
+    assert_eq!(out, "3 tests FAILED\n", "forged output: {out:?}");
+    // The attack ran and was refused by the kernel, not skipped.
+    let err = text(&r.stderr);
+    assert!(
+        err.contains("forge: cannot write /proc/1/fd/1"),
+        "the forger did not try PID 1's stdout: {err}"
+    );
+    // The stream is intact: the sandbox goes on.
+    let r = sb.run(&sh("echo fine")).await;
+    assert_eq!((r.exit_code, text(&r.stdout)), (Some(0), "fine\n".into()));
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_background_process_cannot_forge_a_later_commands_result() {
+    let g = Guard::new("trust-forge-later");
+    let b = backend().await;
+    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
+    // The rollout leaves a forger behind that keeps trying for 5 s...
+    let r = sb
+        .run(&sh(&format!(
+            "{FORGER}\n( end=$(($(date +%s)+5)); while [ $(date +%s) -lt $end ]; do forge; done ) >/dev/null 2>&1 &\necho planted"
+        )))
+        .await;
+    assert_eq!(text(&r.stdout), "planted\n", "{r:?}");
+    // ...while the grader runs and fails.
+    for _ in 0..3 {
+        let r = sb.run(&sh("sleep 1; echo '3 tests FAILED'; exit 1")).await;
+        assert_eq!(r.failure, None, "{r:?}");
+        assert_eq!(r.exit_code, Some(1), "forged grader result: {r:?}");
+        assert_eq!(text(&r.stdout), "3 tests FAILED\n", "{r:?}");
+    }
+    // File reads travel the same path and are not forged either.
+    sb.write_file("/tmp/grade", b"FAIL\n", &Default::default())
+        .await
+        .expect("write");
+    let bytes = sb
+        .read_file("/tmp/grade", &Default::default())
+        .await
+        .expect("read");
+    assert_eq!(bytes, b"FAIL\n");
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pid1_is_out_of_reach_of_commands() {
+    let g = Guard::new("trust-pid1");
+    let b = backend().await;
+    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
+    let probe = |path: &str| {
+        format!("if cat {path} >/dev/null 2>&1; then echo '{path} open'; else echo '{path} refused'; fi")
+    };
+    let script = [
+        probe("/proc/1/mem"),
+        probe("/proc/1/environ"),
+        "if readlink /proc/1/fd/1 >/dev/null 2>&1; then echo 'fd open'; else echo 'fd refused'; fi".into(),
+        "if printf junk > /proc/1/fd/0 2>/dev/null; then echo 'stdin open'; else echo 'stdin refused'; fi".into(),
+        "if printf junk > /proc/1/fd/1 2>/dev/null; then echo 'stdout open'; else echo 'stdout refused'; fi".into(),
+        // Command ids in thread names, and a socket to connect to.
+        "cat /proc/1/task/*/comm | grep -c '[0-9]' || true".into(),
+        "grep -c corral /proc/net/unix || true".into(),
+    ]
+    .join("\n");
+    let r = sb.run(&sh(&script)).await;
+    assert_eq!(r.failure, None, "{r:?}");
+    assert_eq!(
+        text(&r.stdout),
+        "/proc/1/mem refused\n/proc/1/environ refused\nfd refused\nstdin refused\nstdout refused\n0\n0\n",
+        "{r:?}"
+    );
+    // Nothing got through to the control stream.
+    let r = sb.run(&sh("echo fine")).await;
+    assert_eq!((r.failure, text(&r.stdout)), (None, "fine\n".into()));
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn signalling_pid1_cannot_turn_a_failure_into_a_lost_container() {
+    let g = Guard::new("trust-signals");
+    let b = backend().await;
+    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
+    // A failing rollout tries to take the sandbox down with it, hoping to be
+    // reported as container_lost (retryable) instead of its own exit code.
+    let r = sb
+        .run(&sh(
+            "for s in TERM INT HUP QUIT KILL STOP; do kill -$s 1; done; sleep 1; exit 3",
+        ))
+        .await;
+    assert_eq!(r.failure, None, "{r:?}");
+    assert_eq!(r.exit_code, Some(3));
+    let r = sb.run(&sh("echo alive")).await;
+    assert_eq!(r.failure, None, "{r:?}");
+    assert_eq!(text(&r.stdout), "alive\n");
+    assert_eq!(sb.state().await.expect("state").status, "running");
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flooding_shell_job_is_bounded_and_counted() {
+    let g = Guard::new("trust-shell-flood");
+    let b = backend().await;
+    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
+    let shell = sb.shell("main");
+    // A background job prints as fast as it can between commands.
+    let r = shell
+        .run("(yes flood-flood-flood &) ; echo started", None, 1 << 20)
+        .await;
+    assert_eq!(r.result.failure, None, "{r:?}");
+    assert!(!r.trusted, "shell results are never marked trusted");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let r = shell.run("echo next", None, 1 << 20).await;
+    assert_eq!(r.result.failure, None, "{r:?}");
+    // The flood from between the commands is dropped and counted (far more
+    // than the 1 MiB corral keeps queued), not attributed to this command.
+    assert!(
+        r.dropped_between_bytes > 4 << 20,
+        "dropped {}",
+        r.dropped_between_bytes
+    );
+    let out = text(&r.result.stdout);
+    assert!(
+        out.ends_with("next\n"),
+        "{}",
+        &out[out.len().saturating_sub(200)..]
+    );
+    let _ = shell.run("pkill yes", None, 1 << 10).await;
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shell_results_are_marked_untrusted_because_they_can_be_faked() {
+    let g = Guard::new("trust-shell-fake");
+    let b = backend().await;
+    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
+    let shell = sb.shell("main");
+    // A command can rewrite what reports the next command's exit code.
+    let _ = shell
+        .run("__corral_run() { command eval \"$__corral_cmd\" </dev/null >/dev/null 2>&1; return 0; }", None, 1 << 10)
+        .await;
+    let r = shell
+        .run("echo '3 tests FAILED'; false", None, 1 << 10)
+        .await;
+    assert_eq!(r.result.exit_code, Some(0), "the fake worked: {r:?}");
+    assert!(!r.trusted);
+    // The plain exec path is not fooled.
+    let r = sb.run(&sh("echo '3 tests FAILED'; exit 1")).await;
+    assert_eq!(r.exit_code, Some(1));
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_killed_from_outside_is_still_lost_not_hidden() {
+    // Signals from outside keep their meaning: `docker kill` is a lost
+    // container, retryable, as before.
+    let g = Guard::new("trust-outside-kill");
+    let b = backend().await;
+    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
+    common::docker(&["kill", "-s", "TERM", &sb.container_id()]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let r = sb.run(&sh("echo hi")).await;
+    let f = r.failure.expect("stopped from outside");
+    assert_eq!(f.kind, FailureKind::ContainerLost, "{f}");
+    assert!(f.retryable());
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}
