@@ -1,4 +1,4 @@
-//! corral-agent: PID 1 of every corral sandbox, and the relay to reach it.
+//! corral-agent: PID 1 of every corral sandbox, and its file tool.
 //!
 //! `init` runs commands for corral over the framed protocol of
 //! `corral_core::protocol`, reaps zombies, forwards signals and stops the

@@ -698,7 +698,7 @@ fn other_signals_are_forwarded_without_stopping() {
     let o = c.wait(1);
     assert_eq!(o.out(), "usr1\n");
     assert_eq!(o.report().exit_code, Some(0));
-    // The agent and this client's relay are still there.
+    // The agent is still there and still serving.
     std::thread::sleep(Duration::from_millis(300));
     assert!(sb.running());
     assert_eq!(c.run(&["echo", "still"]).out(), "still\n");

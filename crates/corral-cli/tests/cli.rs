@@ -311,3 +311,16 @@ fn unknown_user_is_a_permanent_spec_error() {
     assert_eq!(v["failure"]["kind"], "invalid_spec", "{v}");
     assert_eq!(v["failure"]["retryable"], false);
 }
+
+/// The frame-forging attack through the CLI: `corral run --json` reports
+/// what the command really did, not what it wrote into the control stream.
+#[test]
+fn run_reports_the_real_result_of_a_command_that_forges_frames() {
+    let forger = include_str!("../../corral-docker/tests/attacks/forge-frames.sh");
+    let script = format!("{forger}\necho '3 tests FAILED'; forge; exit 1");
+    let (code, v) = json(&["run", "--json", "--", &script]);
+    assert_eq!(code, 1, "{v}");
+    assert_eq!(v["exit_code"], 1, "{v}");
+    assert_eq!(v["stdout"], "3 tests FAILED\n", "{v}");
+    assert_eq!(v["failure"], Value::Null, "{v}");
+}

@@ -41,9 +41,10 @@ impl Default for ProviderConfig {
     }
 }
 
-/// Kills every process but corral's agent and its relays (the control
-/// stream must survive the reset) and empties the temporary directories.
-pub const DEFAULT_RESET: &str = r#"for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] && continue; case "$(tr '\0' ' ' < $d/cmdline 2>/dev/null)" in /.corral/corral-agent*) continue;; esac; kill -9 $p 2>/dev/null; done; rm -rf /tmp/* /tmp/.[!.]* /var/tmp/* 2>/dev/null; true"#;
+/// Kills every process but PID 1 (the agent: `kill -1` never reaches a
+/// namespace's init, nor the caller) and empties the temporary directories.
+pub const DEFAULT_RESET: &str =
+    r#"kill -9 -1 2>/dev/null; rm -rf /tmp/* /tmp/.[!.]* /var/tmp/* 2>/dev/null; true"#;
 
 /// One warm pool: started, idle sandboxes of one spec kept ready.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
