@@ -211,3 +211,72 @@ async fn a_sandbox_killed_from_outside_is_still_lost_not_hidden() {
     sb.destroy().await.expect("destroy");
     g.assert_clean();
 }
+
+/// Starts a plain container whose PID 1 is the test double of the agent
+/// (`attacks/double-agent.sh`) misbehaving as `scenario`, labelled like a
+/// sandbox of this test process; returns its id.
+fn start_double_agent(g: &Guard, scenario: &str) -> String {
+    let script = format!("{FORGER}\n{}", include_str!("attacks/double-agent.sh"));
+    let owner = corral_docker::host::this_owner();
+    let mut args = vec![
+        "run".to_string(),
+        "-d".into(),
+        "-i".into(),
+        "--log-driver".into(),
+        "none".into(),
+        "--label".into(),
+        format!("corraltest={}", g.name),
+        "--label".into(),
+        format!("corral.sandbox=double-{scenario}"),
+    ];
+    for (k, v) in owner.labels() {
+        args.push("--label".into());
+        args.push(format!("{k}={v}"));
+    }
+    args.extend([
+        "--entrypoint".into(),
+        "sh".into(),
+        BUSYBOX.into(),
+        "-c".into(),
+        script,
+        "double".into(),
+        scenario.into(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let id = common::docker(&args).trim().to_string();
+    assert_eq!(id.len(), 64, "docker run failed: {id:?}");
+    id
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stream_violations_fail_typed_and_finish_the_sandbox() {
+    let g = Guard::new("trust-violations");
+    let b = backend().await;
+    for scenario in ["unknown-id", "exit-first", "after-exit"] {
+        let cid = start_double_agent(&g, scenario);
+        let sb = b
+            .adopt(&cid, &format!("double-{scenario}"), &g.spec(BUSYBOX))
+            .await
+            .expect("the double completes the handshake");
+        let first = sb.run(&sh("echo '3 tests FAILED'; exit 1")).await;
+        // After Exited, the trailing frame can only fail what comes next.
+        if scenario != "after-exit" {
+            let f = first.failure.clone().unwrap_or_else(|| {
+                panic!("{scenario}: a violating stream gave a result: {first:?}")
+            });
+            assert_eq!(f.kind, FailureKind::ProtocolViolation, "{scenario}: {f}");
+            assert!(!f.retryable());
+            assert!(
+                !text(&first.stdout).contains("passed"),
+                "{scenario}: {first:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let next = sb.run(&sh("true")).await;
+        let f = next.failure.expect("the sandbox is finished");
+        assert_eq!(f.kind, FailureKind::ProtocolViolation, "{scenario}: {f}");
+        assert!(sb.dead().is_some(), "{scenario}: not marked dead");
+        sb.destroy().await.expect("destroy");
+    }
+    g.assert_clean();
+}
