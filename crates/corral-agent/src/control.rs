@@ -47,6 +47,9 @@ pub struct Control {
     state: Mutex<State>,
     wake: EventFd,
     has_stdin: bool,
+    /// Set (under the frame writer's lock) once Exited went out: nothing
+    /// about this command may follow it.
+    pub reported: std::sync::atomic::AtomicBool,
 }
 
 /// Locks `m`, ignoring poisoning: a panicking holder cannot leave these plain
@@ -62,6 +65,7 @@ impl Control {
             state: Mutex::new(State::default()),
             wake: EventFd::new()?,
             has_stdin,
+            reported: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

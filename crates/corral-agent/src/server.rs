@@ -239,36 +239,35 @@ impl Conn {
         lock(&self.commands).get(&id).cloned()
     }
 
+    /// Applies a stdin frame to running command `id`. A frame for a command
+    /// that is no longer running is dropped silently: it crossed the
+    /// command's Exited on the wire, and nothing may follow an Exited.
     fn with_command(&self, id: u32, f: impl FnOnce(&Control) -> Result<(), StdinRefused>) {
         let Some(r) = self.running(id) else {
-            self.writer
-                .error(id, format!("no running command with id {id}"));
             return;
         };
-        match f(&r.ctl) {
-            Ok(()) => {}
-            Err(StdinRefused::NoPipe) => {
-                self.writer
-                    .error(id, format!("command {id} was started without stdin"));
-            }
-            Err(StdinRefused::AlreadyClosed) => {
-                self.writer
-                    .error(id, format!("stdin of command {id} is already closed"));
-            }
-        }
+        let message = match f(&r.ctl) {
+            Ok(()) => return,
+            Err(StdinRefused::NoPipe) => format!("command {id} was started without stdin"),
+            Err(StdinRefused::AlreadyClosed) => format!("stdin of command {id} is already closed"),
+        };
+        self.writer
+            .error_while_running(id, &r.ctl.reported, message);
     }
 
     fn signal(&self, id: u32, signal: i32) {
-        if !(1..=64).contains(&signal) {
-            self.writer
-                .error(id, format!("invalid signal number {signal}"));
-            return;
-        }
+        // As for stdin: a signal for a command that ended is dropped.
         let Some(r) = self.running(id) else {
-            self.writer
-                .error(id, format!("no running command with id {id}"));
             return;
         };
+        if !(1..=64).contains(&signal) {
+            self.writer.error_while_running(
+                id,
+                &r.ctl.reported,
+                format!("invalid signal number {signal}"),
+            );
+            return;
+        }
         // The group outlives its leader while background members remain, so
         // this is meaningful even just after the main process exited.
         // ESRCH (group already empty) is not an error worth reporting.

@@ -282,7 +282,7 @@ impl Job {
         for o in &mut out {
             o.send_tail(id, &writer);
         }
-        writer.send(&Frame::json(FrameKind::Exited, id, &report));
+        writer.send_last(&Frame::json(FrameKind::Exited, id, &report), &ctl.reported);
     }
 }
 

@@ -45,13 +45,28 @@ impl FrameWriter {
         }
     }
 
-    fn write(&self, epoch: Option<u64>, bytes: &[u8]) -> bool {
+    /// Writes `bytes` unless the session moved on or `gate` says the
+    /// command already reported its end; `close` then marks it reported.
+    fn write_gated(
+        &self,
+        epoch: Option<u64>,
+        gate: Option<(&AtomicBool, bool)>,
+        bytes: &[u8],
+    ) -> bool {
         if self.broken.load(Ordering::Relaxed) {
             return false;
         }
         let mut out = lock(&self.out);
         if epoch.is_some_and(|e| e != out.epoch) {
             return false; // a frame of an earlier session: nobody asked for it
+        }
+        if let Some((reported, close)) = gate {
+            if reported.load(Ordering::Relaxed) {
+                return false; // nothing follows a command's Exited
+            }
+            if close {
+                reported.store(true, Ordering::Relaxed);
+            }
         }
         if out.file.write_all(bytes).is_err() {
             self.broken.store(true, Ordering::Relaxed);
@@ -60,9 +75,20 @@ impl FrameWriter {
         true
     }
 
+    fn write(&self, epoch: Option<u64>, bytes: &[u8]) -> bool {
+        self.write_gated(epoch, None, bytes)
+    }
+
     /// Sends one connection-level frame. Returns false once stdout is broken.
     pub fn send(&self, frame: &Frame) -> bool {
         self.write(None, &frame.encode())
+    }
+
+    /// Sends an Error frame about running command `id`, unless it has
+    /// already reported Exited (the refused frame crossed its end).
+    pub fn error_while_running(&self, id: u32, reported: &AtomicBool, message: String) -> bool {
+        let frame = Frame::json(FrameKind::Error, id, &ProtocolError { message });
+        self.write_gated(None, Some((reported, false)), &frame.encode())
     }
 
     /// Sends an Error frame about frame `id`.
@@ -109,5 +135,12 @@ impl SessionWriter {
     /// Sends one frame if its session is still current.
     pub fn send(&self, frame: &Frame) -> bool {
         self.writer.write(Some(self.epoch), &frame.encode())
+    }
+
+    /// Sends a command's last frame and marks it reported, atomically with
+    /// respect to [`FrameWriter::error_while_running`].
+    pub fn send_last(&self, frame: &Frame, reported: &AtomicBool) -> bool {
+        self.writer
+            .write_gated(Some(self.epoch), Some((reported, true)), &frame.encode())
     }
 }

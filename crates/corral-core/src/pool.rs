@@ -42,9 +42,10 @@ impl Default for ProviderConfig {
 }
 
 /// Kills every process but PID 1 (the agent: `kill -1` never reaches a
-/// namespace's init, nor the caller) and empties the temporary directories.
-pub const DEFAULT_RESET: &str =
-    r#"kill -9 -1 2>/dev/null; rm -rf /tmp/* /tmp/.[!.]* /var/tmp/* 2>/dev/null; true"#;
+/// namespace's init, nor the caller), waits up to a second for the agent to
+/// reap them (a zombie still shows in `ps`), and empties the temporary
+/// directories.
+pub const DEFAULT_RESET: &str = r#"kill -9 -1 2>/dev/null; for _ in 1 2 3 4 5 6 7 8 9 10; do set -- /proc/[0-9]*; [ $# -le 2 ] && break; sleep 0.1; done; rm -rf /tmp/* /tmp/.[!.]* /var/tmp/* 2>/dev/null; true"#;
 
 /// One warm pool: started, idle sandboxes of one spec kept ready.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
