@@ -28,6 +28,7 @@ from .errors import (
     ImageNotFoundError,
     InternalError,
     InvalidRequestError,
+    ProtocolViolationError,
     InvalidSpecError,
     NotFoundError,
     SandboxContainerLostError,
@@ -79,6 +80,7 @@ __all__ = [
     "DaemonUnavailableError",
     "SpawnFailedError",
     "AgentError",
+    "ProtocolViolationError",
     "InternalError",
     "CommandFailedError",
 ]

@@ -239,9 +239,21 @@ class SpawnFailedError(CorralError):
 
 
 class AgentError(CorralError):
-    """corral's in-sandbox agent misbehaved or broke its protocol."""
+    """corral lost its control stream to the sandbox's agent while the
+    container kept running, or the agent did not answer. Retryable."""
 
     default_kind = "agent_error"
+    default_retryable = True
+
+
+class ProtocolViolationError(CorralError):
+    """The sandbox's control stream carried something the agent never sends
+    (a frame for a command corral did not start, output after the exit
+    report, ...). The sandbox is finished and nothing it reported can be
+    trusted. Not retryable: evidence of tampering or a bug, not a passing
+    fault."""
+
+    default_kind = "protocol_violation"
 
 
 class InternalError(CorralError):
@@ -276,6 +288,7 @@ _BY_KIND: Dict[str, Type[CorralError]] = {
     "daemon_unavailable": DaemonUnavailableError,
     "spawn_failed": SpawnFailedError,
     "agent_error": AgentError,
+    "protocol_violation": ProtocolViolationError,
     "internal": InternalError,
     "shutting_down": ServiceUnavailableError,
     "service_unavailable": ServiceUnavailableError,

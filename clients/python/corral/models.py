@@ -64,7 +64,10 @@ class CommandResult:
     ``*_truncated`` is set; ``*_total_bytes`` count everything the command
     wrote. ``failure`` is ``None`` when the command ran to its exit, whatever
     its exit code. Shell-session results also say whether the shell was
-    ``restarted`` before the command (earlier state lost) or ``ended`` after it.
+    ``restarted`` before the command (earlier state lost) or ``ended`` after it,
+    how many bytes background jobs printed since the previous command
+    (``dropped_between_bytes``, dropped), and ``trusted``: always ``False`` for
+    shell results, whose exit code a command can fake; grade with ``run``.
     """
 
     exit_code: Optional[int] = None
@@ -82,6 +85,8 @@ class CommandResult:
     sandbox_id: Optional[str] = None
     restarted: Optional[bool] = None
     ended: Optional[bool] = None
+    dropped_between_bytes: Optional[int] = None
+    trusted: Optional[bool] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -92,6 +97,8 @@ class CommandResult:
         stderr_bytes = _b64(data.get("stderr_base64"))
         restarted = data.get("restarted")
         ended = data.get("ended")
+        dropped = data.get("dropped_between_bytes")
+        trusted = data.get("trusted")
         exit_code = data.get("exit_code")
         sig = data.get("signal")
         return cls(
@@ -110,6 +117,8 @@ class CommandResult:
             sandbox_id=data.get("sandbox_id"),
             restarted=bool(restarted) if restarted is not None else None,
             ended=bool(ended) if ended is not None else None,
+            dropped_between_bytes=int(dropped) if dropped is not None else None,
+            trusted=bool(trusted) if trusted is not None else None,
             raw=dict(data),
         )
 

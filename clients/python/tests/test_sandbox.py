@@ -231,6 +231,8 @@ def test_shell_session_keeps_cwd_env_and_functions(corral_sandbox):
         r = sh.run("pwd; echo $COLOR; greet you")
         assert r.stdout == "/tmp\nblue\nhi you\n"
         assert r.restarted is False and r.ended is False
+        # Shell results come from the shell inside the sandbox: never trusted.
+        assert r.trusted is False and r.dropped_between_bytes == 0
         assert sh.run("false").exit_code == 1
         assert "work" in corral_sandbox.shells()
         # A one-shot command does not see the session's state.
