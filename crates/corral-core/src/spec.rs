@@ -226,7 +226,10 @@ fn normalize_cap(cap: &str) -> String {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Network {
-    /// The daemon's default bridge network.
+    /// Network access through corral's own bridge network (`corral`), made
+    /// with inter-container communication off: the sandbox reaches outside
+    /// (and the host, through the gateway), not other sandboxes or other
+    /// containers. Never the daemon's default `bridge` network.
     #[default]
     Bridge,
     /// No network at all (loopback only).
@@ -234,7 +237,7 @@ pub enum Network {
 }
 
 impl Network {
-    /// Docker's name for the mode.
+    /// The mode's name in specs and on command lines.
     pub fn as_str(self) -> &'static str {
         match self {
             Network::Bridge => "bridge",

@@ -43,6 +43,7 @@ pub(crate) struct BackendInner {
     pub(crate) config: BackendConfig,
     pub(crate) metrics: Metrics,
     agent_volume: OnceCell<String>,
+    network: OnceCell<crate::network::NetworkInfo>,
     storage_opt: OnceCell<bool>,
     pub(crate) events: Arc<EventRouter>,
     start_slots: Limiter,
@@ -150,6 +151,7 @@ impl DockerBackend {
                 owner: host::this_owner(),
                 metrics: Metrics::default(),
                 agent_volume: OnceCell::new(),
+                network: OnceCell::new(),
                 storage_opt: OnceCell::new(),
                 events: Arc::new(EventRouter::default()),
                 start_slots: Limiter::new(
@@ -197,6 +199,17 @@ impl DockerBackend {
     /// The backend's counters now.
     pub fn metrics(&self) -> MetricsSnapshot {
         self.inner.metrics.snapshot()
+    }
+
+    /// corral's sandbox network (a bridge with inter-container
+    /// communication off), created when missing and checked once per
+    /// backend; every sandbox with network access joins it.
+    pub async fn sandbox_network(&self) -> Result<crate::network::NetworkInfo, DockerError> {
+        self.inner
+            .network
+            .get_or_try_init(|| crate::network::ensure(&self.inner.docker))
+            .await
+            .cloned()
     }
 
     /// Removes orphans now and then every `reap_interval`, in the background,
@@ -349,6 +362,10 @@ impl DockerBackend {
             .await?
             .clone();
         timings.agent_volume = t.elapsed();
+        let network = match spec.network {
+            corral_core::Network::Bridge => self.sandbox_network().await?.id,
+            corral_core::Network::None => String::new(),
+        };
 
         timings.breaker_wait = self
             .breaker_admit()
@@ -374,6 +391,7 @@ impl DockerBackend {
                 env,
                 agent_volume: &volume,
                 storage_opt_supported,
+                network: &network,
             },
         );
         let probe = self.breaker_probe_flag();

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use corral_core::labels::{self, Owner};
 use corral_core::protocol::{AGENT_DIR, AGENT_PATH};
-use corral_core::SandboxSpec;
+use corral_core::{Network, SandboxSpec};
 
 /// Everything besides the spec that goes into a container.
 pub struct CreateParams<'a> {
@@ -22,6 +22,9 @@ pub struct CreateParams<'a> {
     pub agent_volume: &'a str,
     /// Whether the daemon honours `--storage-opt size=`.
     pub storage_opt_supported: bool,
+    /// The network a sandbox with network access joins (corral's isolated
+    /// bridge, by id); unused for `network: none`.
+    pub network: &'a str,
 }
 
 /// The agent's grace for persistent sandboxes: ten years, i.e. never.
@@ -105,7 +108,11 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
         readonly_rootfs: Some(sec.read_only_root),
         tmpfs: (!tmpfs.is_empty()).then_some(tmpfs),
         mounts: Some(mounts),
-        network_mode: Some(spec.network.as_str().to_string()),
+        network_mode: Some(match spec.network {
+            Network::None => "none".to_string(),
+            // Never the daemon's default bridge: there sandboxes reach each other.
+            Network::Bridge => p.network.to_string(),
+        }),
         runtime: spec.runtime.clone(),
         storage_opt,
         // Never auto-remove: it destroys the state that tells an OOM of PID 1.
@@ -147,7 +154,7 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
 #[cfg(test)]
 mod tests {
     use super::*;
-    use corral_core::{Mount as SpecMount, Network};
+    use corral_core::Mount as SpecMount;
 
     fn params<'a>(owner: &'a Owner) -> CreateParams<'a> {
         CreateParams {
@@ -156,6 +163,7 @@ mod tests {
             env: vec![("A".into(), "1".into())],
             agent_volume: "corral-agent-x",
             storage_opt_supported: false,
+            network: "net-id",
         }
     }
 
@@ -195,6 +203,13 @@ mod tests {
         assert_eq!(hc.pids_limit, Some(256));
         assert_eq!(hc.nano_cpus, Some(1_000_000_000));
         assert_eq!(hc.network_mode.as_deref(), Some("none"));
+        spec.network = Network::Bridge;
+        let bridged = create_body(&spec, &params(&owner)).host_config.expect("hc");
+        assert_eq!(
+            bridged.network_mode.as_deref(),
+            Some("net-id"),
+            "corral's isolated network, never the default bridge"
+        );
         assert_eq!(hc.auto_remove, Some(false));
         // Unsupported disk limits never reach the daemon silently.
         assert_eq!(hc.storage_opt, None);

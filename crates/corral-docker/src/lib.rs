@@ -19,6 +19,7 @@ pub mod gc;
 pub mod host;
 pub mod limits;
 pub mod metrics;
+pub mod network;
 mod provider;
 mod retry;
 mod sandbox;

@@ -47,7 +47,8 @@ pub struct RunArgs {
     /// Writable layer size limit, e.g. 1g (only where the storage driver supports it).
     #[arg(long, value_parser = parse_size)]
     disk: Option<u64>,
-    /// Network: bridge or none [default: from the config, else bridge].
+    /// Network: bridge (corral's network: reaches outside, not other sandboxes)
+    /// or none [default: from the config, else bridge].
     #[arg(long, value_parser = parse_network)]
     network: Option<Network>,
     /// OCI runtime, e.g. runc or runsc (gVisor).
