@@ -44,6 +44,7 @@ pub(crate) struct BackendInner {
     pub(crate) metrics: Metrics,
     agent_volume: OnceCell<String>,
     network: OnceCell<crate::network::NetworkInfo>,
+    seal_key: OnceCell<Arc<crate::seal::SealKey>>,
     storage_opt: OnceCell<bool>,
     pub(crate) events: Arc<EventRouter>,
     start_slots: Limiter,
@@ -78,6 +79,10 @@ pub struct BackendConfig {
     pub reap_interval: Duration,
     /// Starts slower than this are logged with their phases.
     pub slow_start: Duration,
+    /// The file holding the user's secret key that seals persistent
+    /// containers (0600); `None`: `$XDG_DATA_HOME/corral/seal.key`, else
+    /// `~/.local/share/corral/seal.key`.
+    pub seal_key_file: Option<PathBuf>,
 }
 
 impl Default for BackendConfig {
@@ -94,6 +99,7 @@ impl Default for BackendConfig {
             reap_orphans: true,
             reap_interval: Duration::from_secs(300),
             slow_start: Duration::from_secs(5),
+            seal_key_file: None,
         }
     }
 }
@@ -152,6 +158,7 @@ impl DockerBackend {
                 metrics: Metrics::default(),
                 agent_volume: OnceCell::new(),
                 network: OnceCell::new(),
+                seal_key: OnceCell::new(),
                 storage_opt: OnceCell::new(),
                 events: Arc::new(EventRouter::default()),
                 start_slots: Limiter::new(
@@ -208,6 +215,30 @@ impl DockerBackend {
         self.inner
             .network
             .get_or_try_init(|| crate::network::ensure(&self.inner.docker))
+            .await
+            .cloned()
+    }
+
+    /// The user's seal key (`seal.rs`), read (or made) once.
+    pub async fn seal_key(&self) -> Result<Arc<crate::seal::SealKey>, DockerError> {
+        let path = self
+            .inner
+            .config
+            .seal_key_file
+            .clone()
+            .unwrap_or_else(crate::seal::default_key_path);
+        self.inner
+            .seal_key
+            .get_or_try_init(|| async move {
+                tokio::task::spawn_blocking(move || crate::seal::SealKey::load_or_create(&path))
+                    .await
+                    .map_err(|e| DockerError::Agent {
+                        sandbox: String::new(),
+                        message: format!("reading the seal key failed: {e}"),
+                    })?
+                    .map(Arc::new)
+                    .map_err(DockerError::InvalidSpec)
+            })
             .await
             .cloned()
     }
@@ -362,6 +393,15 @@ impl DockerBackend {
             .await?
             .clone();
         timings.agent_volume = t.elapsed();
+        prepare_nosuid_mounts(spec)?;
+        let seal = match &spec.persistent {
+            Some(key) => {
+                let digest = crate::seal::spec_digest(spec);
+                let seal = self.seal_key().await?.seal(id, key, &digest);
+                Some((digest, seal))
+            }
+            None => None,
+        };
         let network = match spec.network {
             corral_core::Network::Bridge => self.sandbox_network().await?.id,
             corral_core::Network::None => String::new(),
@@ -392,6 +432,7 @@ impl DockerBackend {
                 agent_volume: &volume,
                 storage_opt_supported,
                 network: &network,
+                seal,
             },
         );
         let probe = self.breaker_probe_flag();
@@ -701,6 +742,45 @@ impl DockerBackend {
             .await?;
         Ok(*supported)
     }
+}
+
+/// Makes the host-side helper directories of `nosuid` mounts (an empty
+/// lower layer, the overlay's work directory), private to the user.
+fn prepare_nosuid_mounts(spec: &SandboxSpec) -> Result<(), DockerError> {
+    use std::os::unix::fs::DirBuilderExt;
+    for (i, m) in spec.mounts.iter().enumerate().filter(|(_, m)| m.nosuid) {
+        let bad = |reason: String| {
+            DockerError::InvalidSpec(corral_core::SpecError {
+                field: format!("mounts[{i}].host"),
+                value: m.host.clone(),
+                reason,
+            })
+        };
+        match std::fs::metadata(&m.host) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => return Err(bad("a nosuid mount must be a directory".into())),
+            Err(e) => return Err(bad(format!("cannot read: {e}"))),
+        }
+        let (lower, work) = crate::container_config::overlay_dirs(&m.host);
+        for dir in [&lower, &work] {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| bad(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        // Whatever sits in the lower layer would show through the mount.
+        let empty = std::fs::read_dir(&lower)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false);
+        if !empty {
+            return Err(bad(format!(
+                "{} must be an empty directory (it is the overlay's lower layer)",
+                lower.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn create_error(id: &str, image: &str, e: bollard::errors::Error) -> DockerError {

@@ -31,6 +31,8 @@ pub struct SandboxInfo {
     pub ownership: Ownership,
     /// The session key of a persistent sandbox.
     pub session: Option<String>,
+    /// Every label of the container.
+    pub labels: HashMap<String, String>,
 }
 
 /// What a garbage collection did.
@@ -43,6 +45,11 @@ pub struct GcReport {
     /// Containers kept because their owner is alive, on another host, or they
     /// are persistent.
     pub kept: Vec<SandboxInfo>,
+    /// Per-sandbox volumes (`corral.sandbox`-labelled: nosuid mounts,
+    /// private agent copies) no container uses any more, removed; they
+    /// outlive their container only when it was removed out-of-band
+    /// without its volumes.
+    pub volumes_removed: Vec<String>,
 }
 
 impl DockerBackend {
@@ -77,6 +84,7 @@ impl DockerBackend {
                     owner: Owner::from_labels(&l),
                     ownership: ownership(&l, this_host, host::process_alive),
                     session: l.get(labels::SESSION).cloned(),
+                    labels: l,
                 }
             })
             .collect())
@@ -104,6 +112,48 @@ impl DockerBackend {
                 }
             }
         }
+        report.volumes_removed = self.remove_dangling_volumes().await?;
         Ok(report)
+    }
+
+    /// Removes volumes labelled `corral.sandbox` that no container uses.
+    /// Such a volume is made together with its container (never before
+    /// it), so one no container references is left over. Removing one never
+    /// touches a host directory: a nosuid mount's volume only describes an
+    /// overlay of it.
+    async fn remove_dangling_volumes(&self) -> Result<Vec<String>, DockerError> {
+        let docker = &self.inner.docker;
+        let filters = HashMap::from([
+            ("label".to_string(), vec![labels::SANDBOX.to_string()]),
+            ("dangling".to_string(), vec!["true".to_string()]),
+        ]);
+        let opts = bollard::query_parameters::ListVolumesOptionsBuilder::default()
+            .filters(&filters)
+            .build();
+        let list = docker
+            .list_volumes(Some(opts))
+            .await
+            .map_err(|e| DockerError::api("list sandbox volumes", e))?;
+        let mut removed = Vec::new();
+        for v in list.volumes.unwrap_or_default() {
+            let labelled = v.labels.contains_key(labels::SANDBOX);
+            if !labelled {
+                continue;
+            }
+            match docker
+                .remove_volume(
+                    &v.name,
+                    None::<bollard::query_parameters::RemoveVolumeOptions>,
+                )
+                .await
+            {
+                Ok(()) => removed.push(v.name),
+                // In use again, or removed by someone else meanwhile.
+                Err(e) => {
+                    tracing::debug!(volume = %v.name, error = %e, "gc left a sandbox volume")
+                }
+            }
+        }
+        Ok(removed)
     }
 }

@@ -23,8 +23,10 @@ pub mod network;
 mod provider;
 mod retry;
 mod sandbox;
+pub mod seal;
 mod shell;
 pub mod state;
+pub mod workspace;
 
 pub use backend::{BackendConfig, DockerBackend, StartTimings};
 pub use error::DockerError;
