@@ -422,6 +422,14 @@ impl DockerBackend {
             self.inner.metrics.slot_wait(slot.waited);
         }
 
+        let private_agent = agent_volume::needs_private_copy(spec);
+        if private_agent {
+            let t = Instant::now();
+            agent_volume::make_private(docker, id, &spec.image, &self.inner.owner)
+                .instrument(phase_span(StartPhase::AgentVolume))
+                .await?;
+            timings.agent_volume += t.elapsed();
+        }
         let name = container_name(id);
         let body = create_body(
             spec,
@@ -450,9 +458,13 @@ impl DockerBackend {
                     .metrics
                     .start_failures
                     .fetch_add(1, Ordering::Relaxed);
+                if private_agent {
+                    agent_volume::remove_private(docker, id).await;
+                }
                 return Err(e);
             }
         };
+
         let t2 = Instant::now();
         let policy = &self.inner.config.retry;
         let start = retry(

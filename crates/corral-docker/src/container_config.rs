@@ -74,7 +74,9 @@ fn nosuid_mount(m: &corral_core::Mount, sandbox_id: &str) -> Mount {
     Mount {
         target: Some(m.container.clone()),
         typ: Some(MountType::VOLUME),
-        read_only: Some(m.read_only),
+        // Docker refuses read-only anonymous volumes; a read-only nosuid
+        // mount is read-only by its overlay's own `ro` option.
+        read_only: Some(false),
         volume_options: Some(MountVolumeOptions {
             // Never copy the image's files at the target into the host dir.
             no_copy: Some(true),
@@ -123,9 +125,17 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
         labels.insert(labels::SEAL.into(), seal.clone());
     }
 
+    // A sandbox that could make the mount writable gets its own copy
+    // (`agent_volume::private_volume_name`), filled before the start and
+    // removed with the container: it only ever reaches its own agent.
+    let agent_source = if crate::agent_volume::needs_private_copy(spec) {
+        crate::agent_volume::private_volume_name(p.sandbox_id)
+    } else {
+        p.agent_volume.to_string()
+    };
     let mut mounts = vec![Mount {
         target: Some(AGENT_DIR.into()),
-        source: Some(p.agent_volume.into()),
+        source: Some(agent_source),
         typ: Some(MountType::VOLUME),
         read_only: Some(true),
         ..Default::default()
@@ -369,5 +379,29 @@ mod tests {
             ro["o"],
             "lowerdir=/srv/ro:/srv/.corral-overlay/empty,nosuid,nodev,ro"
         );
+    }
+
+    #[test]
+    fn capabilities_that_can_remount_get_a_private_agent() {
+        let owner = Owner {
+            host: "h".into(),
+            pid: 1,
+            start: 2,
+        };
+        let mut spec = SandboxSpec::new("img");
+        let shared = create_body(&spec, &params(&owner)).host_config.expect("hc");
+        let m = &shared.mounts.expect("mounts")[0];
+        assert_eq!(m.source.as_deref(), Some("corral-agent-x"));
+        for cap in ["SYS_ADMIN", "cap_dac_read_search", "ALL"] {
+            spec.security.cap_add = vec![cap.into()];
+            let hc = create_body(&spec, &params(&owner)).host_config.expect("hc");
+            let m = &hc.mounts.expect("mounts")[0];
+            assert_eq!(
+                m.source.as_deref(),
+                Some("corral-agent-sb-1"),
+                "{cap}: a volume of its own"
+            );
+            assert_eq!(m.read_only, Some(true));
+        }
     }
 }

@@ -655,7 +655,12 @@ pub(crate) async fn remove_container(
     let removed = retry(&backend.config.retry, &backend.metrics, &what, || {
         docker.remove_container(container, Some(rm.clone()))
     });
-    match removed.await {
+    let removed = removed.await;
+    if removed.is_ok() || matches!(&removed, Err(e) if is_not_found(e)) {
+        // A sandbox that could write to its agent mount had its own copy.
+        crate::agent_volume::remove_private(docker, sandbox).await;
+    }
+    match removed {
         Ok(()) => Ok(()),
         Err(e) if is_not_found(&e) => Ok(()),
         // 409 "removal already in progress": another remover owns it.

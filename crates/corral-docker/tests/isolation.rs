@@ -108,3 +108,93 @@ async fn sandboxes_reach_outside_but_not_each_other() {
     bb.destroy().await.expect("destroy B");
     g.assert_clean();
 }
+
+/// `docker` with a hard time limit.
+fn docker(args: &[&str]) -> String {
+    let out = std::process::Command::new("timeout")
+        .args(["-s", "KILL", "30", "docker"])
+        .args(args)
+        .output()
+        .expect("run docker");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_agent_cannot_be_changed_for_other_sandboxes() {
+    let g = Guard::new("iso-agent");
+    let b = backend().await;
+    let want = corral_docker::seal::sha256_hex(corral_docker::agent_volume::AGENT_BINARY);
+    let mut spec = g.spec(BUSYBOX);
+    spec.network = corral_core::Network::None;
+    let plain = b.create(&spec).await.expect("create");
+
+    // A default sandbox can neither remount the agent's volume nor write.
+    let r = plain
+        .run(&sh(
+            "mount -o remount,rw /.corral 2>/dev/null && echo remounted; \
+             touch /.corral/planted 2>/dev/null && echo written; echo done",
+        ))
+        .await;
+    assert_eq!(text(&r.stdout), "done\n", "{r:?}");
+
+    // A sandbox with SYS_ADMIN can: it gets its own copy.
+    let mut admin = spec.clone();
+    admin.security.cap_add.push("SYS_ADMIN".into());
+    let strong = b.create(&admin).await.expect("create with SYS_ADMIN");
+    let r = strong
+        .run(&sh(
+            "mount -o remount,rw /.corral && echo planted > /.corral/planted && \
+             cp /.corral/corral-agent /.corral/new && mv /.corral/new /.corral/corral-agent && \
+             ls /.corral",
+        ))
+        .await;
+    assert_eq!(
+        text(&r.stdout),
+        "corral-agent\nplanted\n",
+        "the attack runs in the SYS_ADMIN sandbox: {r:?}"
+    );
+
+    // Other sandboxes, running and new, see the genuine agent only.
+    let later = b.create(&spec).await.expect("create after the attack");
+    for sb in [&plain, &later] {
+        let r = sb
+            .run(&sh("ls /.corral; sha256sum /.corral/corral-agent"))
+            .await;
+        assert_eq!(
+            text(&r.stdout),
+            format!("corral-agent\n{want}  /.corral/corral-agent\n"),
+            "sandbox {} sees a changed agent volume",
+            sb.id()
+        );
+    }
+
+    // The private copy goes with its sandbox...
+    let label = format!("label=corral.sandbox={}", strong.id());
+    assert_eq!(
+        docker(&["volume", "ls", "-q", "--filter", &label])
+            .lines()
+            .count(),
+        1
+    );
+    strong.destroy().await.expect("destroy");
+    assert_eq!(docker(&["volume", "ls", "-q", "--filter", &label]), "");
+    // ...and with `gc` when its container was removed out-of-band.
+    let lost = b.create(&admin).await.expect("create with SYS_ADMIN");
+    let label = format!("label=corral.sandbox={}", lost.id());
+    docker(&["rm", "-f", &lost.container_id()]);
+    let volume = docker(&["volume", "ls", "-q", "--filter", &label]);
+    assert!(!volume.is_empty(), "left behind by docker rm without -v");
+    // gc leaves volumes that may still be waiting for their container.
+    tokio::time::sleep(Duration::from_secs(
+        corral_docker::gc::YOUNG_VOLUME_SECS + 1,
+    ))
+    .await;
+    let report = b.gc(false).await.expect("gc");
+    assert!(report.volumes_removed.contains(&volume), "{report:?}");
+    assert_eq!(docker(&["volume", "ls", "-q", "--filter", &label]), "");
+    lost.destroy().await.expect("destroy a lost sandbox");
+
+    plain.destroy().await.expect("destroy");
+    later.destroy().await.expect("destroy");
+    g.assert_clean();
+}
