@@ -243,6 +243,25 @@ impl DockerBackend {
             .cloned()
     }
 
+    /// Whether `info`'s container may be adopted for `spec`: for a
+    /// persistent spec only when its seal proves this user's corral made it
+    /// for the session from that very spec (`seal.rs`); other sandboxes are
+    /// not sealed.
+    pub(crate) async fn sealed_for(
+        &self,
+        info: &crate::gc::SandboxInfo,
+        spec: &SandboxSpec,
+    ) -> bool {
+        let Some(key) = &spec.persistent else {
+            return true;
+        };
+        let Ok(seal_key) = self.seal_key().await else {
+            return false;
+        };
+        seal_key.verify(&info.labels, key, &crate::seal::spec_digest(spec))
+            == crate::seal::Verdict::Sealed { spec_matches: true }
+    }
+
     /// Removes orphans now and then every `reap_interval`, in the background,
     /// for as long as the backend lives.
     fn spawn_reaper(&self) {

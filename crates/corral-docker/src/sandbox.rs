@@ -438,7 +438,11 @@ impl Sandbox {
         let old = self.container_id();
         let policy = &backend.inner.config.retry;
         for info in backend.list_sandboxes().await? {
-            if info.sandbox_id == *id && info.container_id != old && info.state == "running" {
+            if info.sandbox_id == *id
+                && info.container_id != old
+                && info.state == "running"
+                && backend.sealed_for(&info, &self.inner.spec).await
+            {
                 if let Ok(conn) = AgentConn::attach(
                     self.docker(),
                     &info.container_id,
