@@ -195,6 +195,12 @@ pub struct DaemonConfig {
     /// Starts slower than this are logged with their phases, in ms.
     /// Default 5000.
     pub slow_start_ms: u64,
+    /// The file holding the user's secret key that seals persistent
+    /// containers, so that only containers this user's corral made for a
+    /// session are adopted (an absolute path; made 0600 when missing, refused
+    /// when others may read it). Default `None`:
+    /// `$XDG_DATA_HOME/corral/seal.key`, else `~/.local/share/corral/seal.key`.
+    pub seal_key_file: Option<String>,
 }
 
 impl Default for DaemonConfig {
@@ -210,6 +216,7 @@ impl Default for DaemonConfig {
             reap_orphans: true,
             reap_interval_ms: 300_000,
             slow_start_ms: 5_000,
+            seal_key_file: None,
         }
     }
 }
@@ -576,6 +583,15 @@ impl DaemonConfig {
                 ));
             }
         }
+        if let Some(file) = &self.seal_key_file {
+            if !Path::new(file).is_absolute() {
+                return Err(ConfigError::invalid(
+                    "daemon.seal_key_file",
+                    file,
+                    "must be an absolute path",
+                ));
+            }
+        }
         let b = &self.breaker;
         // A rate of 0 would open the breaker on a window with no error at all.
         if !(b.error_rate.is_finite() && b.error_rate > 0.0 && b.error_rate <= 1.0) {
@@ -858,6 +874,8 @@ persistence_root: /srv/corral
         assert!(e.to_string().contains("'6'"), "{e}");
         let e = invalid("daemon:\n  slot_dir: slots\n");
         assert_eq!(e.path(), "daemon.slot_dir");
+        let e = invalid("daemon:\n  seal_key_file: key\n");
+        assert_eq!(e.path(), "daemon.seal_key_file");
         let e = invalid("persistence_root: rel/dir\n");
         assert_eq!(e.path(), "persistence_root");
         let e = invalid("endpoint: ''\n");

@@ -24,6 +24,14 @@ pub const VERSION: &str = "corral.version";
 pub const PERSISTENT: &str = "corral.persistent";
 /// The session key of a persistent sandbox.
 pub const SESSION: &str = "corral.session";
+/// SHA-256 (hex) of the spec a persistent sandbox was made from.
+pub const SPEC_DIGEST: &str = "corral.spec";
+/// HMAC-SHA256 (hex), under the user's secret key, of the sandbox id, the
+/// session key and the spec digest: proof that this user's corral made the
+/// container for that session and spec.
+pub const SEAL: &str = "corral.seal";
+/// On volumes: what a per-sandbox volume holds (`mount` or `agent`).
+pub const VOLUME: &str = "corral.volume";
 
 /// The process that owns a container.
 #[derive(Debug, Clone, PartialEq, Eq)]

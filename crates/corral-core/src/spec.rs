@@ -107,6 +107,13 @@ pub struct Mount {
     /// Mount read-only.
     #[serde(default)]
     pub read_only: bool,
+    /// Setuid/setgid bits and device files under the mount have no effect
+    /// inside the sandbox (mounted `nosuid,nodev`, through an overlay whose
+    /// upper layer is the host directory itself, so every write still lands
+    /// there). Directories only; the path must not contain `,`, `:`, `\`
+    /// or whitespace. Persistent sessions' workspace and home always are.
+    #[serde(default)]
+    pub nosuid: bool,
 }
 
 /// A size-limited tmpfs.
@@ -226,7 +233,10 @@ fn normalize_cap(cap: &str) -> String {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Network {
-    /// The daemon's default bridge network.
+    /// Network access through corral's own bridge network (`corral`), made
+    /// with inter-container communication off: the sandbox reaches outside
+    /// (and the host, through the gateway), not other sandboxes or other
+    /// containers. Never the daemon's default `bridge` network.
     #[default]
     Bridge,
     /// No network at all (loopback only).
@@ -234,7 +244,7 @@ pub enum Network {
 }
 
 impl Network {
-    /// Docker's name for the mode.
+    /// The mode's name in specs and on command lines.
     pub fn as_str(self) -> &'static str {
         match self {
             Network::Bridge => "bridge",
@@ -358,6 +368,21 @@ impl SandboxSpec {
                     &m.host,
                     "must be an absolute host path",
                 ));
+            }
+            if m.nosuid {
+                if let Some(c) = m
+                    .host
+                    .chars()
+                    .find(|c| matches!(c, ',' | ':' | '\\') || c.is_whitespace())
+                {
+                    return Err(SpecError::new(
+                        format!("{field}.host"),
+                        &m.host,
+                        format!(
+                            "a nosuid mount's host path cannot contain {c:?} (overlay options)"
+                        ),
+                    ));
+                }
             }
             if !host.path_exists(&m.host) {
                 return Err(SpecError::new(
@@ -656,12 +681,14 @@ mod tests {
             host: "/srv/data".into(),
             container: "/data".into(),
             read_only: true,
+            nosuid: false,
         }];
         spec.validate(&FakeHost).expect("valid");
         spec.mounts.push(Mount {
             host: "/missing".into(),
             container: "/m".into(),
             read_only: false,
+            nosuid: false,
         });
         let e = err(&spec);
         assert_eq!(
@@ -672,6 +699,7 @@ mod tests {
             host: "/srv/data".into(),
             container: "rel".into(),
             read_only: false,
+            nosuid: false,
         };
         assert_eq!(err(&spec).field, "mounts[1].container");
         spec.mounts[1].container = "/data/".into();
@@ -680,6 +708,14 @@ mod tests {
         assert_eq!(err(&spec).field, "mounts[1].container");
         spec.mounts[1].container = "/tmp".into();
         assert_eq!(err(&spec).field, "tmpfs[0].path");
+        spec.mounts.truncate(1);
+        spec.mounts[0].nosuid = true;
+        spec.validate(&FakeHost)
+            .expect("a plain path can be nosuid");
+        spec.mounts[0].host = "/srv/data,upperdir=/etc".into();
+        let e = err(&spec);
+        assert_eq!(e.field, "mounts[0].host");
+        assert!(e.reason.contains("','"), "{e}");
     }
 
     #[test]

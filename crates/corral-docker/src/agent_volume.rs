@@ -47,44 +47,91 @@ fn ready_name() -> String {
     format!("{}-ready", volume_name())
 }
 
-/// A tar archive holding the agent binary as `corral-agent`, mode 0755.
-fn agent_tar() -> Result<Vec<u8>, std::io::Error> {
-    let mut builder = tar::Builder::new(Vec::new());
-    let mut header = tar::Header::new_gnu();
-    header.set_size(AGENT_BINARY.len() as u64);
-    header.set_mode(0o755);
-    header.set_uid(0);
-    header.set_gid(0);
-    header.set_mtime(0);
-    header.set_cksum();
-    builder.append_data(&mut header, "corral-agent", AGENT_BINARY)?;
-    builder.into_inner()
+/// Capabilities with which a sandbox could write to a read-only mount
+/// shared with other sandboxes: remount it (SYS_ADMIN), open its files by
+/// handle (DAC_READ_SEARCH), or reach the disk or kernel beneath it.
+pub const SHARED_MOUNT_BREAKERS: &[&str] = &[
+    "ALL",
+    "SYS_ADMIN",
+    "DAC_READ_SEARCH",
+    "SYS_MODULE",
+    "SYS_RAWIO",
+];
+
+/// Whether `spec`'s sandboxes get their own copy of the agent rather than
+/// the volume every sandbox shares: when a capability could make that
+/// read-only mount writable, a sandbox could otherwise replace the agent
+/// every other sandbox runs.
+pub fn needs_private_copy(spec: &corral_core::SandboxSpec) -> bool {
+    spec.security.drop_all_caps
+        && spec
+            .security
+            .effective_cap_add()
+            .iter()
+            .any(|c| SHARED_MOUNT_BREAKERS.contains(&c.as_str()))
 }
 
-/// Makes sure the agent volume exists and holds a complete binary. `image` is
-/// any image present on the daemon (the helper container is never started).
-pub async fn ensure(docker: &Docker, image: &str, owner: &Owner) -> Result<String, DockerError> {
-    let volume = volume_name();
-    match docker.inspect_volume(&ready_name()).await {
-        Ok(_) => return Ok(volume),
-        Err(e) if is_not_found(&e) => {}
-        Err(e) => {
-            return Err(DockerError::api(
-                format!("inspect volume {}", ready_name()),
-                e,
-            ))
-        }
-    }
-    let vol_labels = HashMap::from([(AGENT_LABEL.to_string(), agent_hash())]);
+/// The private agent volume of sandbox `sandbox`.
+pub fn private_volume_name(sandbox: &str) -> String {
+    format!("corral-agent-{sandbox}")
+}
+
+/// Makes and fills sandbox `sandbox`'s private agent volume (labelled with
+/// the sandbox id, so `gc` finds it if its container is removed without
+/// it). `image` is any image present on the daemon.
+pub async fn make_private(
+    docker: &Docker,
+    sandbox: &str,
+    image: &str,
+    owner: &Owner,
+) -> Result<String, DockerError> {
+    let volume = private_volume_name(sandbox);
     docker
         .create_volume(VolumeCreateRequest {
             name: Some(volume.clone()),
-            labels: Some(vol_labels.clone()),
+            labels: Some(HashMap::from([
+                (labels::SANDBOX.to_string(), sandbox.to_string()),
+                (labels::VOLUME.to_string(), "agent".to_string()),
+                (AGENT_LABEL.to_string(), agent_hash()),
+            ])),
             ..Default::default()
         })
         .await
         .map_err(|e| DockerError::api(format!("create volume {volume}"), e))?;
+    if let Err(e) = fill(docker, &volume, image, owner).await {
+        remove_private(docker, sandbox).await;
+        return Err(e);
+    }
+    Ok(volume)
+}
 
+/// Removes sandbox `sandbox`'s private agent volume, if it has one (best
+/// effort: `gc` removes what is left).
+pub async fn remove_private(docker: &Docker, sandbox: &str) {
+    let volume = private_volume_name(sandbox);
+    match docker
+        .remove_volume(
+            &volume,
+            None::<bollard::query_parameters::RemoveVolumeOptions>,
+        )
+        .await
+    {
+        Ok(()) => {}
+        Err(e) if is_not_found(&e) => {}
+        Err(e) => {
+            tracing::debug!(volume = %volume, error = %e, "removing a private agent volume failed")
+        }
+    }
+}
+
+/// Copies the agent binary into `volume` through a created, never-started
+/// helper container.
+async fn fill(
+    docker: &Docker,
+    volume: &str,
+    image: &str,
+    owner: &Owner,
+) -> Result<(), DockerError> {
     let helper = format!("corral-agent-fill-{}", host::random_hex(8));
     let body = ContainerCreateBody {
         image: Some(image.to_string()),
@@ -100,7 +147,7 @@ pub async fn ensure(docker: &Docker, image: &str, owner: &Owner) -> Result<Strin
         host_config: Some(HostConfig {
             mounts: Some(vec![Mount {
                 target: Some(AGENT_DIR.into()),
-                source: Some(volume.clone()),
+                source: Some(volume.to_string()),
                 typ: Some(MountType::VOLUME),
                 read_only: Some(false),
                 ..Default::default()
@@ -139,7 +186,48 @@ pub async fn ensure(docker: &Docker, image: &str, owner: &Owner) -> Result<Strin
     if let Err(e) = docker.remove_container(&helper, Some(rm)).await {
         tracing::warn!(container = %helper, error = %e, "removing the agent helper container failed");
     }
-    if let Err(e) = upload {
+    upload
+}
+
+/// A tar archive holding the agent binary as `corral-agent`, mode 0755.
+fn agent_tar() -> Result<Vec<u8>, std::io::Error> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(AGENT_BINARY.len() as u64);
+    header.set_mode(0o755);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(0);
+    header.set_cksum();
+    builder.append_data(&mut header, "corral-agent", AGENT_BINARY)?;
+    builder.into_inner()
+}
+
+/// Makes sure the agent volume exists and holds a complete binary. `image` is
+/// any image present on the daemon (the helper container is never started).
+pub async fn ensure(docker: &Docker, image: &str, owner: &Owner) -> Result<String, DockerError> {
+    let volume = volume_name();
+    match docker.inspect_volume(&ready_name()).await {
+        Ok(_) => return Ok(volume),
+        Err(e) if is_not_found(&e) => {}
+        Err(e) => {
+            return Err(DockerError::api(
+                format!("inspect volume {}", ready_name()),
+                e,
+            ))
+        }
+    }
+    let vol_labels = HashMap::from([(AGENT_LABEL.to_string(), agent_hash())]);
+    docker
+        .create_volume(VolumeCreateRequest {
+            name: Some(volume.clone()),
+            labels: Some(vol_labels.clone()),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| DockerError::api(format!("create volume {volume}"), e))?;
+
+    if let Err(e) = fill(docker, &volume, image, owner).await {
         // Another corral process may have filled the volume meanwhile (and a
         // running sandbox then holds the binary busy): its ready marker says so.
         if docker.inspect_volume(&ready_name()).await.is_ok() {

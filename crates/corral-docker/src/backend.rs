@@ -43,6 +43,8 @@ pub(crate) struct BackendInner {
     pub(crate) config: BackendConfig,
     pub(crate) metrics: Metrics,
     agent_volume: OnceCell<String>,
+    network: OnceCell<crate::network::NetworkInfo>,
+    seal_key: OnceCell<Arc<crate::seal::SealKey>>,
     storage_opt: OnceCell<bool>,
     pub(crate) events: Arc<EventRouter>,
     start_slots: Limiter,
@@ -77,6 +79,10 @@ pub struct BackendConfig {
     pub reap_interval: Duration,
     /// Starts slower than this are logged with their phases.
     pub slow_start: Duration,
+    /// The file holding the user's secret key that seals persistent
+    /// containers (0600); `None`: `$XDG_DATA_HOME/corral/seal.key`, else
+    /// `~/.local/share/corral/seal.key`.
+    pub seal_key_file: Option<PathBuf>,
 }
 
 impl Default for BackendConfig {
@@ -93,6 +99,7 @@ impl Default for BackendConfig {
             reap_orphans: true,
             reap_interval: Duration::from_secs(300),
             slow_start: Duration::from_secs(5),
+            seal_key_file: None,
         }
     }
 }
@@ -150,6 +157,8 @@ impl DockerBackend {
                 owner: host::this_owner(),
                 metrics: Metrics::default(),
                 agent_volume: OnceCell::new(),
+                network: OnceCell::new(),
+                seal_key: OnceCell::new(),
                 storage_opt: OnceCell::new(),
                 events: Arc::new(EventRouter::default()),
                 start_slots: Limiter::new(
@@ -197,6 +206,60 @@ impl DockerBackend {
     /// The backend's counters now.
     pub fn metrics(&self) -> MetricsSnapshot {
         self.inner.metrics.snapshot()
+    }
+
+    /// corral's sandbox network (a bridge with inter-container
+    /// communication off), created when missing and checked once per
+    /// backend; every sandbox with network access joins it.
+    pub async fn sandbox_network(&self) -> Result<crate::network::NetworkInfo, DockerError> {
+        self.inner
+            .network
+            .get_or_try_init(|| crate::network::ensure(&self.inner.docker))
+            .await
+            .cloned()
+    }
+
+    /// The user's seal key (`seal.rs`), read (or made) once.
+    pub async fn seal_key(&self) -> Result<Arc<crate::seal::SealKey>, DockerError> {
+        let path = self
+            .inner
+            .config
+            .seal_key_file
+            .clone()
+            .unwrap_or_else(crate::seal::default_key_path);
+        self.inner
+            .seal_key
+            .get_or_try_init(|| async move {
+                tokio::task::spawn_blocking(move || crate::seal::SealKey::load_or_create(&path))
+                    .await
+                    .map_err(|e| DockerError::Agent {
+                        sandbox: String::new(),
+                        message: format!("reading the seal key failed: {e}"),
+                    })?
+                    .map(Arc::new)
+                    .map_err(DockerError::InvalidSpec)
+            })
+            .await
+            .cloned()
+    }
+
+    /// Whether `info`'s container may be adopted for `spec`: for a
+    /// persistent spec only when its seal proves this user's corral made it
+    /// for the session from that very spec (`seal.rs`); other sandboxes are
+    /// not sealed.
+    pub(crate) async fn sealed_for(
+        &self,
+        info: &crate::gc::SandboxInfo,
+        spec: &SandboxSpec,
+    ) -> bool {
+        let Some(key) = &spec.persistent else {
+            return true;
+        };
+        let Ok(seal_key) = self.seal_key().await else {
+            return false;
+        };
+        seal_key.verify(&info.labels, key, &crate::seal::spec_digest(spec))
+            == crate::seal::Verdict::Sealed { spec_matches: true }
     }
 
     /// Removes orphans now and then every `reap_interval`, in the background,
@@ -350,6 +413,19 @@ impl DockerBackend {
             .await?
             .clone();
         timings.agent_volume = t.elapsed();
+        prepare_nosuid_mounts(spec)?;
+        let seal = match &spec.persistent {
+            Some(key) => {
+                let digest = crate::seal::spec_digest(spec);
+                let seal = self.seal_key().await?.seal(id, key, &digest);
+                Some((digest, seal))
+            }
+            None => None,
+        };
+        let network = match spec.network {
+            corral_core::Network::Bridge => self.sandbox_network().await?.id,
+            corral_core::Network::None => String::new(),
+        };
 
         timings.breaker_wait = self
             .breaker_admit()
@@ -366,6 +442,14 @@ impl DockerBackend {
             self.inner.metrics.slot_wait(slot.waited);
         }
 
+        let private_agent = agent_volume::needs_private_copy(spec);
+        if private_agent {
+            let t = Instant::now();
+            agent_volume::make_private(docker, id, &spec.image, &self.inner.owner)
+                .instrument(phase_span(StartPhase::AgentVolume))
+                .await?;
+            timings.agent_volume += t.elapsed();
+        }
         let name = container_name(id);
         let body = create_body(
             spec,
@@ -375,6 +459,8 @@ impl DockerBackend {
                 env,
                 agent_volume: &volume,
                 storage_opt_supported,
+                network: &network,
+                seal,
             },
         );
         let probe = self.breaker_probe_flag();
@@ -392,9 +478,13 @@ impl DockerBackend {
                     .metrics
                     .start_failures
                     .fetch_add(1, Ordering::Relaxed);
+                if private_agent {
+                    agent_volume::remove_private(docker, id).await;
+                }
                 return Err(e);
             }
         };
+
         let t2 = Instant::now();
         let policy = &self.inner.config.retry;
         let start = retry(
@@ -692,6 +782,45 @@ impl DockerBackend {
             .await?;
         Ok(*supported)
     }
+}
+
+/// Makes the host-side helper directories of `nosuid` mounts (an empty
+/// lower layer, the overlay's work directory), private to the user.
+fn prepare_nosuid_mounts(spec: &SandboxSpec) -> Result<(), DockerError> {
+    use std::os::unix::fs::DirBuilderExt;
+    for (i, m) in spec.mounts.iter().enumerate().filter(|(_, m)| m.nosuid) {
+        let bad = |reason: String| {
+            DockerError::InvalidSpec(corral_core::SpecError {
+                field: format!("mounts[{i}].host"),
+                value: m.host.clone(),
+                reason,
+            })
+        };
+        match std::fs::metadata(&m.host) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => return Err(bad("a nosuid mount must be a directory".into())),
+            Err(e) => return Err(bad(format!("cannot read: {e}"))),
+        }
+        let (lower, work) = crate::container_config::overlay_dirs(&m.host);
+        for dir in [&lower, &work] {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| bad(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        // Whatever sits in the lower layer would show through the mount.
+        let empty = std::fs::read_dir(&lower)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false);
+        if !empty {
+            return Err(bad(format!(
+                "{} must be an empty directory (it is the overlay's lower layer)",
+                lower.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn create_error(id: &str, image: &str, e: bollard::errors::Error) -> DockerError {

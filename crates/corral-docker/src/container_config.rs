@@ -6,10 +6,15 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType};
+use std::path::{Path, PathBuf};
+
+use bollard::models::{
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType, MountVolumeOptions,
+    MountVolumeOptionsDriverConfig,
+};
 use corral_core::labels::{self, Owner};
 use corral_core::protocol::{AGENT_DIR, AGENT_PATH};
-use corral_core::SandboxSpec;
+use corral_core::{Network, SandboxSpec};
 
 /// Everything besides the spec that goes into a container.
 pub struct CreateParams<'a> {
@@ -23,6 +28,75 @@ pub struct CreateParams<'a> {
     pub agent_volume: &'a str,
     /// Whether the daemon honours `--storage-opt size=`.
     pub storage_opt_supported: bool,
+    /// The network a sandbox with network access joins (corral's isolated
+    /// bridge, by id); unused for `network: none`.
+    pub network: &'a str,
+    /// For a persistent sandbox: its spec digest and seal (`seal.rs`).
+    pub seal: Option<(String, String)>,
+}
+
+/// The host-side helper directories of a `nosuid` mount of `host`: an
+/// empty lower layer and the overlay's work directory, in
+/// `.corral-overlay` beside it (the work directory must be on the same
+/// filesystem as the upper layer, and outside it).
+pub fn overlay_dirs(host: &str) -> (PathBuf, PathBuf) {
+    let path = Path::new(host.trim_end_matches('/'));
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    let base = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "root".into());
+    let helper = parent.join(".corral-overlay");
+    (helper.join("empty"), helper.join(format!("{base}.work")))
+}
+
+/// A bind mount whose setuid bits and device files have no effect: a
+/// `local`-driver volume mounting an overlay with `nosuid,nodev` whose upper
+/// layer is the host directory (a `type=none,o=bind,nosuid` volume does
+/// not work: the kernel ignores those flags on a bind, and Docker only
+/// remounts read-only binds). Anonymous, so removing the container
+/// (`v=true`) removes the volume; the host directory is untouched.
+fn nosuid_mount(m: &corral_core::Mount, sandbox_id: &str) -> Mount {
+    let (lower, work) = overlay_dirs(&m.host);
+    let host = match m.host.trim_end_matches('/') {
+        "" => "/",
+        h => h,
+    };
+    let o = if m.read_only {
+        // Two lower layers and no upper: a read-only overlay.
+        format!("lowerdir={host}:{},nosuid,nodev,ro", lower.display())
+    } else {
+        format!(
+            "lowerdir={},upperdir={host},workdir={},nosuid,nodev",
+            lower.display(),
+            work.display()
+        )
+    };
+    Mount {
+        target: Some(m.container.clone()),
+        typ: Some(MountType::VOLUME),
+        // Docker refuses read-only anonymous volumes; a read-only nosuid
+        // mount is read-only by its overlay's own `ro` option.
+        read_only: Some(false),
+        volume_options: Some(MountVolumeOptions {
+            // Never copy the image's files at the target into the host dir.
+            no_copy: Some(true),
+            labels: Some(HashMap::from([
+                (labels::SANDBOX.to_string(), sandbox_id.to_string()),
+                (labels::VOLUME.to_string(), "mount".to_string()),
+            ])),
+            driver_config: Some(MountVolumeOptionsDriverConfig {
+                name: Some("local".into()),
+                options: Some(HashMap::from([
+                    ("type".to_string(), "overlay".to_string()),
+                    ("device".to_string(), "overlay".to_string()),
+                    ("o".to_string(), o),
+                ])),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 /// The agent's grace for persistent sandboxes: ten years, i.e. never.
@@ -59,20 +133,37 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
         labels.insert(labels::PERSISTENT.into(), "true".into());
         labels.insert(labels::SESSION.into(), key.clone());
     }
+    if let Some((digest, seal)) = &p.seal {
+        labels.insert(labels::SPEC_DIGEST.into(), digest.clone());
+        labels.insert(labels::SEAL.into(), seal.clone());
+    }
 
+    // A sandbox that could make the mount writable gets its own copy
+    // (`agent_volume::private_volume_name`), filled before the start and
+    // removed with the container: it only ever reaches its own agent.
+    let agent_source = if crate::agent_volume::needs_private_copy(spec) {
+        crate::agent_volume::private_volume_name(p.sandbox_id)
+    } else {
+        p.agent_volume.to_string()
+    };
     let mut mounts = vec![Mount {
         target: Some(AGENT_DIR.into()),
-        source: Some(p.agent_volume.into()),
+        source: Some(agent_source),
         typ: Some(MountType::VOLUME),
         read_only: Some(true),
         ..Default::default()
     }];
-    mounts.extend(spec.mounts.iter().map(|m| Mount {
-        target: Some(m.container.clone()),
-        source: Some(m.host.clone()),
-        typ: Some(MountType::BIND),
-        read_only: Some(m.read_only),
-        ..Default::default()
+    mounts.extend(spec.mounts.iter().map(|m| {
+        if m.nosuid {
+            return nosuid_mount(m, p.sandbox_id);
+        }
+        Mount {
+            target: Some(m.container.clone()),
+            source: Some(m.host.clone()),
+            typ: Some(MountType::BIND),
+            read_only: Some(m.read_only),
+            ..Default::default()
+        }
     }));
 
     let tmpfs: HashMap<String, String> = spec
@@ -118,7 +209,11 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
         readonly_rootfs: Some(sec.read_only_root),
         tmpfs: (!tmpfs.is_empty()).then_some(tmpfs),
         mounts: Some(mounts),
-        network_mode: Some(spec.network.as_str().to_string()),
+        network_mode: Some(match spec.network {
+            Network::None => "none".to_string(),
+            // Never the daemon's default bridge: there sandboxes reach each other.
+            Network::Bridge => p.network.to_string(),
+        }),
         runtime: spec.runtime.clone(),
         storage_opt,
         // Never auto-remove: it destroys the state that tells an OOM of PID 1.
@@ -168,7 +263,7 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
 #[cfg(test)]
 mod tests {
     use super::*;
-    use corral_core::{Mount as SpecMount, Network};
+    use corral_core::Mount as SpecMount;
 
     fn params<'a>(owner: &'a Owner) -> CreateParams<'a> {
         CreateParams {
@@ -177,6 +272,8 @@ mod tests {
             env: vec![("A".into(), "1".into())],
             agent_volume: "corral-agent-x",
             storage_opt_supported: false,
+            network: "net-id",
+            seal: None,
         }
     }
 
@@ -195,6 +292,7 @@ mod tests {
             host: "/srv".into(),
             container: "/data".into(),
             read_only: true,
+            nosuid: false,
         });
         let body = create_body(&spec, &params(&owner));
         let hc = body.host_config.expect("host config");
@@ -216,6 +314,13 @@ mod tests {
         assert_eq!(hc.pids_limit, Some(256));
         assert_eq!(hc.nano_cpus, Some(1_000_000_000));
         assert_eq!(hc.network_mode.as_deref(), Some("none"));
+        spec.network = Network::Bridge;
+        let bridged = create_body(&spec, &params(&owner)).host_config.expect("hc");
+        assert_eq!(
+            bridged.network_mode.as_deref(),
+            Some("net-id"),
+            "corral's isolated network, never the default bridge"
+        );
         assert_eq!(hc.auto_remove, Some(false));
         // Unsupported disk limits never reach the daemon silently.
         assert_eq!(hc.storage_opt, None);
@@ -230,6 +335,7 @@ mod tests {
             format!("exec,nosuid,nodev,size={}", 512 << 20)
         );
         let mounts = hc.mounts.expect("mounts");
+        assert_eq!(mounts[1].typ, Some(MountType::BIND));
         assert_eq!(mounts[0].target.as_deref(), Some(AGENT_DIR));
         assert_eq!(mounts[0].read_only, Some(true));
         assert_eq!(mounts[1].source.as_deref(), Some("/srv"));
@@ -238,5 +344,85 @@ mod tests {
         assert_eq!(labels[labels::OWNER_PID], "1");
         assert_eq!(body.env, Some(vec!["A=1".to_string()]));
         assert_eq!(body.entrypoint.expect("entrypoint")[0], AGENT_PATH);
+    }
+
+    #[test]
+    fn nosuid_mounts_are_overlays_with_the_host_dir_as_upper_layer() {
+        let owner = Owner {
+            host: "h".into(),
+            pid: 1,
+            start: 2,
+        };
+        let mut spec = SandboxSpec::new("img");
+        spec.mounts.push(SpecMount {
+            host: "/srv/s/workspace".into(),
+            container: "/workspace".into(),
+            read_only: false,
+            nosuid: true,
+        });
+        spec.mounts.push(SpecMount {
+            host: "/srv/ro/".into(),
+            container: "/ro".into(),
+            read_only: true,
+            nosuid: true,
+        });
+        let mut p = params(&owner);
+        p.seal = Some(("digest".into(), "seal".into()));
+        let body = create_body(&spec, &p);
+        let labels = body.labels.expect("labels");
+        assert_eq!(labels[labels::SEAL], "seal");
+        assert_eq!(labels[labels::SPEC_DIGEST], "digest");
+        let mounts = body.host_config.expect("hc").mounts.expect("mounts");
+        let rw = &mounts[1];
+        assert_eq!(rw.typ, Some(MountType::VOLUME));
+        assert_eq!(rw.source, None, "anonymous: removed with the container");
+        let vo = rw.volume_options.as_ref().expect("volume options");
+        assert_eq!(vo.no_copy, Some(true));
+        assert_eq!(vo.labels.as_ref().expect("labels")[labels::SANDBOX], "sb-1");
+        let opts = vo
+            .driver_config
+            .as_ref()
+            .and_then(|d| d.options.clone())
+            .expect("driver options");
+        assert_eq!(opts["type"], "overlay");
+        assert_eq!(
+            opts["o"],
+            "lowerdir=/srv/s/.corral-overlay/empty,upperdir=/srv/s/workspace,\
+             workdir=/srv/s/.corral-overlay/workspace.work,nosuid,nodev"
+        );
+        let ro = mounts[2]
+            .volume_options
+            .as_ref()
+            .and_then(|v| v.driver_config.as_ref())
+            .and_then(|d| d.options.clone())
+            .expect("driver options");
+        assert_eq!(
+            ro["o"],
+            "lowerdir=/srv/ro:/srv/.corral-overlay/empty,nosuid,nodev,ro"
+        );
+    }
+
+    #[test]
+    fn capabilities_that_can_remount_get_a_private_agent() {
+        let owner = Owner {
+            host: "h".into(),
+            pid: 1,
+            start: 2,
+        };
+        let mut spec = SandboxSpec::new("img");
+        let shared = create_body(&spec, &params(&owner)).host_config.expect("hc");
+        let m = &shared.mounts.expect("mounts")[0];
+        assert_eq!(m.source.as_deref(), Some("corral-agent-x"));
+        for cap in ["SYS_ADMIN", "cap_dac_read_search", "ALL"] {
+            spec.security.cap_add = vec![cap.into()];
+            let hc = create_body(&spec, &params(&owner)).host_config.expect("hc");
+            let m = &hc.mounts.expect("mounts")[0];
+            assert_eq!(
+                m.source.as_deref(),
+                Some("corral-agent-sb-1"),
+                "{cap}: a volume of its own"
+            );
+            assert_eq!(m.read_only, Some(true));
+        }
     }
 }

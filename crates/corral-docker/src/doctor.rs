@@ -13,7 +13,7 @@ use crate::error::DockerError;
 use crate::DockerBackend;
 
 /// One protection, checked from inside a sandbox.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Check {
     /// What was checked.
     pub name: String,
@@ -52,6 +52,9 @@ pub struct DoctorReport {
     pub storage_opt: Option<bool>,
     /// Size of the embedded agent binary.
     pub agent_bytes: usize,
+    /// corral's sandbox network: present, made by corral, inter-container
+    /// communication off.
+    pub network: Check,
     /// Checks run inside a probe sandbox; empty when no image was given.
     pub protections: Vec<Check>,
 }
@@ -100,9 +103,11 @@ impl DockerBackend {
             security_options: info.security_options.unwrap_or_default(),
             storage_opt: None,
             agent_bytes: crate::agent_volume::AGENT_BINARY.len(),
+            network: Check::default(),
             protections: Vec::new(),
         };
         let Some(image) = image else {
+            report.network = self.network_check().await?;
             return Ok(report);
         };
         self.ensure_image(image).await?;
@@ -116,6 +121,7 @@ impl DockerBackend {
         if let Err(e) = sandbox.destroy().await {
             tracing::warn!(sandbox = sandbox.id(), error = %e, "removing the doctor's probe sandbox failed");
         }
+        report.network = self.network_check().await?;
         if let Some(f) = result.failure {
             report.protections.push(Check {
                 name: "probe sandbox".into(),
@@ -126,6 +132,35 @@ impl DockerBackend {
         }
         report.protections = evaluate(&spec, &String::from_utf8_lossy(&result.stdout));
         Ok(report)
+    }
+}
+
+impl DockerBackend {
+    /// The state of corral's sandbox network, without creating it.
+    async fn network_check(&self) -> Result<Check, DockerError> {
+        use crate::network::{find, ICC_OPTION, NETWORK_NAME};
+        let name = format!("network {NETWORK_NAME}");
+        Ok(match find(self.docker()).await {
+            Ok(Some(n)) => Check {
+                name,
+                ok: true,
+                detail: format!(
+                    "bridge {}, {ICC_OPTION}=false: sandboxes reach outside, not each other",
+                    n.subnets.join(",")
+                ),
+            },
+            Ok(None) => Check {
+                name,
+                ok: true,
+                detail: "not made yet: created for the first sandbox with network".into(),
+            },
+            Err(DockerError::Network { reason, .. }) => Check {
+                name,
+                ok: false,
+                detail: reason,
+            },
+            Err(e) => return Err(e),
+        })
     }
 }
 

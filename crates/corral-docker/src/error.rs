@@ -36,6 +36,15 @@ pub enum DockerError {
         /// What is unsupported, and why.
         what: String,
     },
+    /// corral's sandbox network cannot be made or is not fit for use
+    /// (made by someone else, or inter-container traffic allowed).
+    #[error("network '{network}': {reason}")]
+    Network {
+        /// The network's name.
+        network: String,
+        /// What is wrong, naming the option and its value.
+        reason: String,
+    },
     /// The sandbox's container is gone or stopped.
     #[error("sandbox {sandbox} lost its container: {state}")]
     ContainerLost {
@@ -102,7 +111,9 @@ impl DockerError {
             }
             DockerError::ImageNotFound { .. } => FailureKind::ImageNotFound,
             DockerError::InvalidSpec(_) => FailureKind::InvalidSpec,
-            DockerError::Unsupported { .. } => FailureKind::Unsupported,
+            DockerError::Unsupported { .. } | DockerError::Network { .. } => {
+                FailureKind::Unsupported
+            }
             DockerError::ContainerLost { state, .. } if state.oom_killed => FailureKind::OomKilled,
             DockerError::ContainerLost { .. } => FailureKind::ContainerLost,
             DockerError::Agent { .. } => FailureKind::AgentError,

@@ -23,6 +23,7 @@ impl From<&Config> for BackendConfig {
             reap_orphans: d.reap_orphans,
             reap_interval: Duration::from_millis(d.reap_interval_ms),
             slow_start: Duration::from_millis(d.slow_start_ms),
+            seal_key_file: d.seal_key_file.as_ref().map(PathBuf::from),
         }
     }
 }
@@ -49,6 +50,7 @@ mod tests {
             reap_orphans,
             reap_interval,
             slow_start,
+            seal_key_file,
         } = from;
         assert_eq!(endpoint, want.endpoint);
         assert_eq!(retry, want.retry);
@@ -61,6 +63,7 @@ mod tests {
         assert_eq!(reap_orphans, want.reap_orphans);
         assert_eq!(reap_interval, want.reap_interval);
         assert_eq!(slow_start, want.slow_start);
+        assert_eq!(seal_key_file, want.seal_key_file);
     }
 
     #[test]

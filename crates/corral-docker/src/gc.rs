@@ -31,6 +31,8 @@ pub struct SandboxInfo {
     pub ownership: Ownership,
     /// The session key of a persistent sandbox.
     pub session: Option<String>,
+    /// Every label of the container.
+    pub labels: HashMap<String, String>,
 }
 
 /// What a garbage collection did.
@@ -43,6 +45,11 @@ pub struct GcReport {
     /// Containers kept because their owner is alive, on another host, or they
     /// are persistent.
     pub kept: Vec<SandboxInfo>,
+    /// Per-sandbox volumes (`corral.sandbox`-labelled: nosuid mounts,
+    /// private agent copies) no container uses any more, removed; they
+    /// outlive their container only when it was removed out-of-band
+    /// without its volumes.
+    pub volumes_removed: Vec<String>,
 }
 
 impl DockerBackend {
@@ -77,6 +84,7 @@ impl DockerBackend {
                     owner: Owner::from_labels(&l),
                     ownership: ownership(&l, this_host, host::process_alive),
                     session: l.get(labels::SESSION).cloned(),
+                    labels: l,
                 }
             })
             .collect())
@@ -104,6 +112,115 @@ impl DockerBackend {
                 }
             }
         }
+        report.volumes_removed = self.remove_dangling_volumes().await?;
         Ok(report)
+    }
+
+    /// Removes volumes labelled `corral.sandbox` that no container uses and
+    /// that are older than [`YOUNG_VOLUME_SECS`]: such a volume is made with
+    /// its container, or a moment before it, so one no container
+    /// references after that is left over. Removing one never
+    /// touches a host directory: a nosuid mount's volume only describes an
+    /// overlay of it.
+    async fn remove_dangling_volumes(&self) -> Result<Vec<String>, DockerError> {
+        let docker = &self.inner.docker;
+        let filters = HashMap::from([
+            ("label".to_string(), vec![labels::SANDBOX.to_string()]),
+            ("dangling".to_string(), vec!["true".to_string()]),
+        ]);
+        let opts = bollard::query_parameters::ListVolumesOptionsBuilder::default()
+            .filters(&filters)
+            .build();
+        let list = docker
+            .list_volumes(Some(opts))
+            .await
+            .map_err(|e| DockerError::api("list sandbox volumes", e))?;
+        let mut removed = Vec::new();
+        // A private agent volume exists a moment (filling it) before its
+        // container: leave young ones be.
+        let young = |created: &Option<String>| {
+            created
+                .as_deref()
+                .and_then(chrono_secs)
+                .is_none_or(|t| unix_now().saturating_sub(t) < YOUNG_VOLUME_SECS)
+        };
+        for v in list.volumes.unwrap_or_default() {
+            let labelled = v.labels.contains_key(labels::SANDBOX);
+            if !labelled || young(&v.created_at) {
+                continue;
+            }
+            match docker
+                .remove_volume(
+                    &v.name,
+                    None::<bollard::query_parameters::RemoveVolumeOptions>,
+                )
+                .await
+            {
+                Ok(()) => removed.push(v.name),
+                // In use again, or removed by someone else meanwhile.
+                Err(e) => {
+                    tracing::debug!(volume = %v.name, error = %e, "gc left a sandbox volume")
+                }
+            }
+        }
+        Ok(removed)
+    }
+}
+
+/// Volumes younger than this are never garbage (see `remove_dangling_volumes`).
+pub const YOUNG_VOLUME_SECS: u64 = 10;
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Seconds since the epoch of an RFC 3339 time such as
+/// `2026-11-23T14:23:37Z` or `2026-11-23T14:23:37.21+01:00`; `None` when
+/// it is not one.
+fn chrono_secs(t: &str) -> Option<u64> {
+    let (date, rest) = t.split_once('T')?;
+    let mut d = date.split('-').map(|x| x.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let time_end = rest.find(['Z', '+', '-']).unwrap_or(rest.len());
+    let (time, zone) = rest.split_at(time_end);
+    let mut hms = time.split(':');
+    let h: i64 = hms.next()?.parse().ok()?;
+    let min: i64 = hms.next()?.parse().ok()?;
+    let sec: f64 = hms.next()?.parse().ok()?;
+    let offset = match zone {
+        "" | "Z" => 0,
+        z => {
+            let sign = if z.starts_with('-') { -1 } else { 1 };
+            let (zh, zm) = z[1..].split_once(':')?;
+            sign * (zh.parse::<i64>().ok()? * 3600 + zm.parse::<i64>().ok()? * 60)
+        }
+    };
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + h * 3600 + min * 60 + sec as i64 - offset;
+    u64::try_from(secs).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chrono_secs;
+
+    #[test]
+    fn reads_the_daemons_times() {
+        assert_eq!(chrono_secs("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(chrono_secs("2026-11-23T14:23:37Z"), Some(1_795_443_817));
+        assert_eq!(
+            chrono_secs("2026-11-23T15:23:37.5+01:00"),
+            Some(1_795_443_817)
+        );
+        assert_eq!(chrono_secs("yesterday"), None);
     }
 }

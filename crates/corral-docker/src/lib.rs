@@ -19,11 +19,14 @@ pub mod gc;
 pub mod host;
 pub mod limits;
 pub mod metrics;
+pub mod network;
 mod provider;
 mod retry;
 mod sandbox;
+pub mod seal;
 mod shell;
 pub mod state;
+pub mod workspace;
 
 pub use backend::{BackendConfig, DockerBackend, StartTimings};
 pub use error::DockerError;

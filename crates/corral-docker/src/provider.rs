@@ -24,6 +24,8 @@ use corral_core::{CommandSpec, FailureKind, Recovery, SandboxSpec};
 use tokio::sync::Notify;
 
 use crate::error::DockerError;
+use crate::seal::{self, Verdict};
+use crate::workspace::{self, SessionDirs};
 use crate::{DockerBackend, Sandbox};
 
 /// How long an acquire waits for room when every live sandbox is in use.
@@ -49,6 +51,11 @@ struct Inner {
     /// Wakes acquires waiting for room and the refiller.
     changed: Arc<Notify>,
     closed: AtomicBool,
+    /// One lock per persistent session key, held while its container is
+    /// adopted or started and while it is removed and its directories
+    /// stripped: two containers of a session never share its directories,
+    /// and nothing writes there while corral walks them.
+    session_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 #[derive(Default)]
@@ -208,6 +215,7 @@ impl Provider {
             epoch: Instant::now(),
             changed: Arc::new(Notify::new()),
             closed: AtomicBool::new(false),
+            session_locks: Mutex::new(HashMap::new()),
         });
         tokio::spawn(maintain(Arc::downgrade(&inner)));
         Provider { inner }
@@ -246,79 +254,115 @@ impl Provider {
     /// directories under the persistence root, keyed by session, so they
     /// survive container loss and corral restarts. The container itself
     /// outlives this process and is adopted, not duplicated, by the next
-    /// corral asking for the same key. Releasing or evicting it removes the
-    /// container and keeps the directories.
+    /// corral asking for the same key, but only when its seal proves this
+    /// user's corral made it for this key from this spec and it is the
+    /// container recorded in the session's directory; any other container
+    /// labelled with the key is never attached to (nothing runs in it) and,
+    /// unless provably ours, never removed. Releasing or evicting the
+    /// session removes the container, keeps the directories and clears
+    /// setuid/setgid bits in them.
     pub async fn acquire_persistent(
         &self,
         key: &str,
         spec: &SandboxSpec,
     ) -> Result<Lease, DockerError> {
+        let session_lock = self.session_lock(key);
+        let _serial = session_lock.lock().await;
+        let (spec, dirs) = self.persistent_spec(key, spec)?;
         if !lock(&self.inner.state).sessions.contains_key(key) {
-            let spec = self.persistent_spec(key, spec)?;
-            if let Some(sb) = self.adopt_persistent(key, &spec).await? {
-                let now = self.inner.now_ms();
-                let mut st = lock(&self.inner.state);
-                if !st.sessions.contains_key(key) {
-                    st.live += 1;
-                    st.sessions.insert(
-                        key.to_string(),
-                        Entry {
-                            sandbox: sb,
-                            profile: None,
-                            last_used_ms: now,
-                            started_ms: now,
-                            leases: 0,
-                        },
-                    );
+            match self.adopt_persistent(key, &spec, &dirs).await? {
+                Some(sb) => {
+                    let now = self.inner.now_ms();
+                    let mut st = lock(&self.inner.state);
+                    if !st.sessions.contains_key(key) {
+                        st.live += 1;
+                        st.sessions.insert(
+                            key.to_string(),
+                            Entry {
+                                sandbox: sb,
+                                profile: None,
+                                last_used_ms: now,
+                                started_ms: now,
+                                leases: 0,
+                            },
+                        );
+                    }
                 }
+                // No container of the session runs: safe to walk its trees.
+                None => strip_in_blocking(dirs.clone(), key.to_string()).await,
             }
-            return self.acquire_inner(key, None, &spec).await;
         }
-        let spec = self.persistent_spec(key, spec)?;
-        self.acquire_inner(key, None, &spec).await
+        let lease = self.acquire_inner(key, None, &spec).await?;
+        let cid = lease.container_id();
+        if workspace::recorded_container(&dirs).as_deref() != Some(cid.as_str()) {
+            if let Err(e) = workspace::record_container(&dirs, &cid) {
+                // Only costs the next corral an adoption: it replaces instead.
+                tracing::warn!(session = key, error = %e, "recording a persistent session's container failed");
+            }
+        }
+        Ok(lease)
     }
 
-    /// The session's host directories, created if missing.
-    fn persistent_spec(&self, key: &str, base: &SandboxSpec) -> Result<SandboxSpec, DockerError> {
-        let dir = self.inner.persistence_root.join(session_dir_name(key));
+    fn session_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self
+            .inner
+            .session_locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        locks.retain(|k, l| k == key || Arc::strong_count(l) > 1);
+        locks.entry(key.to_string()).or_default().clone()
+    }
+
+    /// The session's spec (its directories mounted `nosuid,nodev`, `$HOME`,
+    /// working directory, key) and its host directories, created private
+    /// (or checked and fixed) and migrated from the earlier naming.
+    fn persistent_spec(
+        &self,
+        key: &str,
+        base: &SandboxSpec,
+    ) -> Result<(SandboxSpec, SessionDirs), DockerError> {
+        let dirs = workspace::prepare(&self.inner.persistence_root, key)?;
         let mut spec = base.clone();
-        for (sub, target) in [("workspace", "/workspace"), ("home", "/home/corral")] {
-            let host = dir.join(sub);
-            std::fs::create_dir_all(&host).map_err(|e| {
-                DockerError::InvalidSpec(corral_core::SpecError {
-                    field: "persistence_root".into(),
-                    value: host.display().to_string(),
-                    reason: format!("cannot create the session directory: {e}"),
-                })
-            })?;
+        for (host, target) in [
+            (&dirs.workspace, workspace::WORKSPACE),
+            (&dirs.home, workspace::HOME),
+        ] {
             spec.mounts.retain(|m| m.container != target);
             spec.mounts.push(corral_core::Mount {
                 host: host.display().to_string(),
                 container: target.to_string(),
                 read_only: false,
+                nosuid: true,
             });
         }
         spec.env
             .retain(|v| !matches!(v, corral_core::EnvVar::Set { name, .. } if name == "HOME"));
         spec.env.push(corral_core::EnvVar::Set {
             name: "HOME".into(),
-            value: "/home/corral".into(),
+            value: workspace::HOME.into(),
         });
         if spec.workdir.is_none() {
-            spec.workdir = Some("/workspace".into());
+            spec.workdir = Some(workspace::WORKSPACE.into());
         }
         spec.persistent = Some(key.to_string());
-        Ok(spec)
+        Ok((spec, dirs))
     }
 
-    /// A running container an earlier corral left for `key`, attached; stopped
-    /// leftovers are removed (the directories hold the state).
+    /// The running container an earlier corral left for `key`, attached,
+    /// when it is provably the one this user's corral made for the key from
+    /// `spec`. Containers of ours that do not qualify (stopped, another
+    /// spec, not the recorded one) are removed (the directories hold the
+    /// state); containers that are not provably ours are left alone.
     async fn adopt_persistent(
         &self,
         key: &str,
         spec: &SandboxSpec,
+        dirs: &SessionDirs,
     ) -> Result<Option<Sandbox>, DockerError> {
         let backend = &self.inner.backend;
+        let seal_key = backend.seal_key().await?;
+        let digest = seal::spec_digest(spec);
+        let recorded = workspace::recorded_container(dirs);
         let mine: Vec<_> = backend
             .list_sandboxes()
             .await?
@@ -327,7 +371,21 @@ impl Provider {
             .collect();
         let mut adopted = None;
         for info in mine {
-            if adopted.is_none() && info.state == "running" {
+            let spec_matches = match seal_key.verify(&info.labels, key, &digest) {
+                Verdict::Unsealed => {
+                    tracing::warn!(
+                        session = key,
+                        container = %info.container_id,
+                        sandbox = %info.sandbox_id,
+                        "a container labelled for this persistent session carries no valid seal: \
+                         not made by this user's corral for this session; not adopting it, not touching it"
+                    );
+                    continue;
+                }
+                Verdict::Sealed { spec_matches } => spec_matches,
+            };
+            let is_recorded = recorded.as_deref() == Some(info.container_id.as_str());
+            if adopted.is_none() && spec_matches && is_recorded && info.state == "running" {
                 match backend
                     .adopt(&info.container_id, &info.sandbox_id, spec)
                     .await
@@ -341,6 +399,15 @@ impl Provider {
                         tracing::warn!(session = key, error = %e, "could not adopt a persistent sandbox; replacing it")
                     }
                 }
+            } else {
+                tracing::info!(
+                    session = key,
+                    container = %info.container_id,
+                    spec_matches,
+                    is_recorded,
+                    state = %info.state,
+                    "replacing a persistent container corral made earlier"
+                );
             }
             if let Err(e) = crate::sandbox::remove_container(
                 &backend.inner,
@@ -412,10 +479,10 @@ impl Provider {
                                 )
                             });
                             let err = lost_error(sb.id(), &sb.container_id(), failure);
-                            destroy_in_background(sb);
+                            self.discard(sb);
                             return Err(err);
                         }
-                        destroy_in_background(sb);
+                        self.discard(sb);
                         self.inner
                             .counters
                             .restarted
@@ -438,7 +505,7 @@ impl Provider {
                         .pool_misses
                         .fetch_add(1, Ordering::Relaxed);
                     if let Some(v) = victim {
-                        destroy_in_background(v);
+                        self.discard(v);
                     }
                     let created = self.inner.backend.create(spec).await;
                     let sandbox = match created {
@@ -459,7 +526,7 @@ impl Provider {
                         let theirs = existing.sandbox.clone();
                         st.live -= 1;
                         drop(st);
-                        destroy_in_background(sandbox);
+                        self.discard(sandbox);
                         return Ok(self.lease_counted(key, theirs));
                     }
                     st.sessions.insert(
@@ -501,7 +568,7 @@ impl Provider {
             while let Some(pooled) = st.pools.get_mut(p).and_then(VecDeque::pop_front) {
                 if !pooled.sandbox.looks_alive() {
                     st.live -= 1;
-                    destroy_in_background(pooled.sandbox);
+                    self.discard(pooled.sandbox);
                     continue;
                 }
                 st.sessions.insert(
@@ -636,7 +703,41 @@ impl Provider {
         }
         lock(&self.inner.state).live -= 1;
         self.inner.changed.notify_waiters();
-        entry.sandbox.destroy().await
+        self.remove(entry.sandbox).await
+    }
+
+    /// Destroys `sb`; for a persistent session, under its lock, then clears
+    /// setuid/setgid bits from its directories unless a newer sandbox of
+    /// the session already runs.
+    async fn remove(&self, sb: Sandbox) -> Result<(), DockerError> {
+        let Some(key) = sb.spec().persistent.clone() else {
+            return sb.destroy().await;
+        };
+        let session_lock = self.session_lock(&key);
+        let _serial = session_lock.lock().await;
+        let destroyed = sb.destroy().await;
+        let newer = lock(&self.inner.state)
+            .sessions
+            .get(&key)
+            .is_some_and(|e| e.sandbox.id() != sb.id());
+        if destroyed.is_ok() && !newer {
+            let dirs = SessionDirs::new(&self.inner.persistence_root, &key);
+            strip_in_blocking(dirs, key).await;
+        }
+        destroyed
+    }
+
+    /// [`Provider::remove`] in the background (evictions, lost races).
+    fn discard(&self, sb: Sandbox) {
+        if sb.spec().persistent.is_none() {
+            return destroy_in_background(sb);
+        }
+        let provider = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = provider.remove(sb.clone()).await {
+                tracing::warn!(sandbox = sb.id(), error = %e, "destroying an evicted sandbox failed");
+            }
+        });
     }
 
     async fn reset(&self, sb: &Sandbox, scripts: &[String]) -> bool {
@@ -756,7 +857,7 @@ fn lost_error(sandbox: &str, container: &str, failure: corral_core::Failure) -> 
 }
 
 /// `$XDG_DATA_HOME/corral/workspaces`, else `~/.local/share/corral/workspaces`,
-/// else `<tmp>/corral-workspaces`.
+/// else `<tmp>/corral-<uid>/workspaces`.
 pub fn default_persistence_root() -> PathBuf {
     let data = std::env::var_os("XDG_DATA_HOME")
         .filter(|d| !d.is_empty())
@@ -768,30 +869,18 @@ pub fn default_persistence_root() -> PathBuf {
         });
     match data {
         Some(d) => d.join("corral").join("workspaces"),
-        None => std::env::temp_dir().join("corral-workspaces"),
+        None => std::env::temp_dir()
+            .join(format!("corral-{}", workspace::euid()))
+            .join("workspaces"),
     }
 }
 
-/// A directory name for a session key: its safe characters, plus a hash of
-/// the whole key so distinct keys never share a directory.
-fn session_dir_name(key: &str) -> String {
-    let safe: String = key
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(64)
-        .collect();
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in key.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
+/// Clears setuid/setgid bits from a session's trees off the async threads.
+async fn strip_in_blocking(dirs: SessionDirs, key: String) {
+    let walk = tokio::task::spawn_blocking(move || workspace::strip_and_log(&dirs, &key));
+    if let Err(e) = walk.await {
+        tracing::warn!(error = %e, "clearing setuid bits in a persistent session failed");
     }
-    format!("{safe}-{:08x}", h as u32)
 }
 
 fn destroy_in_background(sb: Sandbox) {
@@ -878,7 +967,7 @@ impl Provider {
                 by_lifetime,
                 "evicting an expired sandbox"
             );
-            destroy_in_background(sb);
+            self.discard(sb);
         }
         self.inner.changed.notify_waiters();
     }

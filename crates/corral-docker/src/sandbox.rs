@@ -486,7 +486,11 @@ impl Sandbox {
         let old = self.container_id();
         let policy = &backend.inner.config.retry;
         for info in backend.list_sandboxes().await? {
-            if info.sandbox_id == *id && info.container_id != old && info.state == "running" {
+            if info.sandbox_id == *id
+                && info.container_id != old
+                && info.state == "running"
+                && backend.sealed_for(&info, &self.inner.spec).await
+            {
                 if let Ok(conn) = AgentConn::attach(
                     self.docker(),
                     &info.container_id,
@@ -706,7 +710,12 @@ pub(crate) async fn remove_container(
     let removed = retry(&backend.config.retry, &backend.metrics, &what, || {
         docker.remove_container(container, Some(rm.clone()))
     });
-    match removed.await {
+    let removed = removed.await;
+    if removed.is_ok() || matches!(&removed, Err(e) if is_not_found(e)) {
+        // A sandbox that could write to its agent mount had its own copy.
+        crate::agent_volume::remove_private(docker, sandbox).await;
+    }
+    match removed {
         Ok(()) => Ok(()),
         Err(e) if is_not_found(&e) => Ok(()),
         // 409 "removal already in progress": another remover owns it.

@@ -268,6 +268,7 @@ async fn spec_options_take_effect() {
         host: dir.display().to_string(),
         container: "/data".into(),
         read_only: true,
+        nosuid: false,
     }];
     let sb = b.create(&spec).await.expect("create");
     let r = sb
@@ -295,6 +296,7 @@ async fn bad_specs_are_rejected_by_name_before_anything_is_created() {
         host: "/definitely/not/here".into(),
         container: "/x".into(),
         read_only: false,
+        nosuid: false,
     }];
     let e = b.create(&spec).await.err().expect("rejected");
     assert_eq!(e.failure().kind, FailureKind::InvalidSpec);

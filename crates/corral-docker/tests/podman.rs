@@ -136,6 +136,32 @@ async fn podman_socket_runs_hardened_sandboxes_and_survives_removal() {
     assert_eq!(b.metrics().recreated, 1);
     sb.destroy().await.expect("destroy");
 
+    // Podman drops the option that keeps sandboxes apart: a sandbox with
+    // network is refused clearly, and no half-made network is left.
+    let mut bridged = spec(Recovery::Fail);
+    bridged.network = Network::Bridge;
+    match b.create(&bridged).await {
+        Err(e @ corral_docker::DockerError::Network { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains("use network none"), "{msg}");
+            assert_eq!(e.failure().kind, FailureKind::Unsupported);
+        }
+        Err(e) => panic!("expected a network error, got {e}"),
+        Ok(sb) => {
+            sb.destroy().await.ok();
+            panic!("a sandbox with network started on Podman without isolation");
+        }
+    }
+    assert_eq!(
+        podman(
+            &endpoint,
+            &["network", "ls", "-q", "--filter", "name=^corral$"]
+        )
+        .trim(),
+        "",
+        "no unisolated network left behind"
+    );
+
     assert_eq!(
         g.remaining(),
         Vec::<String>::new(),

@@ -54,6 +54,7 @@ async fn recreate_policy_brings_the_container_back_and_retries_once() {
         host: dir.display().to_string(),
         container: "/workspace".into(),
         read_only: false,
+        nosuid: false,
     }];
     spec.startup = vec!["echo started >> /workspace/startups".into()];
     let sb = b.create(&spec).await.expect("create");

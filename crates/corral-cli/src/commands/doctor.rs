@@ -5,9 +5,9 @@ use std::process::ExitCode;
 use clap::Args;
 
 /// Check the daemon: reachable, API version, runtimes, cgroup version,
-/// storage-opt support, and (with an image that has /bin/sh) which
-/// protections are actually in force inside a default sandbox.
-/// Exits 1 when a protection does not hold.
+/// storage-opt support, corral's sandbox network (isolated bridge), and
+/// (with an image that has /bin/sh) which protections are actually in force
+/// inside a default sandbox. Exits 1 when a protection does not hold.
 #[derive(Args, Debug)]
 pub struct DoctorArgs {
     /// Image for the probe sandbox [default: $CORRAL_IMAGE or corral-test/busybox].
@@ -56,7 +56,13 @@ pub async fn run(
         }
     );
     println!("agent         {} bytes, embedded", r.agent_bytes);
-    let mut all_ok = true;
+    let mut all_ok = r.network.ok;
+    println!(
+        "network       [{}] {}: {}",
+        if r.network.ok { " ok " } else { "FAIL" },
+        r.network.name,
+        r.network.detail
+    );
     if let Some(image) = image {
         println!("protections in force (probe sandbox from {image}):");
         for c in &r.protections {

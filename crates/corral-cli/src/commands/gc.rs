@@ -6,8 +6,9 @@ use clap::Args;
 use corral_core::outcome::short;
 
 /// Remove orphans: corral containers whose owning corral process is gone
-/// (killed, crashed). Containers of live corral processes, of other hosts
-/// and persistent ones are kept.
+/// (killed, crashed), and per-sandbox volumes no container uses any more.
+/// Containers of live corral processes, of other hosts and persistent ones
+/// are kept.
 #[derive(Args, Debug)]
 pub struct GcArgs {
     /// Also remove sandboxes whose owner is alive or on another host
@@ -26,6 +27,9 @@ pub async fn run(config: corral_docker::BackendConfig, args: GcArgs) -> anyhow::
             short(&s.container_id),
             s.state
         );
+    }
+    for v in &report.volumes_removed {
+        println!("removed volume {}", short(v));
     }
     for (s, e) in &report.failed {
         eprintln!(

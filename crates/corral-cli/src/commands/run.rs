@@ -47,7 +47,8 @@ pub struct RunArgs {
     /// Writable layer size limit, e.g. 1g (only where the storage driver supports it).
     #[arg(long, value_parser = parse_size)]
     disk: Option<u64>,
-    /// Network: bridge or none [default: from the config, else bridge].
+    /// Network: bridge (corral's network: reaches outside, not other sandboxes)
+    /// or none [default: from the config, else bridge].
     #[arg(long, value_parser = parse_network)]
     network: Option<Network>,
     /// OCI runtime, e.g. runc or runsc (gVisor).
@@ -66,8 +67,10 @@ pub struct RunArgs {
     /// Resolve --env values starting with $ from the host environment.
     #[arg(long)]
     expand_env: bool,
-    /// Bind mount HOST:CONTAINER[:ro].
-    #[arg(long = "mount", short = 'v', value_name = "HOST:CONTAINER[:ro]")]
+    /// Bind mount HOST:CONTAINER[:OPTS], OPTS a comma list of ro|rw and
+    /// nosuid (setuid bits and device files under it have no effect inside;
+    /// directories only).
+    #[arg(long = "mount", short = 'v', value_name = "HOST:CONTAINER[:OPTS]")]
     mounts: Vec<String>,
     /// Working directory inside the sandbox.
     #[arg(long, short = 'w')]
@@ -145,19 +148,32 @@ fn parse_env(entries: &[String]) -> Vec<EnvVar> {
 }
 
 fn parse_mount(entry: &str) -> anyhow::Result<Mount> {
-    let parts: Vec<&str> = entry.split(':').collect();
-    let (host, container, read_only) = match parts.as_slice() {
-        [h, c] => (*h, *c, false),
-        [h, c, "ro"] => (*h, *c, true),
-        [h, c, "rw"] => (*h, *c, false),
-        _ => anyhow::bail!(
-            "invalid value '{entry}' for '--mount': expected HOST:CONTAINER or HOST:CONTAINER:ro"
-        ),
+    let bad = || {
+        anyhow::anyhow!(
+            "invalid value '{entry}' for '--mount': expected HOST:CONTAINER or \
+             HOST:CONTAINER:OPTS with OPTS a comma list of ro, rw, nosuid"
+        )
     };
+    let parts: Vec<&str> = entry.split(':').collect();
+    let (host, container, opts) = match parts.as_slice() {
+        [h, c] => (*h, *c, ""),
+        [h, c, o] => (*h, *c, *o),
+        _ => return Err(bad()),
+    };
+    let (mut read_only, mut nosuid) = (false, false);
+    for opt in opts.split(',').filter(|o| !o.is_empty()) {
+        match opt {
+            "ro" => read_only = true,
+            "rw" => read_only = false,
+            "nosuid" => nosuid = true,
+            _ => return Err(bad()),
+        }
+    }
     Ok(Mount {
         host: host.to_string(),
         container: container.to_string(),
         read_only,
+        nosuid,
     })
 }
 
@@ -380,7 +396,10 @@ mod tests {
     #[test]
     fn mounts_and_env_parse_or_name_the_value() {
         let m = parse_mount("/a:/b:ro").expect("valid");
-        assert!(m.read_only && m.host == "/a" && m.container == "/b");
+        assert!(m.read_only && !m.nosuid && m.host == "/a" && m.container == "/b");
+        let m = parse_mount("/a:/b:rw,nosuid").expect("valid");
+        assert!(!m.read_only && m.nosuid);
+        assert!(parse_mount("/a:/b:suid").is_err());
         let e = parse_mount("/a").expect_err("invalid").to_string();
         assert!(e.contains("'/a'") && e.contains("--mount"), "{e}");
         assert_eq!(
