@@ -4,9 +4,9 @@
 //! what an attacker would send: a web page's cross-origin `text/plain`
 //! POST, a DNS-rebinding `Host`, a foreign `Origin` on MCP, requests
 //! without or with a wrong token, another local user on the Unix socket,
-//! and sandbox specs that would be root on the host. Each refusal is
-//! checked by status and by the field it names, and no refused request may
-//! leave a container behind. A trusted profile with a mount still works,
+//! and sandbox specs that would be root on the host (one test per attack,
+//! `attack!`). Each refusal is checked by status and by the field it names,
+//! and no refused request may leave a container behind. A trusted profile with a mount still works,
 //! and closing an SSE stream kills a command that prints nothing.
 
 use std::net::SocketAddr;
@@ -58,9 +58,13 @@ async fn start(label: &str, tweak: impl FnOnce(&mut Config, &Path)) -> Service {
     c.server.shutdown_grace_ms = 1_000;
     c.persistence_root = Some(dir.join("workspaces").display().to_string());
     tweak(&mut c, &dir);
-    let backend = DockerBackend::connect(&BackendConfig::default())
-        .await
-        .expect("these tests need a Docker daemon; see README");
+    // Other people's tests share the daemon: reap nothing of theirs.
+    let backend = DockerBackend::connect(&BackendConfig {
+        reap_orphans: false,
+        ..BackendConfig::default()
+    })
+    .await
+    .expect("these tests need a Docker daemon; see README");
     let provider = Provider::with_persistence_root(
         backend.clone(),
         c.provider.clone(),
@@ -316,120 +320,167 @@ async fn json_must_be_sent_as_json() {
     svc.stop().await;
 }
 
-#[tokio::test]
-async fn the_policy_refuses_each_attack_naming_the_field() {
-    let _g = Guard("trust-policy");
-    let svc = start("trust-policy", |_, _| {}).await;
-    let cases: Vec<(Value, &str, &str)> = vec![
-        (
-            json!({"spec": {"mounts": [{"host": "/etc", "container": "/host-etc"}]}}),
-            "spec.mounts[0]",
-            "/etc:/host-etc",
-        ),
-        (
-            json!({"spec": {"mounts": [{"host": "/var/run/docker.sock", "container": "/var/run/docker.sock", "read_only": true}]}}),
-            "spec.mounts[0]",
-            "/var/run/docker.sock",
-        ),
-        (
-            json!({"spec": {"security": {"no_new_privileges": false}}}),
-            "spec.security.no_new_privileges",
-            "false",
-        ),
-        (
-            json!({"spec": {"security": {"cap_add": ["SYS_ADMIN"]}}}),
-            "spec.security.cap_add[0]",
-            "SYS_ADMIN",
-        ),
-        (
-            json!({"spec": {"security": {"drop_all_caps": false}}}),
-            "spec.security.drop_all_caps",
-            "false",
-        ),
-        (
-            json!({"spec": {"security": {"setuid_caps": true}}}),
-            "spec.security.setuid_caps",
-            "true",
-        ),
-        (
-            json!({"spec": {"env": [{"forward": "HOME"}]}}),
-            "spec.env[0]",
-            "HOME",
-        ),
-        (
-            json!({"spec": {"expand_host_env": true, "env": [{"name": "LEAK", "value": "$HOME"}]}}),
-            "spec.expand_host_env",
-            "true",
-        ),
-        (json!({"spec": {"runtime": "runc"}}), "spec.runtime", "runc"),
-        (
-            json!({"spec": {"labels": {"corral.persistent": "true", "corral.session": "victim"}}}),
-            "spec.labels.corral.persistent",
-            "true",
-        ),
-        (
-            json!({"spec": {"labels": {"corral.sandbox": "sb-someone-else"}}}),
-            "spec.labels.corral.sandbox",
-            "sb-someone-else",
-        ),
-        (
-            json!({"spec": {"persistent": "victim"}}),
-            "spec.persistent",
-            "victim",
-        ),
-        (json!({"persistent": true}), "persistent", "true"),
-        (
-            json!({"spec": {"limits": {"memory": 68_719_476_736u64}}}),
-            "spec.limits.memory",
-            "68719476736",
-        ),
-        (
-            json!({"spec": {"limits": {"memory": null}}}),
-            "spec.limits.memory",
-            "null",
-        ),
-        (
-            json!({"spec": {"limits": {"pids": null}}}),
-            "spec.limits.pids",
-            "null",
-        ),
-        (
-            json!({"spec": {"limits": {"cpus": 64.0}}}),
-            "spec.limits.cpus",
-            "64",
-        ),
-        (json!({"spec": {"tmpfs": []}}), "spec.tmpfs[0]", "(removed)"),
-        (
-            json!({"spec": {"agent_grace_ms": 86_400_000}}),
-            "spec.agent_grace_ms",
-            "86400000",
-        ),
-        (
-            json!({"image": "corral-test/not-on-this-daemon:1"}),
-            "image",
-            "corral-test/not-on-this-daemon:1",
-        ),
-    ];
-    for (body, field, value) in cases {
-        let r = svc
-            .send(svc.req("POST", "/v1/sandboxes").json(body.clone()))
-            .await;
-        assert_eq!(r.status, 403, "{body}: {}", r.text);
-        assert_eq!(r.json["error"]["kind"], "forbidden", "{body}: {}", r.text);
-        assert_eq!(r.field(), field, "{body}: {}", r.text);
-        assert!(
-            r.message().contains(value),
-            "{body}: the message names the value {value}: {}",
-            r.text
-        );
-    }
+/// Sends one create request a client may not make: 403, kind `forbidden`,
+/// the field named, the value in the message, and no container made.
+async fn refused(label: &'static str, body: Value, field: &str, value: &str) {
+    let _g = Guard(label);
+    let svc = start(label, |_, _| {}).await;
+    let r = svc
+        .send(svc.req("POST", "/v1/sandboxes").json(body.clone()))
+        .await;
+    assert_eq!(r.status, 403, "{body}: {}", r.text);
+    assert_eq!(r.json["error"]["kind"], "forbidden", "{body}: {}", r.text);
+    assert_eq!(r.field(), field, "{body}: {}", r.text);
+    assert!(
+        r.message().contains(value),
+        "{body}: the message names the value {value}: {}",
+        r.text
+    );
     assert_eq!(
-        remaining("trust-policy"),
+        remaining(label),
         Vec::<String>::new(),
         "a refused request created a container"
     );
-    // What clients may ask for still works: limits within the maxima,
-    // no network, environment values, labels of their own.
+    svc.stop().await;
+}
+
+/// One test per attack on the spec: `attack!(name, body, field, value)`.
+macro_rules! attack {
+    ($name:ident, $body:expr, $field:expr, $value:expr) => {
+        #[tokio::test]
+        async fn $name() {
+            refused(concat!("trust-", stringify!($name)), $body, $field, $value).await;
+        }
+    };
+}
+
+attack!(
+    host_mount_of_etc,
+    json!({"spec": {"mounts": [{"host": "/etc", "container": "/host-etc"}]}}),
+    "spec.mounts[0]",
+    "/etc:/host-etc"
+);
+attack!(
+    docker_socket_mount,
+    json!({"spec": {"mounts": [{"host": "/var/run/docker.sock", "container": "/var/run/docker.sock", "read_only": true}]}}),
+    "spec.mounts[0]",
+    "/var/run/docker.sock"
+);
+attack!(
+    no_new_privileges_off,
+    json!({"spec": {"security": {"no_new_privileges": false}}}),
+    "spec.security.no_new_privileges",
+    "false"
+);
+attack!(
+    cap_add_sys_admin,
+    json!({"spec": {"security": {"cap_add": ["CHOWN", "SYS_ADMIN"]}}}),
+    "spec.security.cap_add[1]",
+    "SYS_ADMIN"
+);
+attack!(
+    all_capabilities_kept,
+    json!({"spec": {"security": {"drop_all_caps": false}}}),
+    "spec.security.drop_all_caps",
+    "false"
+);
+attack!(
+    setuid_capabilities,
+    json!({"spec": {"security": {"setuid_caps": true}}}),
+    "spec.security.setuid_caps",
+    "true"
+);
+attack!(
+    host_env_forwarding,
+    json!({"spec": {"env": [{"name": "OK", "value": "1"}, {"forward": "HOME"}]}}),
+    "spec.env[1]",
+    "HOME"
+);
+attack!(
+    host_env_expansion,
+    json!({"spec": {"expand_host_env": true, "env": [{"name": "LEAK", "value": "$HOME"}]}}),
+    "spec.expand_host_env",
+    "true"
+);
+attack!(
+    runtime_change,
+    json!({"spec": {"runtime": "runc"}}),
+    "spec.runtime",
+    "runc"
+);
+attack!(
+    corral_persistent_labels,
+    json!({"spec": {"labels": {"corral.persistent": "true", "corral.session": "victim"}}}),
+    "spec.labels.corral.persistent",
+    "true"
+);
+attack!(
+    corral_sandbox_label,
+    json!({"spec": {"labels": {"Corral.Sandbox": "sb-someone-else"}}}),
+    "spec.labels.Corral.Sandbox",
+    "sb-someone-else"
+);
+attack!(
+    persistent_in_the_spec,
+    json!({"spec": {"persistent": "victim"}}),
+    "spec.persistent",
+    "victim"
+);
+attack!(
+    persistent_session,
+    json!({"session": "victim", "persistent": true}),
+    "persistent",
+    "true"
+);
+attack!(
+    memory_above_the_maximum,
+    json!({"spec": {"limits": {"memory": 68_719_476_736u64}}}),
+    "spec.limits.memory",
+    "68719476736"
+);
+attack!(
+    memory_limit_removed,
+    json!({"spec": {"limits": {"memory": null}}}),
+    "spec.limits.memory",
+    "null"
+);
+attack!(
+    pids_limit_removed,
+    json!({"spec": {"limits": {"pids": null}}}),
+    "spec.limits.pids",
+    "null"
+);
+attack!(
+    cpus_above_the_maximum,
+    json!({"spec": {"limits": {"cpus": 64.0}}}),
+    "spec.limits.cpus",
+    "64"
+);
+attack!(
+    tmpfs_limits_removed,
+    json!({"spec": {"tmpfs": []}}),
+    "spec.tmpfs[0]",
+    "(removed)"
+);
+attack!(
+    dead_man_switch_lengthened,
+    json!({"spec": {"agent_grace_ms": 86_400_000}}),
+    "spec.agent_grace_ms",
+    "86400000"
+);
+attack!(
+    image_pulled_from_a_registry,
+    json!({"image": "corral-test/not-on-this-daemon:1"}),
+    "image",
+    "corral-test/not-on-this-daemon:1"
+);
+
+#[tokio::test]
+async fn what_clients_may_ask_for_still_works() {
+    let _g = Guard("trust-allowed");
+    let svc = start("trust-allowed", |_, _| {}).await;
+    // Limits within the maxima, no network, environment values, labels of
+    // their own, a working directory.
     let r = svc
         .send(svc.req("POST", "/v1/sandboxes").json(json!({
             "session": "allowed",
@@ -448,7 +499,7 @@ async fn the_policy_refuses_each_attack_naming_the_field() {
     let r = svc.send(svc.req("DELETE", "/v1/sandboxes/allowed")).await;
     assert_eq!(r.status, 204, "{}", r.text);
     svc.stop().await;
-    assert_eq!(remaining("trust-policy"), Vec::<String>::new());
+    assert_eq!(remaining("trust-allowed"), Vec::<String>::new());
 }
 
 #[tokio::test]
