@@ -446,7 +446,11 @@ async fn check_image(s: &AppState, field: &str, image: &str) -> Result<(), ApiEr
                  images they may name, which are then pulled when missing)"
             ),
         )),
-        Err(e) => Err(ApiError::docker(&e, "")),
+        Err(e) => {
+            let mut err = ApiError::docker(&e, "");
+            err.detail.field = Some(field.to_string());
+            Err(err)
+        }
     }
 }
 

@@ -115,17 +115,21 @@ impl Guard {
         let Listener::Tcp(addr) = self.listener else {
             return Ok(());
         };
-        let given = req
-            .headers()
-            .get(header::HOST)
-            .map(|v| v.to_str().map(str::to_string))
-            .or_else(|| req.uri().authority().map(|a| Ok(a.to_string())));
         let refuse = |value: &str, why: &str| {
             Err(ApiError::forbidden(
                 "Host",
                 format!("Host '{value}' refused: {why}"),
             ))
         };
+        // Two Host headers could be read differently by a proxy in front.
+        if req.headers().get_all(header::HOST).iter().count() > 1 {
+            return refuse("(several)", "a request names one host");
+        }
+        let given = req
+            .headers()
+            .get(header::HOST)
+            .map(|v| v.to_str().map(str::to_string))
+            .or_else(|| req.uri().authority().map(|a| Ok(a.to_string())));
         let host = match given {
             None => return refuse("", "a request must name the host it is for"),
             Some(Err(_)) => return refuse("(not text)", "not a host name"),
@@ -145,19 +149,23 @@ impl Guard {
     }
 
     fn check_browser(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        if let Some(origin) = headers.get(header::ORIGIN) {
-            let text = origin.to_str().unwrap_or("(not text)");
-            let normalized = text.trim_end_matches('/').to_ascii_lowercase();
-            if self.origins.contains(&normalized) {
-                return Ok(());
+        let mut origins = headers.get_all(header::ORIGIN).iter().peekable();
+        if origins.peek().is_some() {
+            // Every Origin given must be allowed (a browser sends one).
+            for origin in origins {
+                let text = origin.to_str().unwrap_or("(not text)");
+                let normalized = text.trim_end_matches('/').to_ascii_lowercase();
+                if !self.origins.contains(&normalized) {
+                    return Err(ApiError::forbidden(
+                        "Origin",
+                        format!(
+                            "Origin '{text}' refused: requests from web pages are refused unless \
+                             server.allowed_origins lists their origin"
+                        ),
+                    ));
+                }
             }
-            return Err(ApiError::forbidden(
-                "Origin",
-                format!(
-                    "Origin '{text}' refused: requests from web pages are refused unless \
-                     server.allowed_origins lists their origin"
-                ),
-            ));
+            return Ok(());
         }
         if let Some(site) = headers.get("sec-fetch-site") {
             let site = site.to_str().unwrap_or("(not text)");

@@ -275,6 +275,15 @@ async fn a_web_page_cannot_post_cross_origin() {
         .send(svc.req("GET", "/v1/sandboxes").header("Origin", "null"))
         .await;
     assert_eq!((r.status, r.field()), (403, "Origin"), "{}", r.text);
+    // An allowed Origin next to a foreign one.
+    let r = svc
+        .send(
+            svc.req("GET", "/v1/sandboxes")
+                .header("Origin", "http://localhost:3000")
+                .header("Origin", "http://evil.example"),
+        )
+        .await;
+    assert_eq!((r.status, r.field()), (403, "Origin"), "{}", r.text);
     // An origin the operator listed gets through.
     let r = svc
         .send(
@@ -573,6 +582,15 @@ async fn bad_host_headers_are_refused() {
             r.text
         );
     }
+    // Two Host headers, one of them right.
+    let r = svc
+        .send(
+            svc.req("GET", "/v1/sandboxes")
+                .header("Host", &format!("127.0.0.1:{port}"))
+                .header("Host", &format!("rebind.evil.example:{port}")),
+        )
+        .await;
+    assert_eq!((r.status, r.field()), (403, "Host"), "{}", r.text);
     // A request with no Host at all (HTTP/1.0 style).
     let r = svc
         .send(svc.req("GET", "/v1/sandboxes").header("Host", ""))

@@ -40,7 +40,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "IP:PORT")]
     listen: Option<String>,
 
-    /// Also listen on this Unix socket (absolute path). Overrides the
+    /// Also listen on this Unix socket (absolute path), made 0600: its
+    /// owner's connections need no token, anyone else's do. Overrides the
     /// config's `server.unix_socket`.
     #[arg(long, value_name = "PATH")]
     unix_socket: Option<String>,
