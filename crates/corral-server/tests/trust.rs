@@ -240,8 +240,8 @@ fn mcp(req: Req) -> Req {
 
 #[tokio::test]
 async fn a_web_page_cannot_post_cross_origin() {
-    let _g = Guard("trust-origin");
-    let svc = start("trust-origin", |c, _| {
+    let _g = Guard("api-trust-origin");
+    let svc = start("api-trust-origin", |c, _| {
         c.server.allowed_origins = vec!["http://localhost:3000".into()];
     })
     .await;
@@ -292,14 +292,14 @@ async fn a_web_page_cannot_post_cross_origin() {
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
-    assert_eq!(remaining("trust-origin"), Vec::<String>::new());
+    assert_eq!(remaining("api-trust-origin"), Vec::<String>::new());
     svc.stop().await;
 }
 
 #[tokio::test]
 async fn json_must_be_sent_as_json() {
-    let _g = Guard("trust-json");
-    let svc = start("trust-json", |_, _| {}).await;
+    let _g = Guard("api-trust-json");
+    let svc = start("api-trust-json", |_, _| {}).await;
     let body = json!({"session": "plain"}).to_string();
     // No Origin, the right token: still refused, since a browser could
     // have sent it (some strip Origin, e.g. from extensions or old versions).
@@ -325,7 +325,7 @@ async fn json_must_be_sent_as_json() {
         .send(mcp(svc.req("POST", "/mcp")).body_as("text/plain", initialize().to_string()))
         .await;
     assert_eq!((r.status, r.field()), (415, "Content-Type"), "{}", r.text);
-    assert_eq!(remaining("trust-json"), Vec::<String>::new());
+    assert_eq!(remaining("api-trust-json"), Vec::<String>::new());
     svc.stop().await;
 }
 
@@ -358,7 +358,13 @@ macro_rules! attack {
     ($name:ident, $body:expr, $field:expr, $value:expr) => {
         #[tokio::test]
         async fn $name() {
-            refused(concat!("trust-", stringify!($name)), $body, $field, $value).await;
+            refused(
+                concat!("api-trust-", stringify!($name)),
+                $body,
+                $field,
+                $value,
+            )
+            .await;
         }
     };
 }
@@ -486,8 +492,8 @@ attack!(
 
 #[tokio::test]
 async fn what_clients_may_ask_for_still_works() {
-    let _g = Guard("trust-allowed");
-    let svc = start("trust-allowed", |_, _| {}).await;
+    let _g = Guard("api-trust-allowed");
+    let svc = start("api-trust-allowed", |_, _| {}).await;
     // Limits within the maxima, no network, environment values, labels of
     // their own, a working directory.
     let r = svc
@@ -508,13 +514,13 @@ async fn what_clients_may_ask_for_still_works() {
     let r = svc.send(svc.req("DELETE", "/v1/sandboxes/allowed")).await;
     assert_eq!(r.status, 204, "{}", r.text);
     svc.stop().await;
-    assert_eq!(remaining("trust-allowed"), Vec::<String>::new());
+    assert_eq!(remaining("api-trust-allowed"), Vec::<String>::new());
 }
 
 #[tokio::test]
 async fn a_trusted_profile_may_mount_what_a_client_may_not() {
-    let _g = Guard("trust-profile");
-    let svc = start("trust-profile", |c, dir| {
+    let _g = Guard("api-trust-profile");
+    let svc = start("api-trust-profile", |c, dir| {
         let data = dir.join("data");
         std::fs::create_dir_all(&data).expect("data dir");
         std::fs::write(data.join("hello"), "from the host\n").expect("data file");
@@ -550,13 +556,13 @@ async fn a_trusted_profile_may_mount_what_a_client_may_not() {
         .await;
     assert_eq!(r.json["stdout"], "from the host\n", "{}", r.text);
     svc.stop().await;
-    assert_eq!(remaining("trust-profile"), Vec::<String>::new());
+    assert_eq!(remaining("api-trust-profile"), Vec::<String>::new());
 }
 
 #[tokio::test]
 async fn bad_host_headers_are_refused() {
-    let _g = Guard("trust-host");
-    let svc = start("trust-host", |c, _| {
+    let _g = Guard("api-trust-host");
+    let svc = start("api-trust-host", |c, _| {
         c.server.allowed_hosts = vec!["corral.internal".into()];
     })
     .await;
@@ -611,8 +617,8 @@ async fn bad_host_headers_are_refused() {
 
 #[tokio::test]
 async fn mcp_refuses_foreign_origins() {
-    let _g = Guard("trust-mcp");
-    let svc = start("trust-mcp", |_, _| {}).await;
+    let _g = Guard("api-trust-mcp");
+    let svc = start("api-trust-mcp", |_, _| {}).await;
     for origin in ["http://evil.example", "http://localhost:8080", "null"] {
         let r = svc
             .send(mcp(svc.req("POST", "/mcp").header("Origin", origin)).json(initialize()))
@@ -633,15 +639,15 @@ async fn mcp_refuses_foreign_origins() {
         .await;
     assert_eq!(r.status, 200, "MCP with the token: {}", r.text);
     assert!(r.text.contains("\"corral\""), "{}", r.text);
-    assert_eq!(remaining("trust-mcp"), Vec::<String>::new());
+    assert_eq!(remaining("api-trust-mcp"), Vec::<String>::new());
     svc.stop().await;
 }
 
 #[tokio::test]
 async fn a_token_is_generated_and_required() {
-    let _g = Guard("trust-token");
+    let _g = Guard("api-trust-token");
     // The default configuration: no token configured.
-    let svc = start("trust-token", |_, _| {}).await;
+    let svc = start("api-trust-token", |_, _| {}).await;
     let file = svc
         .token_file
         .clone()
@@ -677,11 +683,11 @@ async fn a_token_is_generated_and_required() {
     assert_eq!(r.status, 200, "{}", r.text);
     let r = svc.send(svc.req("GET", "/v1/sandboxes")).await;
     assert_eq!(r.status, 200, "{}", r.text);
-    assert_eq!(remaining("trust-token"), Vec::<String>::new());
+    assert_eq!(remaining("api-trust-token"), Vec::<String>::new());
     svc.stop().await;
 
     // A configured token is the operator's to hand out: no file.
-    let svc = start("trust-token", |c, _| {
+    let svc = start("api-trust-token", |c, _| {
         c.server.token = Some("configured".into())
     })
     .await;
@@ -699,7 +705,7 @@ async fn a_token_is_generated_and_required() {
 // curl runs as a blocking child process: the service needs threads of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_unix_socket_lets_its_owner_in_and_asks_others_for_the_token() {
-    let _g = Guard("trust-unix");
+    let _g = Guard("api-trust-unix");
     // Another user must be able to reach the socket's directory for the
     // socket's own mode to be what keeps them out.
     let sock_dir = [env!("CARGO_TARGET_TMPDIR"), "/var/tmp", "/dev/shm"]
@@ -717,7 +723,7 @@ async fn the_unix_socket_lets_its_owner_in_and_asks_others_for_the_token() {
     std::fs::create_dir_all(&sock_dir).expect("socket dir");
     std::fs::set_permissions(&sock_dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let sock_path = sock_dir.join("corral.sock");
-    let svc = start("trust-unix", |c, _| {
+    let svc = start("api-trust-unix", |c, _| {
         c.server.unix_socket = Some(sock_path.display().to_string());
     })
     .await;
@@ -793,8 +799,8 @@ async fn processes(svc: &Service, id: &str, needle: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn closing_an_sse_stream_kills_a_quiet_command() {
-    let _g = Guard("trust-sse");
-    let svc = start("trust-sse", |_, _| {}).await;
+    let _g = Guard("api-trust-sse");
+    let svc = start("api-trust-sse", |_, _| {}).await;
     let r = svc
         .send(
             svc.req("POST", "/v1/sandboxes")
@@ -848,5 +854,5 @@ async fn closing_an_sse_stream_kills_a_quiet_command() {
         .await;
     assert_eq!(r.json["stdout"], "none\n", "{}", r.text);
     svc.stop().await;
-    assert_eq!(remaining("trust-sse"), Vec::<String>::new());
+    assert_eq!(remaining("api-trust-sse"), Vec::<String>::new());
 }
