@@ -115,9 +115,11 @@ impl Service {
         req.send(&mut stream, &self.addr.to_string()).await
     }
 
-    pub async fn stop(self) {
+    /// Stops the service as SIGTERM would and checks it took its token
+    /// file along.
+    pub async fn stop(mut self) {
         self.stop.cancel();
-        tokio::time::timeout(Duration::from_secs(60), self.task)
+        tokio::time::timeout(Duration::from_secs(60), &mut self.task)
             .await
             .expect("the service stops")
             .expect("join")
@@ -125,6 +127,14 @@ impl Service {
         if let Some(file) = &self.token_file {
             assert!(!file.exists(), "the token file outlived the service");
         }
+    }
+}
+
+impl Drop for Service {
+    /// A failed test still stops its service (its sandboxes go with it, or
+    /// with the test's label guard) and removes its scratch directory.
+    fn drop(&mut self) {
+        self.stop.cancel();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
