@@ -8,8 +8,9 @@ then:
 
     target/pyenv/bin/python examples/python/quickstart.py
 
-The service is $CORRAL_URL (default http://127.0.0.1:7070), with the bearer
-token $CORRAL_TOKEN when it requires one.
+The service is $CORRAL_URL (default http://127.0.0.1:7070). Its bearer token
+is $CORRAL_TOKEN, else the one a local service generated, which the client
+reads from the service's token file by itself.
 """
 
 import sys

@@ -10,11 +10,13 @@ sandboxes for AI agents and RL rollouts.
         print(r.exit_code, r.stdout)
 
 The service is ``$CORRAL_URL`` (default ``http://127.0.0.1:7070``) with the
-bearer token ``$CORRAL_TOKEN`` when it needs one. ``corral.aio`` has the same
+bearer token ``$CORRAL_TOKEN``, else the one a local service generated
+(:func:`find_token` reads it from the service's token file). ``corral.aio`` has the same
 API for asyncio (``AsyncClient``, ``AsyncSandbox``).
 """
 
 from ._core import RetryPolicy
+from ._discovery import find_token
 from ._version import __version__
 from .aio import AsyncClient, AsyncCommandStream, AsyncSandbox, AsyncShell
 from .client import Client, CommandStream, Sandbox, Shell
@@ -25,6 +27,7 @@ from .errors import (
     CorralError,
     DaemonUnavailableError,
     FileOperationError,
+    ForbiddenError,
     ImageNotFoundError,
     InternalError,
     InvalidRequestError,
@@ -55,6 +58,7 @@ __all__ = [
     "AsyncShell",
     "AsyncCommandStream",
     "RetryPolicy",
+    "find_token",
     "CommandResult",
     "Failure",
     "FileEntry",
@@ -64,6 +68,7 @@ __all__ = [
     "CorralError",
     "ServiceUnavailableError",
     "AuthenticationError",
+    "ForbiddenError",
     "InvalidRequestError",
     "InvalidSpecError",
     "ImageNotFoundError",

@@ -77,12 +77,6 @@ def resolve_uds(base_url: Optional[str], uds: Optional[str]) -> Optional[str]:
     return os.environ.get("CORRAL_SOCKET") or None
 
 
-def resolve_token(token: Optional[str]) -> Optional[str]:
-    if token is not None:
-        return token or None
-    return os.environ.get("CORRAL_TOKEN") or None
-
-
 def default_headers(token: Optional[str]) -> Dict[str, str]:
     headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
     if token:
@@ -232,13 +226,27 @@ def pack_dir(local_dir: Union[str, "os.PathLike[str]"]) -> bytes:
     return buf.getvalue()
 
 
+def tar_filters_available() -> bool:
+    """Whether this Python's ``tarfile`` has extraction filters (3.12, and
+    the security releases 3.8.17, 3.9.17, 3.10.12, 3.11.4 and later)."""
+    return hasattr(tarfile, "data_filter")
+
+
 def unpack_tar(data: bytes, local_dir: Union[str, "os.PathLike[str]"]) -> List[str]:
     """Extract a tar into ``local_dir``, refusing members that would land
-    outside it, device files and links pointing out. Returns the names."""
+    outside it, device files and links pointing out. Returns the names.
+
+    Extraction uses tarfile's ``data`` filter, which checks each member
+    against the filesystem as it is when that member is extracted. A Python
+    without filters (3.9.0 to 3.9.16) can only check the archive before
+    extracting, which a chain of links defeats (``a -> .``, then
+    ``b -> a/a/../..``, then ``b/file``): there, archives holding links are
+    refused, and set-id bits and owners are dropped."""
     dest = Path(local_dir)
     dest.mkdir(parents=True, exist_ok=True)
     root = dest.resolve()
     names: List[str] = []
+    filters = tar_filters_available()
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
         members = tar.getmembers()
         for m in members:
@@ -248,6 +256,13 @@ def unpack_tar(data: bytes, local_dir: Union[str, "os.PathLike[str]"]) -> List[s
             if m.isdev():
                 raise CorralError(f"archive member is a device file: {m.name!r}", kind="unsafe_archive")
             if m.issym() or m.islnk():
+                if not filters:
+                    raise CorralError(
+                        f"archive member is a link ({m.name!r} -> {m.linkname!r}): this Python's tarfile "
+                        "has no extraction filters, so links cannot be extracted safely; use Python "
+                        "3.9.17 or later",
+                        kind="unsafe_archive",
+                    )
                 link = (target.parent / m.linkname) if m.issym() else (root / m.linkname)
                 link = link.resolve()
                 if link != root and root not in link.parents:
@@ -255,10 +270,19 @@ def unpack_tar(data: bytes, local_dir: Union[str, "os.PathLike[str]"]) -> List[s
                         f"archive link points outside the destination: {m.name!r} -> {m.linkname!r}",
                         kind="unsafe_archive",
                     )
+            if not filters:
+                # What the data filter would do: no set-id or sticky bits, no
+                # group/other write, owned by whoever extracts.
+                m.mode &= 0o755
+                m.uid, m.gid = os.getuid(), os.getgid()
+                m.uname = m.gname = ""
             names.append(m.name)
-        try:
-            tar.extractall(str(root), members=members, filter="data")  # type: ignore[call-arg]
-        except TypeError:  # Python without extraction filters; checked above
+        if filters:
+            try:
+                tar.extractall(str(root), members=members, filter="data")  # type: ignore[call-arg]
+            except tarfile.FilterError as err:  # type: ignore[attr-defined]
+                raise CorralError(f"unsafe archive member: {err}", kind="unsafe_archive") from err
+        else:
             tar.extractall(str(root), members=members)
     return names
 

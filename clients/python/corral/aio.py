@@ -20,6 +20,7 @@ import httpx
 
 from . import _core
 from ._core import Command, RetryPolicy, Stdin, seg
+from ._discovery import TokenSource
 from ._sse import SSEDecoder
 from .client import _finish, _to_event
 from .errors import CorralError, NotFoundError, SandboxNotFoundError, ServiceUnavailableError
@@ -51,11 +52,12 @@ class AsyncClient:
         socket_path = _core.resolve_uds(base_url, uds)
         if transport is None and socket_path:
             transport = httpx.AsyncHTTPTransport(uds=socket_path)
+        self._tokens = TokenSource(token, base_url, socket_path)
         self.retry = retry or _core.NO_RETRY
         self._timeout = _core.default_timeout(timeout)
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
-            headers=_core.default_headers(_core.resolve_token(token)),
+            headers=_core.default_headers(self._tokens.token),
             timeout=self._timeout,
             transport=transport,
         )
@@ -74,6 +76,7 @@ class AsyncClient:
         resource: Optional[str] = None,
     ) -> httpx.Response:
         attempt = 0
+        refreshed = False
         while True:
             attempt += 1
             try:
@@ -91,11 +94,23 @@ class AsyncClient:
                     await asyncio.sleep(self.retry.delay(attempt))
                     continue
                 raise _core.transport_error(exc, self.base_url) from exc
+            if response.status_code == 401 and not refreshed and self._refresh_token():
+                # A restarted local service has a new generated token.
+                refreshed = True
+                continue
             if idempotent and attempt < self.retry.attempts and _core.should_retry_status(response):
                 await asyncio.sleep(self.retry.delay(attempt))
                 continue
             _core.raise_for_error(response, resource)
             return response
+
+    def _refresh_token(self) -> bool:
+        """After a 401: read the local service's token file again; True when
+        it holds a new token (now sent)."""
+        if not self._tokens.refresh():
+            return False
+        self._http.headers["Authorization"] = f"Bearer {self._tokens.token}"
+        return True
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -437,6 +452,7 @@ class AsyncCommandStream:
     async def _open(self) -> httpx.Response:
         c = self.sandbox.client
         attempt = 0
+        refreshed = False
         while True:
             attempt += 1
             req = c._http.build_request(
@@ -453,6 +469,10 @@ class AsyncCommandStream:
                     await asyncio.sleep(c.retry.delay(attempt))
                     continue
                 raise _core.transport_error(exc, c.base_url) from exc
+            if response.status_code == 401 and not refreshed and c._refresh_token():
+                await response.aclose()
+                refreshed = True
+                continue
             if response.status_code >= 400:
                 try:
                     await response.aread()

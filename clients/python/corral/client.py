@@ -13,6 +13,7 @@ import httpx
 
 from . import _core
 from ._core import Command, RetryPolicy, Stdin, seg
+from ._discovery import TokenSource
 from ._sse import SSEDecoder
 from .errors import CorralError, NotFoundError, SandboxNotFoundError, ServiceUnavailableError, error_from_response
 from .models import CommandResult, FileEntry, Health, SandboxInfo, StreamEvent
@@ -32,7 +33,11 @@ class Client:
         base_url: the service, default ``$CORRAL_URL`` else
             ``http://127.0.0.1:7070``. ``unix:///path/to.sock`` talks over a
             Unix socket.
-        token: bearer token, default ``$CORRAL_TOKEN``.
+        token: bearer token, default ``$CORRAL_TOKEN``, else the token a
+            local service generated, read from its token file for a loopback
+            URL (:func:`corral.find_token`; read again after a 401, so a
+            restarted service is followed). Over the Unix socket the
+            socket's owner needs none.
         uds: path of a Unix socket to connect through (the host of
             ``base_url`` is then nominal).
         timeout: seconds to wait for an ordinary answer (commands wait for
@@ -57,11 +62,12 @@ class Client:
         socket_path = _core.resolve_uds(base_url, uds)
         if transport is None and socket_path:
             transport = httpx.HTTPTransport(uds=socket_path)
+        self._tokens = TokenSource(token, base_url, socket_path)
         self.retry = retry or _core.NO_RETRY
         self._timeout = _core.default_timeout(timeout)
         self._http = httpx.Client(
             base_url=self.base_url,
-            headers=_core.default_headers(_core.resolve_token(token)),
+            headers=_core.default_headers(self._tokens.token),
             timeout=self._timeout,
             transport=transport,
         )
@@ -84,6 +90,7 @@ class Client:
         """Send one request with the retry rule; raise the typed error for an
         error answer; return the (read) response otherwise."""
         attempt = 0
+        refreshed = False
         while True:
             attempt += 1
             try:
@@ -103,6 +110,10 @@ class Client:
                     time.sleep(delay)
                     continue
                 raise _core.transport_error(exc, self.base_url) from exc
+            if response.status_code == 401 and not refreshed and self._refresh_token():
+                # A restarted local service has a new generated token.
+                refreshed = True
+                continue
             if idempotent and attempt < self.retry.attempts and _core.should_retry_status(response):
                 delay = self.retry.delay(attempt)
                 log.debug("corral: %s %s answered 503; retrying in %.2fs", method, path, delay)
@@ -110,6 +121,14 @@ class Client:
                 continue
             _core.raise_for_error(response, resource)
             return response
+
+    def _refresh_token(self) -> bool:
+        """After a 401: read the local service's token file again; True when
+        it holds a new token (now sent)."""
+        if not self._tokens.refresh():
+            return False
+        self._http.headers["Authorization"] = f"Bearer {self._tokens.token}"
+        return True
 
     def close(self) -> None:
         self._http.close()
@@ -191,10 +210,10 @@ class Sandbox:
 
     Args:
         image: image, overriding the service's default.
-        spec: a complete sandbox spec (keys as under ``defaults`` in corral's
-            config: ``image``, ``env``, ``limits``, ``network``, ...). Keys left
-            out take corral's hardened defaults, not the service's
-            ``defaults``.
+        spec: sandbox spec keys as under ``defaults`` in corral's config
+            (``image``, ``env``, ``limits``, ``network``, ...), merged over
+            the service's ``defaults``. What it may change is the service's
+            policy: a refused field raises :class:`ForbiddenError`.
         profile: a profile or pool name of the service's config.
         session: session key: the same key gets the same sandbox until it is
             deleted. Default: a fresh key.
@@ -526,6 +545,7 @@ class CommandStream:
     def _open(self) -> httpx.Response:
         c = self.sandbox.client
         attempt = 0
+        refreshed = False
         while True:
             attempt += 1
             req = c._http.build_request(
@@ -542,6 +562,10 @@ class CommandStream:
                     time.sleep(c.retry.delay(attempt))
                     continue
                 raise _core.transport_error(exc, c.base_url) from exc
+            if response.status_code == 401 and not refreshed and c._refresh_token():
+                response.close()
+                refreshed = True
+                continue
             if response.status_code >= 400:
                 try:
                     response.read()

@@ -114,10 +114,21 @@ class ServiceUnavailableError(CorralError):
 
 
 class AuthenticationError(CorralError):
-    """401: the service needs ``Authorization: Bearer TOKEN`` (set ``token=``
-    or ``$CORRAL_TOKEN``), or the token is wrong."""
+    """401: the service needs ``Authorization: Bearer TOKEN`` and got none or
+    a wrong one. A local service's generated token is found by itself; for
+    others set ``token=`` or ``$CORRAL_TOKEN``."""
 
     default_kind = "unauthorized"
+
+
+class ForbiddenError(CorralError, PermissionError):
+    """403: the service refuses this request: its policy keeps a spec field
+    from clients (host mounts, capabilities, weakened hardening, runtime,
+    host environment, ``corral.*`` labels, ``persistent``, limits above its
+    maxima, an image it does not allow), or a header (``Origin``, ``Host``).
+    ``field`` names it, e.g. ``spec.mounts[0]``."""
+
+    default_kind = "forbidden"
 
 
 class InvalidRequestError(CorralError, ValueError):
@@ -275,6 +286,7 @@ class CommandFailedError(CorralError):
 
 _BY_KIND: Dict[str, Type[CorralError]] = {
     "unauthorized": AuthenticationError,
+    "forbidden": ForbiddenError,
     "invalid_request": InvalidRequestError,
     "invalid_spec": InvalidSpecError,
     "image_not_found": ImageNotFoundError,
@@ -308,6 +320,8 @@ def _class_for(kind: str, status: Optional[int]) -> Type[CorralError]:
         return cls
     if status == 401:
         return AuthenticationError
+    if status == 403:
+        return ForbiddenError
     if status == 404:
         return NotFoundError
     if status == 413:
@@ -355,7 +369,7 @@ def error_from_response(
     field = detail.get("field")
     retryable = detail.get("retryable")
     if not kind:
-        kind = {401: "unauthorized", 404: "not_found", 413: "too_large", 503: "service_unavailable"}.get(
+        kind = {401: "unauthorized", 403: "forbidden", 404: "not_found", 413: "too_large", 503: "service_unavailable"}.get(
             status, "http_error"
         )
     cls = _class_for(kind, status)

@@ -54,11 +54,16 @@ class LocalServer:
         binary: the corral binary (see :func:`find_binary`).
         config: the configuration, as a dict (or the path of a YAML file).
         token: a bearer token the server requires (passed as
-            ``$CORRAL_TOKEN``); ``None``: none.
+            ``$CORRAL_TOKEN``); ``None``: the server generates one.
         env: extra environment for the server.
         log_path: where its stderr/stdout go (default: a temp file, whose
             tail is shown when it fails to start).
         startup_timeout: seconds to wait for ``/v1/health``.
+        extra_args: more arguments of ``corral serve``.
+        port: the loopback port to listen on; 0: a free one at each start.
+
+    Without ``token`` the server generates one and writes it to its token
+    file, where clients (and :attr:`client_token`) find it.
     """
 
     def __init__(
@@ -71,6 +76,7 @@ class LocalServer:
         log_path: Union[str, "os.PathLike[str]", None] = None,
         startup_timeout: float = 60.0,
         extra_args: Optional[List[str]] = None,
+        port: int = 0,
     ) -> None:
         self.binary = find_binary(binary)
         self.config = config
@@ -78,7 +84,8 @@ class LocalServer:
         self.env = dict(env or {})
         self.startup_timeout = startup_timeout
         self.extra_args = list(extra_args or [])
-        self.port = 0
+        self._fixed_port = port
+        self.port = port
         self.proc: Optional["subprocess.Popen[bytes]"] = None
         self._tmp = tempfile.TemporaryDirectory(prefix="corral-serve-")
         self.log_path = Path(log_path) if log_path else Path(self._tmp.name) / "serve.log"
@@ -100,7 +107,7 @@ class LocalServer:
     def start(self) -> "LocalServer":
         if self.proc is not None:
             return self
-        self.port = free_port()
+        self.port = self._fixed_port or free_port()
         args = [self.binary, "serve", "--listen", f"127.0.0.1:{self.port}"]
         cfg = self._config_file()
         if cfg:
@@ -121,6 +128,16 @@ class LocalServer:
             self.stop()
             raise
         return self
+
+    @property
+    def client_token(self) -> Optional[str]:
+        """The token clients send: the one given, else the one the server
+        generated (from its token file)."""
+        if self.token:
+            return self.token
+        from ._discovery import find_token
+
+        return find_token(self.url)
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout

@@ -2,15 +2,16 @@
 container daemon, no mocks.
 
 * ``corral_server`` (session): the server (binary ``$CORRAL_BIN`` else
-  ``<repo>/target/debug/corral``) on a free loopback port, its config's
+  ``<repo>/target/debug/corral``) on a free loopback port with the default
+  trust settings (a generated token the clients find by themselves), its config's
   ``defaults`` using ``corral-test/busybox`` and labelling every container
   ``corraltest=pyclient`` (plus this run's ``corraltest.run`` id). Stopped
   with SIGTERM at the end, after which no container of this run may remain.
 * ``corral_url`` (session): its base URL.
 * ``corral_client``: a :class:`corral.Client` for it.
 * ``corral_sandbox``: a fresh sandbox, deleted after the test.
-* ``corral_spec``: builds a full sandbox spec that keeps the test image and
-  labels (a spec does not inherit the server's ``defaults``).
+* ``corral_spec``: builds a sandbox spec that names the test image and
+  labels (a spec is merged over the server's ``defaults`` anyway).
 """
 
 from __future__ import annotations

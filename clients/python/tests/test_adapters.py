@@ -73,9 +73,12 @@ def test_parse_mem_limit():
 
 def test_mini_swe_agent_execute_shape(corral_url, monkeypatch):
     monkeypatch.setenv("FORWARD_ME", "fwd")
+    # The service's real token, passed explicitly: it must never be dumped.
+    token = corral.find_token(corral_url)
+    assert token
     env = mini_swe_agent.CorralEnvironment(
         base_url=corral_url,
-        token="not-a-real-token-but-secret",
+        token=token,
         cwd="/tmp",
         env={"PAGER": "cat"},
         forward_env=["FORWARD_ME", "NOT_SET_ANYWHERE"],
@@ -111,7 +114,7 @@ def test_mini_swe_agent_execute_shape(corral_url, monkeypatch):
 
         tv = env.get_template_vars(extra_key=1)
         assert tv["cwd"] == "/tmp" and tv["timeout"] == 30 and tv["extra_key"] == 1
-        assert "token" not in tv and "not-a-real-token" not in repr(env.serialize())
+        assert "token" not in tv and token not in repr(env.serialize())
         ser = env.serialize()["info"]["config"]
         assert ser["environment_type"] == "corral.adapters.mini_swe_agent.CorralEnvironment"
         assert ser["environment"]["interpreter"] == ["bash", "-lc"]

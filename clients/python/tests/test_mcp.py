@@ -18,6 +18,7 @@ Needs: a Docker daemon, the image `corral-test/busybox`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -26,10 +27,12 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 import anyio
 import pytest
+
+import corral
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -37,6 +40,11 @@ try:  # mcp >= 2
     from mcp.client.streamable_http import streamable_http_client as _http_client
 except ImportError:  # mcp 1.x
     from mcp.client.streamable_http import streamablehttp_client as _http_client
+
+try:  # mcp >= 2: headers go through an http client of its own
+    from mcp.shared._httpx_utils import create_mcp_http_client as _mcp_http_client
+except ImportError:  # mcp 1.x: headers are an argument
+    _mcp_http_client = None
 
 try:  # mcp >= 2
     from mcp.shared.exceptions import MCPError as _McpError
@@ -247,6 +255,19 @@ async def test_stdio_session_runs_commands_and_files_then_cleans_up(
     assert left == [], f"corral mcp left containers behind: {left}"
 
 
+@contextlib.asynccontextmanager
+async def _http_streams(url: str, token: str) -> AsyncIterator[Any]:
+    """The MCP client's streamable HTTP transport, sending the token."""
+    headers = {"Authorization": f"Bearer {token}"}
+    if _mcp_http_client is not None:
+        async with _mcp_http_client(headers=headers) as http:
+            async with _http_client(url, http_client=http) as streams:
+                yield streams
+    else:
+        async with _http_client(url, headers=headers) as streams:
+            yield streams
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -259,6 +280,7 @@ class Server:
     def __init__(self, corral_bin: str, config: str) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.token = ""
         self._err = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             [corral_bin, "--config", config, "serve", "--listen", f"127.0.0.1:{self.port}"],
@@ -279,10 +301,17 @@ class Server:
                 pytest.fail(f"corral serve exited with {self.proc.returncode}:\n{self.stderr()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return
+                    pass
             except OSError:
                 time.sleep(0.1)
-        pytest.fail(f"corral serve did not listen on port {self.port}:\n{self.stderr()}")
+                continue
+            # The service generated its token (no token is configured):
+            # clients find it in its token file, as corral's own client does.
+            self.token = corral.find_token(f"http://127.0.0.1:{self.port}")
+            if self.token:
+                return
+            time.sleep(0.1)
+        pytest.fail(f"corral serve did not listen on port {self.port} with a token file:\n{self.stderr()}")
 
     def stop(self, timeout: float = 60.0) -> int:
         """SIGTERM, then waits for the graceful shutdown; kills on timeout."""
@@ -316,7 +345,7 @@ async def test_streamable_http_sessions_get_own_sandboxes_released_on_close(
     server: Server, labelled: Labelled
 ) -> None:
     try:
-        async with _http_client(server.url) as streams:
+        async with _http_streams(server.url, server.token) as streams:
             read, write = streams[0], streams[1]
             async with ClientSession(read, write) as session:
                 with anyio.fail_after(STEP_TIMEOUT):
@@ -326,7 +355,7 @@ async def test_streamable_http_sessions_get_own_sandboxes_released_on_close(
                 await exercise(session, labelled)
 
                 # A second MCP session gets a sandbox of its own.
-                async with _http_client(server.url) as streams2:
+                async with _http_streams(server.url, server.token) as streams2:
                     async with ClientSession(streams2[0], streams2[1]) as other:
                         with anyio.fail_after(STEP_TIMEOUT):
                             await other.initialize()

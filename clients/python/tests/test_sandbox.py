@@ -304,10 +304,13 @@ def test_bad_spec_is_invalid_spec_naming_the_field(corral_client, corral_spec):
     assert ei.value.field is not None and "no_such_key" in (ei.value.field + ei.value.message)
 
 
-def test_missing_image_is_image_not_found(corral_client):
-    with pytest.raises(corral.ImageNotFoundError) as ei:
+def test_missing_image_is_refused_not_pulled(corral_client):
+    # Clients may name any image already on the daemon (the default policy);
+    # the service pulls nothing for them.
+    with pytest.raises(corral.ForbiddenError) as ei:
         corral_client.sandbox(image="corral-test/does-not-exist:never")
-    assert ei.value.kind == "image_not_found"
+    assert ei.value.kind == "forbidden" and ei.value.status == 403
+    assert ei.value.field == "image" and "corral-test/does-not-exist:never" in str(ei.value)
 
 
 def test_sandbox_without_client_uses_corral_url(corral_url, monkeypatch):

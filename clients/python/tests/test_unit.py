@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import tarfile
 
 import httpx
@@ -224,3 +225,65 @@ def test_an_unreachable_service_is_a_retryable_service_error():
         with pytest.raises(corral.ServiceUnavailableError) as ei:
             c.health()
     assert ei.value.retryable and "cannot reach" in ei.value.message
+
+
+def _token_files(tmp_path, monkeypatch, files):
+    d = tmp_path / "rt"
+    d.mkdir(mode=0o700)
+    for name, data in files.items():
+        p = d / name
+        p.write_text(json.dumps(data))
+        p.chmod(0o600)
+    monkeypatch.setenv("CORRAL_RUNTIME_DIR", str(d))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return d
+
+
+def test_find_token_matches_loopback_urls_by_port(tmp_path, monkeypatch):
+    d = _token_files(
+        tmp_path,
+        monkeypatch,
+        {
+            "server-127.0.0.1-7070.json": {"listen": "127.0.0.1:7070", "port": 7070, "token": "lo"},
+            "server-0.0.0.0-7070.json": {"listen": "0.0.0.0:7070", "port": 7070, "token": "any"},
+            "server-[::1]-8080.json": {"listen": "[::1]:8080", "port": 8080, "token": "v6"},
+            "server-0.0.0.0-9090.json": {"listen": "0.0.0.0:9090", "port": 9090, "token": "wide",
+                                         "unix_socket": "/run/c.sock"},
+        },
+    )
+    assert corral.find_token("http://127.0.0.1:7070") == "lo"
+    assert corral.find_token("http://localhost:7070/") == "lo"
+    assert corral.find_token("http://[::1]:8080") == "v6"
+    assert corral.find_token("http://localhost:8080") == "v6"
+    assert corral.find_token("http://127.0.0.1:9090") == "wide"
+    assert corral.find_token("unix:///run/c.sock") == "wide"
+    assert corral.find_token(uds="/run/other.sock") is None
+    assert corral.find_token("http://127.0.0.1:1234") is None
+    # Never for another host: the token would leave the machine.
+    assert corral.find_token("http://gpu-box:9090") is None
+    assert corral.find_token("http://10.0.0.5:9090") is None
+    monkeypatch.setenv("CORRAL_URL", "http://127.0.0.1:7070")
+    assert corral.find_token() == "lo"
+    # A file others may write is no token to trust.
+    (d / "server-127.0.0.1-7070.json").chmod(0o666)
+    assert corral.find_token("http://127.0.0.1:7070") == "any"
+
+
+def test_clients_send_the_token_they_find(tmp_path, monkeypatch):
+    _token_files(tmp_path, monkeypatch, {"server-127.0.0.1-7070.json": {"listen": "127.0.0.1:7070", "port": 7070, "token": "found"}})
+    monkeypatch.delenv("CORRAL_TOKEN", raising=False)
+    seen = []
+
+    def handler(request):
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(200, json={"sandboxes": []})
+
+    with corral.Client("http://127.0.0.1:7070", transport=httpx.MockTransport(handler)) as c:
+        c.list_sandboxes()
+    monkeypatch.setenv("CORRAL_TOKEN", "from-env")
+    with corral.Client("http://127.0.0.1:7070", transport=httpx.MockTransport(handler)) as c:
+        c.list_sandboxes()
+    with corral.Client("http://127.0.0.1:7070", token="given", transport=httpx.MockTransport(handler)) as c:
+        c.list_sandboxes()
+    assert seen == ["Bearer found", "Bearer from-env", "Bearer given"]

@@ -1,8 +1,10 @@
 """The service on a Unix socket, reached through ``uds=`` or a
-``unix://`` URL."""
+``unix://`` URL, by the socket's owner without a token."""
 
 from __future__ import annotations
 
+import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -32,7 +34,11 @@ def socket_server():
 
 
 def test_client_over_unix_socket(socket_server, monkeypatch):
-    with corral.Client(uds=socket_server) as client:
+    # Only its owner may connect; the owner needs no token there (the
+    # service checks the peer's uid).
+    assert stat.S_IMODE(os.stat(socket_server).st_mode) == 0o600
+    monkeypatch.delenv("CORRAL_TOKEN", raising=False)
+    with corral.Client(uds=socket_server, token="") as client:
         assert client.health().ok
         with client.sandbox() as sb:
             assert sb.run("echo via-socket").stdout == "via-socket\n"

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::breaker::BreakerConfig;
+use crate::client_policy::ClientPolicy;
 use crate::policy::{Recovery, RetryPolicy};
 use crate::pool::ProviderConfig;
 use crate::spec::{HostView, SandboxSpec, SpecError};
@@ -44,6 +45,7 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("CORRAL_PERSISTENCE_ROOT", "persistence_root"),
     ("CORRAL_LISTEN", "server.listen"),
     ("CORRAL_TOKEN", "server.token"),
+    ("CORRAL_RUNTIME_DIR", "server.runtime_dir"),
 ];
 
 /// Everything corral can be configured with.
@@ -80,12 +82,29 @@ pub struct Config {
 pub struct ServerConfig {
     /// TCP address to listen on. Default `127.0.0.1:7070` (loopback only).
     pub listen: String,
-    /// Also listen on this Unix socket (absolute path). Default `None`.
+    /// Also listen on this Unix socket (absolute path; made 0600). Default
+    /// `None`.
     pub unix_socket: Option<String>,
+    /// How requests are authenticated: `token` (default) or `none`.
+    pub auth: AuthMode,
     /// Bearer token every request must carry (`Authorization: Bearer
     /// TOKEN`). Required when `listen` is not a loopback address. Default
-    /// `None`: no token on loopback.
+    /// `None`: with `auth: token`, `corral serve` generates one at start
+    /// and writes it to a file in `runtime_dir` for local clients.
     pub token: Option<String>,
+    /// Directory (made 0700) of the files that hand a generated token to
+    /// local clients, one per listen address, removed at shutdown. Default
+    /// `None`: `$XDG_RUNTIME_DIR/corral/servers`, else
+    /// `~/.local/share/corral/runtime` (see [`Config::runtime_dir`]).
+    pub runtime_dir: Option<String>,
+    /// Browser origins (`scheme://host[:port]`) whose requests are
+    /// accepted; a request from any other origin is refused (403). Default
+    /// none: no web page may call the service.
+    pub allowed_origins: Vec<String>,
+    /// `Host` header values (`name` or `name:port`) accepted besides the
+    /// listen address itself (and, on loopback, `localhost`, `127.0.0.1`
+    /// and `[::1]` with the listen port). Default none.
+    pub allowed_hosts: Vec<String>,
     /// On shutdown, how long in-flight requests may take before they are
     /// cancelled, in ms. Default 10000.
     pub shutdown_grace_ms: u64,
@@ -94,6 +113,21 @@ pub struct ServerConfig {
     pub max_body_bytes: u64,
     /// Profile of the sandbox each MCP session gets; `None`: `defaults`.
     pub mcp_profile: Option<String>,
+    /// What API clients may ask for in a sandbox spec.
+    pub policy: ClientPolicy,
+}
+
+/// How the service authenticates requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// A bearer token on every request but `/v1/health` (on the Unix
+    /// socket, a connection from the socket's owner needs none).
+    #[default]
+    Token,
+    /// No authentication at all: any process that can connect may create
+    /// sandboxes. Loopback only, and logged as a warning at start.
+    None,
 }
 
 impl Default for ServerConfig {
@@ -101,10 +135,15 @@ impl Default for ServerConfig {
         ServerConfig {
             listen: "127.0.0.1:7070".into(),
             unix_socket: None,
+            auth: AuthMode::Token,
             token: None,
+            runtime_dir: None,
+            allowed_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
             shutdown_grace_ms: 10_000,
             max_body_bytes: 64 << 20,
             mcp_profile: None,
+            policy: ClientPolicy::default(),
         }
     }
 }
@@ -126,12 +165,49 @@ impl ServerConfig {
                     "must be non-empty and without whitespace",
                 ));
             }
+            if self.auth == AuthMode::None {
+                return Err(ConfigError::invalid(
+                    "server.auth",
+                    "none",
+                    "contradicts server.token (or CORRAL_TOKEN): remove one",
+                ));
+            }
         } else if !addr.ip().is_loopback() {
             return Err(ConfigError::invalid(
                 "server.listen",
                 &self.listen,
                 "listening beyond loopback needs server.token (or CORRAL_TOKEN)",
             ));
+        }
+        if let Some(dir) = &self.runtime_dir {
+            if !Path::new(dir).is_absolute() {
+                return Err(ConfigError::invalid(
+                    "server.runtime_dir",
+                    dir,
+                    "must be an absolute path",
+                ));
+            }
+        }
+        for (i, origin) in self.allowed_origins.iter().enumerate() {
+            if !valid_origin(origin) {
+                return Err(ConfigError::invalid(
+                    format!("server.allowed_origins[{i}]"),
+                    origin,
+                    "expected scheme://host[:port] as a browser sends it, e.g. \
+                     http://localhost:3000 (no path, no wildcard)",
+                ));
+            }
+        }
+        for (i, host) in self.allowed_hosts.iter().enumerate() {
+            if host.is_empty()
+                || host.contains(|c: char| c.is_whitespace() || matches!(c, '/' | '*' | '@'))
+            {
+                return Err(ConfigError::invalid(
+                    format!("server.allowed_hosts[{i}]"),
+                    host,
+                    "expected a host name or host:port, e.g. corral.internal:7070",
+                ));
+            }
         }
         if let Some(sock) = &self.unix_socket {
             if !Path::new(sock).is_absolute() {
@@ -159,8 +235,64 @@ impl ServerConfig {
                 ));
             }
         }
+        self.validate_policy()
+    }
+
+    fn validate_policy(&self) -> Result<(), ConfigError> {
+        let p = &self.policy;
+        for (i, image) in p.images.iter().enumerate() {
+            if image.trim().is_empty() || image.chars().any(char::is_whitespace) {
+                return Err(ConfigError::invalid(
+                    format!("server.policy.images[{i}]"),
+                    image,
+                    "expected an image reference, or a prefix ending in *",
+                ));
+            }
+        }
+        if p.max_memory < 6 << 20 {
+            return Err(ConfigError::invalid(
+                "server.policy.max_memory",
+                p.max_memory,
+                "at least 6291456 (Docker needs 6 MiB)",
+            ));
+        }
+        if !(p.max_cpus.is_finite() && p.max_cpus > 0.0) {
+            return Err(ConfigError::invalid(
+                "server.policy.max_cpus",
+                p.max_cpus,
+                "must be above zero",
+            ));
+        }
+        if p.max_pids < 8 {
+            return Err(ConfigError::invalid(
+                "server.policy.max_pids",
+                p.max_pids,
+                "at least 8",
+            ));
+        }
+        if p.max_disk == Some(0) {
+            return Err(ConfigError::invalid(
+                "server.policy.max_disk",
+                0,
+                "must be above zero (null: no maximum)",
+            ));
+        }
         Ok(())
     }
+}
+
+/// `scheme://host[:port]`, as browsers send in `Origin`.
+fn valid_origin(origin: &str) -> bool {
+    let Some((scheme, authority)) = origin.split_once("://") else {
+        return false;
+    };
+    !scheme.is_empty()
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        && !authority.is_empty()
+        && !authority
+            .contains(|c: char| c.is_whitespace() || matches!(c, '/' | '*' | '@' | '?' | '#'))
 }
 
 /// The backend's settings; defaults equal those of `corral-docker`'s
@@ -423,6 +555,28 @@ impl Config {
             .unwrap_or_else(|| PathBuf::from("/var/lib/corral/workspaces"))
     }
 
+    /// Where `corral serve` writes the files that hand its generated token
+    /// to local clients: `server.runtime_dir` when set, else
+    /// `$XDG_RUNTIME_DIR/corral/servers`, else
+    /// `~/.local/share/corral/runtime`, else (no usable `HOME`)
+    /// `/var/lib/corral/runtime`. The Python client looks in the same place.
+    pub fn runtime_dir(&self, host: &dyn HostView) -> PathBuf {
+        if let Some(dir) = &self.server.runtime_dir {
+            return PathBuf::from(dir);
+        }
+        abs_var(host, "XDG_RUNTIME_DIR")
+            .map(|dir| dir.join("corral").join("servers"))
+            .or_else(|| {
+                abs_var(host, "HOME").map(|h| {
+                    h.join(".local")
+                        .join("share")
+                        .join("corral")
+                        .join("runtime")
+                })
+            })
+            .unwrap_or_else(|| PathBuf::from("/var/lib/corral/runtime"))
+    }
+
     /// Applies the [`ENV_OVERRIDES`] found by `vars`; a bad value is an
     /// error naming the variable and the value. Empty values are ignored.
     pub fn apply_env(&mut self, vars: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
@@ -467,6 +621,16 @@ impl Config {
         }
         if let Some(v) = get("CORRAL_TOKEN") {
             self.server.token = Some(v.trim().to_string());
+        }
+        if let Some(v) = get("CORRAL_RUNTIME_DIR") {
+            if !Path::new(&v).is_absolute() {
+                return Err(ConfigError::env(
+                    "CORRAL_RUNTIME_DIR",
+                    &v,
+                    "must be an absolute path",
+                ));
+            }
+            self.server.runtime_dir = Some(v);
         }
         Ok(())
     }
@@ -926,6 +1090,7 @@ persistence_root: /srv/corral
             ("CORRAL_PERSISTENCE_ROOT", "/data/ws"),
             ("CORRAL_LISTEN", "0.0.0.0:8080"),
             ("CORRAL_TOKEN", "s3cret"),
+            ("CORRAL_RUNTIME_DIR", "/run/c"),
         ]
         .into_iter()
         .collect();
@@ -940,6 +1105,7 @@ persistence_root: /srv/corral
         assert_eq!(c.persistence_root(&FakeHost), PathBuf::from("/data/ws"));
         assert_eq!(c.server.listen, "0.0.0.0:8080");
         assert_eq!(c.server.token.as_deref(), Some("s3cret"));
+        assert_eq!(c.runtime_dir(&FakeHost), PathBuf::from("/run/c"));
         c.validate(&FakeHost)
             .expect("a token makes a wide listen valid");
         c.server.token = None;
@@ -1000,6 +1166,58 @@ persistence_root: /srv/corral
             Config::default().persistence_root(&Xdg),
             PathBuf::from("/home/ada/.local/share/corral/workspaces")
         );
+        assert_eq!(
+            Config::default().runtime_dir(&FakeHost),
+            PathBuf::from("/home/ada/.local/share/corral/runtime")
+        );
+        struct Runtime;
+        impl HostView for Runtime {
+            fn var(&self, name: &str) -> Option<String> {
+                (name == "XDG_RUNTIME_DIR").then(|| "/run/user/1000".into())
+            }
+            fn path_exists(&self, _: &str) -> bool {
+                false
+            }
+        }
+        assert_eq!(
+            Config::default().runtime_dir(&Runtime),
+            PathBuf::from("/run/user/1000/corral/servers")
+        );
+    }
+
+    #[test]
+    fn server_trust_settings_are_checked() {
+        let c = Config::from_yaml(
+            "server:
+  allowed_origins: [http://localhost:3000]
+  allowed_hosts: [corral.internal:7070]
+  policy: {images: [python:3.12*], max_memory: 1073741824}
+",
+        )
+        .expect("parses");
+        c.validate(&FakeHost).expect("valid");
+        assert_eq!(c.server.policy.max_memory, 1 << 30);
+        assert_eq!(c.server.auth, AuthMode::Token);
+        let e = invalid("server:\n  auth: none\n  token: abc\n");
+        assert_eq!(e.path(), "server.auth");
+        let e = invalid("server:\n  auth: none\n  listen: 0.0.0.0:7070\n");
+        assert_eq!(e.path(), "server.listen");
+        let e = invalid("server:\n  allowed_origins: ['*']\n");
+        assert_eq!(e.path(), "server.allowed_origins[0]");
+        let e = invalid("server:\n  allowed_origins: [http://a.example/path]\n");
+        assert_eq!(e.path(), "server.allowed_origins[0]");
+        let e = invalid("server:\n  allowed_hosts: ['http://x']\n");
+        assert_eq!(e.path(), "server.allowed_hosts[0]");
+        let e = invalid("server:\n  runtime_dir: rel\n");
+        assert_eq!(e.path(), "server.runtime_dir");
+        let e = invalid("server:\n  policy: {max_cpus: 0}\n");
+        assert_eq!(e.path(), "server.policy.max_cpus");
+        let e = invalid("server:\n  policy: {max_memory: 1}\n");
+        assert_eq!(e.path(), "server.policy.max_memory");
+        let e = invalid("server:\n  policy: {images: ['a b']}\n");
+        assert_eq!(e.path(), "server.policy.images[0]");
+        let e = parse_err("server:\n  auth: maybe\n");
+        assert_eq!(e.path(), "server.auth");
     }
 
     #[test]

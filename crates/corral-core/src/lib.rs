@@ -6,6 +6,7 @@
 //! failures are retryable" lives in exactly one place.
 
 pub mod breaker;
+pub mod client_policy;
 pub mod command;
 pub mod config;
 pub mod labels;

@@ -224,7 +224,8 @@ impl Security {
     }
 }
 
-fn normalize_cap(cap: &str) -> String {
+/// A capability's name as Docker spells it: upper case, no `CAP_` prefix.
+pub(crate) fn normalize_cap(cap: &str) -> String {
     let upper = cap.trim().to_ascii_uppercase();
     upper.strip_prefix("CAP_").unwrap_or(&upper).to_string()
 }

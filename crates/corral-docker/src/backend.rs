@@ -686,6 +686,20 @@ impl DockerBackend {
         }
     }
 
+    /// Whether `image` is already on the daemon (nothing is pulled).
+    pub async fn image_present(&self, image: &str) -> Result<bool, DockerError> {
+        let docker = &self.inner.docker;
+        let what = format!("inspect image {image}");
+        let inspect = retry(&self.inner.config.retry, &self.inner.metrics, &what, || {
+            docker.inspect_image(image)
+        });
+        match inspect.await {
+            Ok(_) => Ok(true),
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(e) => Err(DockerError::api(what, e)),
+        }
+    }
+
     /// Makes sure `image` is present, pulling it when a registry can supply it.
     pub async fn ensure_image(&self, image: &str) -> Result<(), DockerError> {
         let docker = &self.inner.docker;

@@ -13,11 +13,11 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Path, Query, Request, State};
 use axum::http::{header, StatusCode};
-use axum::middleware::Next;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine;
+use corral_core::client_policy::ImageRule;
 use corral_core::config::Config;
 use corral_core::{CommandSpec, Failure, FailureKind, SandboxSpec};
 use corral_docker::{DockerBackend, FileOptions, Lease, OutputStream, Provider};
@@ -29,6 +29,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::ApiError;
+use crate::guard::require_json;
 use crate::metrics::Metrics;
 use crate::wire::*;
 
@@ -181,21 +182,23 @@ impl AppState {
     }
 }
 
-/// A JSON body whose errors name the field at fault. An empty body is `{}`.
+/// A JSON body whose errors name the field at fault. An empty body is `{}`;
+/// a body needs `Content-Type: application/json` (415 otherwise).
 pub struct JsonBody<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let headers = req.headers().clone();
         let bytes = Bytes::from_request(req, state)
             .await
             .map_err(|e| ApiError::invalid("body", e.body_text()))?;
-        let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-            b"{}"
-        } else {
-            &bytes
-        };
+        let empty = bytes.iter().all(u8::is_ascii_whitespace);
+        // A web page may POST text/plain without a CORS preflight: JSON
+        // must say it is JSON.
+        require_json(&headers, !empty)?;
+        let text: &[u8] = if empty { b"{}" } else { &bytes };
         let de = &mut serde_json::Deserializer::from_slice(text);
         serde_path_to_error::deserialize(de)
             .map(JsonBody)
@@ -324,10 +327,22 @@ fn command(req: ExecRequest) -> Result<CommandSpec, ApiError> {
     Ok(cmd)
 }
 
-/// The spec of a create request: a profile, an inline spec, or the defaults.
-fn spec_of(s: &AppState, req: &CreateSandbox) -> Result<(SandboxSpec, Option<String>), ApiError> {
+/// The spec of a create request (a profile or pool, an inline spec merged
+/// over the defaults, or the defaults) and which request field chose an
+/// image other than the operator's, if any. What the client changed in an
+/// inline spec is checked against the service's policy here; the image is
+/// checked by [`check_image`].
+fn spec_of(
+    s: &AppState,
+    req: &CreateSandbox,
+) -> Result<(SandboxSpec, Option<String>, Option<&'static str>), ApiError> {
     let config = &s.inner.config;
-    let (mut spec, profile) = match (&req.profile, &req.spec) {
+    let policy = &config.server.policy;
+    let mut base = config.defaults.clone();
+    if base.image.is_empty() {
+        base.image = s.inner.default_image.clone();
+    }
+    let (mut spec, profile, image_field) = match (&req.profile, &req.spec) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
                 "profile",
@@ -335,20 +350,28 @@ fn spec_of(s: &AppState, req: &CreateSandbox) -> Result<(SandboxSpec, Option<Str
             ))
         }
         (Some(p), None) => {
-            if let Some(pool) = config.provider.pools.get(p) {
-                (pool.spec.clone(), Some(p.clone()))
-            } else {
-                let spec = config
+            // Profiles and pools are the operator's: trusted as written.
+            let spec = match config.provider.pools.get(p) {
+                Some(pool) => pool.spec.clone(),
+                None => config
                     .profile(p)
-                    .map_err(|e| ApiError::invalid("profile", e.to_string()))?;
-                (spec.clone(), Some(p.clone()))
-            }
+                    .map_err(|e| ApiError::invalid("profile", e.to_string()))?
+                    .clone(),
+            };
+            (spec, Some(p.clone()), "image")
         }
         (None, Some(v)) => {
             if !v.is_object() {
                 return Err(ApiError::invalid("spec", "spec must be a JSON object"));
             }
-            let mut merged = serde_json::to_value(&config.defaults)
+            if !policy.inline_specs {
+                return Err(ApiError::forbidden(
+                    "spec",
+                    "this service takes no inline specs (server.policy.inline_specs is false): \
+                     name one of its profiles instead",
+                ));
+            }
+            let mut merged = serde_json::to_value(&base)
                 .map_err(|e| ApiError::invalid("spec", e.to_string()))?;
             merge(&mut merged, v.clone());
             let spec: SandboxSpec = serde_path_to_error::deserialize(merged).map_err(|e| {
@@ -357,20 +380,78 @@ fn spec_of(s: &AppState, req: &CreateSandbox) -> Result<(SandboxSpec, Option<Str
                     format!("invalid spec: {}", e.inner()),
                 )
             })?;
-            (spec, None)
+            policy
+                .check_spec(&base, &spec)
+                .map_err(|r| ApiError::refused(&r, "spec"))?;
+            (spec, None, "spec.image")
         }
-        (None, None) => (config.defaults.clone(), None),
+        (None, None) => (base.clone(), None, "image"),
     };
+    if spec.image.is_empty() {
+        spec.image = s.inner.default_image.clone();
+    }
+    let trusted_image = if req.spec.is_some() {
+        base.image.clone()
+    } else {
+        spec.image.clone()
+    };
+    let mut image_field = Some(image_field);
     if let Some(image) = &req.image {
         if image.trim().is_empty() {
             return Err(ApiError::invalid("image", "image '' is empty"));
         }
         spec.image = image.clone();
+        image_field = Some("image");
     }
-    if spec.image.is_empty() {
-        spec.image = s.inner.default_image.clone();
+    if spec.image == trusted_image {
+        image_field = None;
     }
-    Ok((spec, profile))
+    if let Some(field) = image_field {
+        policy
+            .check_image(field, &spec.image)
+            .map_err(|r| ApiError::refused(&r, ""))?;
+    }
+    if req.persistent && !policy.allow_persistent {
+        return Err(ApiError::forbidden(
+            "persistent",
+            "persistent 'true' is not allowed: persistent sandboxes outlive the service and \
+             are adopted by the next request for their key, so this service refuses them to \
+             clients (server.policy.allow_persistent)",
+        ));
+    }
+    Ok((spec, profile, image_field))
+}
+
+/// An image a client chose (in request field `field`) that the policy only
+/// allows when it is already on the daemon: refused (403) when it is not,
+/// so that no client makes the daemon pull from a registry.
+async fn check_image(s: &AppState, field: &str, image: &str) -> Result<(), ApiError> {
+    let rule = s
+        .inner
+        .config
+        .server
+        .policy
+        .check_image(field, image)
+        .map_err(|r| ApiError::refused(&r, ""))?;
+    if rule == ImageRule::Listed {
+        return Ok(());
+    }
+    match s.inner.backend.image_present(image).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(ApiError::forbidden(
+            field,
+            format!(
+                "{field} '{image}' is not allowed: it is not on the daemon, and this service \
+                 runs only images already there for its clients (server.policy.images lists \
+                 images they may name, which are then pulled when missing)"
+            ),
+        )),
+        Err(e) => {
+            let mut err = ApiError::docker(&e, "");
+            err.detail.field = Some(field.to_string());
+            Err(err)
+        }
+    }
 }
 
 /// Create a sandbox, or return the one bound to the session key.
@@ -381,7 +462,10 @@ fn spec_of(s: &AppState, req: &CreateSandbox) -> Result<(SandboxSpec, Option<Str
         (status = 201, description = "Created", body = SandboxInfo),
         (status = 200, description = "The session key already had this sandbox", body = SandboxInfo),
         (status = 400, description = "Bad request, spec or image", body = ErrorBody),
+        (status = 403, description = "Refused: a field the service's policy keeps from clients (host mounts, added capabilities, weakened hardening, runtime, host environment, corral.* labels, persistent, limits removed or above the maxima, an image not allowed), named in `field`; or a browser Origin or a foreign Host", body = ErrorBody),
         (status = 503, description = "Daemon unavailable (retryable)", body = ErrorBody),
+        (status = 401, description = "No or a wrong bearer token", body = ErrorBody),
+        (status = 415, description = "A JSON body not sent as application/json", body = ErrorBody),
     )
 )]
 async fn create_sandbox(
@@ -398,12 +482,17 @@ async fn create_sandbox(
         }
         None => format!("sb-{}", corral_docker::host::random_hex(16)),
     };
+    // Checked before anything else: a refused request is refused even for
+    // a key that already has a sandbox.
+    let (spec, profile, chosen_image) = spec_of(&s, &req)?;
     if s.sessions().contains_key(&key) {
         if let Ok(lease) = s.lease(&key).await {
             return Ok((StatusCode::OK, Json(s.info(&key, &lease))));
         }
     }
-    let (spec, profile) = spec_of(&s, &req)?;
+    if let Some(field) = chosen_image {
+        check_image(&s, field, &spec.image).await?;
+    }
     let provider = &s.inner.provider;
     let lease = if req.persistent {
         provider.acquire_persistent(&key, &spec).await
@@ -436,7 +525,7 @@ async fn create_sandbox(
 /// List the service's sandboxes.
 #[utoipa::path(
     get, path = "/v1/sandboxes", tag = "sandboxes",
-    responses((status = 200, body = SandboxList))
+    responses((status = 200, body = SandboxList), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
 )]
 async fn list_sandboxes(State(s): State<AppState>) -> Result<Json<SandboxList>, ApiError> {
     let keys: Vec<String> = s.sessions().keys().cloned().collect();
@@ -465,7 +554,7 @@ async fn list_sandboxes(State(s): State<AppState>) -> Result<Json<SandboxList>, 
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id (its session key)")),
-    responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody))
+    responses((status = 200, body = SandboxInfo), (status = 404, body = ErrorBody), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
 )]
 async fn get_sandbox(
     State(s): State<AppState>,
@@ -480,7 +569,7 @@ async fn get_sandbox(
 #[utoipa::path(
     delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id (its session key)")),
-    responses((status = 204, description = "Released"), (status = 404, body = ErrorBody))
+    responses((status = 204, description = "Released"), (status = 404, body = ErrorBody), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
 )]
 async fn delete_sandbox(
     State(s): State<AppState>,
@@ -507,6 +596,7 @@ async fn delete_sandbox(
     responses(
         (status = 200, body = CommandOutcome),
         (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody), (status = 415, description = "A JSON body not sent as application/json", body = ErrorBody),
     )
 )]
 async fn exec(
@@ -534,6 +624,7 @@ async fn exec(
     responses(
         (status = 200, content_type = "text/event-stream", description = "Events `stdout`/`stderr` (OutputChunk), then `result` (CommandOutcome)"),
         (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody), (status = 415, description = "A JSON body not sent as application/json", body = ErrorBody),
     )
 )]
 async fn exec_stream(
@@ -565,32 +656,34 @@ async fn exec_stream(
             Err(f) => corral_core::CommandResult::failed(f, Duration::ZERO),
             Ok(execution) => {
                 let control = execution.stdin();
-                let mut abandoned = false;
-                let mut kills = Vec::new();
-                let result = execution
-                    .wait_with(|stream, bytes| {
-                        let name = match stream {
-                            OutputStream::Stdout => "stdout",
-                            OutputStream::Stderr => "stderr",
-                        };
-                        let Ok(event) = Event::default()
-                            .event(name)
-                            .json_data(OutputChunk::new(bytes))
-                        else {
-                            return;
-                        };
-                        if tx.send(Ok(event)).is_err() && !abandoned {
-                            // The client went away: stop the command.
-                            abandoned = true;
-                            let control = control.clone();
-                            kills.push(tokio::spawn(async move { control.signal(9).await }));
+                let output = tx.clone();
+                let wait = execution.wait_with(move |stream, bytes| {
+                    let name = match stream {
+                        OutputStream::Stdout => "stdout",
+                        OutputStream::Stderr => "stderr",
+                    };
+                    if let Ok(event) = Event::default()
+                        .event(name)
+                        .json_data(OutputChunk::new(bytes))
+                    {
+                        // Fails once the client is gone; the select below
+                        // has stopped the command by then.
+                        let _ = output.send(Ok(event));
+                    }
+                });
+                tokio::pin!(wait);
+                tokio::select! {
+                    result = &mut wait => result,
+                    () = tx.closed() => {
+                        // The client closed the stream (the response body
+                        // was dropped): stop the command now, not at its
+                        // next write, which a quiet command never makes.
+                        if let Err(e) = control.signal(9).await {
+                            tracing::warn!(sandbox = %sandbox_id, error = %e, "cannot stop an abandoned streamed command");
                         }
-                    })
-                    .await;
-                for k in kills {
-                    let _ = k.await;
+                        wait.await
+                    }
                 }
-                result
             }
         };
         s.inner.metrics.command("stream", &result);
@@ -612,7 +705,7 @@ async fn exec_stream(
         ("name" = String, Path, description = "Session name, e.g. main"),
     ),
     request_body = ShellExecRequest,
-    responses((status = 200, body = ShellOutcome), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody))
+    responses((status = 200, body = ShellOutcome), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody), (status = 415, description = "A JSON body not sent as application/json", body = ErrorBody))
 )]
 async fn shell_exec(
     State(s): State<AppState>,
@@ -652,7 +745,7 @@ async fn shell_exec(
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}/shells", tag = "shells",
     params(("id" = String, Path, description = "Sandbox id")),
-    responses((status = 200, body = ShellList), (status = 404, body = ErrorBody))
+    responses((status = 200, body = ShellList), (status = 404, body = ErrorBody), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
 )]
 async fn list_shells(
     State(s): State<AppState>,
@@ -671,7 +764,7 @@ async fn list_shells(
         ("id" = String, Path, description = "Sandbox id"),
         ("name" = String, Path, description = "Session name"),
     ),
-    responses((status = 204, description = "Closed"), (status = 404, body = ErrorBody))
+    responses((status = 204, description = "Closed"), (status = 404, body = ErrorBody), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
 )]
 async fn close_shell(
     State(s): State<AppState>,
@@ -764,7 +857,7 @@ impl FileQuery {
     put, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), FileQuery),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    responses((status = 204, description = "Written"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody))
+    responses((status = 204, description = "Written"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
 )]
 async fn write_file(
     State(s): State<AppState>,
@@ -786,7 +879,8 @@ async fn write_file(
     params(("id" = String, Path, description = "Sandbox id"), FileQuery),
     responses(
         (status = 200, content_type = "application/octet-stream", body = Vec<u8>),
-        (status = 404, body = ErrorBody), (status = 413, body = ErrorBody)
+        (status = 404, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody),
     )
 )]
 async fn read_file(
@@ -806,7 +900,7 @@ async fn read_file(
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), FileQuery),
-    responses((status = 200, body = DirListing), (status = 404, body = ErrorBody))
+    responses((status = 200, body = DirListing), (status = 404, body = ErrorBody), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
 )]
 async fn list_files(
     State(s): State<AppState>,
@@ -830,7 +924,7 @@ async fn list_files(
     put, path = "/v1/sandboxes/{id}/archive", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), FileQuery),
     request_body(content = Vec<u8>, content_type = "application/x-tar"),
-    responses((status = 204, description = "Extracted"), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody))
+    responses((status = 204, description = "Extracted"), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
 )]
 async fn upload_archive(
     State(s): State<AppState>,
@@ -852,7 +946,8 @@ async fn upload_archive(
     params(("id" = String, Path, description = "Sandbox id"), FileQuery),
     responses(
         (status = 200, content_type = "application/x-tar", body = Vec<u8>),
-        (status = 404, body = ErrorBody), (status = 413, body = ErrorBody)
+        (status = 404, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody),
     )
 )]
 async fn download_archive(
@@ -902,7 +997,7 @@ async fn health(State(s): State<AppState>) -> (StatusCode, Json<Health>) {
 /// Prometheus metrics.
 #[utoipa::path(
     get, path = "/metrics", tag = "service",
-    responses((status = 200, content_type = "text/plain", body = String))
+    responses((status = 200, content_type = "text/plain", body = String), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
 )]
 async fn metrics(State(s): State<AppState>) -> Response {
     (
@@ -915,44 +1010,19 @@ async fn metrics(State(s): State<AppState>) -> Response {
         .into_response()
 }
 
-/// Requires the bearer token, when one is configured, on every route but
-/// the health check.
-pub async fn require_token(
-    State(token): State<Option<Arc<str>>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    let Some(token) = token else {
-        return next.run(req).await;
-    };
-    if req.uri().path() == "/v1/health" {
-        return next.run(req).await;
-    }
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    match given {
-        Some(g) if same(g.as_bytes(), token.as_bytes()) => next.run(req).await,
-        _ => ApiError::unauthorized().into_response(),
-    }
-}
-
-/// Compares without an early exit on the first differing byte.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "corral",
         description = "Hardened container sandboxes for AI agents and RL rollouts: sandboxes by \
 session key, commands with typed outcomes, shell sessions, files. Errors are JSON \
-`{\"error\": {kind, message, field, retryable}}`. When the service has a token, every route \
-but /v1/health needs `Authorization: Bearer TOKEN`.",
+`{\"error\": {kind, message, field, retryable}}`. Every route but /v1/health needs \
+`Authorization: Bearer TOKEN` (a local service without a configured token generates one and \
+writes it to `server-IP-PORT.json` in its runtime directory; on its Unix socket the socket's \
+owner needs none). Requests with a browser `Origin` not in `server.allowed_origins`, or a `Host` \
+that is not the service's, are refused (403); JSON bodies must be sent as `application/json` \
+(415). What a client may put in a sandbox spec is limited by the service's policy: a refused \
+field is a 403 naming it.",
     ),
     components(schemas(OutputChunk, ErrorDetail, FailureBody, ContainerStateBody)),
     tags(
@@ -1060,14 +1130,11 @@ mod tests {
     }
 
     #[test]
-    fn names_and_tokens() {
+    fn names() {
         assert!(valid_name("episode-7.a_b"));
         assert!(!valid_name(""));
         assert!(!valid_name("a/b"));
         assert!(!valid_name(&"x".repeat(MAX_NAME + 1)));
-        assert!(same(b"secret", b"secret"));
-        assert!(!same(b"secret", b"secreT"));
-        assert!(!same(b"secret", b"secret2"));
     }
 
     #[test]

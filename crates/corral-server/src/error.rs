@@ -44,12 +44,44 @@ impl ApiError {
     }
 
     /// 401: no or a wrong bearer token.
-    pub fn unauthorized() -> Self {
-        ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "this service requires 'Authorization: Bearer TOKEN'",
-        )
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        let mut e = ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message);
+        e.detail.field = Some("Authorization".into());
+        e
+    }
+
+    /// 403: the request, or a field of it, is not allowed (a header such as
+    /// `Origin` or `Host`, or a spec field the policy refuses).
+    pub fn forbidden(field: impl Into<String>, message: impl Into<String>) -> Self {
+        let mut e = ApiError::new(StatusCode::FORBIDDEN, "forbidden", message);
+        e.detail.field = Some(field.into());
+        e
+    }
+
+    /// 403 for a request the service's client policy refuses; the refused
+    /// field is named under `field_prefix` (e.g. `spec`).
+    pub fn refused(refusal: &corral_core::client_policy::Refusal, field_prefix: &str) -> Self {
+        let field = if field_prefix.is_empty() {
+            refusal.field.clone()
+        } else {
+            format!("{field_prefix}.{}", refusal.field)
+        };
+        let message = format!(
+            "{field} '{}' is not allowed: {}",
+            refusal.value, refusal.reason
+        );
+        ApiError::forbidden(field, message)
+    }
+
+    /// 415: a JSON body without `Content-Type: application/json`.
+    pub fn unsupported_media_type(message: impl Into<String>) -> Self {
+        let mut e = ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            message,
+        );
+        e.detail.field = Some("Content-Type".into());
+        e
     }
 
     /// 503 (retryable): the service is shutting down.

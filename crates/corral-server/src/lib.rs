@@ -1,28 +1,34 @@
 //! corral as a service: the HTTP API (`corral serve`) and the MCP server
 //! (`corral mcp` over stdio, and streamable HTTP at `/mcp` of the service).
 //!
-//! [`serve`] binds the listeners, mounts [`api::router`] (and the MCP
-//! endpoint) behind the token check and the body limit, and on SIGINT or
-//! SIGTERM shuts down in order: stop accepting, give requests in flight
-//! `server.shutdown_grace_ms`, cancel the rest, then remove every
-//! non-persistent sandbox (persistent ones stay for adoption).
+//! [`serve`] generates a token when none is configured (and writes it for
+//! local clients, [`runtime_file`]), binds the listeners, mounts
+//! [`api::router`] (and the MCP endpoint) behind the body limit and each
+//! listener's [`Guard`] (Host, Origin, token, content type), and on SIGINT
+//! or SIGTERM shuts down in order: remove the token file, stop accepting,
+//! give requests in flight `server.shutdown_grace_ms`, cancel the rest,
+//! then remove every non-persistent sandbox (persistent ones stay for
+//! adoption).
 
 pub mod api;
 pub mod error;
+pub mod guard;
 pub mod mcp;
 pub mod metrics;
+pub mod runtime_file;
 pub mod wire;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use corral_core::config::Config;
+use corral_core::config::{AuthMode, Config};
 use corral_docker::{DockerBackend, Provider};
 use tokio_util::sync::CancellationToken;
 
 pub use api::{openapi, openapi_yaml, AppState};
+pub use guard::{Guard, Listener, PeerUid};
 
 /// Where the service listens.
 #[derive(Debug, Clone)]
@@ -31,50 +37,73 @@ pub struct Bound {
     pub tcp: SocketAddr,
     /// The Unix socket, when one was asked for.
     pub unix: Option<String>,
+    /// How requests are authenticated.
+    pub auth: AuthMode,
+    /// The file holding the token the service generated (none when the
+    /// token was configured, or with `auth: none`).
+    pub token_file: Option<PathBuf>,
 }
 
-/// The whole service over `state`: the API, the MCP endpoint at `/mcp`
-/// (when given), the body limit and the token check of the state's
-/// configuration.
-pub fn app(state: AppState, mcp: Option<(mcp::McpContext, CancellationToken)>) -> axum::Router {
-    let server = state.config().server.clone();
-    let token: Option<Arc<str>> = server.token.as_deref().map(Arc::from);
-    let max_body = usize::try_from(server.max_body_bytes).unwrap_or(usize::MAX);
+/// The service's routes over `state`: the API, the MCP endpoint at `/mcp`
+/// (when given) and the body limit, without the [`Guard`] (see [`app`]).
+pub fn routes(state: AppState, mcp: Option<(mcp::McpContext, CancellationToken)>) -> axum::Router {
+    let max_body = usize::try_from(state.config().server.max_body_bytes).unwrap_or(usize::MAX);
     let mut router = api::router(state);
     if let Some((ctx, cancel)) = mcp {
         let options = mcp::HttpOptions {
-            // The token check guards a wide listen; the Host check is for
-            // DNS rebinding against a loopback service.
-            allowed_hosts: if server.token.is_some() {
-                Vec::new()
-            } else {
-                mcp::HttpOptions::default().allowed_hosts
-            },
+            // The guard in front of everything checks Host (on TCP only:
+            // a Unix socket's Host is nominal) and Origin.
+            allowed_hosts: Vec::new(),
             max_body_bytes: max_body,
             ..mcp::HttpOptions::default()
         };
         router = router.nest("/mcp", mcp::http_service_with(ctx, cancel, options));
     }
-    router = router.layer(axum::extract::DefaultBodyLimit::max(max_body));
-    router.layer(axum::middleware::from_fn_with_state(
-        token,
-        api::require_token,
-    ))
+    router.layer(axum::extract::DefaultBodyLimit::max(max_body))
+}
+
+/// The whole service over `state` as one listener serves it: [`routes`]
+/// behind the [`Guard`] of `listener` (Host, Origin, token, content type)
+/// under the state's configuration, whose `server.token` must be set when
+/// `server.auth` is `token` ([`serve`] generates one when it is not).
+pub fn app(
+    state: AppState,
+    mcp: Option<(mcp::McpContext, CancellationToken)>,
+    listener: Listener,
+) -> axum::Router {
+    let guard = Guard::new(&state.config().server, listener);
+    guard.layer(routes(state, mcp))
 }
 
 /// Runs the service until `shutdown` is cancelled (the CLI cancels it on
-/// SIGINT/SIGTERM); `on_bound` is called once the listeners are bound.
-/// Non-persistent sandboxes are gone when it returns.
+/// SIGINT/SIGTERM); `on_bound` is called once the listeners are bound (and
+/// a generated token is in its file). Non-persistent sandboxes are gone
+/// when it returns.
 pub async fn serve(
-    config: Config,
+    mut config: Config,
     backend: DockerBackend,
     provider: Provider,
     default_image: String,
     shutdown: CancellationToken,
     on_bound: impl FnOnce(&Bound),
 ) -> anyhow::Result<()> {
-    let server = &config.server;
-    let grace = Duration::from_millis(server.shutdown_grace_ms);
+    let grace = Duration::from_millis(config.server.shutdown_grace_ms);
+    let generated = match (config.server.auth, &config.server.token) {
+        (AuthMode::Token, None) => {
+            let token = runtime_file::generate_token()?;
+            config.server.token = Some(token.clone());
+            Some(token)
+        }
+        _ => None,
+    };
+    let server = config.server.clone();
+    if server.auth == AuthMode::None {
+        tracing::warn!(
+            listen = %server.listen,
+            "server.auth is none: NO AUTHENTICATION. Any local user or process that can \
+             connect may create sandboxes and run code in them; set server.auth: token"
+        );
+    }
     let mut mcp_spec = match &server.mcp_profile {
         Some(p) => config.profile(p).context("server.mcp_profile")?.clone(),
         None => config.defaults.clone(),
@@ -82,65 +111,64 @@ pub async fn serve(
     if mcp_spec.image.is_empty() {
         mcp_spec.image = default_image.clone();
     }
-    let state = AppState::new(
-        provider.clone(),
-        backend.clone(),
-        config.clone(),
-        default_image,
-    );
+    let runtime_dir = config.runtime_dir(&corral_docker::host::RealHost);
+    let state = AppState::new(provider.clone(), backend.clone(), config, default_image);
     let mcp_cancel = shutdown.child_token();
     let mcp = mcp::McpContext {
         provider: provider.clone(),
         spec: mcp_spec,
     };
-    let app = app(state.clone(), Some((mcp, mcp_cancel.clone())));
+    let routes = routes(state.clone(), Some((mcp, mcp_cancel.clone())));
 
     let tcp = tokio::net::TcpListener::bind(server.listen.trim())
         .await
         .with_context(|| format!("cannot listen on server.listen '{}'", server.listen))?;
-    let bound = Bound {
-        tcp: tcp.local_addr().context("listener address")?,
-        unix: server.unix_socket.clone(),
-    };
+    let tcp_addr = tcp.local_addr().context("listener address")?;
     let unix = match &server.unix_socket {
-        Some(path) => {
-            // A socket file left by an earlier service is in the way.
-            if std::fs::symlink_metadata(path)
-                .map(|m| {
-                    use std::os::unix::fs::FileTypeExt;
-                    m.file_type().is_socket()
-                })
-                .unwrap_or(false)
-            {
-                let _ = std::fs::remove_file(path);
-            }
-            Some(
-                tokio::net::UnixListener::bind(path)
-                    .with_context(|| format!("cannot listen on server.unix_socket '{path}'"))?,
-            )
-        }
+        Some(path) => Some(bind_unix(path)?),
         None => None,
+    };
+    let token_file = match &generated {
+        Some(token) => Some(runtime_file::TokenFile::write(
+            &runtime_dir,
+            tcp_addr,
+            server.unix_socket.as_deref(),
+            token,
+        )?),
+        None => None,
+    };
+    let bound = Bound {
+        tcp: tcp_addr,
+        unix: server.unix_socket.clone(),
+        auth: server.auth,
+        token_file: token_file.as_ref().map(|f| f.path().to_path_buf()),
     };
     on_bound(&bound);
 
     let stop = shutdown.clone();
-    let tcp_app = app.clone();
+    let tcp_app = Guard::new(&server, Listener::Tcp(tcp_addr)).layer(routes.clone());
     let tcp_server = tokio::spawn(async move {
         axum::serve(tcp, tcp_app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await
     });
-    let unix_server = unix.map(|listener| {
+    let unix_server = unix.map(|(listener, owner)| {
         let stop = shutdown.clone();
+        let app = Guard::new(&server, Listener::Unix { owner }).layer(routes);
         tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<PeerUid>(),
+            )
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
         })
     });
 
     shutdown.cancelled().await;
     tracing::info!(grace_ms = grace.as_millis() as u64, "shutting down");
+    // New clients find no token for a service on its way out.
+    drop(token_file);
     state.close();
     mcp_cancel.cancel();
     let mut servers = vec![tcp_server];
@@ -166,4 +194,27 @@ pub async fn serve(
         let _ = std::fs::remove_file(path);
     }
     Ok(())
+}
+
+/// Binds the Unix socket at `path` (replacing a socket an earlier service
+/// left), made 0600; returns it with its owner's uid, whose connections
+/// need no token.
+fn bind_unix(path: &str) -> anyhow::Result<(tokio::net::UnixListener, u32)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+    if std::fs::symlink_metadata(path)
+        .map(|m| m.file_type().is_socket())
+        .unwrap_or(false)
+    {
+        let _ = std::fs::remove_file(path);
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("cannot listen on server.unix_socket '{path}'"))?;
+    // Between bind and chmod another user may connect; the peer check
+    // still asks such a connection for the token.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("cannot make server.unix_socket '{path}' private"))?;
+    let owner = std::fs::metadata(path)
+        .with_context(|| format!("cannot inspect server.unix_socket '{path}'"))?
+        .uid();
+    Ok((listener, owner))
 }

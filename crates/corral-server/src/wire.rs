@@ -23,13 +23,20 @@ pub struct CreateSandbox {
     /// `env`, `limits`, `network`, `recovery`, ...), merged over the
     /// service's `defaults` key by key (objects merge, lists and values
     /// replace), so `{"limits": {"memory": 67108864}}` changes only the
-    /// memory limit. Not with `profile`.
+    /// memory limit. Not with `profile`. What it changes must be allowed by
+    /// the service's policy (`server.policy`): image, workdir, env values,
+    /// startup, recovery, own labels, limits up to the maxima, network
+    /// `none`; host mounts, capabilities, weakened hardening, runtime, host
+    /// environment, `corral.*` labels and `persistent` are refused (403
+    /// naming the field).
     #[schema(value_type = Object)]
     pub spec: Option<serde_json::Value>,
-    /// Image, overriding the one of the spec, profile or defaults.
+    /// Image, overriding the one of the spec, profile or defaults: one of
+    /// `server.policy.images`, or (no list) one already on the daemon.
     pub image: Option<String>,
     /// Keep `/workspace` and the home directory in host directories of this
-    /// session key, surviving container loss and service restarts.
+    /// session key, surviving container loss and service restarts. Refused
+    /// (403) unless the service sets `server.policy.allow_persistent`.
     #[serde(default)]
     pub persistent: bool,
 }

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use corral_core::config::Config;
+use corral_core::config::{AuthMode, Config};
 use corral_docker::{BackendConfig, DockerBackend, Provider};
-use corral_server::{app, AppState};
+use corral_server::{app, AppState, Listener};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -23,6 +23,11 @@ fn config(label: &str, token: Option<&str>) -> Config {
     c.defaults.image = BUSYBOX.into();
     c.defaults.labels.insert("corraltest".into(), label.into());
     c.server.token = token.map(String::from);
+    if token.is_none() {
+        // These tests exercise the routes; authentication has its own
+        // tests (here and in trust.rs).
+        c.server.auth = AuthMode::None;
+    }
     c.server.max_body_bytes = 1 << 20;
     c.persistence_root = Some(
         std::env::temp_dir()
@@ -32,6 +37,9 @@ fn config(label: &str, token: Option<&str>) -> Config {
     );
     c
 }
+
+/// The address the in-process app believes it listens on (its Host check).
+const LISTEN: &str = "127.0.0.1:7070";
 
 async fn service(config: Config) -> (axum::Router, Provider) {
     images();
@@ -44,7 +52,10 @@ async fn service(config: Config) -> (axum::Router, Provider) {
         config.persistence_root(&corral_docker::host::RealHost),
     );
     let state = AppState::new(provider.clone(), backend, config, BUSYBOX.into());
-    (app(state, None), provider)
+    (
+        app(state, None, Listener::Tcp(LISTEN.parse().expect("addr"))),
+        provider,
+    )
 }
 
 async fn call(
@@ -54,7 +65,13 @@ async fn call(
     body: Option<Value>,
     token: Option<&str>,
 ) -> (StatusCode, Value) {
-    let mut req = Request::builder().method(method).uri(uri);
+    let mut req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("host", LISTEN);
+    if body.is_some() {
+        req = req.header("content-type", "application/json");
+    }
     if let Some(t) = token {
         req = req.header("authorization", format!("Bearer {t}"));
     }
@@ -168,11 +185,13 @@ async fn sandboxes_commands_shells_and_files() {
     // Files: binary round trip, missing file, body above the limit.
     let bytes: Vec<u8> = (0..=255u8).collect();
     let req = Request::put("/v1/sandboxes/ep-1/files?path=/tmp/d/b.bin&mkdirs=true")
+        .header("host", LISTEN)
         .body(Body::from(bytes.clone()))
         .expect("request");
     let resp = app.clone().oneshot(req).await.expect("infallible");
     assert_eq!(resp.status(), StatusCode::NO_CONTENT);
     let req = Request::get("/v1/sandboxes/ep-1/files?path=/tmp/d/b.bin")
+        .header("host", LISTEN)
         .body(Body::empty())
         .expect("request");
     let resp = app.clone().oneshot(req).await.expect("infallible");
@@ -206,6 +225,7 @@ async fn sandboxes_commands_shells_and_files() {
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert_eq!(e["error"]["field"], "path", "{e}");
     let req = Request::put("/v1/sandboxes/ep-1/files?path=/tmp/big")
+        .header("host", LISTEN)
         .body(Body::from(vec![0u8; (1 << 20) + 1]))
         .expect("request");
     let resp = app.clone().oneshot(req).await.expect("infallible");
@@ -268,11 +288,7 @@ async fn bad_requests_name_the_field_and_lost_containers_are_typed() {
         (json!({"session": "a/b"}), "session"),
         (json!({"profile": "nope"}), "profile"),
         (json!({"sesion": "x"}), "sesion"),
-        (json!({"image": "corral-test/absent:1"}), "image"),
-        (
-            json!({"spec": {"image": BUSYBOX, "mounts": [{"host": "/definitely/missing", "container": "/m"}]}}),
-            "spec.mounts[0].host",
-        ),
+        (json!({"spec": {"startup": [" "]}}), "spec.startup[0]"),
     ];
     for (body, field) in cases {
         let (st, e) = call(&app, "POST", "/v1/sandboxes", Some(body.clone()), None).await;
@@ -280,6 +296,18 @@ async fn bad_requests_name_the_field_and_lost_containers_are_typed() {
         assert_eq!(e["error"]["field"], field, "{body}: {e}");
         assert_eq!(e["error"]["retryable"], false);
     }
+    // An image the daemon does not have is the policy's refusal (nothing is
+    // pulled for a client); trust.rs has the rest of the policy.
+    let (st, e) = call(
+        &app,
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"image": "corral-test/absent:1"})),
+        None,
+    )
+    .await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{e}");
+    assert_eq!(e["error"]["field"], "image", "{e}");
     let (st, e) = call(
         &app,
         "POST",
@@ -408,7 +436,7 @@ async fn http(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).await.expect("write");

@@ -98,7 +98,8 @@ class CorralEnvironmentConfig:
     base_url: Optional[str] = None
     """The corral service; ``None``: ``$CORRAL_URL`` or the default."""
     token: Optional[str] = field(default=None, repr=False)
-    """Bearer token; ``None``: ``$CORRAL_TOKEN``. Never dumped."""
+    """Bearer token; ``None``: ``$CORRAL_TOKEN``, else a local service's generated
+    token. Never dumped."""
     spec: Optional[Dict[str, Any]] = None
     """A full corral sandbox spec (``image`` above overrides its image)."""
     profile: Optional[str] = None

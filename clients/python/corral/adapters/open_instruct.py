@@ -97,10 +97,10 @@ class CorralBackend:
             mem_limit: memory limit ("4g"); swap is capped at the same value.
                 ``None`` (the default here; open-instruct's is "4g"): the
                 service's configured limit. Setting it (or ``spec``) sends a
-                full spec, whose keys left out take corral's hardened defaults
-                rather than the service's ``defaults``.
+                spec, merged over the service's ``defaults``; the service's
+                policy caps the limits a client may ask for.
             base_url, token: the corral service (default ``$CORRAL_URL``,
-                ``$CORRAL_TOKEN``).
+                ``$CORRAL_TOKEN``, else a local service's generated token).
             spec: a full corral sandbox spec; ``image`` and ``mem_limit`` are
                 applied on top of it.
             profile: a profile of the service's config instead of a spec.

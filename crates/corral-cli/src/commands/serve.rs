@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use corral_core::config::Config;
+use corral_core::config::{AuthMode, Config};
 use corral_docker::host::RealHost;
 use corral_docker::{BackendConfig, Provider};
 use tokio_util::sync::CancellationToken;
@@ -13,10 +13,25 @@ use tokio_util::sync::CancellationToken;
 /// streamed as server-sent events), shell sessions, files, health
 /// (/v1/health), Prometheus metrics (/metrics), the OpenAPI document
 /// (/openapi.json, /openapi.yaml) and MCP over streamable HTTP (/mcp).
-/// Listens on loopback unless told otherwise; beyond loopback a bearer
-/// token (config `server.token` or $CORRAL_TOKEN) is required. On SIGINT or
-/// SIGTERM, requests in flight get `server.shutdown_grace_ms`, then every
-/// non-persistent sandbox is removed.
+///
+/// Listens on loopback unless told otherwise. Every request but /v1/health
+/// needs a bearer token: `server.token` or $CORRAL_TOKEN, else one
+/// generated at start and written (mode 0600, removed at shutdown) to
+/// server-IP-PORT.json in the runtime directory ($CORRAL_RUNTIME_DIR,
+/// `server.runtime_dir`, else $XDG_RUNTIME_DIR/corral/servers, else
+/// ~/.local/share/corral/runtime), where the Python client finds it. On the
+/// Unix socket (made 0600) the socket owner's connections need no token.
+/// Requests from web pages (an Origin not in `server.allowed_origins`) and
+/// for other host names (a Host not the listen address or in
+/// `server.allowed_hosts`) are refused, JSON must be sent as
+/// application/json, and what a client may put in a sandbox spec is limited
+/// by `server.policy` (host mounts, added capabilities, weakened hardening,
+/// runtime changes, host environment and persistent sandboxes are refused;
+/// profiles in the config are trusted). `server.auth: none` turns
+/// authentication off (loopback only; logged as a warning).
+///
+/// On SIGINT or SIGTERM, requests in flight get `server.shutdown_grace_ms`,
+/// then every non-persistent sandbox is removed.
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// TCP address to listen on, e.g. 127.0.0.1:7070 (port 0: any free
@@ -25,7 +40,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "IP:PORT")]
     listen: Option<String>,
 
-    /// Also listen on this Unix socket (absolute path). Overrides the
+    /// Also listen on this Unix socket (absolute path), made 0600: its
+    /// owner's connections need no token, anyone else's do. Overrides the
     /// config's `server.unix_socket`.
     #[arg(long, value_name = "PATH")]
     unix_socket: Option<String>,
@@ -80,21 +96,26 @@ pub async fn run(
     } else {
         config.defaults.image.clone()
     };
-    let token = config.server.token.is_some();
     corral_server::serve(config, backend, provider, image, shutdown, |bound| {
-        eprintln!(
-            "corral serve: listening on http://{}{}{}",
-            bound.tcp,
-            bound
-                .unix
-                .as_deref()
-                .map(|p| format!(" and unix:{p}"))
-                .unwrap_or_default(),
-            if token {
-                " (bearer token required)"
-            } else {
-                ""
+        let unix = bound
+            .unix
+            .as_deref()
+            .map(|p| format!(" and unix:{p} (0600; its owner needs no token)"))
+            .unwrap_or_default();
+        let auth = match (bound.auth, &bound.token_file) {
+            (AuthMode::None, _) => {
+                " WITHOUT AUTHENTICATION (server.auth: none): any local process may run code"
+                    .to_string()
             }
+            (AuthMode::Token, Some(file)) => format!(
+                " (bearer token required; generated, in {}: local clients find it there)",
+                file.display()
+            ),
+            (AuthMode::Token, None) => " (bearer token required: the configured one)".to_string(),
+        };
+        eprintln!(
+            "corral serve: listening on http://{}{unix}{auth}",
+            bound.tcp
         );
     })
     .await?;

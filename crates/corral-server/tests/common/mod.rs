@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod service;
+
 use std::process::Command;
 
 pub const BUSYBOX: &str = "corral-test/busybox";

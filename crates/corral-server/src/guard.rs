@@ -1,0 +1,432 @@
+//! The service's front door: every request, to the REST API and to MCP at
+//! `/mcp` alike, passes these checks before any handler sees it.
+//!
+//! 1. `Host` (TCP listeners): the listen address, on loopback also
+//!    `localhost`, `127.0.0.1` and `[::1]`, with the listen port, plus
+//!    `server.allowed_hosts`. A DNS-rebinding page reaches a loopback
+//!    service under its own host name, so it stops here. A Unix socket has
+//!    no host names to rebind and skips this check.
+//! 2. Browsers: a request with an `Origin` header not in
+//!    `server.allowed_origins`, or without one but marked by the browser as
+//!    cross-site (`Sec-Fetch-Site`), is refused. A web page can send a
+//!    `text/plain` POST to loopback without a CORS preflight; this is what
+//!    makes that harmless even with `auth: none`.
+//! 3. Authentication (all but `/v1/health`): the bearer token, compared in
+//!    constant time; on the Unix socket, a connection whose peer (as the
+//!    kernel reports it, `SO_PEERCRED`) is the socket's owner needs none.
+//! 4. MCP POSTs must be `application/json` (the REST routes check theirs
+//!    where they read JSON, in `api::JsonBody`).
+//!
+//! Refusals are JSON errors naming the header at fault: 403 for Host and
+//! Origin, 401 for authentication, 415 for the content type.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::serve::IncomingStream;
+use corral_core::config::{AuthMode, ServerConfig};
+
+use crate::error::ApiError;
+
+/// The route every client may call without a token (health probes).
+const HEALTH: &str = "/v1/health";
+
+/// Where requests come in: decides the Host check and whether the peer's
+/// uid may stand in for the token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// A TCP listener bound to this address (the real port).
+    Tcp(SocketAddr),
+    /// A Unix socket owned by this uid.
+    Unix {
+        /// The socket file's owner: connections from this uid need no token.
+        owner: u32,
+    },
+}
+
+/// The uid of a Unix socket connection's peer, as the kernel reports it;
+/// `None` when it could not be read (then the token is required).
+#[derive(Debug, Clone, Copy)]
+pub struct PeerUid(pub Option<u32>);
+
+impl Connected<IncomingStream<'_, tokio::net::UnixListener>> for PeerUid {
+    fn connect_info(stream: IncomingStream<'_, tokio::net::UnixListener>) -> Self {
+        PeerUid(stream.io().peer_cred().ok().map(|c| c.uid()))
+    }
+}
+
+/// How requests are authenticated.
+#[derive(Clone)]
+enum Auth {
+    /// This bearer token.
+    Token(Arc<str>),
+    /// `auth: token` but no token was given: refuse everything (fail closed).
+    Missing,
+    /// `auth: none`.
+    Off,
+}
+
+/// The checks of one listener, built from the configuration.
+#[derive(Clone)]
+pub struct Guard {
+    listener: Listener,
+    auth: Auth,
+    origins: Arc<[String]>,
+    hosts: Arc<[String]>,
+}
+
+impl Guard {
+    /// The checks for `listener` under `server` (whose `token` must be set,
+    /// generated if need be, when `auth` is `token`: without one every
+    /// request but the health check is refused).
+    pub fn new(server: &ServerConfig, listener: Listener) -> Guard {
+        let auth = match (server.auth, &server.token) {
+            (AuthMode::None, _) => Auth::Off,
+            (AuthMode::Token, Some(t)) => Auth::Token(Arc::from(t.as_str())),
+            (AuthMode::Token, None) => Auth::Missing,
+        };
+        Guard {
+            listener,
+            auth,
+            origins: server
+                .allowed_origins
+                .iter()
+                .map(|o| o.trim_end_matches('/').to_ascii_lowercase())
+                .collect(),
+            hosts: server
+                .allowed_hosts
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect(),
+        }
+    }
+
+    /// Wraps `router` in these checks.
+    pub fn layer(self, router: axum::Router) -> axum::Router {
+        router.layer(axum::middleware::from_fn_with_state(self, check))
+    }
+
+    fn check_host(&self, req: &Request) -> Result<(), ApiError> {
+        let Listener::Tcp(addr) = self.listener else {
+            return Ok(());
+        };
+        let refuse = |value: &str, why: &str| {
+            Err(ApiError::forbidden(
+                "Host",
+                format!("Host '{value}' refused: {why}"),
+            ))
+        };
+        // Two Host headers could be read differently by a proxy in front.
+        if req.headers().get_all(header::HOST).iter().count() > 1 {
+            return refuse("(several)", "a request names one host");
+        }
+        let given = req
+            .headers()
+            .get(header::HOST)
+            .map(|v| v.to_str().map(str::to_string))
+            .or_else(|| req.uri().authority().map(|a| Ok(a.to_string())));
+        let host = match given {
+            None => return refuse("", "a request must name the host it is for"),
+            Some(Err(_)) => return refuse("(not text)", "not a host name"),
+            Some(Ok(h)) => h.to_ascii_lowercase(),
+        };
+        if host_allowed(&host, addr, &self.hosts) {
+            Ok(())
+        } else {
+            refuse(
+                &host,
+                &format!(
+                    "this service answers to {} (add other names to server.allowed_hosts)",
+                    listen_names(addr).join(", ")
+                ),
+            )
+        }
+    }
+
+    fn check_browser(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let mut origins = headers.get_all(header::ORIGIN).iter().peekable();
+        if origins.peek().is_some() {
+            // Every Origin given must be allowed (a browser sends one).
+            for origin in origins {
+                let text = origin.to_str().unwrap_or("(not text)");
+                let normalized = text.trim_end_matches('/').to_ascii_lowercase();
+                if !self.origins.contains(&normalized) {
+                    return Err(ApiError::forbidden(
+                        "Origin",
+                        format!(
+                            "Origin '{text}' refused: requests from web pages are refused unless \
+                             server.allowed_origins lists their origin"
+                        ),
+                    ));
+                }
+            }
+            return Ok(());
+        }
+        if let Some(site) = headers.get("sec-fetch-site") {
+            let site = site.to_str().unwrap_or("(not text)");
+            if !matches!(site, "same-origin" | "none") {
+                return Err(ApiError::forbidden(
+                    "Sec-Fetch-Site",
+                    format!("Sec-Fetch-Site '{site}' refused: a browser sent this request for another site"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_auth(&self, req: &Request) -> Result<(), ApiError> {
+        if req.uri().path() == HEALTH {
+            return Ok(());
+        }
+        if let Listener::Unix { owner } = self.listener {
+            let peer = req
+                .extensions()
+                .get::<ConnectInfo<PeerUid>>()
+                .and_then(|c| c.0 .0);
+            if peer == Some(owner) {
+                return Ok(());
+            }
+        }
+        let token = match &self.auth {
+            Auth::Off => return Ok(()),
+            Auth::Missing => {
+                return Err(ApiError::unauthorized(
+                    "this service has no token to check (server.auth is token but no \
+                     server.token was set or generated): every request is refused",
+                ))
+            }
+            Auth::Token(t) => t,
+        };
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        match given {
+            Some(g) if same(g.as_bytes(), token.as_bytes()) => Ok(()),
+            Some(_) => Err(ApiError::unauthorized(
+                "the bearer token is wrong (a service that generated its token writes it to \
+                 a file in its runtime directory; see `corral serve --help`)",
+            )),
+            None => Err(ApiError::unauthorized(
+                "this service requires 'Authorization: Bearer TOKEN' (the Python client finds \
+                 the token of a local service by itself; else set CORRAL_TOKEN)",
+            )),
+        }
+    }
+}
+
+/// The middleware: the four checks in order, then the route.
+async fn check(State(guard): State<Guard>, req: Request, next: Next) -> Response {
+    let checked = guard
+        .check_host(&req)
+        .and_then(|()| guard.check_browser(req.headers()))
+        .and_then(|()| guard.check_auth(&req))
+        .and_then(|()| check_mcp_content_type(&req));
+    match checked {
+        Ok(()) => next.run(req).await,
+        Err(e) => {
+            // A 403 is a browser or a rebinding page at the door; a 401 or
+            // 415 is more likely a misconfigured client.
+            let (method, path) = (req.method(), req.uri().path());
+            let field = e.detail.field.as_deref().unwrap_or_default();
+            if e.status == axum::http::StatusCode::FORBIDDEN {
+                tracing::warn!(%method, path, field, "request refused: {}", e.detail.message);
+            } else {
+                tracing::info!(%method, path, field, status = e.status.as_u16(), "request refused: {}", e.detail.message);
+            }
+            e.into_response()
+        }
+    }
+}
+
+/// MCP messages are JSON; anything else is refused before rmcp reads it.
+fn check_mcp_content_type(req: &Request) -> Result<(), ApiError> {
+    let path = req.uri().path();
+    if req.method() != Method::POST || !(path == "/mcp" || path.starts_with("/mcp/")) {
+        return Ok(());
+    }
+    require_json(req.headers(), true)
+}
+
+/// Requires `Content-Type: application/json` on a request that carries a
+/// body (`has_body`); one without a body may leave it out.
+pub fn require_json(headers: &HeaderMap, has_body: bool) -> Result<(), ApiError> {
+    match headers.get(header::CONTENT_TYPE) {
+        None if !has_body => Ok(()),
+        None => Err(ApiError::unsupported_media_type(
+            "a JSON body needs 'Content-Type: application/json' (none was given)",
+        )),
+        Some(v) => {
+            let text = v.to_str().unwrap_or("(not text)");
+            let essence = text.split(';').next().unwrap_or_default().trim();
+            if essence.eq_ignore_ascii_case("application/json") {
+                Ok(())
+            } else {
+                Err(ApiError::unsupported_media_type(format!(
+                    "Content-Type '{text}' refused: this request carries JSON and must say \
+                     'application/json'"
+                )))
+            }
+        }
+    }
+}
+
+/// The names a TCP listener answers to, for messages.
+fn listen_names(addr: SocketAddr) -> Vec<String> {
+    let port = addr.port();
+    let ip = addr.ip();
+    let mut names = vec![format!("{}:{port}", host_of(ip))];
+    if ip.is_loopback() {
+        for n in ["localhost", "127.0.0.1", "[::1]"] {
+            let name = format!("{n}:{port}");
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    if ip.is_unspecified() {
+        names.push(format!("localhost:{port}"));
+        names.push(format!("any IP address:{port}"));
+    }
+    names
+}
+
+fn host_of(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("[{v6}]"),
+    }
+}
+
+/// Whether `host` (a lower-case `Host` header) names this listener. A
+/// rebinding attack needs a DNS name, so IP literals are safe on an
+/// unspecified (all-interfaces) listen address.
+fn host_allowed(host: &str, addr: SocketAddr, extra: &[String]) -> bool {
+    let (name, port) = split_host(host);
+    if extra
+        .iter()
+        .any(|e| e == host || (e.as_str() == name && !e.contains(':')))
+    {
+        return true;
+    }
+    if port.unwrap_or(80) != addr.port() {
+        return false;
+    }
+    let ip = addr.ip();
+    if name == host_of(ip) {
+        return true;
+    }
+    if (ip.is_loopback() || ip.is_unspecified())
+        && matches!(name, "localhost" | "127.0.0.1" | "[::1]")
+    {
+        return true;
+    }
+    if ip.is_unspecified() {
+        let bare = name.trim_start_matches('[').trim_end_matches(']');
+        return bare.parse::<IpAddr>().is_ok();
+    }
+    false
+}
+
+/// `name[:port]`, with IPv6 literals kept in brackets. A port that is not
+/// a number counts as none that matches.
+fn split_host(host: &str) -> (&str, Option<u16>) {
+    let (name, port) = if let Some(rest) = host.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((_, tail)) => {
+                let name = &host[..host.len() - tail.len()];
+                (name, tail.strip_prefix(':'))
+            }
+            None => (host, None),
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((n, p)) => (n, Some(p)),
+            None => (host, None),
+        }
+    };
+    match port {
+        None => (name, None),
+        Some(p) => (name, Some(p.parse().unwrap_or(0))),
+    }
+}
+
+/// Compares without an early exit on the first differing byte.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().expect("address")
+    }
+
+    #[test]
+    fn hosts_are_the_listen_address_and_loopback_names() {
+        let lo = addr("127.0.0.1:7070");
+        for ok in ["127.0.0.1:7070", "localhost:7070", "[::1]:7070"] {
+            assert!(host_allowed(ok, lo, &[]), "{ok}");
+        }
+        for bad in [
+            "evil.example:7070",
+            "localhost:7071",
+            "localhost",
+            "127.0.0.1",
+            "127.0.0.2:7070",
+            "localhost.evil.example:7070",
+            "",
+            "[::1",
+            "localhost:70x0",
+        ] {
+            assert!(!host_allowed(bad, lo, &[]), "{bad}");
+        }
+        let extra = ["corral.internal:7070".to_string(), "box".to_string()];
+        assert!(host_allowed("corral.internal:7070", lo, &extra));
+        assert!(!host_allowed("corral.internal:8080", lo, &extra));
+        assert!(host_allowed("box:1234", lo, &extra));
+        let v6 = addr("[::1]:80");
+        assert!(host_allowed("[::1]", v6, &[]));
+        assert!(host_allowed("localhost", v6, &[]));
+        let any = addr("0.0.0.0:7070");
+        assert!(host_allowed("10.1.2.3:7070", any, &[]));
+        assert!(host_allowed("[fe80::1]:7070", any, &[]));
+        assert!(!host_allowed("rebind.evil.example:7070", any, &[]));
+        let lan = addr("10.1.2.3:7070");
+        assert!(host_allowed("10.1.2.3:7070", lan, &[]));
+        assert!(!host_allowed("localhost:7070", lan, &[]));
+    }
+
+    #[test]
+    fn json_content_types() {
+        let mut h = HeaderMap::new();
+        assert!(require_json(&h, false).is_ok());
+        assert_eq!(
+            require_json(&h, true).expect_err("no type").status.as_u16(),
+            415
+        );
+        h.insert(header::CONTENT_TYPE, "text/plain".parse().expect("value"));
+        assert!(require_json(&h, false).is_err());
+        h.insert(
+            header::CONTENT_TYPE,
+            "Application/JSON; charset=utf-8".parse().expect("value"),
+        );
+        assert!(require_json(&h, true).is_ok());
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(same(b"secret", b"secret"));
+        assert!(!same(b"secret", b"secreT"));
+        assert!(!same(b"secret", b"secret2"));
+    }
+}

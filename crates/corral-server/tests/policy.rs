@@ -1,0 +1,203 @@
+//! The client policy, one test per attack (`attack!`): sandbox specs that
+//! would be root on the host (host mounts of `/etc` and the Docker socket,
+//! no-new-privileges off, `SYS_ADMIN`, kept capabilities), read the
+//! service's environment, change the runtime, plant `corral.*` labels or a
+//! persistent session for another key, remove or exceed limits, lengthen
+//! the dead-man switch or make the daemon pull an image, each sent to the
+//! real service (`common::service`) with a valid token: 403, the field
+//! named, the value in the message, no container made. What clients may ask
+//! for still works.
+
+use serde_json::{json, Value};
+
+mod common;
+use common::service::start;
+use common::{remaining, Guard};
+
+/// Sends one create request a client may not make: 403, kind `forbidden`,
+/// the field named, the value in the message, and no container made.
+async fn refused(label: &'static str, body: Value, field: &str, value: &str) {
+    let _g = Guard(label);
+    let svc = start(label, |_, _| {}).await;
+    let r = svc
+        .send(svc.req("POST", "/v1/sandboxes").json(body.clone()))
+        .await;
+    assert_eq!(r.status, 403, "{body}: {}", r.text);
+    assert_eq!(r.json["error"]["kind"], "forbidden", "{body}: {}", r.text);
+    assert_eq!(r.field(), field, "{body}: {}", r.text);
+    assert!(
+        r.message().contains(value),
+        "{body}: the message names the value {value}: {}",
+        r.text
+    );
+    assert_eq!(
+        remaining(label),
+        Vec::<String>::new(),
+        "a refused request created a container"
+    );
+    svc.stop().await;
+}
+
+/// One test per attack on the spec: `attack!(name, body, field, value)`.
+macro_rules! attack {
+    ($name:ident, $body:expr, $field:expr, $value:expr) => {
+        #[tokio::test]
+        async fn $name() {
+            refused(
+                concat!("api-trust-", stringify!($name)),
+                $body,
+                $field,
+                $value,
+            )
+            .await;
+        }
+    };
+}
+
+attack!(
+    host_mount_of_etc,
+    json!({"spec": {"mounts": [{"host": "/etc", "container": "/host-etc"}]}}),
+    "spec.mounts[0]",
+    "/etc:/host-etc"
+);
+attack!(
+    docker_socket_mount,
+    json!({"spec": {"mounts": [{"host": "/var/run/docker.sock", "container": "/var/run/docker.sock", "read_only": true}]}}),
+    "spec.mounts[0]",
+    "/var/run/docker.sock"
+);
+attack!(
+    no_new_privileges_off,
+    json!({"spec": {"security": {"no_new_privileges": false}}}),
+    "spec.security.no_new_privileges",
+    "false"
+);
+attack!(
+    cap_add_sys_admin,
+    json!({"spec": {"security": {"cap_add": ["CHOWN", "SYS_ADMIN"]}}}),
+    "spec.security.cap_add[1]",
+    "SYS_ADMIN"
+);
+attack!(
+    all_capabilities_kept,
+    json!({"spec": {"security": {"drop_all_caps": false}}}),
+    "spec.security.drop_all_caps",
+    "false"
+);
+attack!(
+    setuid_capabilities,
+    json!({"spec": {"security": {"setuid_caps": true}}}),
+    "spec.security.setuid_caps",
+    "true"
+);
+attack!(
+    host_env_forwarding,
+    json!({"spec": {"env": [{"name": "OK", "value": "1"}, {"forward": "HOME"}]}}),
+    "spec.env[1]",
+    "HOME"
+);
+attack!(
+    host_env_expansion,
+    json!({"spec": {"expand_host_env": true, "env": [{"name": "LEAK", "value": "$HOME"}]}}),
+    "spec.expand_host_env",
+    "true"
+);
+attack!(
+    runtime_change,
+    json!({"spec": {"runtime": "runc"}}),
+    "spec.runtime",
+    "runc"
+);
+attack!(
+    corral_persistent_labels,
+    json!({"spec": {"labels": {"corral.persistent": "true", "corral.session": "victim"}}}),
+    "spec.labels.corral.persistent",
+    "true"
+);
+attack!(
+    corral_sandbox_label,
+    json!({"spec": {"labels": {"Corral.Sandbox": "sb-someone-else"}}}),
+    "spec.labels.Corral.Sandbox",
+    "sb-someone-else"
+);
+attack!(
+    persistent_in_the_spec,
+    json!({"spec": {"persistent": "victim"}}),
+    "spec.persistent",
+    "victim"
+);
+attack!(
+    persistent_session,
+    json!({"session": "victim", "persistent": true}),
+    "persistent",
+    "true"
+);
+attack!(
+    memory_above_the_maximum,
+    json!({"spec": {"limits": {"memory": 68_719_476_736u64}}}),
+    "spec.limits.memory",
+    "68719476736"
+);
+attack!(
+    memory_limit_removed,
+    json!({"spec": {"limits": {"memory": null}}}),
+    "spec.limits.memory",
+    "null"
+);
+attack!(
+    pids_limit_removed,
+    json!({"spec": {"limits": {"pids": null}}}),
+    "spec.limits.pids",
+    "null"
+);
+attack!(
+    cpus_above_the_maximum,
+    json!({"spec": {"limits": {"cpus": 64.0}}}),
+    "spec.limits.cpus",
+    "64"
+);
+attack!(
+    tmpfs_limits_removed,
+    json!({"spec": {"tmpfs": []}}),
+    "spec.tmpfs[0]",
+    "(removed)"
+);
+attack!(
+    dead_man_switch_lengthened,
+    json!({"spec": {"agent_grace_ms": 86_400_000}}),
+    "spec.agent_grace_ms",
+    "86400000"
+);
+attack!(
+    image_pulled_from_a_registry,
+    json!({"image": "corral-test/not-on-this-daemon:1"}),
+    "image",
+    "corral-test/not-on-this-daemon:1"
+);
+
+#[tokio::test]
+async fn what_clients_may_ask_for_still_works() {
+    let _g = Guard("api-trust-allowed");
+    let svc = start("api-trust-allowed", |_, _| {}).await;
+    // Limits within the maxima, no network, environment values, labels of
+    // their own, a working directory.
+    let r = svc
+        .send(svc.req("POST", "/v1/sandboxes").json(json!({
+            "session": "allowed",
+            "spec": {"limits": {"memory": 268_435_456u64, "pids": 64}, "network": "none",
+                     "env": [{"name": "GREETING", "value": "$HOME"}], "labels": {"team": "rl"},
+                     "workdir": "/tmp"}})))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let r = svc
+        .send(
+            svc.req("POST", "/v1/sandboxes/allowed/exec")
+                .json(json!({"command": "echo $GREETING; pwd", "cwd": "/"})),
+        )
+        .await;
+    assert_eq!(r.json["stdout"], "$HOME\n/\n", "{}", r.text);
+    let r = svc.send(svc.req("DELETE", "/v1/sandboxes/allowed")).await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    svc.stop().await;
+    assert_eq!(remaining("api-trust-allowed"), Vec::<String>::new());
+}
