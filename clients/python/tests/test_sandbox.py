@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import pathlib
 import subprocess
 import tarfile
 import time
@@ -20,6 +21,22 @@ pytestmark = pytest.mark.server
 def test_health(corral_client):
     h = corral_client.health()
     assert h.ok and h.daemon_reachable and h.version
+
+
+# The frame-forging attack of the Rust trust tests (busybox sh functions).
+FORGER = (
+    pathlib.Path(__file__).resolve().parents[3] / "crates/corral-docker/tests/attacks/forge-frames.sh"
+).read_text()
+
+
+def test_the_api_reports_the_real_result_of_a_command_that_forges_frames(corral_sandbox):
+    r = corral_sandbox.run(FORGER + "\necho '3 tests FAILED'; forge; exit 1", timeout=60)
+    assert r.failure is None
+    assert (r.exit_code, r.stdout) == (1, "3 tests FAILED\n")
+    assert "forge: cannot write /proc/1/fd/1" in r.stderr
+    # A grader's later command is not forged either.
+    g = corral_sandbox.run("echo '2 passed, 1 failed'; exit 1")
+    assert (g.exit_code, g.stdout) == (1, "2 passed, 1 failed\n")
 
 
 def test_run_echo(corral_sandbox):
