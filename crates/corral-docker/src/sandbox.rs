@@ -816,6 +816,94 @@ impl Execution {
         self.pid
     }
 
+    /// Decodes one frame of this command: the one place frames become
+    /// output or an outcome. `Ended` carries the exit status, totals and
+    /// typed failure, without output.
+    fn step(&mut self, frame: Frame) -> Option<ExecEvent> {
+        let sb = self.sandbox.inner.id.clone();
+        match frame.kind {
+            FrameKind::Started => {
+                if let Ok(s) = frame.parse::<Started>() {
+                    self.pid = Some(s.pid);
+                }
+                None
+            }
+            FrameKind::Stdout | FrameKind::StdoutTail => {
+                Some(ExecEvent::Output(OutputStream::Stdout, frame.payload))
+            }
+            FrameKind::Stderr | FrameKind::StderrTail => {
+                Some(ExecEvent::Output(OutputStream::Stderr, frame.payload))
+            }
+            FrameKind::Exited => {
+                self.done = true;
+                let mut r = CommandResult::default();
+                match frame.parse::<ExitReport>() {
+                    Ok(report) => {
+                        r.exit_code = report.exit_code;
+                        r.signal = report.signal;
+                        r.stdout_total_bytes = report.stdout.total_bytes;
+                        r.stderr_total_bytes = report.stderr.total_bytes;
+                        r.stdout_truncated = report.stdout.truncated;
+                        r.stderr_truncated = report.stderr.truncated;
+                        r.duration = Duration::from_micros(report.duration_us);
+                        if report.timed_out {
+                            let t = self.timeout.unwrap_or_default();
+                            r.failure = Some(Failure::new(
+                                FailureKind::Timeout,
+                                format!("sandbox {sb}: command timed out after {t:?}; its process tree was killed"),
+                            ));
+                        } else if report.oom_killed {
+                            let limit = match self.sandbox.inner.spec.limits.memory {
+                                Some(m) => format!("memory limit {}", Bytes(m)),
+                                None => "no memory limit".to_string(),
+                            };
+                            r.failure = Some(Failure::new(
+                                FailureKind::OomKilled,
+                                format!("sandbox {sb}: command was killed by the OOM killer ({limit})"),
+                            ));
+                        }
+                    }
+                    Err(e) => {
+                        r.failure = Some(Failure::new(
+                            FailureKind::AgentError,
+                            format!("sandbox {sb}: {e}"),
+                        ))
+                    }
+                }
+                Some(ExecEvent::Ended(Box::new(r)))
+            }
+            FrameKind::SpawnFailed => {
+                self.done = true;
+                let message = frame
+                    .parse::<SpawnError>()
+                    .map(|e| e.message)
+                    .unwrap_or_else(|e| e.to_string());
+                Some(ExecEvent::Ended(Box::new(CommandResult::failed(
+                    Failure::new(FailureKind::SpawnFailed, format!("sandbox {sb}: {message}")),
+                    Duration::ZERO,
+                ))))
+            }
+            FrameKind::Error => {
+                let message = frame
+                    .parse::<ProtocolError>()
+                    .map(|e| e.message)
+                    .unwrap_or_else(|e| e.to_string());
+                if self.pid.is_some() {
+                    // A refused frame for a running command (its stdin was
+                    // already closed, say) does not end it.
+                    tracing::debug!(sandbox = %sb, error = %message, "agent refused a frame");
+                    return None;
+                }
+                self.done = true;
+                Some(ExecEvent::Ended(Box::new(CommandResult::failed(
+                    Failure::new(FailureKind::AgentError, format!("sandbox {sb}: {message}")),
+                    Duration::ZERO,
+                ))))
+            }
+            _ => None,
+        }
+    }
+
     /// The next thing the command did, for callers that consume output as a
     /// stream and keep the command running (shell sessions). `Ended` carries
     /// the exit status and typed failure, without output (it was streamed).
@@ -829,66 +917,28 @@ impl Execution {
                     self.started.elapsed(),
                 )));
             };
-            match frame.kind {
-                FrameKind::Started => {
-                    if let Ok(s) = frame.parse::<Started>() {
-                        self.pid = Some(s.pid);
-                    }
-                }
-                FrameKind::Stdout | FrameKind::StdoutTail => {
-                    return ExecEvent::Output(OutputStream::Stdout, frame.payload)
-                }
-                FrameKind::Stderr | FrameKind::StderrTail => {
-                    return ExecEvent::Output(OutputStream::Stderr, frame.payload)
-                }
-                FrameKind::Exited => {
-                    self.done = true;
-                    let mut r = CommandResult {
-                        duration: self.started.elapsed(),
-                        ..CommandResult::default()
-                    };
-                    match frame.parse::<ExitReport>() {
-                        Ok(report) => {
-                            r.exit_code = report.exit_code;
-                            r.signal = report.signal;
+            if let Some(event) = self.step(frame) {
+                return match event {
+                    ExecEvent::Ended(mut r) => {
+                        if r.duration.is_zero() {
+                            r.duration = self.started.elapsed();
                         }
-                        Err(e) => {
-                            r.failure = Some(Failure::new(FailureKind::AgentError, e.to_string()))
-                        }
+                        ExecEvent::Ended(r)
                     }
-                    return ExecEvent::Ended(Box::new(r));
-                }
-                // An error about a frame for a running command (its stdin
-                // was already closed, say) does not end it.
-                FrameKind::Error if self.pid.is_some() => {
-                    tracing::debug!(sandbox = %self.sandbox.id(), error = %String::from_utf8_lossy(&frame.payload), "agent refused a frame");
-                }
-                FrameKind::SpawnFailed | FrameKind::Error => {
-                    self.done = true;
-                    let message = String::from_utf8_lossy(&frame.payload).to_string();
-                    let kind = if frame.kind == FrameKind::SpawnFailed {
-                        FailureKind::SpawnFailed
-                    } else {
-                        FailureKind::AgentError
-                    };
-                    return ExecEvent::Ended(Box::new(CommandResult::failed(
-                        Failure::new(kind, format!("sandbox {}: {message}", self.sandbox.id())),
-                        self.started.elapsed(),
-                    )));
-                }
-                _ => {}
+                    output => output,
+                };
             }
         }
     }
 
     /// Waits for the outcome, calling `sink` with output as it arrives.
     pub async fn wait_with(mut self, mut sink: impl FnMut(OutputStream, &[u8])) -> CommandResult {
-        let mut result = CommandResult::default();
         let sb = self.sandbox.inner.id.clone();
         let deadline = self.timeout.map(|t| self.started + t + TIMEOUT_SLACK);
         // The agent caps output; this guards against a misbehaving one.
         let guard = self.max_output.saturating_add(OUTPUT_CHUNK as u64) as usize;
-        loop {
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let mut result = loop {
             let frame = match deadline {
                 Some(d) => match tokio::time::timeout_at(d.into(), self.rx.recv()).await {
                     Ok(f) => f,
@@ -910,101 +960,32 @@ impl Execution {
                             failure.container = Some(s);
                         }
                         let _ = self.signal(9).await;
-                        result.failure = Some(failure);
-                        break;
+                        break CommandResult::failed(failure, Duration::ZERO);
                     }
                 },
                 None => self.rx.recv().await,
             };
             let Some(frame) = frame else {
-                result.failure = Some(self.sandbox.stream_failure(&self.conn).await);
-                break;
+                let failure = self.sandbox.stream_failure(&self.conn).await;
+                break CommandResult::failed(failure, Duration::ZERO);
             };
-            match frame.kind {
-                FrameKind::Started => {
-                    if let Ok(s) = frame.parse::<Started>() {
-                        self.pid = Some(s.pid);
-                    }
-                }
-                FrameKind::Stdout | FrameKind::StdoutTail => {
-                    sink(OutputStream::Stdout, &frame.payload);
-                    if result.stdout.len() < guard {
-                        result.stdout.extend_from_slice(&frame.payload);
-                    }
-                }
-                FrameKind::Stderr | FrameKind::StderrTail => {
-                    sink(OutputStream::Stderr, &frame.payload);
-                    if result.stderr.len() < guard {
-                        result.stderr.extend_from_slice(&frame.payload);
-                    }
-                }
-                FrameKind::Exited => {
-                    let report: ExitReport = match frame.parse() {
-                        Ok(r) => r,
-                        Err(e) => {
-                            result.failure = Some(Failure::new(
-                                FailureKind::AgentError,
-                                format!("sandbox {sb}: {e}"),
-                            ));
-                            break;
-                        }
+            match self.step(frame) {
+                Some(ExecEvent::Output(stream, bytes)) => {
+                    sink(stream, &bytes);
+                    let kept = match stream {
+                        OutputStream::Stdout => &mut stdout,
+                        OutputStream::Stderr => &mut stderr,
                     };
-                    result.exit_code = report.exit_code;
-                    result.signal = report.signal;
-                    result.stdout_total_bytes = report.stdout.total_bytes;
-                    result.stderr_total_bytes = report.stderr.total_bytes;
-                    result.stdout_truncated = report.stdout.truncated;
-                    result.stderr_truncated = report.stderr.truncated;
-                    result.duration = Duration::from_micros(report.duration_us);
-                    if report.timed_out {
-                        let t = self.timeout.unwrap_or_default();
-                        result.failure = Some(Failure::new(
-                            FailureKind::Timeout,
-                            format!("sandbox {sb}: command timed out after {t:?}; its process tree was killed"),
-                        ));
-                    } else if report.oom_killed {
-                        let limit = match self.sandbox.inner.spec.limits.memory {
-                            Some(m) => format!("memory limit {}", Bytes(m)),
-                            None => "no memory limit".to_string(),
-                        };
-                        result.failure = Some(Failure::new(
-                            FailureKind::OomKilled,
-                            format!("sandbox {sb}: command was killed by the OOM killer ({limit})"),
-                        ));
+                    if kept.len() < guard {
+                        kept.extend_from_slice(&bytes);
                     }
-                    self.done = true;
-                    break;
                 }
-                FrameKind::SpawnFailed => {
-                    let message = frame
-                        .parse::<SpawnError>()
-                        .map(|e| e.message)
-                        .unwrap_or_else(|e| e.to_string());
-                    result.failure = Some(Failure::new(
-                        FailureKind::SpawnFailed,
-                        format!("sandbox {sb}: {message}"),
-                    ));
-                    self.done = true;
-                    break;
-                }
-                FrameKind::Error if self.pid.is_some() => {
-                    tracing::debug!(sandbox = %sb, error = %String::from_utf8_lossy(&frame.payload), "agent refused a frame");
-                }
-                FrameKind::Error => {
-                    let message = frame
-                        .parse::<ProtocolError>()
-                        .map(|e| e.message)
-                        .unwrap_or_else(|e| e.to_string());
-                    result.failure = Some(Failure::new(
-                        FailureKind::AgentError,
-                        format!("sandbox {sb}: {message}"),
-                    ));
-                    self.done = true;
-                    break;
-                }
-                _ => {}
+                Some(ExecEvent::Ended(r)) => break *r,
+                None => {}
             }
-        }
+        };
+        result.stdout = stdout;
+        result.stderr = stderr;
         if result.duration.is_zero() {
             result.duration = self.started.elapsed();
         }
@@ -1030,21 +1011,8 @@ impl Execution {
     pub(crate) fn try_next_output(&mut self) -> Option<ExecEvent> {
         loop {
             let frame = self.rx.try_recv().ok()?;
-            match frame.kind {
-                FrameKind::Stdout | FrameKind::StdoutTail => {
-                    return Some(ExecEvent::Output(OutputStream::Stdout, frame.payload))
-                }
-                FrameKind::Stderr | FrameKind::StderrTail => {
-                    return Some(ExecEvent::Output(OutputStream::Stderr, frame.payload))
-                }
-                FrameKind::Exited | FrameKind::SpawnFailed => {
-                    self.done = true;
-                    return Some(ExecEvent::Ended(Box::new(CommandResult {
-                        duration: self.started.elapsed(),
-                        ..CommandResult::default()
-                    })));
-                }
-                _ => {}
+            if let Some(event) = self.step(frame) {
+                return Some(event);
             }
         }
     }

@@ -134,3 +134,27 @@ async fn named_sessions_are_independent_and_exit_ends_one() {
     sb.destroy().await.expect("destroy");
     g.assert_clean();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shell_killed_by_the_oom_killer_is_oom_killed() {
+    let g = Guard::new("shell-oom");
+    let b = backend().await;
+    let mut spec = g.spec(BUSYBOX);
+    spec.limits.memory = Some(32 << 20);
+    let sb = b.create(&spec).await.expect("create");
+    let sh = sb.shell("main");
+    sh.run("export KEEP=1", T, CAP).await;
+    // The shell itself holds the bytes, so it is the OOM killer's victim.
+    let r = sh
+        .run("x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo survived", T, CAP)
+        .await;
+    assert!(r.ended, "{r:?}");
+    let f = r.result.failure.expect("a typed failure, not signal 9");
+    assert_eq!(f.kind, FailureKind::OomKilled, "{f}");
+    // The next command starts a fresh shell.
+    let r = sh.run("echo ${KEEP:-fresh}", T, CAP).await;
+    assert!(r.restarted);
+    assert_eq!(text(&r.result.stdout), "fresh\n");
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}
