@@ -329,3 +329,59 @@ fn run_reports_the_real_result_of_a_command_that_forges_frames() {
     assert_eq!(v["stdout"], "3 tests FAILED\n", "{v}");
     assert_eq!(v["failure"], Value::Null, "{v}");
 }
+
+/// `--recovery recreate`: a container removed in the middle of the command
+/// is recreated and the command runs again, stdin replayed.
+#[test]
+fn run_recreate_survives_docker_rm_mid_command() {
+    images();
+    let mut child = Command::new(CORRAL)
+        .args([
+            "run",
+            "--json",
+            "--recovery",
+            "recreate",
+            "--",
+            "read line; echo \"got $line\"; sleep 4; echo done",
+        ])
+        .env("CORRAL_IMAGE", "corral-test/busybox")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn corral");
+    {
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(b"hello\n").expect("write stdin");
+    }
+    let filter = format!("label=corral.owner.pid={}", child.id());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let first = loop {
+        let id = leftovers(&filter);
+        if !id.is_empty() {
+            break id;
+        }
+        assert!(Instant::now() < deadline, "sandbox never appeared");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Let the command reach its sleep, then take the container away.
+    std::thread::sleep(Duration::from_millis(1500));
+    let rm = Command::new("docker")
+        .args(["rm", "-f", &first])
+        .output()
+        .expect("docker rm");
+    assert!(rm.status.success());
+    let out = child.wait_with_output().expect("wait corral");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {:?} / {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(v["failure"], Value::Null, "{v}");
+    assert_eq!(v["exit_code"], 0, "{v}");
+    // The retry got the same stdin and ran to its end.
+    assert_eq!(v["stdout"], "got hello\ndone\n", "{v}");
+    assert_eq!(leftovers(&filter), "");
+}

@@ -859,7 +859,9 @@ impl Execution {
                             };
                             r.failure = Some(Failure::new(
                                 FailureKind::OomKilled,
-                                format!("sandbox {sb}: command was killed by the OOM killer ({limit})"),
+                                format!(
+                                    "sandbox {sb}: command was killed by the OOM killer ({limit})"
+                                ),
                             ));
                         }
                     }

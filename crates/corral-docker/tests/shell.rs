@@ -146,7 +146,11 @@ async fn a_shell_killed_by_the_oom_killer_is_oom_killed() {
     sh.run("export KEEP=1", T, CAP).await;
     // The shell itself holds the bytes, so it is the OOM killer's victim.
     let r = sh
-        .run("x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo survived", T, CAP)
+        .run(
+            "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo survived",
+            T,
+            CAP,
+        )
         .await;
     assert!(r.ended, "{r:?}");
     let f = r.result.failure.expect("a typed failure, not signal 9");

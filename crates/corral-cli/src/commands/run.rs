@@ -306,37 +306,16 @@ pub async fn run(
     Ok(ExitCode::from(exit_code(&result)))
 }
 
+/// Forwarded stdin kept for a retry after the container is recreated; a
+/// command whose stdin was larger is not retried (it cannot be replayed).
+const REPLAY_STDIN_MAX: usize = 16 << 20;
+
 async fn execute(sandbox: &Sandbox, args: &RunArgs, script: String) -> CommandResult {
     let forward_stdin = !std::io::stdin().is_terminal();
     let mut cmd = CommandSpec::shell(script).max_output(args.max_output);
     cmd.timeout = args.timeout;
-    if forward_stdin {
-        cmd.stdin = Some(Vec::new());
-    }
-    let exec = match sandbox.exec(&cmd).await {
-        Ok(e) => e,
-        Err(f) => return CommandResult::failed(f, Duration::ZERO),
-    };
-    if forward_stdin {
-        let writer = exec.stdin();
-        tokio::spawn(async move {
-            let mut stdin = tokio::io::stdin();
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                match stdin.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        if writer.write(&buf[..n]).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-            let _ = writer.close().await;
-        });
-    }
     let passthrough = !args.json;
-    exec.wait_with(|stream, bytes| {
+    let sink = move |stream: OutputStream, bytes: &[u8]| {
         if passthrough {
             // A closed stdout/stderr on our side must not stop the command.
             let _ = match stream {
@@ -350,8 +329,66 @@ async fn execute(sandbox: &Sandbox, args: &RunArgs, script: String) -> CommandRe
                 }
             };
         }
-    })
-    .await
+    };
+    if !forward_stdin {
+        // The sandbox's recovery policy applies as for any command.
+        return sandbox.run_with(&cmd, sink).await;
+    }
+    cmd.stdin = Some(Vec::new());
+    let exec = match sandbox.exec(&cmd).await {
+        Ok(e) => e,
+        Err(f) => return CommandResult::failed(f, Duration::ZERO),
+    };
+    // Stdin streams through as it comes, and is kept (up to a cap) so the
+    // command can be replayed if its container is lost and recreated.
+    let writer = exec.stdin();
+    let recorder = tokio::spawn(async move {
+        let mut stdin = tokio::io::stdin();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut kept = Some(Vec::new());
+        loop {
+            match stdin.read(&mut buf).await {
+                Ok(0) => break,
+                Err(_) => return None,
+                Ok(n) => {
+                    if let Some(k) = &mut kept {
+                        if k.len() + n <= REPLAY_STDIN_MAX {
+                            k.extend_from_slice(&buf[..n]);
+                        } else {
+                            kept = None;
+                        }
+                    }
+                    if writer.write(&buf[..n]).await.is_err() {
+                        return None;
+                    }
+                }
+            }
+        }
+        let _ = writer.close().await;
+        kept
+    });
+    let first = exec.wait_with(sink).await;
+    let lost = first
+        .failure
+        .as_ref()
+        .is_some_and(|f| f.kind == FailureKind::ContainerLost);
+    if !lost || sandbox.spec().recovery != Recovery::Recreate {
+        return first;
+    }
+    // Stdin still open (nothing more came, no EOF): it cannot be replayed.
+    let recorded = tokio::time::timeout(Duration::from_millis(200), recorder).await;
+    let Ok(Ok(Some(stdin))) = recorded else {
+        let mut r = first;
+        if let Some(f) = &mut r.failure {
+            f.message = format!(
+                "{}; not retried: its stdin could not be replayed",
+                f.message
+            );
+        }
+        return r;
+    };
+    cmd.stdin = Some(stdin);
+    sandbox.run_with(&cmd, sink).await
 }
 
 /// Reports a failure that happened before the command could run.
