@@ -88,13 +88,19 @@ pub fn spawn(reaper: &Reaper, req: &ExecRequest, ctl: Arc<Control>) -> Result<Sp
         cmd.current_dir(dir);
     }
 
+    let filter = crate::confine::filter();
     // SAFETY: the closure runs between fork and exec and only makes
     // async-signal-safe calls (open/write/close, sigemptyset, pthread_sigmask,
-    // signal); it does not allocate or touch locks.
+    // signal, prctl, seccomp); it does not allocate or touch locks (the
+    // filter was built before any command and is only read).
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             sys::prefer_oom_kill_in_child();
-            sys::reset_signals_in_child()
+            sys::reset_signals_in_child()?;
+            if let Some(f) = filter {
+                seccompiler::apply_filter(f).map_err(|_| std::io::Error::last_os_error())?;
+            }
+            Ok(())
         });
     }
 

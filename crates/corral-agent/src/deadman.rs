@@ -58,18 +58,31 @@ impl DeadMan {
     }
 
     /// Runs the switch: waits, then kills every process and exits. Never
-    /// returns.
+    /// returns. Before firing it looks at stdin once more: bytes waiting
+    /// there mean corral is alive and only the reader fell behind (a busy
+    /// sandbox can starve it), so the clock restarts instead.
     pub fn run(&self) -> ! {
-        let idle = self.wait_expired();
-        eprintln!(
-            "corral-agent: nothing from corral for {} ms (grace {} ms): killing all processes and exiting",
-            idle.as_millis(),
-            self.grace.as_millis()
-        );
-        // As PID 1, kill(-1) reaches every other process in the namespace.
-        let _ = sys::kill(-1, libc::SIGKILL);
-        std::process::exit(0);
+        loop {
+            let idle = self.wait_expired();
+            if stdin_has_bytes() {
+                self.feed();
+                continue;
+            }
+            eprintln!(
+                "corral-agent: nothing from corral for {} ms (grace {} ms): killing all processes and exiting",
+                idle.as_millis(),
+                self.grace.as_millis()
+            );
+            // As PID 1, kill(-1) reaches every other process in the namespace.
+            let _ = sys::kill(-1, libc::SIGKILL);
+            std::process::exit(0);
+        }
     }
+}
+
+/// True when PID 1's stdin has unread bytes (not merely an end of file).
+fn stdin_has_bytes() -> bool {
+    sys::bytes_readable(0).is_ok_and(|n| n > 0)
 }
 
 #[cfg(test)]

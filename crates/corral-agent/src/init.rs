@@ -44,6 +44,16 @@ pub fn run(opts: &InitOptions) -> i32 {
         eprintln!("corral-agent: cannot make PID 1 non-dumpable: {e}");
         return 1;
     }
+    match crate::confine::init() {
+        Ok(true) => {}
+        Ok(false) => eprintln!(
+            "corral-agent: no-new-privileges is off: commands run without the agent's seccomp filter"
+        ),
+        Err(e) => {
+            eprintln!("corral-agent: cannot build the seccomp filter for commands: {e}");
+            return 1;
+        }
+    }
     if let Err(e) = sys::block_signals(&sys::FORWARDED) {
         eprintln!("corral-agent: cannot block signals: {e}");
         return 1;

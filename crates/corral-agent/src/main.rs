@@ -10,6 +10,7 @@
 //! inside the sandbox (see `files.rs`).
 
 mod command;
+mod confine;
 mod control;
 mod deadman;
 mod files;

@@ -280,9 +280,6 @@ impl Conn {
                 .error(id, format!("command id {id} is already running"));
             return;
         }
-        if crate::signals::stopping() {
-            return self.spawn_failed(id, "the sandbox is stopping".to_string());
-        }
         let ctl = match Control::new(req.stdin) {
             Ok(c) => Arc::new(c),
             Err(e) => return self.spawn_failed(id, format!("cannot set up the command: {e}")),

@@ -103,6 +103,14 @@ pub fn sigwaitinfo(signals: &[libc::c_int]) -> io::Result<(libc::c_int, i32)> {
     }
 }
 
+/// Bytes waiting to be read on `fd` (a pipe or socket).
+pub fn bytes_readable(fd: RawFd) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the valid pointer.
+    cvt(unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) })?;
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
 /// Makes this process non-dumpable: without CAP_SYS_PTRACE (which no
 /// sandbox has) nothing can ptrace it or open its `/proc/PID/fd/*`,
 /// `/proc/PID/mem` or `/proc/PID/environ`, even as the same uid.

@@ -148,16 +148,6 @@ pub fn kill_tree(root: i32) {
     }
 }
 
-/// Processes other than the agent that still run and that the agent waits
-/// for at shutdown: not zombies, and not `docker exec` sessions (parent
-/// outside the namespace), which are not ours to wait for.
-pub fn others_running() -> bool {
-    let me = sys::getpid();
-    scan()
-        .iter()
-        .any(|p| p.pid != me && p.state != b'Z' && p.ppid != 0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -592,19 +592,20 @@ fn signals_from_inside_do_not_stop_the_agent() {
     std::thread::sleep(Duration::from_millis(300));
     assert!(sb.running());
     assert_eq!(c.run(&["echo", "alive"]).out(), "alive\n");
-    // Signals from outside still count: docker stop stops it.
-    sb.stop(10);
-    assert_eq!(sb.exit_code(), "0");
+    // Stopping from outside still works (SIGTERM forwarded, then the
+    // daemon's SIGKILL).
+    sb.stop(1);
+    assert!(!sb.running());
 }
 
 #[test]
-fn docker_stop_forwards_sigterm_and_exits_cleanly() {
+fn docker_stop_forwards_sigterm_and_the_daemon_ends_the_sandbox() {
     need_docker!();
     let sb = Sandbox::start(Opts::default());
     let mut c = sb.client();
     c.exec(1, &req(&["sleep", "1000"]));
     assert_eq!(c.next_frame(1).kind, FrameKind::Started);
-    // A process that ignores SIGTERM is killed after the agent's 2 s grace.
+    // A process that ignores SIGTERM lives until the daemon's SIGKILL.
     c.exec(
         2,
         &req(&["sh", "-c", "trap '' TERM; while :; do sleep 1; done"]),
@@ -612,10 +613,12 @@ fn docker_stop_forwards_sigterm_and_exits_cleanly() {
     assert_eq!(c.next_frame(2).kind, FrameKind::Started);
     std::thread::sleep(Duration::from_millis(300));
 
-    let took = sb.stop(20);
+    // The agent forwards SIGTERM but does not stop on it (a command could
+    // forge one): the daemon kills the sandbox after the stop timeout.
+    let took = sb.stop(2);
     assert!(took < Duration::from_secs(8), "docker stop took {took:?}");
-    assert_eq!(sb.exit_code(), "0");
-    // The report of the command the forwarded SIGTERM ended still arrives.
+    assert_eq!(sb.exit_code(), "137");
+    // The report of the command the forwarded SIGTERM ended still arrived.
     let o = c.wait(1);
     assert_eq!(o.report().signal, Some(15));
 }

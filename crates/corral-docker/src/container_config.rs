@@ -255,6 +255,10 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
         open_stdin: Some(true),
         stdin_once: Some(false),
         stop_signal: Some("SIGTERM".into()),
+        // The agent forwards SIGTERM to every process but never stops on a
+        // signal (a command could forge one); the daemon's SIGKILL ends the
+        // sandbox this long after `docker stop`.
+        stop_timeout: Some(2),
         host_config: Some(host_config),
         ..Default::default()
     }
