@@ -123,8 +123,11 @@ def exec_body(
     env: Optional[Mapping[str, str]] = None,
     stdin: Stdin = None,
     max_output: Optional[int] = None,
+    exclusive: bool = False,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {}
+    if exclusive:
+        body["exclusive"] = True
     if isinstance(cmd, str):
         body["command"] = cmd
     elif isinstance(cmd, (bytes, bytearray)):

@@ -259,11 +259,14 @@ class AsyncSandbox:
         env: Optional[Mapping[str, str]] = None,
         stdin: Stdin = None,
         max_output: Optional[int] = None,
+        exclusive: bool = False,
         check: bool = False,
         raise_on_failure: bool = True,
     ) -> CommandResult:
         """As :meth:`corral.Sandbox.run`."""
-        body = _core.exec_body(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output)
+        body = _core.exec_body(
+            cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output, exclusive=exclusive
+        )
         r = await self.client.request(
             "POST",
             self._path("exec"),

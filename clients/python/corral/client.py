@@ -295,6 +295,7 @@ class Sandbox:
         env: Optional[Mapping[str, str]] = None,
         stdin: Stdin = None,
         max_output: Optional[int] = None,
+        exclusive: bool = False,
         check: bool = False,
         raise_on_failure: bool = True,
     ) -> CommandResult:
@@ -309,8 +310,14 @@ class Sandbox:
         lost container, ...) raises its typed exception carrying the result,
         unless ``raise_on_failure=False``, which returns the result with
         ``failure`` set.
+
+        ``exclusive=True`` kills every other process in the sandbox first
+        (leftovers of earlier commands included), so nothing can tamper with
+        the command while it runs: use it for graders.
         """
-        body = _core.exec_body(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output)
+        body = _core.exec_body(
+            cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output, exclusive=exclusive
+        )
         r = self.client.request(
             "POST",
             self._path("exec"),

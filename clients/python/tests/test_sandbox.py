@@ -39,6 +39,15 @@ def test_the_api_reports_the_real_result_of_a_command_that_forges_frames(corral_
     assert (g.exit_code, g.stdout) == (1, "2 passed, 1 failed\n")
 
 
+def test_an_exclusive_grader_sees_no_leftover_output(corral_sandbox):
+    corral_sandbox.run(
+        "( while :; do for f in /proc/[0-9]*/fd/1; do echo 'ALL TESTS PASSED' > $f; done 2>/dev/null;"
+        " sleep 0.05; done ) >/dev/null 2>&1 &"
+    )
+    g = corral_sandbox.run("sleep 1; echo '3 tests FAILED'; exit 1", exclusive=True)
+    assert (g.exit_code, g.stdout) == (1, "3 tests FAILED\n")
+
+
 def test_run_echo(corral_sandbox):
     r = corral_sandbox.run("echo hello")
     assert r.ok

@@ -39,6 +39,9 @@ const READ_CHUNK: usize = 64 * 1024;
 /// the agent hunts for the next session's sync bytes.
 const STALL: Duration = Duration::from_secs(2);
 
+/// How long an exclusive command waits for everything else to be gone.
+const EXCLUSIVE_WAIT: Duration = Duration::from_secs(5);
+
 /// Small stacks: these threads hold no big locals (buffers are on the heap),
 /// and a sandbox's pids limit counts threads too, so keep them cheap.
 const THREAD_STACK: usize = 256 * 1024;
@@ -279,6 +282,12 @@ impl Conn {
             self.writer
                 .error(id, format!("command id {id} is already running"));
             return;
+        }
+        if req.exclusive && !tree::kill_all_others(EXCLUSIVE_WAIT) {
+            return self.spawn_failed(
+                id,
+                format!("exclusive: other processes survived {EXCLUSIVE_WAIT:?} of SIGKILL"),
+            );
         }
         let ctl = match Control::new(req.stdin) {
             Ok(c) => Arc::new(c),

@@ -148,6 +148,26 @@ pub fn kill_tree(root: i32) {
     }
 }
 
+/// Kills every process in the sandbox but the agent and waits (up to
+/// `within`) until none is left, zombies reaped: what an exclusive command
+/// starts from. Killing repeats, so a process forked while the first round
+/// went out dies too. Returns false when something survived.
+pub fn kill_all_others(within: std::time::Duration) -> bool {
+    let me = sys::getpid();
+    let until = std::time::Instant::now() + within;
+    loop {
+        // From PID 1, kill(-1) reaches every other process in the namespace.
+        let _ = sys::kill(-1, libc::SIGKILL);
+        if !scan().iter().any(|p| p.pid != me) {
+            return true;
+        }
+        if std::time::Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

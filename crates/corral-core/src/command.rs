@@ -21,6 +21,10 @@ pub struct CommandSpec {
     pub timeout: Option<Duration>,
     /// Bytes kept per output stream.
     pub max_output: u64,
+    /// Kill every other process in the sandbox (leftovers of earlier
+    /// commands, other commands in flight) before this one starts, so
+    /// nothing can tamper with it while it runs: for graders.
+    pub exclusive: bool,
 }
 
 impl CommandSpec {
@@ -42,7 +46,15 @@ impl CommandSpec {
             stdin: None,
             timeout: None,
             max_output: DEFAULT_MAX_OUTPUT,
+            exclusive: false,
         }
+    }
+
+    /// Makes the command exclusive: everything else in the sandbox is killed
+    /// before it starts (see [`CommandSpec::exclusive`]).
+    pub fn exclusive(mut self) -> Self {
+        self.exclusive = true;
+        self
     }
 
     /// Sets the timeout.

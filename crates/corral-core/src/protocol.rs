@@ -435,6 +435,10 @@ pub struct ExecRequest {
     /// Bytes kept per output stream: the first half streamed as it comes, the
     /// last half kept as a tail and sent at exit.
     pub max_output: u64,
+    /// Kill every other process in the sandbox before spawning (other
+    /// commands in flight report their death as usual).
+    #[serde(default)]
+    pub exclusive: bool,
 }
 
 /// Sent once the process exists.

@@ -412,6 +412,7 @@ impl Sandbox {
                 .timeout
                 .map(|t| t.as_millis().min(u64::MAX as u128) as u64),
             max_output: cmd.max_output,
+            exclusive: cmd.exclusive,
         };
         if conn
             .send(Frame::json(FrameKind::Exec, id, &req))

@@ -342,3 +342,34 @@ async fn commands_cannot_limit_starve_trace_or_stop_the_agent() {
     sb.destroy().await.expect("destroy");
     g.assert_clean();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exclusive_grader_cannot_be_tampered_with_by_leftovers() {
+    let g = Guard::new("trust-exclusive");
+    let b = backend().await;
+    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
+    // The rollout leaves a process that writes into the stdout of every
+    // process it can reach (same user, so it can open /proc/PID/fd/1).
+    let plant = "( while :; do for f in /proc/[0-9]*/fd/1; do echo 'ALL TESTS PASSED' > $f; done 2>/dev/null; sleep 0.05; done ) >/dev/null 2>&1 & echo planted";
+    assert_eq!(text(&sb.run(&sh(plant)).await.stdout), "planted\n");
+    let grader = "sleep 1; echo '3 tests FAILED'; exit 1";
+    // Without exclusive the leftover gets text into the grader's output (the
+    // exit code stays real): this is what exclusive is for.
+    let r = sb.run(&sh(grader)).await;
+    assert_eq!(r.exit_code, Some(1));
+    assert!(
+        text(&r.stdout).contains("ALL TESTS PASSED"),
+        "the attack did not reach the grader: {r:?}"
+    );
+    // Exclusive: every other process is killed first; output is the
+    // grader's alone.
+    let r = sb.run(&sh(grader).exclusive()).await;
+    assert_eq!(r.failure, None, "{r:?}");
+    assert_eq!(r.exit_code, Some(1));
+    assert_eq!(text(&r.stdout), "3 tests FAILED\n", "{r:?}");
+    let r = sb.run(&sh("ps -o pid= | wc -l")).await;
+    // PID 1, the shell, ps and wc.
+    assert_eq!(text(&r.stdout).trim(), "4", "{r:?}");
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}

@@ -298,6 +298,7 @@ fn command(req: ExecRequest) -> Result<CommandSpec, ApiError> {
     cmd.timeout = duration_ms("timeout_ms", req.timeout_ms)?;
     cmd.max_output = max_output(req.max_output)?;
     cmd.cwd = req.cwd;
+    cmd.exclusive = req.exclusive;
     for (name, value) in req.env {
         if name.is_empty() || name.contains('=') || name.contains('\0') {
             return Err(ApiError::invalid(

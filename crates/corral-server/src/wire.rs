@@ -95,6 +95,11 @@ pub struct ExecRequest {
     pub stdin: Option<String>,
     /// Bytes fed to stdin, base64; not with `stdin`.
     pub stdin_base64: Option<String>,
+    /// Kill every other process in the sandbox first (leftovers of earlier
+    /// commands included), so nothing can tamper with this command while it
+    /// runs: use it for graders.
+    #[serde(default)]
+    pub exclusive: bool,
 }
 
 /// A command in a shell session.

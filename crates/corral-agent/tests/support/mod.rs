@@ -539,6 +539,7 @@ pub fn req(argv: &[&str]) -> ExecRequest {
         stdin: false,
         timeout_ms: Some(30_000),
         max_output: 1 << 20,
+        exclusive: false,
     }
 }
 
