@@ -88,7 +88,7 @@ pub fn spawn(reaper: &Reaper, req: &ExecRequest, ctl: Arc<Control>) -> Result<Sp
         cmd.current_dir(dir);
     }
 
-    let filter = crate::confine::filter();
+    let filters = crate::confine::filters();
     // SAFETY: the closure runs between fork and exec and only makes
     // async-signal-safe calls (open/write/close, sigemptyset, pthread_sigmask,
     // signal, prctl, seccomp); it does not allocate or touch locks (the
@@ -97,7 +97,7 @@ pub fn spawn(reaper: &Reaper, req: &ExecRequest, ctl: Arc<Control>) -> Result<Sp
         cmd.pre_exec(move || {
             sys::prefer_oom_kill_in_child();
             sys::reset_signals_in_child()?;
-            if let Some(f) = filter {
+            for f in filters.into_iter().flatten() {
                 seccompiler::apply_filter(f).map_err(|_| std::io::Error::last_os_error())?;
             }
             Ok(())

@@ -13,6 +13,12 @@
 //!   "process", who 0), since "every process of my user" includes PID 1;
 //! - `ptrace`, `process_vm_readv` and `process_vm_writev` outright.
 //!
+//! The filter is built for the x86_64 system-call ABI: a call through the
+//! i386 ABI (`int 0x80`) kills the calling process (so 32-bit programs do
+//! not run in sandboxes), and x32 calls (the number's bit 30 set, same
+//! architecture tag) are refused by a second, hand-written filter, on
+//! kernels that enable that ABI at all.
+//!
 //! Installing a filter needs no privilege only under no-new-privileges, so
 //! the filter applies when PID 1 runs with it (the default, and always for
 //! API clients); a sandbox whose profile turns it off runs commands
@@ -31,7 +37,12 @@ const PRIO_PROCESS: u64 = 0;
 /// `which` of ioprio_set(2) for a single process.
 const IOPRIO_WHO_PROCESS: u64 = 1;
 
-static FILTER: OnceLock<Option<BpfProgram>> = OnceLock::new();
+static FILTER: OnceLock<Option<[BpfProgram; 2]>> = OnceLock::new();
+
+/// `__X32_SYSCALL_BIT`.
+const X32_BIT: u32 = 0x4000_0000;
+/// `AUDIT_ARCH_X86_64`.
+const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
 
 /// Builds the filter once (at start, before any command), or none when this
 /// process lacks no-new-privileges. Returns why it could not be built.
@@ -42,7 +53,7 @@ pub fn init() -> Result<bool, String> {
             return None;
         }
         match build() {
-            Ok(p) => Some(p),
+            Ok(p) => Some([p, x32_guard()]),
             Err(e) => {
                 err = Some(e);
                 None
@@ -55,10 +66,44 @@ pub fn init() -> Result<bool, String> {
     }
 }
 
-/// The filter for commands, if one applies. Safe to call between fork and
+/// The filters for commands, if they apply. Safe to call between fork and
 /// exec: it only reads an initialised `OnceLock`.
-pub fn filter() -> Option<&'static BpfProgram> {
+pub fn filters() -> Option<&'static [BpfProgram; 2]> {
     FILTER.get().and_then(Option::as_ref)
+}
+
+/// Refuses every x32-ABI call: load the architecture, and for x86_64 the
+/// number; EPERM when bit 30 is set, else allow.
+fn x32_guard() -> BpfProgram {
+    let stmt = |code: u32, k: u32| seccompiler::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jump = |code: u32, k: u32, jt: u8, jf: u8| seccompiler::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    // Offsets into struct seccomp_data: nr at 0, arch at 4.
+    vec![
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 4),
+        jump(
+            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+            AUDIT_ARCH_X86_64,
+            0,
+            3,
+        ),
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0),
+        jump(libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K, X32_BIT, 0, 1),
+        stmt(
+            libc::BPF_RET | libc::BPF_K,
+            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        ),
+        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
+    ]
 }
 
 fn no_new_privs() -> bool {
@@ -127,8 +172,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_filter_builds() {
+    fn the_filters_build() {
         let p = build().expect("filter");
         assert!(!p.is_empty());
+        assert_eq!(x32_guard().len(), 6);
     }
 }

@@ -316,6 +316,7 @@ async fn commands_cannot_limit_starve_trace_or_stop_the_agent() {
     let out = text(&r.stdout);
     for name in [
         "prlimit-cpu",
+        "prlimit-x32",
         "prlimit-sigpending",
         "sched-idle",
         "sched-affinity",

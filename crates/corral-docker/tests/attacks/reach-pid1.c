@@ -27,6 +27,8 @@ int main(void) {
     getrlimit(RLIMIT_CPU, &cur);
     low.rlim_cur = 1; low.rlim_max = 1;
     report("prlimit-cpu", prlimit(1, RLIMIT_CPU, &low, NULL));
+    /* The same through the x32 ABI (bit 30 of the number). */
+    report("prlimit-x32", syscall(SYS_prlimit64 | 0x40000000, 1, RLIMIT_CPU, &low, NULL));
     low.rlim_cur = 0; low.rlim_max = 0;
     report("prlimit-sigpending", prlimit(1, RLIMIT_SIGPENDING, &low, NULL));
     struct sched_param sp = {0};
