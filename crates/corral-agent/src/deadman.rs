@@ -60,12 +60,19 @@ impl DeadMan {
     /// Runs the switch: waits, then kills every process and exits. Never
     /// returns. Before firing it looks at stdin once more: bytes waiting
     /// there mean corral is alive and only the reader fell behind (a busy
-    /// sandbox can starve it), so the clock restarts instead.
+    /// sandbox can starve it), so the clock restarts, once: if the reader
+    /// has still read nothing a grace period later, the switch fires anyway
+    /// (a reader that cannot read is no controller).
     pub fn run(&self) -> ! {
+        let mut excused_at: Option<Instant> = None;
         loop {
             let idle = self.wait_expired();
-            if stdin_has_bytes() {
-                self.feed();
+            let seen = *lock(&self.last_seen);
+            let excuse_spent = excused_at.is_some_and(|at| seen <= at);
+            if !excuse_spent && stdin_has_bytes() {
+                let now = Instant::now();
+                excused_at = Some(now);
+                *lock(&self.last_seen) = now;
                 continue;
             }
             eprintln!(

@@ -78,6 +78,7 @@ pub fn run(opts: &InitOptions) -> i32 {
         move || r.run()
     })
     .and_then(|()| start("signals", || signals::run()))
+    .and_then(|()| start("watchdog", || crate::watchdog::run()))
     .and_then(|()| {
         let d = deadman.clone();
         start("deadman", move || d.run())

@@ -24,6 +24,7 @@ mod supervise;
 mod sys;
 mod tarball;
 mod tree;
+mod watchdog;
 mod writer;
 
 use std::io::Write;

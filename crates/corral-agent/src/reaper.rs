@@ -57,7 +57,7 @@ impl Reaper {
     /// Spawns `cmd` and registers its pid so its exit status goes to `ctl`.
     pub fn spawn(&self, cmd: &mut Command, ctl: Arc<Control>) -> io::Result<Child> {
         let mut reg = lock(&self.registry);
-        let child = cmd.spawn()?;
+        let child = crate::watchdog::watched(|| cmd.spawn())?;
         // Pids fit in i32 on Linux (pid_max <= 2^22).
         let pid = child.id() as i32;
         reg.waiting.insert(pid, ctl);

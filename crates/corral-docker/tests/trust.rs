@@ -374,3 +374,41 @@ async fn an_exclusive_grader_cannot_be_tampered_with_by_leftovers() {
     sb.destroy().await.expect("destroy");
     g.assert_clean();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_child_cannot_hold_the_agent() {
+    let g = Guard::new("trust-stop-spawn");
+    let b = backend().await;
+    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
+    let opts = corral_docker::FileOptions {
+        mode: Some(0o755),
+        ..Default::default()
+    };
+    sb.write_file("/tmp/stopper", &compile_attack("stop-spawn"), &opts)
+        .await
+        .expect("upload");
+    let r = sb
+        .run(&sh(
+            "setsid /tmp/stopper >/tmp/stopper.log 2>&1 </dev/null & echo planted",
+        ))
+        .await;
+    assert_eq!(text(&r.stdout), "planted\n", "{r:?}");
+    // Every later command is answered: run normally, or killed by signal 9
+    // when the leftover caught its process before exec. Never a hang or an
+    // agent_error (retryable).
+    let mut held = 0;
+    for _ in 0..8 {
+        let r = sb
+            .run(&CommandSpec::argv(["echo", "hi"]).timeout(Duration::from_secs(5)))
+            .await;
+        assert_eq!(r.failure, None, "{r:?}");
+        match (r.exit_code, r.signal) {
+            (Some(0), None) => assert_eq!(text(&r.stdout), "hi\n"),
+            (None, Some(9)) => held += 1,
+            other => panic!("unexpected outcome {other:?}: {r:?}"),
+        }
+    }
+    eprintln!("spawns held up by the leftover and unstuck: {held}");
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}
