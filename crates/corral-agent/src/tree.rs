@@ -60,8 +60,10 @@ pub fn scan() -> Vec<ProcStat> {
         if !name.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
-        let text = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-        parse_stat(&text)
+        // Bytes, not a string: a process may give itself a name that is not
+        // UTF-8, and must not become invisible (and unkillable) by it.
+        let bytes = std::fs::read(entry.path().join("stat")).ok()?;
+        parse_stat(&String::from_utf8_lossy(&bytes))
     })
     .collect()
 }

@@ -260,6 +260,23 @@ fn timeout_kills_the_whole_tree() {
 }
 
 #[test]
+fn a_process_with_a_name_that_is_not_utf8_cannot_escape_a_timeout() {
+    need_docker!();
+    let sb = Sandbox::start(Opts::default());
+    let mut c = sb.client();
+    let mut r = req(&[
+        "sh",
+        "-c",
+        "setsid sh -c 'printf \"\\377\\376\" > /proc/self/comm; while :; do sleep 1; done' & sleep 100",
+    ]);
+    r.timeout_ms = Some(500);
+    assert!(c.run_req(&r).report().timed_out);
+    std::thread::sleep(Duration::from_millis(500));
+    let o = c.sh("for d in /proc/[0-9]*; do cat $d/comm; done | od -c | grep -c '377' || true");
+    assert_eq!(o.out(), "0\n", "a renamed process survived the timeout");
+}
+
+#[test]
 fn background_children_do_not_hold_completion() {
     need_docker!();
     let sb = Sandbox::start(Opts::default());
