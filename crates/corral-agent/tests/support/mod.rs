@@ -45,16 +45,14 @@ pub fn agent_bin() -> PathBuf {
             return PathBuf::from(p);
         }
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let target_dir = "/tmp/agent-target";
+        // Inside this checkout: a target directory shared by several
+        // checkouts can take one's stale build for another's.
+        let target_dir = root.join("target").join("agent-test");
         let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
         cmd.current_dir(&root)
             .args(["build", "-p", "corral-agent", "--release"])
-            .args([
-                "--target",
-                "x86_64-unknown-linux-gnu",
-                "--target-dir",
-                target_dir,
-            ])
+            .args(["--target", "x86_64-unknown-linux-gnu", "--target-dir"])
+            .arg(&target_dir)
             .env("RUSTFLAGS", "-C target-feature=+crt-static");
         for var in [
             "CARGO_ENCODED_RUSTFLAGS",
