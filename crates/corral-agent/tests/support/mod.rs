@@ -68,7 +68,7 @@ pub fn agent_bin() -> PathBuf {
             status.success(),
             "building the static agent failed: {status}"
         );
-        PathBuf::from(target_dir).join("x86_64-unknown-linux-gnu/release/corral-agent")
+        target_dir.join("x86_64-unknown-linux-gnu/release/corral-agent")
     })
     .clone()
 }
