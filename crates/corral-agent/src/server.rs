@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use corral_core::protocol::{
     ExecRequest, Frame, FrameKind, Hello, HelloAck, Item, SignalRequest, SpawnError, Started,
-    SyncDecoder, MAX_HANDSHAKE, PROTOCOL_VERSION,
+    SyncDecoder, PROTOCOL_VERSION,
 };
 
 use crate::control::{lock, Control, StdinRefused};
@@ -123,14 +123,8 @@ impl Conn {
                 if greeted && decoder.is_hunting() {
                     greeted = false;
                 }
-                if !greeted && !decoder.is_hunting() {
-                    // Right after the sync bytes only a small Hello may come.
-                    if let Some((kind, len)) = decoder.peek_header() {
-                        if kind != FrameKind::Hello as u8 || len > MAX_HANDSHAKE {
-                            decoder.resync();
-                            continue;
-                        }
-                    }
+                if !greeted && decoder.refuse_non_handshake(FrameKind::Hello) {
+                    continue;
                 }
                 let item = match decoder.next_item() {
                     Ok(Some(item)) => item,

@@ -351,15 +351,21 @@ impl SyncDecoder {
         }
     }
 
-    /// The header after a sync point, once its 9 bytes are here: its kind
-    /// byte and announced length.
-    pub fn peek_header(&self) -> Option<(u8, usize)> {
+    /// Right after a sync point only a small handshake frame of `kind` may
+    /// follow. Once its header is here and it is anything else, the sync
+    /// bytes were not a session start (command output can contain them):
+    /// hunting resumes and this returns true.
+    pub fn refuse_non_handshake(&mut self, kind: FrameKind) -> bool {
         let rest = self.frames.rest();
         if self.hunting || rest.len() < HEADER_LEN {
-            return None;
+            return false;
         }
         let len = u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]) as usize;
-        Some((rest[0], len))
+        if rest[0] == kind as u8 && len <= MAX_HANDSHAKE {
+            return false;
+        }
+        self.resync();
+        true
     }
 
     /// The next item, `Ok(None)` when more bytes are needed. An error leaves
@@ -615,5 +621,24 @@ mod tests {
         d.extend(SYNC);
         assert!(d.next_item().is_err());
         assert!(d.at_sync());
+    }
+
+    #[test]
+    fn only_a_small_handshake_may_follow_sync_bytes() {
+        let mut d = SyncDecoder::new();
+        d.extend(SYNC);
+        assert_eq!(d.next_item(), Ok(Some(Item::Synced)));
+        let mut wire = Vec::new();
+        Frame::new(FrameKind::HelloAck, 0, b"{}".to_vec()).encode_into(&mut wire);
+        d.extend(&wire);
+        assert!(!d.refuse_non_handshake(FrameKind::HelloAck));
+        assert!(d.refuse_non_handshake(FrameKind::Hello));
+        assert!(d.is_hunting());
+        // A handshake kind announcing a huge payload is no handshake either.
+        let mut d = SyncDecoder::new();
+        d.extend(SYNC);
+        assert_eq!(d.next_item(), Ok(Some(Item::Synced)));
+        d.extend(&[FrameKind::HelloAck as u8, 0, 0, 0, 0, 0, 0x10, 0, 0]);
+        assert!(d.refuse_non_handshake(FrameKind::HelloAck));
     }
 }

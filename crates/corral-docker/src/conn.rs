@@ -23,7 +23,7 @@ use bollard::container::{AttachContainerResults, LogOutput};
 use bollard::query_parameters::AttachContainerOptionsBuilder;
 use bollard::Docker;
 use corral_core::protocol::{
-    Frame, FrameKind, Hello, HelloAck, Item, SyncDecoder, MAX_HANDSHAKE, PROTOCOL_VERSION, SYNC,
+    Frame, FrameKind, Hello, HelloAck, Item, SyncDecoder, PROTOCOL_VERSION, SYNC,
 };
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
@@ -121,6 +121,26 @@ enum Phase {
 }
 
 impl Routes {
+    /// Starts routing frames for `id`, keeping at most `cap` output bytes
+    /// queued for its receiver.
+    fn add(&mut self, id: u32, cap: usize) -> RouteRx {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let budget = Arc::new(Budget {
+            cap: AtomicUsize::new(cap),
+            queued: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
+        });
+        self.map.insert(
+            id,
+            Route {
+                tx: Some(tx),
+                started: false,
+                budget: budget.clone(),
+            },
+        );
+        RouteRx { rx, budget }
+    }
+
     /// Checks one frame against what corral asked for and routes it.
     fn route(&mut self, frame: Frame, issued: u32) -> Result<(), String> {
         let id = frame.id;
@@ -390,21 +410,7 @@ impl AgentConn {
         if let Some(closed) = &r.closed {
             return Err(describe(closed));
         }
-        let (tx, rx) = mpsc::unbounded_channel();
-        let budget = Arc::new(Budget {
-            cap: AtomicUsize::new(cap),
-            queued: AtomicUsize::new(0),
-            dropped: AtomicU64::new(0),
-        });
-        r.map.insert(
-            id,
-            Route {
-                tx: Some(tx),
-                started: false,
-                budget: budget.clone(),
-            },
-        );
-        Ok(RouteRx { rx, budget })
+        Ok(r.add(id, cap))
     }
 
     /// Stops delivering frames for `id`. The route stays until the agent's
@@ -513,18 +519,10 @@ async fn read_stream(
         };
         decoder.extend(&message);
         loop {
-            if let Phase::Handshake { .. } = phase {
-                if !decoder.is_hunting() {
-                    // After sync bytes only our small HelloAck may follow;
-                    // anything else means the sync bytes were inside some
-                    // payload (command output can contain them): hunt on.
-                    if let Some((kind, len)) = decoder.peek_header() {
-                        if kind != FrameKind::HelloAck as u8 || len > MAX_HANDSHAKE {
-                            decoder.resync();
-                            continue;
-                        }
-                    }
-                }
+            if matches!(phase, Phase::Handshake { .. })
+                && decoder.refuse_non_handshake(FrameKind::HelloAck)
+            {
+                continue;
             }
             let item = match decoder.next_item() {
                 Ok(Some(item)) => item,
@@ -593,21 +591,8 @@ mod tests {
 
     fn routes_with(id: u32) -> (Routes, RouteRx) {
         let mut r = Routes::default();
-        let (tx, rx) = mpsc::unbounded_channel();
-        let budget = Arc::new(Budget {
-            cap: AtomicUsize::new(10),
-            queued: AtomicUsize::new(0),
-            dropped: AtomicU64::new(0),
-        });
-        r.map.insert(
-            id,
-            Route {
-                tx: Some(tx),
-                started: false,
-                budget: budget.clone(),
-            },
-        );
-        (r, RouteRx { rx, budget })
+        let rx = r.add(id, 10);
+        (r, rx)
     }
 
     fn f(kind: FrameKind, id: u32) -> Frame {

@@ -13,7 +13,7 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use bollard::query_parameters::InspectContainerOptions;
-use common::{backend, Guard, BUSYBOX};
+use common::{backend, docker_within as docker, Guard, BUSYBOX};
 use corral_core::CommandSpec;
 use corral_docker::network::{ICC_OPTION, NETWORK_NAME};
 
@@ -107,16 +107,6 @@ async fn sandboxes_reach_outside_but_not_each_other() {
     a.destroy().await.expect("destroy A");
     bb.destroy().await.expect("destroy B");
     g.assert_clean();
-}
-
-/// `docker` with a hard time limit.
-fn docker(args: &[&str]) -> String {
-    let out = std::process::Command::new("timeout")
-        .args(["-s", "KILL", "30", "docker"])
-        .args(args)
-        .output()
-        .expect("run docker");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -15,12 +15,11 @@ mod common;
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use bollard::query_parameters::{CreateContainerOptionsBuilder, InspectContainerOptions};
-use common::{backend, Guard, BUSYBOX};
+use common::{backend, docker_within as docker, Guard, BUSYBOX};
 use corral_core::pool::ProviderConfig;
 use corral_core::{labels, CommandSpec};
 use corral_docker::workspace::{legacy_dir_name, SessionDirs};
@@ -44,16 +43,6 @@ fn mode(path: &std::path::Path) -> u32 {
 
 fn temp_root(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("corral-{name}-{}", std::process::id()))
-}
-
-/// `docker` with a hard time limit.
-fn docker(args: &[&str]) -> String {
-    let out = Command::new("timeout")
-        .args(["-s", "KILL", "30", "docker"])
-        .args(args)
-        .output()
-        .expect("run docker");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread")]

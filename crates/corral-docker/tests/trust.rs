@@ -298,18 +298,23 @@ fn compile_attack(name: &str) -> Vec<u8> {
     bytes
 }
 
+/// Puts the compiled attack `name` into the sandbox at `path`, executable.
+async fn upload_attack(sb: &corral_docker::Sandbox, name: &str, path: &str) {
+    let opts = corral_docker::FileOptions {
+        mode: Some(0o755),
+        ..Default::default()
+    };
+    sb.write_file(path, &compile_attack(name), &opts)
+        .await
+        .expect("upload");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn commands_cannot_limit_starve_trace_or_stop_the_agent() {
     let g = Guard::new("trust-reach-pid1");
     let b = backend().await;
     let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
-    let opts = corral_docker::FileOptions {
-        mode: Some(0o755),
-        ..Default::default()
-    };
-    sb.write_file("/tmp/reach", &compile_attack("reach-pid1"), &opts)
-        .await
-        .expect("upload");
+    upload_attack(&sb, "reach-pid1", "/tmp/reach").await;
     let r = sb.run(&sh("trap '' TERM; /tmp/reach")).await;
     assert_eq!(r.failure, None, "{r:?}");
     assert_eq!(r.exit_code, Some(1), "{r:?}");
@@ -380,13 +385,7 @@ async fn a_stopped_child_cannot_hold_the_agent() {
     let g = Guard::new("trust-stop-spawn");
     let b = backend().await;
     let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
-    let opts = corral_docker::FileOptions {
-        mode: Some(0o755),
-        ..Default::default()
-    };
-    sb.write_file("/tmp/stopper", &compile_attack("stop-spawn"), &opts)
-        .await
-        .expect("upload");
+    upload_attack(&sb, "stop-spawn", "/tmp/stopper").await;
     let r = sb
         .run(&sh(
             "setsid /tmp/stopper >/tmp/stopper.log 2>&1 </dev/null & echo planted",

@@ -96,6 +96,17 @@ impl Drop for Guard {
     }
 }
 
+/// Runs `docker` with `args` under a 30 s hard limit (for commands that can
+/// hang on a wedged daemon), returning stdout without surrounding blanks.
+pub fn docker_within(args: &[&str]) -> String {
+    let out = Command::new("timeout")
+        .args(["-s", "KILL", "30", "docker"])
+        .args(args)
+        .output()
+        .expect("run docker");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 /// Runs `docker` with `args`, returning stdout.
 pub fn docker(args: &[&str]) -> String {
     let out = Command::new("docker")
