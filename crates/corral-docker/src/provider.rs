@@ -977,6 +977,13 @@ impl Provider {
         let mut starts: Vec<(String, SandboxSpec)> = Vec::new();
         {
             let mut st = lock(&self.inner.state);
+            // Checked under the lock that counts refills: shutdown sets
+            // `closed`, then waits for the count to drop to zero, so a refill
+            // either shows in that count or never starts (one starting after
+            // shutdown drained the pools would outlive it).
+            if self.inner.closed.load(Ordering::Acquire) {
+                return;
+            }
             for (name, pool) in &cfg.pools {
                 let have = st.pools.get(name).map_or(0, VecDeque::len)
                     + st.refilling.get(name).copied().unwrap_or(0);
