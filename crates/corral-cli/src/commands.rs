@@ -10,14 +10,53 @@ pub mod run;
 pub mod serve;
 pub mod workload;
 
-use anyhow::Context;
-use corral_docker::{BackendConfig, DockerBackend};
+use std::sync::Arc;
 
-/// Connects to the daemon or explains why not.
-pub async fn connect(config: BackendConfig) -> anyhow::Result<DockerBackend> {
-    DockerBackend::connect(&config)
-        .await
-        .context("cannot reach a container daemon")
+use anyhow::Context;
+use corral::config::{BackendKind, Config};
+use corral::{Runtime, RuntimeConfig};
+use corral_docker::{DockerBackend, DockerConfig};
+
+/// The engine settings of the config file: which backend, how to reach
+/// it, and the runtime's limits over it.
+#[derive(Debug, Clone)]
+pub struct BackendConfig {
+    /// Which engine (`backend:`).
+    pub kind: BackendKind,
+    /// How to reach the Docker daemon.
+    pub docker: DockerConfig,
+    /// Limits, the breaker, orphan reaping, the seal key.
+    pub runtime: RuntimeConfig,
+}
+
+impl From<&Config> for BackendConfig {
+    fn from(config: &Config) -> Self {
+        BackendConfig {
+            kind: config.backend,
+            docker: DockerConfig::from(config),
+            runtime: RuntimeConfig::from(config),
+        }
+    }
+}
+
+/// Connects to the configured engine or explains why not; the runtime
+/// over it.
+pub async fn connect(config: BackendConfig) -> anyhow::Result<Runtime> {
+    Ok(connect_docker(config).await?.0)
+}
+
+/// Like [`connect`], also handing back the Docker backend itself, for
+/// what only Docker has (`doctor`'s daemon report, bench's raw floors).
+pub async fn connect_docker(config: BackendConfig) -> anyhow::Result<(Runtime, DockerBackend)> {
+    match config.kind {
+        BackendKind::Docker => {
+            let docker = DockerBackend::connect(&config.docker)
+                .await
+                .context("cannot reach a container daemon")?;
+            let runtime = Runtime::new(Arc::new(docker.clone()), config.runtime);
+            Ok((runtime, docker))
+        }
+    }
 }
 
 /// The image used when `--image` is not given.

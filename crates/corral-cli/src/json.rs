@@ -70,8 +70,8 @@ pub fn result(r: &CommandResult, sandbox_id: Option<&str>) -> Value {
 
 /// Mean time per successful start in each phase, in ms rounded to the µs,
 /// keyed by phase name (`first_command` over the sandboxes that ran one).
-pub fn start_phase_means(m: &corral_docker::metrics::MetricsSnapshot) -> Value {
-    use corral_docker::metrics::StartPhase;
+pub fn start_phase_means(m: &corral::metrics::MetricsSnapshot) -> Value {
+    use corral::metrics::StartPhase;
     StartPhase::ALL
         .into_iter()
         .map(|phase| {

@@ -101,7 +101,7 @@ fn main() -> ExitCode {
             return ExitCode::from(125);
         }
     };
-    let config = corral_docker::BackendConfig::from(&settings);
+    let config = commands::BackendConfig::from(&settings);
     let result = runtime.block_on(async move {
         match command {
             Command::Run(args) => commands::run::run(config, &settings, *args).await,

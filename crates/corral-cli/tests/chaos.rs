@@ -14,8 +14,9 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use corral::{Runtime, RuntimeConfig};
 use corral_core::{CommandSpec, FailureKind, Network, Recovery, RetryPolicy, SandboxSpec};
-use corral_docker::{BackendConfig, DockerBackend};
+use corral_docker::{DockerBackend, DockerConfig};
 use corral_faultproxy::{Action, FaultProxy, Matcher, Rule};
 
 const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
@@ -63,8 +64,9 @@ fn transient_rules() -> Vec<Rule> {
     ]
 }
 
-fn config(endpoint: &std::path::Path) -> BackendConfig {
-    BackendConfig {
+/// The runtime over the daemon behind the fault proxy at `endpoint`.
+async fn connect(endpoint: &std::path::Path) -> Result<Runtime, corral::Error> {
+    let docker = DockerBackend::connect(&DockerConfig {
         endpoint: Some(format!("unix://{}", endpoint.display())),
         retry: RetryPolicy {
             attempts: 8,
@@ -72,11 +74,17 @@ fn config(endpoint: &std::path::Path) -> BackendConfig {
             max_delay_ms: 200,
             jitter: true,
         },
-        start_limit: 8,
-        shared_slots: false,
-        reap_orphans: false,
-        ..BackendConfig::default()
-    }
+    })
+    .await?;
+    Ok(Runtime::new(
+        std::sync::Arc::new(docker),
+        RuntimeConfig {
+            start_limit: 8,
+            shared_slots: false,
+            reap_orphans: false,
+            ..RuntimeConfig::default()
+        },
+    ))
 }
 
 fn docker(args: &[&str]) {
@@ -138,7 +146,7 @@ fn chaos_for(i: usize) -> Option<Chaos> {
     }
 }
 
-async fn workload(backend: DockerBackend, recovery: Recovery, label: &str) -> Vec<Outcome> {
+async fn workload(backend: Runtime, recovery: Recovery, label: &str) -> Vec<Outcome> {
     let mut spec = SandboxSpec::new("corral-test/busybox");
     spec.network = Network::None;
     spec.recovery = recovery;
@@ -252,7 +260,7 @@ async fn chaos_recreate_policy_every_command_succeeds() {
     let proxy = FaultProxy::start(socket("recreate"), "/var/run/docker.sock").expect("proxy");
     proxy.set_seed(7);
     proxy.set_rules(transient_rules()).expect("rules");
-    let backend = DockerBackend::connect(&config(proxy.socket_path()))
+    let backend = connect(proxy.socket_path())
         .await
         .expect("connect through proxy");
     let outcomes = workload(backend.clone(), Recovery::Recreate, &label).await;
@@ -289,7 +297,7 @@ async fn chaos_fail_policy_types_every_loss() {
     let proxy = FaultProxy::start(socket("fail"), "/var/run/docker.sock").expect("proxy");
     proxy.set_seed(11);
     proxy.set_rules(transient_rules()).expect("rules");
-    let backend = DockerBackend::connect(&config(proxy.socket_path()))
+    let backend = connect(proxy.socket_path())
         .await
         .expect("connect through proxy");
     let outcomes = workload(backend.clone(), Recovery::Fail, &label).await;

@@ -52,6 +52,9 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
+    /// Which engine runs sandboxes: `docker` (default; Docker or Podman's
+    /// compatible socket).
+    pub backend: BackendKind,
     /// Daemon endpoint: `unix:///path`, `tcp://host:port` or a socket path.
     /// Default `None`: `DOCKER_HOST`, then Docker's default socket, then
     /// Podman's sockets.
@@ -115,6 +118,15 @@ pub struct ServerConfig {
     pub mcp_profile: Option<String>,
     /// What API clients may ask for in a sandbox spec.
     pub policy: ClientPolicy,
+}
+
+/// Which engine runs sandboxes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// The Docker Engine API (Docker, or Podman's compatible socket).
+    #[default]
+    Docker,
 }
 
 /// How the service authenticates requests.

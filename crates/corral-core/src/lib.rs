@@ -5,20 +5,25 @@
 //! types, so a rule such as "what a hardened sandbox looks like" or "which
 //! failures are retryable" lives in exactly one place.
 
+pub mod backend;
 pub mod breaker;
 pub mod client_policy;
 pub mod command;
 pub mod config;
+pub mod error;
 pub mod labels;
 pub mod outcome;
 pub mod output;
+pub mod paths;
 pub mod policy;
 pub mod pool;
 pub mod protocol;
 pub mod spec;
 pub mod units;
 
+pub use backend::{Backend, Placement};
 pub use command::CommandSpec;
-pub use outcome::{CommandResult, ContainerState, Failure, FailureKind};
+pub use error::Error;
+pub use outcome::{CommandResult, ContainerState, ContainerStatus, Failure, FailureKind};
 pub use policy::{Recovery, RetryPolicy};
 pub use spec::{EnvVar, Limits, Mount, Network, SandboxSpec, Security, SpecError, Tmpfs};

@@ -72,13 +72,97 @@ impl fmt::Display for FailureKind {
     }
 }
 
+/// Where a sandbox's container (or pod) is in its life, as its engine
+/// reports it. On the wire it is the lowercase name (`running`, `exited`).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum ContainerStatus {
+    /// Made, not started yet.
+    Created,
+    /// Its init process runs.
+    Running,
+    /// Frozen by the engine.
+    Paused,
+    /// Being restarted by the engine.
+    Restarting,
+    /// Being removed.
+    Removing,
+    /// Its init process has exited.
+    Exited,
+    /// The engine failed to stop or remove it.
+    Dead,
+    /// It no longer exists.
+    Removed,
+    /// The engine reported something else.
+    #[default]
+    Unknown,
+}
+
+impl ContainerStatus {
+    /// Every status, for parsing and tests.
+    pub const ALL: [ContainerStatus; 9] = [
+        ContainerStatus::Created,
+        ContainerStatus::Running,
+        ContainerStatus::Paused,
+        ContainerStatus::Restarting,
+        ContainerStatus::Removing,
+        ContainerStatus::Exited,
+        ContainerStatus::Dead,
+        ContainerStatus::Removed,
+        ContainerStatus::Unknown,
+    ];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContainerStatus::Created => "created",
+            ContainerStatus::Running => "running",
+            ContainerStatus::Paused => "paused",
+            ContainerStatus::Restarting => "restarting",
+            ContainerStatus::Removing => "removing",
+            ContainerStatus::Exited => "exited",
+            ContainerStatus::Dead => "dead",
+            ContainerStatus::Removed => "removed",
+            ContainerStatus::Unknown => "unknown",
+        }
+    }
+
+    /// The status an engine's name stands for; anything unknown is `Unknown`.
+    pub fn parse(name: &str) -> ContainerStatus {
+        let name = name.trim().to_ascii_lowercase();
+        ContainerStatus::ALL
+            .into_iter()
+            .find(|s| s.as_str() == name)
+            .unwrap_or(ContainerStatus::Unknown)
+    }
+
+    /// True when its init process runs.
+    pub fn is_running(self) -> bool {
+        self == ContainerStatus::Running
+    }
+}
+
+impl fmt::Display for ContainerStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for ContainerStatus {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// A container's state as the daemon reported it, attached to failures.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ContainerState {
     /// Container id.
     pub id: String,
-    /// Status (`running`, `exited`, ... or `removed` when it no longer exists).
-    pub status: String,
+    /// Where it is in its life (`removed` when it no longer exists).
+    pub status: ContainerStatus,
     /// Exit code of PID 1 when it has exited.
     pub exit_code: Option<i64>,
     /// The daemon's OOMKilled flag (true only when PID 1 was OOM-killed).
@@ -227,7 +311,7 @@ mod tests {
         let mut f = Failure::new(FailureKind::ContainerLost, "sandbox sb-1 lost");
         f.container = Some(ContainerState {
             id: "0123456789abcdef".into(),
-            status: "exited".into(),
+            status: ContainerStatus::Exited,
             exit_code: Some(137),
             oom_killed: true,
             ..ContainerState::default()

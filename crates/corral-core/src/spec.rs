@@ -332,7 +332,28 @@ fn check_container_path(field: &str, path: &str) -> Result<(), SpecError> {
     Ok(())
 }
 
+/// The agent's grace for persistent sandboxes: ten years, i.e. never (a
+/// persistent sandbox outlives its owner).
+const PERSISTENT_GRACE_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
+
 impl SandboxSpec {
+    /// The dead-man grace the agent runs with, in ms: `agent_grace_ms`,
+    /// or never for a persistent sandbox.
+    pub fn effective_grace_ms(&self) -> u64 {
+        if self.persistent.is_some() {
+            PERSISTENT_GRACE_MS
+        } else {
+            self.agent_grace_ms
+        }
+    }
+
+    /// How often corral pings the agent when nothing else is sent: three
+    /// times per dead-man grace period, so one late ping never fires the
+    /// switch, and at least every ten seconds.
+    pub fn keepalive(&self) -> std::time::Duration {
+        std::time::Duration::from_millis((self.effective_grace_ms() / 3).clamp(50, 10_000))
+    }
+
     /// A hardened spec for `image`.
     pub fn new(image: impl Into<String>) -> Self {
         SandboxSpec {

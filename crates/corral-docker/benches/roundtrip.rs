@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder};
+use corral::{Runtime, RuntimeConfig};
 use corral_core::{CommandSpec, SandboxSpec};
-use corral_docker::{BackendConfig, DockerBackend};
+use corral_docker::{DockerBackend, DockerConfig};
 use futures_util::StreamExt;
 
 const IMAGE: &str = "corral-test/busybox";
@@ -84,10 +85,14 @@ fn row(name: &str, n: usize, s: &Stats) {
 async fn main() {
     let tag = std::process::id().to_string();
     let _cleanup = Cleanup(tag.clone());
-    let backend = DockerBackend::connect(&BackendConfig::default())
+    let docker_backend = DockerBackend::connect(&DockerConfig::default())
         .await
         .expect("daemon");
-    let docker = backend.docker().clone();
+    let docker = docker_backend.docker().clone();
+    let backend = Runtime::new(
+        std::sync::Arc::new(docker_backend),
+        RuntimeConfig::default(),
+    );
     let mut spec = SandboxSpec::new(IMAGE);
     spec.labels.insert("corralbench".into(), tag.clone());
     spec.network = corral_core::Network::None;

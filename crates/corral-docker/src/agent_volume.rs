@@ -18,8 +18,8 @@ use bollard::Docker;
 use corral_core::labels::{self, Owner};
 use corral_core::protocol::AGENT_DIR;
 
-use crate::error::{is_not_found, DockerError};
-use crate::host;
+use crate::error::is_not_found;
+use corral_core::Error;
 
 /// The agent binary, built statically by this crate's build script.
 pub static AGENT_BINARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/corral-agent"));
@@ -84,7 +84,7 @@ pub async fn make_private(
     sandbox: &str,
     image: &str,
     owner: &Owner,
-) -> Result<String, DockerError> {
+) -> Result<String, Error> {
     let volume = private_volume_name(sandbox);
     docker
         .create_volume(VolumeCreateRequest {
@@ -97,7 +97,7 @@ pub async fn make_private(
             ..Default::default()
         })
         .await
-        .map_err(|e| DockerError::api(format!("create volume {volume}"), e))?;
+        .map_err(|e| crate::error::api(format!("create volume {volume}"), e))?;
     if let Err(e) = fill(docker, &volume, image, owner).await {
         remove_private(docker, sandbox).await;
         return Err(e);
@@ -124,15 +124,18 @@ pub async fn remove_private(docker: &Docker, sandbox: &str) {
     }
 }
 
+/// A name for a helper container no other corral process uses: this
+/// process's owner record and a counter.
+fn helper_name(owner: &Owner) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("corral-agent-fill-{}-{}-{n}", owner.pid, owner.start)
+}
+
 /// Copies the agent binary into `volume` through a created, never-started
 /// helper container.
-async fn fill(
-    docker: &Docker,
-    volume: &str,
-    image: &str,
-    owner: &Owner,
-) -> Result<(), DockerError> {
-    let helper = format!("corral-agent-fill-{}", host::random_hex(8));
+async fn fill(docker: &Docker, volume: &str, image: &str, owner: &Owner) -> Result<(), Error> {
+    let helper = helper_name(owner);
     let body = ContainerCreateBody {
         image: Some(image.to_string()),
         entrypoint: Some(vec!["/.corral/corral-agent".into()]),
@@ -163,10 +166,10 @@ async fn fill(
     docker
         .create_container(Some(opts), body)
         .await
-        .map_err(|e| DockerError::api(format!("create agent helper {helper} from {image}"), e))?;
+        .map_err(|e| crate::error::api(format!("create agent helper {helper} from {image}"), e))?;
 
     let upload = async {
-        let tar = agent_tar().map_err(|e| DockerError::Agent {
+        let tar = agent_tar().map_err(|e| Error::Agent {
             sandbox: helper.clone(),
             message: format!("cannot pack the agent binary: {e}"),
         })?;
@@ -176,7 +179,7 @@ async fn fill(
         docker
             .upload_to_container(&helper, Some(opts), bollard::body_full(tar.into()))
             .await
-            .map_err(|e| DockerError::api(format!("upload agent into volume {volume}"), e))
+            .map_err(|e| crate::error::api(format!("upload agent into volume {volume}"), e))
     }
     .await;
     let rm = RemoveContainerOptionsBuilder::default()
@@ -205,13 +208,13 @@ fn agent_tar() -> Result<Vec<u8>, std::io::Error> {
 
 /// Makes sure the agent volume exists and holds a complete binary. `image` is
 /// any image present on the daemon (the helper container is never started).
-pub async fn ensure(docker: &Docker, image: &str, owner: &Owner) -> Result<String, DockerError> {
+pub async fn ensure(docker: &Docker, image: &str, owner: &Owner) -> Result<String, Error> {
     let volume = volume_name();
     match docker.inspect_volume(&ready_name()).await {
         Ok(_) => return Ok(volume),
         Err(e) if is_not_found(&e) => {}
         Err(e) => {
-            return Err(DockerError::api(
+            return Err(crate::error::api(
                 format!("inspect volume {}", ready_name()),
                 e,
             ))
@@ -225,7 +228,7 @@ pub async fn ensure(docker: &Docker, image: &str, owner: &Owner) -> Result<Strin
             ..Default::default()
         })
         .await
-        .map_err(|e| DockerError::api(format!("create volume {volume}"), e))?;
+        .map_err(|e| crate::error::api(format!("create volume {volume}"), e))?;
 
     if let Err(e) = fill(docker, &volume, image, owner).await {
         // Another corral process may have filled the volume meanwhile (and a
@@ -243,7 +246,7 @@ pub async fn ensure(docker: &Docker, image: &str, owner: &Owner) -> Result<Strin
             ..Default::default()
         })
         .await
-        .map_err(|e| DockerError::api(format!("create volume {}", ready_name()), e))?;
+        .map_err(|e| crate::error::api(format!("create volume {}", ready_name()), e))?;
     tracing::info!(volume = %volume, bytes = AGENT_BINARY.len(), "agent volume filled");
     Ok(volume)
 }

@@ -1,34 +1,61 @@
-//! The Docker backend: connects to a daemon and creates sandboxes on it.
+//! The Docker backend: containers whose PID 1 is corral's agent, reached
+//! through the daemon's attach to PID 1's own stdin and stdout.
 
-use std::path::PathBuf;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bollard::container::{AttachContainerResults, LogOutput};
 use bollard::models::ContainerCreateBody;
-use bollard::query_parameters::{CreateContainerOptionsBuilder, CreateImageOptionsBuilder};
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, CreateImageOptionsBuilder,
+    KillContainerOptionsBuilder, RemoveContainerOptionsBuilder,
+};
 use bollard::Docker;
-use corral_core::breaker::{Admit, Breaker, BreakerConfig};
-use corral_core::labels::Owner;
+use corral_core::backend::{
+    AgentOutput, AgentStream, Backend, BackendCounters, BoxFuture, OnDeath, Placement, Prepared,
+    SandboxInfo, StartRequest,
+};
+use corral_core::config::Config;
 use corral_core::outcome::short;
-use corral_core::{RetryPolicy, SandboxSpec};
+use corral_core::{ContainerState, Error, RetryPolicy, SandboxSpec};
 use futures_util::StreamExt;
 use tokio::sync::OnceCell;
-use tracing::Instrument;
 
 use crate::agent_volume;
-use crate::conn::AgentConn;
-use crate::container_config::{container_name, create_body, keepalive, CreateParams};
-use crate::error::{is_connection_error, is_not_found, status_code, DockerError};
+use crate::container_config::{container_name, create_body, CreateParams};
+use crate::error::{api, is_connection_error, is_not_found, status_code};
 use crate::events::EventRouter;
-use crate::host::{self, RealHost};
-use crate::limits::{default_slot_dir, Limiter};
-use crate::metrics::{Metrics, MetricsSnapshot, StartPhase};
 use crate::retry::retry;
-use crate::sandbox::{remove_container, Sandbox};
 
 /// How long a pull of a missing image may take before corral gives up.
 const PULL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long a container killed by SIGKILL is given for the daemon's `oom`
+/// event to arrive, when its state does not say OOM.
+const OOM_EVENT_WAIT: Duration = Duration::from_millis(750);
+
+/// An `oom` event this recent counts as the cause of a SIGKILLed container.
+const OOM_EVENT_RECENT: Duration = Duration::from_secs(5);
+
+/// How to reach the daemon.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DockerConfig {
+    /// `unix:///path`, `tcp://host:port` or a socket path; `None` tries
+    /// `DOCKER_HOST`, Docker's default socket and Podman's sockets.
+    pub endpoint: Option<String>,
+    /// Retries of transient daemon errors.
+    pub retry: RetryPolicy,
+}
+
+impl From<&Config> for DockerConfig {
+    fn from(config: &Config) -> Self {
+        DockerConfig {
+            endpoint: config.endpoint.clone(),
+            retry: config.daemon.retry.clone(),
+        }
+    }
+}
 
 /// A connection to one daemon. Cheap to clone; share one per process.
 #[derive(Clone)]
@@ -39,179 +66,57 @@ pub struct DockerBackend {
 pub(crate) struct BackendInner {
     pub(crate) docker: Docker,
     pub(crate) endpoint: String,
-    pub(crate) owner: Owner,
-    pub(crate) config: BackendConfig,
-    pub(crate) metrics: Metrics,
+    pub(crate) config: DockerConfig,
+    pub(crate) retries: AtomicU64,
     agent_volume: OnceCell<String>,
     network: OnceCell<crate::network::NetworkInfo>,
-    seal_key: OnceCell<Arc<crate::seal::SealKey>>,
     storage_opt: OnceCell<bool>,
     pub(crate) events: Arc<EventRouter>,
-    start_slots: Limiter,
-    pub(crate) exec_slots: Limiter,
-    breaker: Mutex<Breaker>,
-}
-
-/// How to reach the daemon and how hard to lean on it.
-#[derive(Debug, Clone)]
-pub struct BackendConfig {
-    /// `unix:///path`, `tcp://host:port` or a socket path; `None` tries
-    /// `DOCKER_HOST`, Docker's default socket and Podman's sockets.
-    pub endpoint: Option<String>,
-    /// Retries of transient daemon errors.
-    pub retry: RetryPolicy,
-    /// Container starts in flight at once (0: unlimited).
-    pub start_limit: usize,
-    /// Daemon execs (agent attaches) in flight at once (0: unlimited).
-    pub exec_limit: usize,
-    /// Share the limits with every corral process of this user on the host
-    /// through lock files in `slot_dir`.
-    pub shared_slots: bool,
-    /// Where the slot lock files live; `None` is the per-user default.
-    pub slot_dir: Option<PathBuf>,
-    /// Longest wait for a slot before failing with a clear error.
-    pub slot_wait_timeout: Duration,
-    /// Back-pressure on starts when the daemon's error rate or latency spikes.
-    pub breaker: BreakerConfig,
-    /// Remove orphaned containers (owner process gone) at connect.
-    pub reap_orphans: bool,
-    /// Then again at this interval (zero: only at connect).
-    pub reap_interval: Duration,
-    /// Starts slower than this are logged with their phases.
-    pub slow_start: Duration,
-    /// The file holding the user's secret key that seals persistent
-    /// containers (0600); `None`: `$XDG_DATA_HOME/corral/seal.key`, else
-    /// `~/.local/share/corral/seal.key`.
-    pub seal_key_file: Option<PathBuf>,
-}
-
-impl Default for BackendConfig {
-    fn default() -> Self {
-        BackendConfig {
-            endpoint: None,
-            retry: RetryPolicy::default(),
-            start_limit: 8,
-            exec_limit: 16,
-            shared_slots: true,
-            slot_dir: None,
-            slot_wait_timeout: Duration::from_secs(600),
-            breaker: BreakerConfig::default(),
-            reap_orphans: true,
-            reap_interval: Duration::from_secs(300),
-            slow_start: Duration::from_secs(5),
-            seal_key_file: None,
-        }
-    }
-}
-
-/// Where a sandbox start spent its time.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StartTimings {
-    /// Held back by the open circuit breaker.
-    pub breaker_wait: Duration,
-    /// Waiting for a start slot.
-    pub slot_wait: Duration,
-    /// Looking up (or pulling) the image.
-    pub image: Duration,
-    /// Making sure the agent volume is filled.
-    pub agent_volume: Duration,
-    /// Creating the container.
-    pub create: Duration,
-    /// Starting it.
-    pub start: Duration,
-    /// Attaching to the agent (exec slot wait included) and the handshake.
-    pub attach: Duration,
-    /// Running the start-up commands.
-    pub startup: Duration,
-    /// All of it.
-    pub total: Duration,
-    /// Round trip of the first command run after the start (`None` until
-    /// one has run).
-    pub first_command: Option<Duration>,
-}
-
-/// A span for one phase of a start, a child of the `sandbox_start` span.
-fn phase_span(phase: StartPhase) -> tracing::Span {
-    tracing::debug_span!("start_phase", phase = phase.as_str())
-}
-
-/// A started container with its agent attached, before it becomes a [`Sandbox`].
-pub(crate) struct Started {
-    pub container_id: String,
-    pub conn: AgentConn,
-    pub timings: StartTimings,
 }
 
 impl DockerBackend {
     /// Connects, failing fast with every endpoint tried when no daemon
-    /// answers; then reaps orphans when configured to.
-    pub async fn connect(config: &BackendConfig) -> Result<Self, DockerError> {
+    /// answers.
+    pub async fn connect(config: &DockerConfig) -> Result<Self, Error> {
         let (docker, endpoint) = crate::connect::connect(config.endpoint.as_deref()).await?;
-        let slot_dir = config
-            .shared_slots
-            .then(|| config.slot_dir.clone().unwrap_or_else(default_slot_dir));
-        let backend = DockerBackend {
+        Ok(DockerBackend {
             inner: Arc::new(BackendInner {
                 docker,
                 endpoint,
-                owner: host::this_owner(),
-                metrics: Metrics::default(),
+                config: config.clone(),
+                retries: AtomicU64::new(0),
                 agent_volume: OnceCell::new(),
                 network: OnceCell::new(),
-                seal_key: OnceCell::new(),
                 storage_opt: OnceCell::new(),
                 events: Arc::new(EventRouter::default()),
-                start_slots: Limiter::new(
-                    "start",
-                    config.start_limit,
-                    slot_dir.clone(),
-                    config.slot_wait_timeout,
-                ),
-                exec_slots: Limiter::new(
-                    "exec",
-                    config.exec_limit,
-                    slot_dir,
-                    config.slot_wait_timeout,
-                ),
-                breaker: Mutex::new(Breaker::new(config.breaker.clone())),
-                config: config.clone(),
             }),
-        };
-        if config.reap_orphans {
-            backend.spawn_reaper();
-        }
-        Ok(backend)
+        })
     }
 
-    /// The endpoint in use.
-    pub fn endpoint(&self) -> &str {
-        &self.inner.endpoint
-    }
-
-    /// The raw client, for tests and benchmarks that measure the daemon itself.
+    /// The raw client, for `doctor` and benchmarks that measure the daemon
+    /// itself.
     pub fn docker(&self) -> &Docker {
         &self.inner.docker
     }
 
-    /// This process's owner record, as put on every container it creates.
-    pub fn owner(&self) -> &Owner {
-        &self.inner.owner
-    }
-
     /// The configuration in force.
-    pub fn config(&self) -> &BackendConfig {
+    pub fn config(&self) -> &DockerConfig {
         &self.inner.config
     }
 
-    /// The backend's counters now.
-    pub fn metrics(&self) -> MetricsSnapshot {
-        self.inner.metrics.snapshot()
+    /// Runs a daemon call named `what`, retrying transient errors.
+    async fn call<T, F, Fut>(&self, what: &str, op: F) -> Result<T, bollard::errors::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, bollard::errors::Error>>,
+    {
+        retry(&self.inner.config.retry, &self.inner.retries, what, op).await
     }
 
     /// corral's sandbox network (a bridge with inter-container
     /// communication off), created when missing and checked once per
     /// backend; every sandbox with network access joins it.
-    pub async fn sandbox_network(&self) -> Result<crate::network::NetworkInfo, DockerError> {
+    pub async fn sandbox_network(&self) -> Result<crate::network::NetworkInfo, Error> {
         self.inner
             .network
             .get_or_try_init(|| crate::network::ensure(&self.inner.docker))
@@ -219,498 +124,14 @@ impl DockerBackend {
             .cloned()
     }
 
-    /// The user's seal key (`seal.rs`), read (or made) once.
-    pub async fn seal_key(&self) -> Result<Arc<crate::seal::SealKey>, DockerError> {
-        let path = self
-            .inner
-            .config
-            .seal_key_file
-            .clone()
-            .unwrap_or_else(crate::seal::default_key_path);
-        self.inner
-            .seal_key
-            .get_or_try_init(|| async move {
-                tokio::task::spawn_blocking(move || crate::seal::SealKey::load_or_create(&path))
-                    .await
-                    .map_err(|e| DockerError::Agent {
-                        sandbox: String::new(),
-                        message: format!("reading the seal key failed: {e}"),
-                    })?
-                    .map(Arc::new)
-                    .map_err(DockerError::InvalidSpec)
-            })
-            .await
-            .cloned()
-    }
-
-    /// Whether `info`'s container may be adopted for `spec`: for a
-    /// persistent spec only when its seal proves this user's corral made it
-    /// for the session from that very spec (`seal.rs`); other sandboxes are
-    /// not sealed.
-    pub(crate) async fn sealed_for(
-        &self,
-        info: &crate::gc::SandboxInfo,
-        spec: &SandboxSpec,
-    ) -> bool {
-        let Some(key) = &spec.persistent else {
-            return true;
-        };
-        let Ok(seal_key) = self.seal_key().await else {
-            return false;
-        };
-        seal_key.verify(&info.labels, key, &crate::seal::spec_digest(spec))
-            == crate::seal::Verdict::Sealed { spec_matches: true }
-    }
-
-    /// Removes orphans now and then every `reap_interval`, in the background,
-    /// for as long as the backend lives.
-    fn spawn_reaper(&self) {
-        let weak = Arc::downgrade(&self.inner);
-        let interval = self.inner.config.reap_interval;
-        tokio::spawn(async move {
-            loop {
-                let Some(inner) = weak.upgrade() else { return };
-                let backend = DockerBackend { inner };
-                match backend.gc(false).await {
-                    Ok(report) if !report.removed.is_empty() => {
-                        let n = report.removed.len() as u64;
-                        backend
-                            .inner
-                            .metrics
-                            .orphans_reaped
-                            .fetch_add(n, Ordering::Relaxed);
-                        tracing::info!(removed = n, "reaped orphaned sandboxes");
-                    }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "reaping orphaned sandboxes failed"),
-                }
-                drop(backend);
-                if interval.is_zero() {
-                    return;
-                }
-                tokio::time::sleep(interval).await;
-            }
-        });
-    }
-
-    /// Creates and starts a sandbox, connects to its agent and runs its
-    /// start-up commands. On any failure nothing is left behind.
-    pub async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, DockerError> {
-        let id = format!("sb-{}", host::random_hex(12));
-        let span = tracing::info_span!("sandbox_start", sandbox = %id, image = %spec.image);
-        let started = self.start_new(spec, &id).instrument(span).await?;
-        let sandbox = Sandbox::new(
-            id,
-            started.container_id,
-            spec.clone(),
-            started.conn,
-            self.clone(),
-        );
-        let mut timings = started.timings;
-        let startup = sandbox
-            .run_startup()
-            .instrument(phase_span(StartPhase::Startup))
-            .await;
-        timings.startup = match startup {
-            Ok(took) => took,
-            Err(e) => {
-                if let Err(rm) = sandbox.destroy().await {
-                    tracing::warn!(sandbox = sandbox.id(), error = %rm, "removing a sandbox whose start-up failed failed");
-                }
-                return Err(e);
-            }
-        };
-        timings.total += timings.startup;
-        self.report_start(sandbox.id(), &timings);
-        sandbox.set_timings(timings);
-        Ok(sandbox)
-    }
-
-    /// Attaches to an existing corral container, e.g. a persistent sandbox
-    /// an earlier corral process left running, instead of creating another.
-    pub async fn adopt(
-        &self,
-        container_id: &str,
-        sandbox_id: &str,
-        spec: &SandboxSpec,
-    ) -> Result<Sandbox, DockerError> {
-        let conn = AgentConn::attach(
-            &self.inner.docker,
-            container_id,
-            sandbox_id,
-            crate::container_config::keepalive(spec),
-            &self.inner.config.retry,
-            &self.inner.metrics,
-        )
-        .await?;
-        Ok(Sandbox::new(
-            sandbox_id.to_string(),
-            container_id.to_string(),
-            spec.clone(),
-            conn,
-            self.clone(),
-        ))
-    }
-
-    fn report_start(&self, id: &str, t: &StartTimings) {
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        if t.total >= self.inner.config.slow_start {
-            tracing::warn!(
-                sandbox = id,
-                total_ms = ms(t.total),
-                breaker_wait_ms = ms(t.breaker_wait),
-                slot_wait_ms = ms(t.slot_wait),
-                image_ms = ms(t.image),
-                agent_volume_ms = ms(t.agent_volume),
-                create_ms = ms(t.create),
-                start_ms = ms(t.start),
-                attach_ms = ms(t.attach),
-                startup_ms = ms(t.startup),
-                "slow sandbox start"
-            );
-        } else {
-            tracing::debug!(sandbox = id, total_ms = ms(t.total), "sandbox started");
-        }
-    }
-
-    /// Validates `spec`, then creates and starts container `corral-<id>` and
-    /// attaches to its agent, under the start limit and the breaker.
-    pub(crate) async fn start_new(
-        &self,
-        spec: &SandboxSpec,
-        id: &str,
-    ) -> Result<Started, DockerError> {
-        let total = Instant::now();
-        let mut timings = StartTimings::default();
-        spec.validate(&RealHost)?;
-        let env = spec.resolve_env(&RealHost)?;
-        let docker = &self.inner.docker;
-
-        let t = Instant::now();
-        self.ensure_image(&spec.image)
-            .instrument(phase_span(StartPhase::Image))
-            .await?;
-        timings.image = t.elapsed();
-        let storage_opt_supported = match spec.limits.disk {
-            Some(_) => {
-                if !self.storage_opt_supported(&spec.image).await? {
-                    return Err(DockerError::Unsupported {
-                        what: "limits.disk: this daemon's storage driver does not support --storage-opt size= \
-                               (needs overlay2 on xfs with pquota, or devicemapper/btrfs/zfs); leave the disk limit unset"
-                            .to_string(),
-                    });
-                }
-                true
-            }
-            None => false,
-        };
-        let t = Instant::now();
-        let volume = self
-            .inner
-            .agent_volume
-            .get_or_try_init(|| agent_volume::ensure(docker, &spec.image, &self.inner.owner))
-            .instrument(phase_span(StartPhase::AgentVolume))
-            .await?
-            .clone();
-        timings.agent_volume = t.elapsed();
-        prepare_nosuid_mounts(spec)?;
-        let seal = match &spec.persistent {
-            Some(key) => {
-                let digest = crate::seal::spec_digest(spec);
-                let seal = self.seal_key().await?.seal(id, key, &digest);
-                Some((digest, seal))
-            }
-            None => None,
-        };
-        let network = match spec.network {
-            corral_core::Network::Bridge => self.sandbox_network().await?.id,
-            corral_core::Network::None => String::new(),
-        };
-
-        timings.breaker_wait = self
-            .breaker_admit()
-            .instrument(phase_span(StartPhase::BreakerWait))
-            .await?;
-        let slot = self
-            .inner
-            .start_slots
-            .acquire()
-            .instrument(phase_span(StartPhase::SlotWait))
-            .await?;
-        timings.slot_wait = slot.waited;
-        if !slot.waited.is_zero() {
-            self.inner.metrics.slot_wait(slot.waited);
-        }
-
-        let private_agent = agent_volume::needs_private_copy(spec);
-        if private_agent {
-            let t = Instant::now();
-            agent_volume::make_private(docker, id, &spec.image, &self.inner.owner)
-                .instrument(phase_span(StartPhase::AgentVolume))
-                .await?;
-            timings.agent_volume += t.elapsed();
-        }
-        let name = container_name(id);
-        let body = create_body(
-            spec,
-            &CreateParams {
-                sandbox_id: id,
-                owner: &self.inner.owner,
-                env,
-                agent_volume: &volume,
-                storage_opt_supported,
-                network: &network,
-                seal,
-            },
-        );
-        let probe = self.breaker_probe_flag();
-        let t = Instant::now();
-        let created = self
-            .create_container(&name, id, &spec.image, body)
-            .instrument(phase_span(StartPhase::Create))
-            .await;
-        timings.create = t.elapsed();
-        let cid = match created {
-            Ok(cid) => cid,
-            Err(e) => {
-                self.breaker_record(t, &e, probe);
-                self.inner
-                    .metrics
-                    .start_failures
-                    .fetch_add(1, Ordering::Relaxed);
-                if private_agent {
-                    agent_volume::remove_private(docker, id).await;
-                }
-                return Err(e);
-            }
-        };
-
-        let t2 = Instant::now();
-        let policy = &self.inner.config.retry;
-        let start = retry(
-            policy,
-            &self.inner.metrics,
-            &format!("start sandbox {id}"),
-            || async {
-                match docker.start_container(&cid, None).await {
-                    // 304: already started (a retried start whose first answer was lost).
-                    Err(e) if status_code(&e) == Some(304) => Ok(()),
-                    other => other,
-                }
-            },
-        )
-        .instrument(phase_span(StartPhase::Start))
-        .await
-        .map_err(|e| {
-            DockerError::api(format!("start sandbox {id} (container {})", short(&cid)), e)
-        });
-        timings.start = t2.elapsed();
-        let ok = start.is_ok();
-        match &start {
-            Ok(()) => self.breaker_ok(t, probe),
-            Err(e) => self.breaker_record(t, e, probe),
-        }
-        drop(slot);
-
-        let attached = match start {
-            Ok(()) => {
-                let t = Instant::now();
-                let r = async {
-                    let exec_slot = self.inner.exec_slots.acquire().await?;
-                    if !exec_slot.waited.is_zero() {
-                        self.inner.metrics.slot_wait(exec_slot.waited);
-                    }
-                    AgentConn::attach(
-                        docker,
-                        &cid,
-                        id,
-                        keepalive(spec),
-                        policy,
-                        &self.inner.metrics,
-                    )
-                    .await
-                }
-                .instrument(phase_span(StartPhase::Attach))
-                .await;
-                timings.attach = t.elapsed();
-                r
-            }
-            Err(e) => Err(e),
-        };
-        match attached {
-            Ok(conn) => {
-                debug_assert!(ok);
-                let m = &self.inner.metrics;
-                m.sandboxes_started.fetch_add(1, Ordering::Relaxed);
-                for (phase, took) in [
-                    (StartPhase::BreakerWait, timings.breaker_wait),
-                    (StartPhase::SlotWait, timings.slot_wait),
-                    (StartPhase::Image, timings.image),
-                    (StartPhase::AgentVolume, timings.agent_volume),
-                    (StartPhase::Create, timings.create),
-                    (StartPhase::Start, timings.start),
-                    (StartPhase::Attach, timings.attach),
-                ] {
-                    m.phase(phase, took);
-                }
-                timings.total = total.elapsed();
-                Ok(Started {
-                    container_id: cid,
-                    conn,
-                    timings,
-                })
-            }
-            Err(e) => {
-                self.inner
-                    .metrics
-                    .start_failures
-                    .fetch_add(1, Ordering::Relaxed);
-                if let Err(rm) = remove_container(&self.inner, &cid, id).await {
-                    tracing::warn!(sandbox = %id, error = %rm, "removing a sandbox that failed to start failed");
-                }
-                Err(e)
-            }
-        }
-    }
-
-    /// Creates the container, retrying transient errors. A retried create
-    /// whose first attempt did go through meets a name conflict: the
-    /// container already there is ours when it carries our sandbox label.
-    async fn create_container(
-        &self,
-        name: &str,
-        id: &str,
-        image: &str,
-        body: ContainerCreateBody,
-    ) -> Result<String, DockerError> {
-        let docker = &self.inner.docker;
-        let res = retry(
-            &self.inner.config.retry,
-            &self.inner.metrics,
-            &format!("create sandbox {id}"),
-            || {
-                let opts = CreateContainerOptionsBuilder::default().name(name).build();
-                docker.create_container(Some(opts), body.clone())
-            },
-        )
-        .await;
-        match res {
-            Ok(c) => Ok(c.id),
-            Err(e) if status_code(&e) == Some(409) => {
-                let existing = docker
-                    .inspect_container(
-                        name,
-                        None::<bollard::query_parameters::InspectContainerOptions>,
-                    )
-                    .await
-                    .map_err(|e2| {
-                        DockerError::api(format!("inspect {name} after a name conflict"), e2)
-                    })?;
-                let ours = existing
-                    .config
-                    .and_then(|c| c.labels)
-                    .and_then(|l| l.get(corral_core::labels::SANDBOX).cloned())
-                    .as_deref()
-                    == Some(id);
-                match (ours, existing.id) {
-                    (true, Some(cid)) => Ok(cid),
-                    _ => Err(DockerError::api(
-                        format!("create sandbox {id} from {image}"),
-                        e,
-                    )),
-                }
-            }
-            Err(e) => Err(create_error(id, image, e)),
-        }
-    }
-
-    /// Waits while the breaker is open; returns how long.
-    async fn breaker_admit(&self) -> Result<Duration, DockerError> {
-        let started = Instant::now();
-        loop {
-            let admit = {
-                let mut b = self.inner.breaker.lock().unwrap_or_else(|p| p.into_inner());
-                b.admit(Instant::now())
-            };
-            match admit {
-                Admit::Go { .. } => {
-                    let waited = started.elapsed();
-                    if !waited.is_zero() {
-                        let us = waited.as_micros().min(u64::MAX as u128) as u64;
-                        self.inner
-                            .metrics
-                            .breaker_wait_us
-                            .fetch_add(us, Ordering::Relaxed);
-                    }
-                    return Ok(waited);
-                }
-                Admit::Wait(d) => {
-                    if started.elapsed() + d > self.inner.config.slot_wait_timeout {
-                        return Err(DockerError::SlotTimeout {
-                            what: "start (circuit breaker open)",
-                            limit: self.inner.config.start_limit,
-                            waited: started.elapsed(),
-                        });
-                    }
-                    tokio::time::sleep(d).await;
-                }
-            }
-        }
-    }
-
-    fn breaker_probe_flag(&self) -> bool {
-        let b = self.inner.breaker.lock().unwrap_or_else(|p| p.into_inner());
-        b.state() == corral_core::breaker::BreakerState::HalfOpen
-    }
-
-    fn breaker_ok(&self, since: Instant, probe: bool) {
-        let mut b = self.inner.breaker.lock().unwrap_or_else(|p| p.into_inner());
-        b.record(Instant::now(), true, since.elapsed(), probe);
-    }
-
-    /// Counts a failed start against the breaker only when the daemon is to
-    /// blame (a bad spec says nothing about the daemon's health).
-    fn breaker_record(&self, since: Instant, e: &DockerError, probe: bool) {
-        let daemon_trouble = e.failure().kind == corral_core::FailureKind::DaemonUnavailable;
-        let mut b = self.inner.breaker.lock().unwrap_or_else(|p| p.into_inner());
-        let before = b.times_opened();
-        if daemon_trouble || probe {
-            b.record(Instant::now(), !daemon_trouble, since.elapsed(), probe);
-        }
-        if b.times_opened() > before {
-            self.inner
-                .metrics
-                .breaker_opened
-                .fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(error = %e, "daemon trouble: start circuit breaker opened, slowing down new starts");
-        }
-    }
-
-    /// Whether `image` is already on the daemon (nothing is pulled).
-    pub async fn image_present(&self, image: &str) -> Result<bool, DockerError> {
-        let docker = &self.inner.docker;
-        let what = format!("inspect image {image}");
-        let inspect = retry(&self.inner.config.retry, &self.inner.metrics, &what, || {
-            docker.inspect_image(image)
-        });
-        match inspect.await {
-            Ok(_) => Ok(true),
-            Err(e) if is_not_found(&e) => Ok(false),
-            Err(e) => Err(DockerError::api(what, e)),
-        }
-    }
-
     /// Makes sure `image` is present, pulling it when a registry can supply it.
-    pub async fn ensure_image(&self, image: &str) -> Result<(), DockerError> {
+    pub async fn ensure_image(&self, image: &str) -> Result<(), Error> {
         let docker = &self.inner.docker;
         let what = format!("inspect image {image}");
-        let inspect = retry(&self.inner.config.retry, &self.inner.metrics, &what, || {
-            docker.inspect_image(image)
-        });
-        match inspect.await {
+        match self.call(&what, || docker.inspect_image(image)).await {
             Ok(_) => return Ok(()),
             Err(e) if is_not_found(&e) => {}
-            Err(e) => return Err(DockerError::api(format!("inspect image {image}"), e)),
+            Err(e) => return Err(api(what, e)),
         }
         let (from, tag) = split_tag(image);
         let opts = CreateImageOptionsBuilder::default()
@@ -722,9 +143,9 @@ impl DockerBackend {
             while let Some(item) = stream.next().await {
                 if let Err(e) = item {
                     if is_connection_error(&e) {
-                        return Err(DockerError::api(format!("pull image {image}"), e));
+                        return Err(api(format!("pull image {image}"), e));
                     }
-                    return Err(DockerError::ImageNotFound {
+                    return Err(Error::ImageNotFound {
                         image: image.to_string(),
                         reason: e.to_string(),
                     });
@@ -735,7 +156,7 @@ impl DockerBackend {
         match tokio::time::timeout(PULL_TIMEOUT, pull).await {
             Ok(res) => res?,
             Err(_) => {
-                return Err(DockerError::ImageNotFound {
+                return Err(Error::ImageNotFound {
                     image: image.to_string(),
                     reason: format!("pull did not finish within {PULL_TIMEOUT:?}"),
                 })
@@ -744,23 +165,27 @@ impl DockerBackend {
         // Some daemons end a failed pull's stream without an error item.
         match docker.inspect_image(image).await {
             Ok(_) => Ok(()),
-            Err(e) if is_not_found(&e) => Err(DockerError::ImageNotFound {
+            Err(e) if is_not_found(&e) => Err(Error::ImageNotFound {
                 image: image.to_string(),
                 reason: "the pull finished but the image is still missing".into(),
             }),
-            Err(e) => Err(DockerError::api(format!("inspect image {image}"), e)),
+            Err(e) => Err(api(format!("inspect image {image}"), e)),
         }
     }
 
     /// Whether the daemon honours `--storage-opt size=`: probed once by
     /// creating (never starting) a container with it, then cached.
-    pub async fn storage_opt_supported(&self, image: &str) -> Result<bool, DockerError> {
+    pub async fn storage_opt_supported(
+        &self,
+        image: &str,
+        owner: &corral_core::labels::Owner,
+    ) -> Result<bool, Error> {
         let docker = &self.inner.docker;
         let supported = self
             .inner
             .storage_opt
             .get_or_try_init(|| async {
-                let probe_id = format!("probe-{}", host::random_hex(8));
+                let probe_id = format!("probe-{}-{}", owner.pid, owner.start);
                 let name = container_name(&probe_id);
                 let body = ContainerCreateBody {
                     image: Some(image.to_string()),
@@ -768,7 +193,7 @@ impl DockerBackend {
                     labels: Some(
                         [(corral_core::labels::SANDBOX.to_string(), probe_id.clone())]
                             .into_iter()
-                            .chain(self.inner.owner.labels())
+                            .chain(owner.labels())
                             .collect(),
                     ),
                     host_config: Some(bollard::models::HostConfig {
@@ -781,12 +206,10 @@ impl DockerBackend {
                 let opts = CreateContainerOptionsBuilder::default().name(&name).build();
                 match docker.create_container(Some(opts), body).await {
                     Ok(c) => {
-                        remove_container(&self.inner, &c.id, &probe_id).await?;
+                        self.remove_container(&c.id, &probe_id).await?;
                         Ok(true)
                     }
-                    Err(e) if is_connection_error(&e) => {
-                        Err(DockerError::api("probe storage-opt support", e))
-                    }
+                    Err(e) if is_connection_error(&e) => Err(api("probe storage-opt support", e)),
                     Err(e) => {
                         tracing::debug!(error = %e, "storage-opt size= is not supported");
                         Ok(false)
@@ -796,15 +219,364 @@ impl DockerBackend {
             .await?;
         Ok(*supported)
     }
+
+    /// Creates the container, retrying transient errors. A retried create
+    /// whose first attempt did go through meets a name conflict: the
+    /// container already there is ours when it carries our sandbox label.
+    async fn create_container(
+        &self,
+        name: &str,
+        id: &str,
+        image: &str,
+        body: ContainerCreateBody,
+    ) -> Result<String, Error> {
+        let docker = &self.inner.docker;
+        let res = self
+            .call(&format!("create sandbox {id}"), || {
+                let opts = CreateContainerOptionsBuilder::default().name(name).build();
+                docker.create_container(Some(opts), body.clone())
+            })
+            .await;
+        match res {
+            Ok(c) => Ok(c.id),
+            Err(e) if status_code(&e) == Some(409) => {
+                let existing = docker
+                    .inspect_container(
+                        name,
+                        None::<bollard::query_parameters::InspectContainerOptions>,
+                    )
+                    .await
+                    .map_err(|e2| api(format!("inspect {name} after a name conflict"), e2))?;
+                let ours = existing
+                    .config
+                    .and_then(|c| c.labels)
+                    .and_then(|l| l.get(corral_core::labels::SANDBOX).cloned())
+                    .as_deref()
+                    == Some(id);
+                match (ours, existing.id) {
+                    (true, Some(cid)) => Ok(cid),
+                    _ => Err(api(format!("create sandbox {id} from {image}"), e)),
+                }
+            }
+            Err(e) => Err(create_error(id, image, e)),
+        }
+    }
+
+    /// Kill first (no graceful stop: sandboxes hold nothing worth saving),
+    /// then remove with anonymous volumes. A container already gone is
+    /// success.
+    pub(crate) async fn remove_container(
+        &self,
+        container: &str,
+        sandbox: &str,
+    ) -> Result<(), Error> {
+        let docker = &self.inner.docker;
+        let kill = KillContainerOptionsBuilder::default()
+            .signal("SIGKILL")
+            .build();
+        if let Err(e) = docker.kill_container(container, Some(kill)).await {
+            // Not running, or already gone: fine. Anything else: log and still remove.
+            if is_connection_error(&e) {
+                return Err(api(
+                    format!("kill sandbox {sandbox} (container {})", short(container)),
+                    e,
+                ));
+            }
+            if !is_not_found(&e) && !crate::error::is_not_running(&e) {
+                tracing::warn!(sandbox, container = short(container), error = %e, "kill before remove failed");
+            }
+        }
+        let rm = RemoveContainerOptionsBuilder::default()
+            .force(true)
+            .v(true)
+            .build();
+        let what = format!("remove sandbox {sandbox}");
+        let removed = self
+            .call(&what, || {
+                docker.remove_container(container, Some(rm.clone()))
+            })
+            .await;
+        if removed.is_ok() || matches!(&removed, Err(e) if is_not_found(e)) {
+            // A sandbox that could write to its agent mount had its own copy.
+            agent_volume::remove_private(docker, sandbox).await;
+        }
+        match removed {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            // 409 "removal already in progress": another remover owns it.
+            Err(e) if status_code(&e) == Some(409) => Ok(()),
+            Err(e) => Err(api(
+                format!("remove sandbox {sandbox} (container {})", short(container)),
+                e,
+            )),
+        }
+    }
+
+    /// Whether the daemon reported an OOM kill in the container lately,
+    /// waiting briefly for the event: it may trail the exit it caused.
+    async fn oom_event_seen(&self, container: &str) -> bool {
+        let until = Instant::now() + OOM_EVENT_WAIT;
+        loop {
+            if self
+                .inner
+                .events
+                .last_oom(container)
+                .is_some_and(|t| t.elapsed() < OOM_EVENT_RECENT)
+            {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    async fn do_prepare(&self, req: &StartRequest<'_>) -> Result<Prepared, Error> {
+        let spec = req.spec;
+        let mut prepared = Prepared::default();
+        let t = Instant::now();
+        self.ensure_image(&spec.image).await?;
+        prepared.image = t.elapsed();
+        if spec.limits.disk.is_some() && !self.storage_opt_supported(&spec.image, req.owner).await?
+        {
+            return Err(Error::Unsupported {
+                what: "limits.disk: this daemon's storage driver does not support --storage-opt size= \
+                       (needs overlay2 on xfs with pquota, or devicemapper/btrfs/zfs); leave the disk limit unset"
+                    .to_string(),
+            });
+        }
+        let t = Instant::now();
+        self.inner
+            .agent_volume
+            .get_or_try_init(|| agent_volume::ensure(&self.inner.docker, &spec.image, req.owner))
+            .await?;
+        prepared.agent = t.elapsed();
+        prepare_nosuid_mounts(spec)?;
+        if spec.network == corral_core::Network::Bridge {
+            self.sandbox_network().await?;
+        }
+        Ok(prepared)
+    }
+
+    async fn do_create(&self, req: &StartRequest<'_>) -> Result<Placement, Error> {
+        let (spec, id) = (req.spec, req.sandbox_id);
+        let docker = &self.inner.docker;
+        let volume = match self.inner.agent_volume.get() {
+            Some(v) => v.clone(),
+            None => agent_volume::ensure(docker, &spec.image, req.owner).await?,
+        };
+        let network = match spec.network {
+            corral_core::Network::Bridge => self.sandbox_network().await?.id,
+            corral_core::Network::None => String::new(),
+        };
+        let storage_opt_supported = spec.limits.disk.is_some()
+            && self.storage_opt_supported(&spec.image, req.owner).await?;
+        let private_agent = agent_volume::needs_private_copy(spec);
+        if private_agent {
+            agent_volume::make_private(docker, id, &spec.image, req.owner).await?;
+        }
+        let body = create_body(
+            spec,
+            &CreateParams {
+                sandbox_id: id,
+                labels: &req.labels,
+                env: req.env.clone(),
+                agent_volume: &volume,
+                storage_opt_supported,
+                network: &network,
+            },
+        );
+        match self
+            .create_container(&container_name(id), id, &spec.image, body)
+            .await
+        {
+            Ok(cid) => Ok(Placement(cid)),
+            Err(e) => {
+                if private_agent {
+                    agent_volume::remove_private(docker, id).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn do_connect(&self, container: &str, sandbox: &str) -> Result<AgentStream, Error> {
+        let docker = &self.inner.docker;
+        let what = format!("attach to the agent in sandbox {sandbox}");
+        let options = AttachContainerOptionsBuilder::default()
+            .stdin(true)
+            .stdout(true)
+            .stderr(true)
+            .stream(true)
+            .logs(false)
+            .build();
+        let AttachContainerResults { output, input } = self
+            .call(&what, || {
+                docker.attach_container(container, Some(options.clone()))
+            })
+            .await
+            .map_err(|e| api(what.clone(), e))?;
+        let output = output.map(|item| match item {
+            Ok(LogOutput::StdOut { message }) => Ok(AgentOutput::Control(message)),
+            // PID 1's stderr: the agent's own log lines.
+            Ok(other) => Ok(AgentOutput::Log(other.into_bytes())),
+            Err(e) => Err(std::io::Error::other(e)),
+        });
+        Ok(AgentStream {
+            output: Box::pin(output),
+            input,
+        })
+    }
+
+    async fn do_list(&self) -> Result<Vec<SandboxInfo>, Error> {
+        crate::gc::list(self).await
+    }
+}
+
+impl Backend for DockerBackend {
+    fn name(&self) -> &'static str {
+        "Docker"
+    }
+
+    fn endpoint(&self) -> &str {
+        &self.inner.endpoint
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async move {
+            self.inner
+                .docker
+                .ping()
+                .await
+                .map(|_| ())
+                .map_err(|e| api("ping the daemon", e))
+        })
+    }
+
+    fn prepare<'a>(&'a self, req: &'a StartRequest<'a>) -> BoxFuture<'a, Result<Prepared, Error>> {
+        Box::pin(self.do_prepare(req))
+    }
+
+    fn create<'a>(&'a self, req: &'a StartRequest<'a>) -> BoxFuture<'a, Result<Placement, Error>> {
+        Box::pin(self.do_create(req))
+    }
+
+    fn start<'a>(
+        &'a self,
+        req: &'a StartRequest<'a>,
+        placement: &'a Placement,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let docker = &self.inner.docker;
+            let cid = placement.id();
+            let id = req.sandbox_id;
+            self.call(&format!("start sandbox {id}"), || async {
+                match docker.start_container(cid, None).await {
+                    // 304: already started (a retried start whose first answer was lost).
+                    Err(e) if status_code(&e) == Some(304) => Ok(()),
+                    other => other,
+                }
+            })
+            .await
+            .map_err(|e| api(format!("start sandbox {id} (container {})", short(cid)), e))
+        })
+    }
+
+    fn connect<'a>(
+        &'a self,
+        placement: &'a Placement,
+        sandbox_id: &'a str,
+    ) -> BoxFuture<'a, Result<AgentStream, Error>> {
+        Box::pin(self.do_connect(placement.id(), sandbox_id))
+    }
+
+    fn state<'a>(
+        &'a self,
+        placement: &'a Placement,
+    ) -> BoxFuture<'a, Result<ContainerState, Error>> {
+        Box::pin(crate::state::container_state(
+            &self.inner.docker,
+            placement.id(),
+            &self.inner.config.retry,
+            &self.inner.retries,
+        ))
+    }
+
+    fn exit_details<'a>(
+        &'a self,
+        placement: &'a Placement,
+        mut state: ContainerState,
+    ) -> BoxFuture<'a, ContainerState> {
+        Box::pin(async move {
+            let cid = placement.id();
+            // The daemon sets OOMKilled only when its oom event arrives
+            // before the exit; when they race the other way the container
+            // reads as merely stopped, and the event is what tells the OOM.
+            if !state.oom_killed && state.exit_code == Some(137) && self.oom_event_seen(cid).await {
+                tracing::info!(
+                    container = short(cid),
+                    "container killed by SIGKILL after an oom event: reporting an OOM kill"
+                );
+                state.oom_killed = true;
+            }
+            state.log_tail = crate::state::log_tail(&self.inner.docker, cid, 10).await;
+            state
+        })
+    }
+
+    fn watch(&self, placement: &Placement, on_death: OnDeath) {
+        self.inner
+            .events
+            .watch(&self.inner.docker, placement.id(), on_death);
+    }
+
+    fn unwatch(&self, placement: &Placement) {
+        self.inner.events.unwatch(placement.id());
+    }
+
+    fn remove<'a>(
+        &'a self,
+        placement: &'a Placement,
+        sandbox_id: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.remove_container(placement.id(), sandbox_id))
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<SandboxInfo>, Error>> {
+        Box::pin(self.do_list())
+    }
+
+    fn collect_garbage(&self) -> BoxFuture<'_, Result<Vec<String>, Error>> {
+        Box::pin(crate::gc::remove_dangling_volumes(self))
+    }
+
+    fn image_present<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let docker = &self.inner.docker;
+            let what = format!("inspect image {image}");
+            match self.call(&what, || docker.inspect_image(image)).await {
+                Ok(_) => Ok(true),
+                Err(e) if is_not_found(&e) => Ok(false),
+                Err(e) => Err(api(what, e)),
+            }
+        })
+    }
+
+    fn counters(&self) -> BackendCounters {
+        BackendCounters {
+            retries: self.inner.retries.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// Makes the host-side helper directories of `nosuid` mounts (an empty
 /// lower layer, the overlay's work directory), private to the user.
-fn prepare_nosuid_mounts(spec: &SandboxSpec) -> Result<(), DockerError> {
+fn prepare_nosuid_mounts(spec: &SandboxSpec) -> Result<(), Error> {
     use std::os::unix::fs::DirBuilderExt;
     for (i, m) in spec.mounts.iter().enumerate().filter(|(_, m)| m.nosuid) {
         let bad = |reason: String| {
-            DockerError::InvalidSpec(corral_core::SpecError {
+            Error::InvalidSpec(corral_core::SpecError {
                 field: format!("mounts[{i}].host"),
                 value: m.host.clone(),
                 reason,
@@ -837,13 +609,13 @@ fn prepare_nosuid_mounts(spec: &SandboxSpec) -> Result<(), DockerError> {
     Ok(())
 }
 
-fn create_error(id: &str, image: &str, e: bollard::errors::Error) -> DockerError {
+fn create_error(id: &str, image: &str, e: bollard::errors::Error) -> Error {
     match status_code(&e) {
-        Some(404) => DockerError::ImageNotFound {
+        Some(404) => Error::ImageNotFound {
             image: image.to_string(),
             reason: e.to_string(),
         },
-        _ => DockerError::api(format!("create sandbox {id} from {image}"), e),
+        _ => api(format!("create sandbox {id} from {image}"), e),
     }
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bollard::Docker;
 
-use crate::error::DockerError;
+use corral_core::Error;
 
 /// How long a preflight ping may take before the endpoint counts as dead.
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
@@ -70,7 +70,7 @@ fn client_for(endpoint: &str) -> Result<Docker, String> {
 
 /// Connects to the first endpoint whose daemon answers a ping, negotiating the
 /// API version. Fails fast, listing every endpoint tried and why it failed.
-pub async fn connect(explicit: Option<&str>) -> Result<(Docker, String), DockerError> {
+pub async fn connect(explicit: Option<&str>) -> Result<(Docker, String), Error> {
     let mut tried = Vec::new();
     for endpoint in candidate_endpoints(explicit) {
         let client = match client_for(&endpoint) {
@@ -82,18 +82,22 @@ pub async fn connect(explicit: Option<&str>) -> Result<(Docker, String), DockerE
         };
         match tokio::time::timeout(PING_TIMEOUT, client.ping()).await {
             Ok(Ok(_)) => {
-                let client = client.negotiate_version().await.map_err(|e| {
-                    DockerError::DaemonUnavailable {
-                        detail: format!("{endpoint}: version negotiation failed: {e}"),
-                    }
-                })?;
+                let client =
+                    client
+                        .negotiate_version()
+                        .await
+                        .map_err(|e| Error::EngineUnavailable {
+                            engine: "Docker",
+                            detail: format!("{endpoint}: version negotiation failed: {e}"),
+                        })?;
                 return Ok((client, endpoint));
             }
             Ok(Err(e)) => tried.push(format!("{endpoint}: {e}")),
             Err(_) => tried.push(format!("{endpoint}: no answer within {PING_TIMEOUT:?}")),
         }
     }
-    Err(DockerError::DaemonUnavailable {
+    Err(Error::EngineUnavailable {
+        engine: "Docker",
         detail: format!(
             "tried {}; start a daemon or point DOCKER_HOST (or --endpoint) at one",
             tried.join("; ")

@@ -4,15 +4,13 @@
 //! and checked for real (inside a container) by the integration tests.
 
 use std::collections::HashMap;
-use std::time::Duration;
-
 use std::path::{Path, PathBuf};
 
 use bollard::models::{
     ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType, MountVolumeOptions,
     MountVolumeOptionsDriverConfig,
 };
-use corral_core::labels::{self, Owner};
+use corral_core::labels;
 use corral_core::protocol::{AGENT_DIR, AGENT_PATH};
 use corral_core::{Network, SandboxSpec};
 
@@ -20,8 +18,9 @@ use corral_core::{Network, SandboxSpec};
 pub struct CreateParams<'a> {
     /// The sandbox id (label value and name suffix).
     pub sandbox_id: &'a str,
-    /// The owning process.
-    pub owner: &'a Owner,
+    /// The runtime's labels: sandbox id, owner, and for a persistent
+    /// sandbox its session, spec digest and seal.
+    pub labels: &'a HashMap<String, String>,
     /// Resolved environment.
     pub env: Vec<(String, String)>,
     /// The volume holding the agent binary.
@@ -31,8 +30,6 @@ pub struct CreateParams<'a> {
     /// The network a sandbox with network access joins (corral's isolated
     /// bridge, by id); unused for `network: none`.
     pub network: &'a str,
-    /// For a persistent sandbox: its spec digest and seal (`seal.rs`).
-    pub seal: Option<(String, String)>,
 }
 
 /// The host-side helper directories of a `nosuid` mount of `host`: an
@@ -99,21 +96,6 @@ fn nosuid_mount(m: &corral_core::Mount, sandbox_id: &str) -> Mount {
     }
 }
 
-/// The agent's grace for persistent sandboxes: ten years, i.e. never.
-const PERSISTENT_GRACE_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
-
-/// How often corral pings the agent when nothing else is sent: three times
-/// per dead-man grace period, so one late ping never fires the switch, and
-/// at least every ten seconds.
-pub fn keepalive(spec: &SandboxSpec) -> Duration {
-    let grace = if spec.persistent.is_some() {
-        PERSISTENT_GRACE_MS
-    } else {
-        spec.agent_grace_ms
-    };
-    Duration::from_millis((grace / 3).clamp(50, 10_000))
-}
-
 /// The container name for a sandbox.
 pub fn container_name(sandbox_id: &str) -> String {
     format!("corral-{sandbox_id}")
@@ -126,17 +108,9 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    labels.extend(p.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
     labels.insert(labels::SANDBOX.into(), p.sandbox_id.into());
     labels.insert(labels::VERSION.into(), env!("CARGO_PKG_VERSION").into());
-    labels.extend(p.owner.labels());
-    if let Some(key) = &spec.persistent {
-        labels.insert(labels::PERSISTENT.into(), "true".into());
-        labels.insert(labels::SESSION.into(), key.clone());
-    }
-    if let Some((digest, seal)) = &p.seal {
-        labels.insert(labels::SPEC_DIGEST.into(), digest.clone());
-        labels.insert(labels::SEAL.into(), seal.clone());
-    }
 
     // A sandbox that could make the mount writable gets its own copy
     // (`agent_volume::private_volume_name`), filled before the start and
@@ -235,11 +209,7 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
             "init".to_string(),
             "--grace-ms".to_string(),
             // A persistent sandbox outlives its owner: no dead-man switch.
-            if spec.persistent.is_some() {
-                PERSISTENT_GRACE_MS.to_string()
-            } else {
-                spec.agent_grace_ms.to_string()
-            },
+            spec.effective_grace_ms().to_string(),
         ]),
         cmd: Some(Vec::new()),
         env: Some(p.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
@@ -267,17 +237,25 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
 #[cfg(test)]
 mod tests {
     use super::*;
+    use corral_core::labels::Owner;
     use corral_core::Mount as SpecMount;
 
-    fn params<'a>(owner: &'a Owner) -> CreateParams<'a> {
+    /// The labels the runtime passes: sandbox id and owner.
+    fn owner_labels(owner: &Owner) -> HashMap<String, String> {
+        [(labels::SANDBOX.to_string(), "sb-1".to_string())]
+            .into_iter()
+            .chain(owner.labels())
+            .collect()
+    }
+
+    fn params<'a>(labels: &'a HashMap<String, String>) -> CreateParams<'a> {
         CreateParams {
             sandbox_id: "sb-1",
-            owner,
+            labels,
             env: vec![("A".into(), "1".into())],
             agent_volume: "corral-agent-x",
             storage_opt_supported: false,
             network: "net-id",
-            seal: None,
         }
     }
 
@@ -288,6 +266,7 @@ mod tests {
             pid: 1,
             start: 2,
         };
+        let owner = owner_labels(&owner);
         let mut spec = SandboxSpec::new("img");
         spec.limits.memory = Some(64 << 20);
         spec.limits.disk = Some(1 << 30);
@@ -357,6 +336,7 @@ mod tests {
             pid: 1,
             start: 2,
         };
+        let owner = owner_labels(&owner);
         let mut spec = SandboxSpec::new("img");
         spec.mounts.push(SpecMount {
             host: "/srv/s/workspace".into(),
@@ -370,8 +350,10 @@ mod tests {
             read_only: true,
             nosuid: true,
         });
-        let mut p = params(&owner);
-        p.seal = Some(("digest".into(), "seal".into()));
+        let mut sealed = owner.clone();
+        sealed.insert(labels::SPEC_DIGEST.into(), "digest".into());
+        sealed.insert(labels::SEAL.into(), "seal".into());
+        let p = params(&sealed);
         let body = create_body(&spec, &p);
         let labels = body.labels.expect("labels");
         assert_eq!(labels[labels::SEAL], "seal");
@@ -413,6 +395,7 @@ mod tests {
             pid: 1,
             start: 2,
         };
+        let owner = owner_labels(&owner);
         let mut spec = SandboxSpec::new("img");
         let shared = create_body(&spec, &params(&owner)).host_config.expect("hc");
         let m = &shared.mounts.expect("mounts")[0];

@@ -1,140 +1,23 @@
-//! Errors of the Docker backend, each mapped to a typed [`Failure`].
+//! The daemon's errors: which are transient, which mean a lost container,
+//! and how each becomes corral's [`Error`] (one table, [`classify`]).
 
-use corral_core::{ContainerState, Failure, FailureKind, SpecError};
+use corral_core::{Error, FailureKind};
 
-/// What can go wrong between corral and the daemon.
-#[derive(Debug, thiserror::Error)]
-pub enum DockerError {
-    /// No daemon answered at any endpoint tried.
-    #[error("no Docker daemon answered: {detail}")]
-    DaemonUnavailable {
-        /// Endpoints tried and what each said.
-        detail: String,
-    },
-    /// A call failed because the daemon could not be reached mid-operation.
-    #[error("daemon unavailable during {op}: {source}")]
-    DaemonLost {
-        /// The operation, with the ids involved.
-        op: String,
-        /// The client's error.
-        source: bollard::errors::Error,
-    },
-    /// The image is missing and no registry could supply it.
-    #[error("image '{image}' is not present and no registry could supply it: {reason}")]
-    ImageNotFound {
-        /// The image reference.
-        image: String,
-        /// What the pull attempt said.
-        reason: String,
-    },
-    /// The spec was rejected.
-    #[error(transparent)]
-    InvalidSpec(#[from] SpecError),
-    /// The daemon cannot do what the spec asks.
-    #[error("unsupported by this daemon: {what}")]
-    Unsupported {
-        /// What is unsupported, and why.
-        what: String,
-    },
-    /// corral's sandbox network cannot be made or is not fit for use
-    /// (made by someone else, or inter-container traffic allowed).
-    #[error("network '{network}': {reason}")]
-    Network {
-        /// The network's name.
-        network: String,
-        /// What is wrong, naming the option and its value.
-        reason: String,
-    },
-    /// The sandbox's container is gone or stopped.
-    #[error("sandbox {sandbox} lost its container: {state}")]
-    ContainerLost {
-        /// Sandbox id.
-        sandbox: String,
-        /// The container's last known state.
-        state: Box<ContainerState>,
-    },
-    /// The agent did not answer or broke the protocol.
-    #[error("agent in sandbox {sandbox}: {message}")]
-    Agent {
-        /// Sandbox id.
-        sandbox: String,
-        /// What went wrong.
-        message: String,
-    },
-    /// A start-up command of the spec failed.
-    #[error("sandbox {sandbox}: start-up command {index} failed: {detail}")]
-    Startup {
-        /// Sandbox id.
-        sandbox: String,
-        /// Which of `spec.startup`.
-        index: usize,
-        /// What happened.
-        detail: String,
-    },
-    /// No start or exec slot came free within the wait limit.
-    #[error("no {what} slot came free within {waited:?} ({limit} in use across corral processes)")]
-    SlotTimeout {
-        /// Which limit ("start" or "exec").
-        what: &'static str,
-        /// The limit.
-        limit: usize,
-        /// How long the caller waited.
-        waited: std::time::Duration,
-    },
-    /// Any other daemon answer.
-    #[error("{op}: {source}")]
-    Api {
-        /// The operation, with the ids involved.
-        op: String,
-        /// The client's error.
-        source: bollard::errors::Error,
-    },
-}
-
-impl DockerError {
-    /// Wraps a daemon error from operation `op`, telling connection trouble
-    /// (the daemon is unavailable) from an answer.
-    pub fn api(op: impl Into<String>, source: bollard::errors::Error) -> Self {
-        let op = op.into();
-        if is_connection_error(&source) {
-            DockerError::DaemonLost { op, source }
-        } else {
-            DockerError::Api { op, source }
+/// Wraps a daemon error from operation `op`, telling connection trouble
+/// (the daemon is unavailable) from an answer, which [`classify`] types.
+pub fn api(op: impl Into<String>, source: bollard::errors::Error) -> Error {
+    let op = op.into();
+    if is_connection_error(&source) {
+        Error::EngineLost {
+            op,
+            source: Box::new(source),
         }
-    }
-
-    /// The typed failure for this error.
-    pub fn failure(&self) -> Failure {
-        let kind = match self {
-            DockerError::DaemonUnavailable { .. } | DockerError::DaemonLost { .. } => {
-                FailureKind::DaemonUnavailable
-            }
-            DockerError::ImageNotFound { .. } => FailureKind::ImageNotFound,
-            DockerError::InvalidSpec(_) => FailureKind::InvalidSpec,
-            DockerError::Unsupported { .. } | DockerError::Network { .. } => {
-                FailureKind::Unsupported
-            }
-            DockerError::ContainerLost { state, .. } if state.oom_killed => FailureKind::OomKilled,
-            DockerError::ContainerLost { .. } => FailureKind::ContainerLost,
-            DockerError::Agent { .. } => FailureKind::AgentError,
-            DockerError::SlotTimeout { .. } => FailureKind::DaemonUnavailable,
-            DockerError::Startup { .. } => FailureKind::SpawnFailed,
-            DockerError::Api { source, .. } => classify(source),
-        };
-        let container = match self {
-            DockerError::ContainerLost { state, .. } => Some((**state).clone()),
-            _ => None,
-        };
-        Failure {
-            kind,
-            message: self.to_string(),
-            container,
+    } else {
+        Error::Engine {
+            op,
+            kind: classify(&source),
+            source: Box::new(source),
         }
-    }
-
-    /// Whether retrying may help.
-    pub fn retryable(&self) -> bool {
-        self.failure().retryable()
     }
 }
 
@@ -315,7 +198,7 @@ mod tests {
         ];
         for (e, want) in cases {
             assert_eq!(classify(&e), want, "{e}");
-            assert_eq!(DockerError::api("op", e).failure().kind, want);
+            assert_eq!(api("op", e).failure().kind, want);
         }
     }
 

@@ -3,9 +3,10 @@
 //! gVisor, whose exec streams can outlive a killed sandbox).
 //!
 //! One events subscription per backend, filtered to corral's containers,
-//! routes `die`/`destroy` events to the sandbox that owns the container,
-//! which closes its control stream: every command in flight then ends with
-//! a typed failure from the container's state instead of waiting forever.
+//! routes `die`/`destroy` events to the watcher of the container (the
+//! runtime closes the sandbox's control stream: every command in flight
+//! then ends with a typed failure from the container's state instead of
+//! waiting forever).
 //! `oom` events are remembered per container, so an OOM kill of PID 1 is
 //! told even when the daemon's `OOMKilled` flag lost its race.
 
@@ -18,15 +19,12 @@ use bollard::Docker;
 use corral_core::labels;
 use futures_util::StreamExt;
 
-use crate::conn::AgentConn;
-
-/// The slot holding a sandbox's current control stream.
-pub(crate) type ConnSlot = Mutex<Arc<AgentConn>>;
+use corral_core::backend::OnDeath;
 
 /// Routes container events to sandboxes.
 #[derive(Default)]
 pub(crate) struct EventRouter {
-    watched: Mutex<HashMap<String, Weak<ConnSlot>>>,
+    watched: Mutex<HashMap<String, OnDeath>>,
     /// When the daemon last reported an OOM kill in a watched container.
     ooms: Mutex<HashMap<String, Instant>>,
     started: std::sync::OnceLock<()>,
@@ -40,8 +38,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl EventRouter {
     /// Starts watching `container`; the subscription starts with the first watch.
-    pub fn watch(self: &Arc<Self>, docker: &Docker, container: &str, slot: &Arc<ConnSlot>) {
-        lock(&self.watched).insert(container.to_string(), Arc::downgrade(slot));
+    pub fn watch(self: &Arc<Self>, docker: &Docker, container: &str, on_death: OnDeath) {
+        lock(&self.watched).insert(container.to_string(), on_death);
         self.started.get_or_init(|| {
             tokio::spawn(subscribe(Arc::downgrade(self), docker.clone()));
         });
@@ -63,10 +61,9 @@ impl EventRouter {
     }
 
     fn deliver(&self, container: &str, reason: String) {
-        let slot = lock(&self.watched).get(container).and_then(Weak::upgrade);
-        if let Some(slot) = slot {
-            let conn = lock(&slot).clone();
-            conn.close(reason);
+        let watcher = lock(&self.watched).get(container).cloned();
+        if let Some(on_death) = watcher {
+            on_death(reason);
         }
     }
 }

@@ -1,170 +1,101 @@
-//! Listing corral's containers and removing orphans by label.
+//! Listing corral's containers and the per-sandbox volumes left behind.
 
 use std::collections::HashMap;
 
 use bollard::query_parameters::ListContainersOptionsBuilder;
-use corral_core::labels::{self, ownership, Owner, Ownership};
+use corral_core::backend::{Placement, SandboxInfo};
+use corral_core::labels::{self, Owner, Ownership};
+use corral_core::{ContainerStatus, Error};
 
-use crate::error::DockerError;
-use crate::host;
-use crate::sandbox::remove_container;
 use crate::DockerBackend;
 
-/// One container carrying corral's labels.
-#[derive(Debug, Clone)]
-pub struct SandboxInfo {
-    /// Sandbox id (the `corral.sandbox` label).
-    pub sandbox_id: String,
-    /// Container id.
-    pub container_id: String,
-    /// Image.
-    pub image: String,
-    /// Daemon status text, e.g. "Up 3 seconds".
-    pub status: String,
-    /// Daemon state, e.g. "running" or "exited".
-    pub state: String,
-    /// Creation time, seconds since the epoch.
-    pub created: i64,
-    /// The owning corral process, when labelled.
-    pub owner: Option<Owner>,
-    /// Whether its owner is alive, gone, elsewhere, or it is persistent.
-    pub ownership: Ownership,
-    /// The session key of a persistent sandbox.
-    pub session: Option<String>,
-    /// Every label of the container.
-    pub labels: HashMap<String, String>,
+/// Every container with a `corral.sandbox` label, running or not.
+pub(crate) async fn list(backend: &DockerBackend) -> Result<Vec<SandboxInfo>, Error> {
+    let filters = HashMap::from([("label".to_string(), vec![labels::SANDBOX.to_string()])]);
+    let opts = ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let docker = backend.docker();
+    let list = crate::retry::retry(
+        &backend.inner.config.retry,
+        &backend.inner.retries,
+        "list sandboxes",
+        || docker.list_containers(Some(opts.clone())),
+    )
+    .await
+    .map_err(|e| crate::error::api("list sandboxes", e))?;
+    Ok(list
+        .into_iter()
+        .map(|c| {
+            let l = c.labels.unwrap_or_default();
+            SandboxInfo {
+                sandbox_id: l.get(labels::SANDBOX).cloned().unwrap_or_default(),
+                placement: Placement(c.id.unwrap_or_default()),
+                image: c.image.unwrap_or_default(),
+                status: c.status.unwrap_or_default(),
+                state: c
+                    .state
+                    .map(|s| ContainerStatus::parse(s.as_ref()))
+                    .unwrap_or_default(),
+                created: c.created.unwrap_or_default(),
+                owner: Owner::from_labels(&l),
+                // The runtime knows the host and judges ownership.
+                ownership: Ownership::LiveOwner,
+                session: l.get(labels::SESSION).cloned(),
+                labels: l,
+            }
+        })
+        .collect())
 }
 
-/// What a garbage collection did.
-#[derive(Debug, Default)]
-pub struct GcReport {
-    /// Containers removed.
-    pub removed: Vec<SandboxInfo>,
-    /// Containers that could not be removed, with the reason.
-    pub failed: Vec<(SandboxInfo, String)>,
-    /// Containers kept because their owner is alive, on another host, or they
-    /// are persistent.
-    pub kept: Vec<SandboxInfo>,
-    /// Per-sandbox volumes (`corral.sandbox`-labelled: nosuid mounts,
-    /// private agent copies) no container uses any more, removed; they
-    /// outlive their container only when it was removed out-of-band
-    /// without its volumes.
-    pub volumes_removed: Vec<String>,
-}
-
-impl DockerBackend {
-    /// Every container with a `corral.sandbox` label, running or not.
-    pub async fn list_sandboxes(&self) -> Result<Vec<SandboxInfo>, DockerError> {
-        let filters = HashMap::from([("label".to_string(), vec![labels::SANDBOX.to_string()])]);
-        let opts = ListContainersOptionsBuilder::default()
-            .all(true)
-            .filters(&filters)
-            .build();
-        let docker = &self.inner.docker;
-        let list = crate::retry::retry(
-            &self.inner.config.retry,
-            &self.inner.metrics,
-            "list sandboxes",
-            || docker.list_containers(Some(opts.clone())),
-        )
+/// Removes volumes labelled `corral.sandbox` that no container uses and
+/// that are older than [`YOUNG_VOLUME_SECS`]: such a volume is made with
+/// its container, or a moment before it, so one no container references
+/// after that is left over. Removing one never touches a host directory: a
+/// nosuid mount's volume only describes an overlay of it.
+pub(crate) async fn remove_dangling_volumes(backend: &DockerBackend) -> Result<Vec<String>, Error> {
+    let docker = backend.docker();
+    let filters = HashMap::from([
+        ("label".to_string(), vec![labels::SANDBOX.to_string()]),
+        ("dangling".to_string(), vec!["true".to_string()]),
+    ]);
+    let opts = bollard::query_parameters::ListVolumesOptionsBuilder::default()
+        .filters(&filters)
+        .build();
+    let list = docker
+        .list_volumes(Some(opts))
         .await
-        .map_err(|e| DockerError::api("list sandboxes", e))?;
-        let this_host = &self.inner.owner.host;
-        Ok(list
-            .into_iter()
-            .map(|c| {
-                let l = c.labels.unwrap_or_default();
-                SandboxInfo {
-                    sandbox_id: l.get(labels::SANDBOX).cloned().unwrap_or_default(),
-                    container_id: c.id.unwrap_or_default(),
-                    image: c.image.unwrap_or_default(),
-                    status: c.status.unwrap_or_default(),
-                    state: c.state.map(|s| s.to_string()).unwrap_or_default(),
-                    created: c.created.unwrap_or_default(),
-                    owner: Owner::from_labels(&l),
-                    ownership: ownership(&l, this_host, host::process_alive),
-                    session: l.get(labels::SESSION).cloned(),
-                    labels: l,
-                }
-            })
-            .collect())
-    }
-
-    /// Removes orphans: containers whose owning corral process is gone. With
-    /// `all`, removes every non-persistent corral container, owned or not.
-    pub async fn gc(&self, all: bool) -> Result<GcReport, DockerError> {
-        let mut report = GcReport::default();
-        for info in self.list_sandboxes().await? {
-            let remove = match info.ownership {
-                Ownership::Orphan => true,
-                Ownership::LiveOwner | Ownership::ForeignHost => all,
-                Ownership::Persistent => false,
-            };
-            if !remove {
-                report.kept.push(info);
-                continue;
-            }
-            match remove_container(&self.inner, &info.container_id, &info.sandbox_id).await {
-                Ok(()) => report.removed.push(info),
-                Err(e) => {
-                    tracing::warn!(sandbox = %info.sandbox_id, error = %e, "gc could not remove a container");
-                    report.failed.push((info, e.to_string()));
-                }
-            }
+        .map_err(|e| crate::error::api("list sandbox volumes", e))?;
+    let mut removed = Vec::new();
+    // A private agent volume exists a moment (filling it) before its
+    // container: leave young ones be.
+    let young = |created: &Option<String>| {
+        created
+            .as_deref()
+            .and_then(chrono_secs)
+            .is_none_or(|t| unix_now().saturating_sub(t) < YOUNG_VOLUME_SECS)
+    };
+    for v in list.volumes.unwrap_or_default() {
+        let labelled = v.labels.contains_key(labels::SANDBOX);
+        if !labelled || young(&v.created_at) {
+            continue;
         }
-        report.volumes_removed = self.remove_dangling_volumes().await?;
-        Ok(report)
-    }
-
-    /// Removes volumes labelled `corral.sandbox` that no container uses and
-    /// that are older than [`YOUNG_VOLUME_SECS`]: such a volume is made with
-    /// its container, or a moment before it, so one no container
-    /// references after that is left over. Removing one never
-    /// touches a host directory: a nosuid mount's volume only describes an
-    /// overlay of it.
-    async fn remove_dangling_volumes(&self) -> Result<Vec<String>, DockerError> {
-        let docker = &self.inner.docker;
-        let filters = HashMap::from([
-            ("label".to_string(), vec![labels::SANDBOX.to_string()]),
-            ("dangling".to_string(), vec!["true".to_string()]),
-        ]);
-        let opts = bollard::query_parameters::ListVolumesOptionsBuilder::default()
-            .filters(&filters)
-            .build();
-        let list = docker
-            .list_volumes(Some(opts))
+        match docker
+            .remove_volume(
+                &v.name,
+                None::<bollard::query_parameters::RemoveVolumeOptions>,
+            )
             .await
-            .map_err(|e| DockerError::api("list sandbox volumes", e))?;
-        let mut removed = Vec::new();
-        // A private agent volume exists a moment (filling it) before its
-        // container: leave young ones be.
-        let young = |created: &Option<String>| {
-            created
-                .as_deref()
-                .and_then(chrono_secs)
-                .is_none_or(|t| unix_now().saturating_sub(t) < YOUNG_VOLUME_SECS)
-        };
-        for v in list.volumes.unwrap_or_default() {
-            let labelled = v.labels.contains_key(labels::SANDBOX);
-            if !labelled || young(&v.created_at) {
-                continue;
-            }
-            match docker
-                .remove_volume(
-                    &v.name,
-                    None::<bollard::query_parameters::RemoveVolumeOptions>,
-                )
-                .await
-            {
-                Ok(()) => removed.push(v.name),
-                // In use again, or removed by someone else meanwhile.
-                Err(e) => {
-                    tracing::debug!(volume = %v.name, error = %e, "gc left a sandbox volume")
-                }
+        {
+            Ok(()) => removed.push(v.name),
+            // In use again, or removed by someone else meanwhile.
+            Err(e) => {
+                tracing::debug!(volume = %v.name, error = %e, "gc left a sandbox volume")
             }
         }
-        Ok(removed)
     }
+    Ok(removed)
 }
 
 /// Volumes younger than this are never garbage (see `remove_dangling_volumes`).

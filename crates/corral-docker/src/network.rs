@@ -31,7 +31,7 @@ use bollard::models::{Network, NetworkCreateRequest};
 use bollard::query_parameters::ListNetworksOptionsBuilder;
 use bollard::Docker;
 
-use crate::error::DockerError;
+use corral_core::Error;
 
 /// The name of corral's sandbox network.
 pub const NETWORK_NAME: &str = "corral";
@@ -60,7 +60,7 @@ pub struct NetworkInfo {
 
 /// Makes sure corral's network exists with inter-container communication
 /// off and returns it. Errors name the network, the option and its value.
-pub async fn ensure(docker: &Docker) -> Result<NetworkInfo, DockerError> {
+pub async fn ensure(docker: &Docker) -> Result<NetworkInfo, Error> {
     if let Some(info) = find(docker).await? {
         return Ok(info);
     }
@@ -94,7 +94,7 @@ pub async fn ensure(docker: &Docker) -> Result<NetworkInfo, DockerError> {
         Err(e) => {
             drop(lock);
             if crate::error::is_connection_error(&e) {
-                return Err(DockerError::api(
+                return Err(crate::error::api(
                     format!("create network {NETWORK_NAME}"),
                     e,
                 ));
@@ -115,7 +115,7 @@ pub async fn ensure(docker: &Docker) -> Result<NetworkInfo, DockerError> {
             None::<bollard::query_parameters::InspectNetworkOptions>,
         )
         .await
-        .map_err(|e| DockerError::api(format!("inspect network {NETWORK_NAME}"), e))?;
+        .map_err(|e| crate::error::api(format!("inspect network {NETWORK_NAME}"), e))?;
     let honoured = made
         .options
         .as_ref()
@@ -147,8 +147,8 @@ pub async fn ensure(docker: &Docker) -> Result<NetworkInfo, DockerError> {
     found?.ok_or_else(|| net_error("created, but the daemon does not list it".into()))
 }
 
-fn net_error(reason: String) -> DockerError {
-    DockerError::Network {
+fn net_error(reason: String) -> Error {
+    Error::Network {
         network: NETWORK_NAME.to_string(),
         reason,
     }
@@ -157,7 +157,7 @@ fn net_error(reason: String) -> DockerError {
 /// corral's network when it exists and is fit for use, `None` when it does
 /// not exist yet (it is made for the first sandbox with network); an error
 /// when a network of that name exists but is not corral's or not isolated.
-pub async fn find(docker: &Docker) -> Result<Option<NetworkInfo>, DockerError> {
+pub async fn find(docker: &Docker) -> Result<Option<NetworkInfo>, Error> {
     let filters = HashMap::from([("name".to_string(), vec![NETWORK_NAME.to_string()])]);
     let opts = ListNetworksOptionsBuilder::default()
         .filters(&filters)
@@ -165,7 +165,7 @@ pub async fn find(docker: &Docker) -> Result<Option<NetworkInfo>, DockerError> {
     let list = docker
         .list_networks(Some(opts))
         .await
-        .map_err(|e| DockerError::api(format!("list networks named {NETWORK_NAME}"), e))?;
+        .map_err(|e| crate::error::api(format!("list networks named {NETWORK_NAME}"), e))?;
     // The daemon's name filter matches substrings.
     let mut named: Vec<Network> = list
         .into_iter()
@@ -240,10 +240,17 @@ pub fn check(n: &Network) -> Result<(), String> {
 /// Takes the per-user lock that serialises creating the network; `None`
 /// when no lock file can be had (creation then just goes ahead).
 fn lock_file() -> Option<std::fs::File> {
-    let dir: PathBuf = crate::limits::default_slot_dir()
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(0);
+    let dir: PathBuf = corral_core::paths::user_runtime_dir(
+        std::env::var_os("XDG_RUNTIME_DIR")
+            .as_deref()
+            .map(std::path::Path::new),
+        &std::env::temp_dir(),
+        uid,
+    );
     if std::fs::create_dir_all(&dir).is_err() {
         return None;
     }

@@ -5,14 +5,13 @@
 //! the error and the attempt, and counted.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 use corral_core::{FailureKind, RetryPolicy};
 
 use crate::error::classify;
-use crate::metrics::Metrics;
 
 /// True when the error is worth retrying.
 pub fn transient(e: &bollard::errors::Error) -> bool {
@@ -22,7 +21,7 @@ pub fn transient(e: &bollard::errors::Error) -> bool {
 /// Runs `op` (a daemon call named `what`), retrying transient failures.
 pub async fn retry<T, F, Fut>(
     policy: &RetryPolicy,
-    metrics: &Metrics,
+    retries: &AtomicU64,
     what: &str,
     op: F,
 ) -> Result<T, bollard::errors::Error>
@@ -44,7 +43,7 @@ where
         .when(transient)
         .notify(|e, delay| {
             let n = attempt.fetch_add(1, Ordering::Relaxed);
-            metrics.retries.fetch_add(1, Ordering::Relaxed);
+            retries.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 op = what,
                 attempt = n,

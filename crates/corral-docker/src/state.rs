@@ -2,13 +2,13 @@
 
 use bollard::query_parameters::InspectContainerOptions;
 use bollard::Docker;
-use corral_core::ContainerState;
+use corral_core::{ContainerState, ContainerStatus};
 
 use corral_core::RetryPolicy;
 
-use crate::error::{is_not_found, DockerError};
-use crate::metrics::Metrics;
+use crate::error::is_not_found;
 use crate::retry::retry;
+use corral_core::Error;
 
 /// The container's state; a container that no longer exists is reported with
 /// status `removed`, not as an error.
@@ -16,10 +16,10 @@ pub async fn container_state(
     docker: &Docker,
     container: &str,
     policy: &RetryPolicy,
-    metrics: &Metrics,
-) -> Result<ContainerState, DockerError> {
+    retries: &std::sync::atomic::AtomicU64,
+) -> Result<ContainerState, Error> {
     let what = format!("inspect container {container}");
-    let inspect = retry(policy, metrics, &what, || {
+    let inspect = retry(policy, retries, &what, || {
         docker.inspect_container(container, None::<InspectContainerOptions>)
     });
     match inspect.await {
@@ -29,8 +29,8 @@ pub async fn container_state(
                 id: info.id.unwrap_or_else(|| container.to_string()),
                 status: s
                     .status
-                    .map(|st| st.to_string())
-                    .unwrap_or_else(|| "unknown".to_string()),
+                    .map(|st| ContainerStatus::parse(st.as_ref()))
+                    .unwrap_or_default(),
                 exit_code: if s.running == Some(true) {
                     None
                 } else {
@@ -44,10 +44,10 @@ pub async fn container_state(
         }
         Err(e) if is_not_found(&e) => Ok(ContainerState {
             id: container.to_string(),
-            status: "removed".to_string(),
+            status: ContainerStatus::Removed,
             ..ContainerState::default()
         }),
-        Err(e) => Err(DockerError::api(
+        Err(e) => Err(crate::error::api(
             format!("inspect container {container}"),
             e,
         )),

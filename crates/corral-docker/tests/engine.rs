@@ -338,7 +338,11 @@ async fn disk_limit_is_applied_or_refused_clearly() {
     let b = backend().await;
     let mut spec = g.spec(BUSYBOX);
     spec.limits.disk = Some(1 << 30);
-    let supported = b.storage_opt_supported(BUSYBOX).await.expect("probe");
+    let supported = common::docker_backend()
+        .await
+        .storage_opt_supported(BUSYBOX, b.owner())
+        .await
+        .expect("probe");
     match b.create(&spec).await {
         Ok(sb) => {
             assert!(supported);
@@ -424,7 +428,10 @@ async fn container_removed_out_of_band_is_container_lost() {
     assert_eq!(f.kind, FailureKind::ContainerLost, "{f}");
     assert!(f.retryable());
     assert!(f.message.contains(sb.id()), "{}", f.message);
-    assert_eq!(f.container.map(|c| c.status), Some("removed".to_string()));
+    assert_eq!(
+        f.container.map(|c| c.status.to_string()),
+        Some("removed".to_string())
+    );
     // Later commands say the same, at once.
     let r = sb.run(&sh("true")).await;
     assert_eq!(r.failure.map(|f| f.kind), Some(FailureKind::ContainerLost));
@@ -486,7 +493,11 @@ async fn pid1_oom_is_reported_as_oom_killed() {
 async fn gvisor_sandboxes_work_when_runsc_is_registered() {
     let g = Guard::new("gvisor");
     let b = backend().await;
-    let report = b.doctor(None).await.expect("doctor");
+    let report = common::docker_backend()
+        .await
+        .doctor(None, b.owner())
+        .await
+        .expect("doctor");
     if !report.runtimes.iter().any(|r| r == "runsc") {
         eprintln!("skipped: the daemon has no runsc runtime registered");
         return;

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{backend, docker, Guard, BUSYBOX, SCRATCH};
+use corral::{FileError, FileOptions, Sandbox};
 use corral_core::{CommandSpec, FailureKind};
-use corral_docker::{FileError, FileOptions, Sandbox};
 
 fn sh(script: &str) -> CommandSpec {
     CommandSpec::shell(script).timeout(Duration::from_secs(60))
@@ -679,7 +679,7 @@ async fn a_container_removed_out_of_band_is_a_typed_sandbox_failure() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn directories_list_sorted_with_types_sizes_modes_and_link_targets() {
-    use corral_docker::EntryKind;
+    use corral::EntryKind;
 
     let g = Guard::new("files-list");
     let b = backend().await;

@@ -45,7 +45,8 @@ async fn sandboxes_reach_outside_but_not_each_other() {
         "A's server answers locally: {r:?}"
     );
 
-    let inspect = b
+    let inspect = common::docker_backend()
+        .await
         .docker()
         .inspect_container(&a.container_id(), None::<InspectContainerOptions>)
         .await
@@ -76,7 +77,11 @@ async fn sandboxes_reach_outside_but_not_each_other() {
     assert!(out.contains("rc=1"), "the connection failed: {out}");
 
     // B still reaches outside: a listener on the host side of the network.
-    let net = b.sandbox_network().await.expect("network");
+    let net = common::docker_backend()
+        .await
+        .sandbox_network()
+        .await
+        .expect("network");
     let gateway = net.gateways.first().expect("a gateway").clone();
     let listener = TcpListener::bind((gateway.as_str(), 0)).expect("bind on the gateway");
     let port = listener.local_addr().expect("addr").port();
@@ -96,7 +101,11 @@ async fn sandboxes_reach_outside_but_not_each_other() {
     server.join().expect("listener thread");
 
     // The network is corral's and isolated, and `doctor` says so.
-    let report = b.doctor(None).await.expect("doctor");
+    let report = common::docker_backend()
+        .await
+        .doctor(None, b.owner())
+        .await
+        .expect("doctor");
     assert!(report.network.ok, "{:?}", report.network);
     assert!(
         report.network.detail.contains(ICC_OPTION),
@@ -113,7 +122,7 @@ async fn sandboxes_reach_outside_but_not_each_other() {
 async fn the_agent_cannot_be_changed_for_other_sandboxes() {
     let g = Guard::new("iso-agent");
     let b = backend().await;
-    let want = corral_docker::seal::sha256_hex(corral_docker::agent_volume::AGENT_BINARY);
+    let want = corral::seal::sha256_hex(corral_docker::agent_volume::AGENT_BINARY);
     let mut spec = g.spec(BUSYBOX);
     spec.network = corral_core::Network::None;
     let plain = b.create(&spec).await.expect("create");

@@ -20,10 +20,10 @@ use std::time::Duration;
 use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use bollard::query_parameters::{CreateContainerOptionsBuilder, InspectContainerOptions};
 use common::{backend, docker_within as docker, Guard, BUSYBOX};
+use corral::workspace::{legacy_dir_name, SessionDirs};
+use corral::Provider;
 use corral_core::pool::ProviderConfig;
 use corral_core::{labels, CommandSpec};
-use corral_docker::workspace::{legacy_dir_name, SessionDirs};
-use corral_docker::Provider;
 
 fn sh(script: &str) -> CommandSpec {
     CommandSpec::shell(script).timeout(Duration::from_secs(30))
@@ -244,7 +244,7 @@ async fn planted_or_foreign_spec_containers_are_never_adopted() {
     // 1. A container with a session's labels but no valid seal.
     let key = format!("planted-{suffix}");
     let planted = plant(
-        &b,
+        &common::docker_backend().await,
         &format!("corraltest-planted-{suffix}"),
         HashMap::from([
             (labels::SESSION.to_string(), key.clone()),
@@ -264,7 +264,7 @@ async fn planted_or_foreign_spec_containers_are_never_adopted() {
         "the planted container was adopted"
     );
     assert_eq!(
-        execs(&b, &planted).await,
+        execs(&common::docker_backend().await, &planted).await,
         0,
         "corral ran something in the planted container"
     );
@@ -280,7 +280,8 @@ async fn planted_or_foreign_spec_containers_are_never_adopted() {
     //    planted container after the genuine one is gone: the seal verifies,
     //    but it is not the container recorded for the session.
     p.shutdown().await;
-    let info = b
+    let info = common::docker_backend()
+        .await
         .docker()
         .inspect_container(&genuine, None::<InspectContainerOptions>)
         .await
@@ -298,7 +299,12 @@ async fn planted_or_foreign_spec_containers_are_never_adopted() {
     );
     docker(&["rm", "-f", &genuine]);
     let since = (unix_now().parse::<u64>().unwrap_or(1) - 2).to_string();
-    let replay = plant(&b, &format!("corraltest-replay-{suffix}"), copied).await;
+    let replay = plant(
+        &common::docker_backend().await,
+        &format!("corraltest-replay-{suffix}"),
+        copied,
+    )
+    .await;
     let p = Provider::with_persistence_root(b.clone(), ProviderConfig::default(), root.clone());
     let lease = p
         .acquire_persistent(&key, &g.spec(BUSYBOX))

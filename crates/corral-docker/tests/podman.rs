@@ -11,8 +11,8 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
+use common::BackendConfig;
 use corral_core::{CommandSpec, FailureKind, Network, Recovery, SandboxSpec};
-use corral_docker::{BackendConfig, DockerBackend};
 
 const LABEL: &str = "corraltest=podman";
 
@@ -77,7 +77,7 @@ async fn podman_socket_runs_hardened_sandboxes_and_survives_removal() {
         return;
     };
     let g = Guard(endpoint.clone());
-    let b = DockerBackend::connect(&BackendConfig {
+    let b = common::connect(&BackendConfig {
         endpoint: Some(endpoint.clone()),
         shared_slots: false,
         reap_orphans: false,
@@ -141,7 +141,7 @@ async fn podman_socket_runs_hardened_sandboxes_and_survives_removal() {
     let mut bridged = spec(Recovery::Fail);
     bridged.network = Network::Bridge;
     match b.create(&bridged).await {
-        Err(e @ corral_docker::DockerError::Network { .. }) => {
+        Err(e @ corral::Error::Network { .. }) => {
             let msg = e.to_string();
             assert!(msg.contains("use network none"), "{msg}");
             assert_eq!(e.failure().kind, FailureKind::Unsupported);

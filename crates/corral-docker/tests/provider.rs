@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{backend, docker, Guard, BUSYBOX};
+use corral::Provider;
 use corral_core::pool::{PoolConfig, ProviderConfig};
 use corral_core::{CommandSpec, FailureKind, Recovery};
-use corral_docker::Provider;
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).to_string()

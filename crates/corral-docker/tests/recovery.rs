@@ -116,14 +116,14 @@ async fn failing_startup_command_fails_the_start_and_leaves_nothing() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_broken_control_stream_is_reattached_for_the_next_command() {
-    use corral_docker::{BackendConfig, DockerBackend};
+    use common::BackendConfig;
     use corral_faultproxy::FaultProxy;
 
     common::images();
     let g = Guard::new("stream-cut");
     let sock = std::env::temp_dir().join(format!("corral-cut-{}.sock", std::process::id()));
     let proxy = FaultProxy::start(&sock, "/var/run/docker.sock").expect("proxy");
-    let b = DockerBackend::connect(&BackendConfig {
+    let b = common::connect(&BackendConfig {
         endpoint: Some(format!("unix://{}", sock.display())),
         shared_slots: false,
         reap_orphans: false,
@@ -159,9 +159,9 @@ async fn a_broken_control_stream_is_reattached_for_the_next_command() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn breaker_opens_on_daemon_errors_and_recovers_by_itself() {
+    use common::BackendConfig;
     use corral_core::breaker::BreakerConfig;
     use corral_core::RetryPolicy;
-    use corral_docker::{BackendConfig, DockerBackend};
     use corral_faultproxy::{Action, FaultProxy, Matcher, Rule};
 
     common::images();
@@ -176,7 +176,7 @@ async fn breaker_opens_on_daemon_errors_and_recovers_by_itself() {
         )
         .with_max_hits(6)])
         .expect("rules");
-    let b = DockerBackend::connect(&BackendConfig {
+    let b = common::connect(&BackendConfig {
         endpoint: Some(format!("unix://{}", sock.display())),
         retry: RetryPolicy::none(),
         shared_slots: false,
@@ -224,10 +224,10 @@ async fn breaker_opens_on_daemon_errors_and_recovers_by_itself() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn orphans_are_reaped_at_connect_but_live_owners_are_not() {
-    use corral_docker::{BackendConfig, DockerBackend};
+    use common::BackendConfig;
     common::images();
     let g = Guard::new("reaper");
-    let host = corral_docker::host::hostname();
+    let host = corral::host::hostname();
     // An orphan: its owner pid does not exist (pid_max is far below this).
     let orphan = docker(&[
         "create",
@@ -245,7 +245,7 @@ async fn orphans_are_reaped_at_connect_but_live_owners_are_not() {
         "true",
     ]);
     // A live one: owned by this very process.
-    let me = corral_docker::host::this_owner();
+    let me = corral::host::this_owner();
     let live = docker(&[
         "create",
         "--label",
@@ -270,7 +270,7 @@ async fn orphans_are_reaped_at_connect_but_live_owners_are_not() {
     assert!(!orphan.is_empty(), "docker create printed no id");
     let present = g.remaining();
     assert!(present.contains(&live), "{present:?}");
-    let _b = DockerBackend::connect(&BackendConfig {
+    let _b = common::connect(&BackendConfig {
         shared_slots: false,
         ..BackendConfig::default()
     })

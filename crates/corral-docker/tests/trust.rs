@@ -217,7 +217,7 @@ async fn a_sandbox_killed_from_outside_is_still_lost_not_hidden() {
 /// sandbox of this test process; returns its id.
 fn start_double_agent(g: &Guard, scenario: &str) -> String {
     let script = format!("{FORGER}\n{}", include_str!("attacks/double-agent.sh"));
-    let owner = corral_docker::host::this_owner();
+    let owner = corral::host::this_owner();
     let mut args = vec![
         "run".to_string(),
         "-d".into(),
@@ -255,7 +255,11 @@ async fn stream_violations_fail_typed_and_finish_the_sandbox() {
     for scenario in ["unknown-id", "exit-first", "after-exit"] {
         let cid = start_double_agent(&g, scenario);
         let sb = b
-            .adopt(&cid, &format!("double-{scenario}"), &g.spec(BUSYBOX))
+            .adopt(
+                &corral::Placement(cid.clone()),
+                &format!("double-{scenario}"),
+                &g.spec(BUSYBOX),
+            )
             .await
             .expect("the double completes the handshake");
         let first = sb.run(&sh("echo '3 tests FAILED'; exit 1")).await;
@@ -299,8 +303,8 @@ fn compile_attack(name: &str) -> Vec<u8> {
 }
 
 /// Puts the compiled attack `name` into the sandbox at `path`, executable.
-async fn upload_attack(sb: &corral_docker::Sandbox, name: &str, path: &str) {
-    let opts = corral_docker::FileOptions {
+async fn upload_attack(sb: &corral::Sandbox, name: &str, path: &str) {
+    let opts = corral::FileOptions {
         mode: Some(0o755),
         ..Default::default()
     };

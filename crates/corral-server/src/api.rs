@@ -1,7 +1,7 @@
 //! The REST API: sandboxes by session key, commands (JSON or streamed as
 //! server-sent events), shell sessions, files, health and metrics. Every
 //! handler is a thin translation onto [`Provider`] and
-//! [`corral_docker::Sandbox`]; the OpenAPI document is generated from the
+//! [`corral::Sandbox`]; the OpenAPI document is generated from the
 //! handlers' annotations ([`openapi`]).
 
 use std::collections::BTreeMap;
@@ -17,10 +17,10 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine;
+use corral::{FileOptions, Lease, OutputStream, Provider, Runtime};
 use corral_core::client_policy::ImageRule;
 use corral_core::config::Config;
 use corral_core::{CommandSpec, Failure, FailureKind, SandboxSpec};
-use corral_docker::{DockerBackend, FileOptions, Lease, OutputStream, Provider};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -47,7 +47,7 @@ pub struct AppState {
 
 struct Shared {
     provider: Provider,
-    backend: DockerBackend,
+    runtime: Runtime,
     config: Config,
     default_image: String,
     /// Sessions created through this service, by key.
@@ -72,19 +72,19 @@ enum Leased {
 }
 
 impl AppState {
-    /// State over `provider` and `backend`; sandboxes without an image get
+    /// State over `provider` and `runtime`; sandboxes without an image get
     /// `default_image`.
     pub fn new(
         provider: Provider,
-        backend: DockerBackend,
+        runtime: Runtime,
         config: Config,
         default_image: String,
     ) -> AppState {
-        let metrics = Metrics::new(provider.clone(), backend.clone());
+        let metrics = Metrics::new(provider.clone(), runtime.clone());
         AppState {
             inner: Arc::new(Shared {
                 provider,
-                backend,
+                runtime,
                 config,
                 default_image,
                 sessions: Mutex::new(BTreeMap::new()),
@@ -139,7 +139,7 @@ impl AppState {
                     }
                     Ok(Leased::Lost(f))
                 } else {
-                    Err(ApiError::docker(&e, ""))
+                    Err(ApiError::runtime(&e, ""))
                 }
             }
             None => {
@@ -437,7 +437,7 @@ async fn check_image(s: &AppState, field: &str, image: &str) -> Result<(), ApiEr
     if rule == ImageRule::Listed {
         return Ok(());
     }
-    match s.inner.backend.image_present(image).await {
+    match s.inner.runtime.image_present(image).await {
         Ok(true) => Ok(()),
         Ok(false) => Err(ApiError::forbidden(
             field,
@@ -448,7 +448,7 @@ async fn check_image(s: &AppState, field: &str, image: &str) -> Result<(), ApiEr
             ),
         )),
         Err(e) => {
-            let mut err = ApiError::docker(&e, "");
+            let mut err = ApiError::runtime(&e, "");
             err.detail.field = Some(field.to_string());
             Err(err)
         }
@@ -481,7 +481,7 @@ async fn create_sandbox(
             check_name("session", k)?;
             k.clone()
         }
-        None => format!("sb-{}", corral_docker::host::random_hex(16)),
+        None => format!("sb-{}", corral::host::random_hex(16)),
     };
     // Checked before anything else: a refused request is refused even for
     // a key that already has a sandbox.
@@ -506,8 +506,8 @@ async fn create_sandbox(
         provider.acquire_spec(&key, &spec).await
     }
     .map_err(|e| {
-        let mut err = ApiError::docker(&e, "spec");
-        if matches!(e, corral_docker::DockerError::ImageNotFound { .. }) {
+        let mut err = ApiError::runtime(&e, "spec");
+        if matches!(e, corral::Error::ImageNotFound { .. }) {
             err.detail.field = Some("image".into());
         }
         err
@@ -582,7 +582,7 @@ async fn delete_sandbox(
     if let Err(e) = s.inner.provider.release(&id).await {
         // A lost sandbox may already be gone from the provider.
         if meta.lost.is_none() {
-            return Err(ApiError::docker(&e, ""));
+            return Err(ApiError::runtime(&e, ""));
         }
     }
     Ok(StatusCode::NO_CONTENT)
@@ -722,7 +722,7 @@ async fn shell_exec(
             lease.id().to_string(),
         ),
         Leased::Lost(f) => (
-            corral_docker::SessionResult {
+            corral::SessionResult {
                 result: lost(f),
                 restarted: false,
                 ended: true,
@@ -970,7 +970,7 @@ async fn download_archive(
     responses((status = 200, body = Health), (status = 503, body = Health))
 )]
 async fn health(State(s): State<AppState>) -> (StatusCode, Json<Health>) {
-    let ping = tokio::time::timeout(Duration::from_secs(5), s.inner.backend.docker().ping()).await;
+    let ping = tokio::time::timeout(Duration::from_secs(5), s.inner.runtime.ping()).await;
     let error = match ping {
         Ok(Ok(_)) => None,
         Ok(Err(e)) => Some(e.to_string()),
@@ -987,7 +987,7 @@ async fn health(State(s): State<AppState>) -> (StatusCode, Json<Health>) {
             status: if ok { "ok" } else { "degraded" }.to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             daemon: DaemonHealth {
-                endpoint: s.inner.backend.endpoint().to_string(),
+                endpoint: s.inner.runtime.endpoint().to_string(),
                 reachable: error.is_none(),
                 error,
             },

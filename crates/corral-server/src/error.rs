@@ -4,8 +4,8 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use corral::{Error, FileError};
 use corral_core::{Failure, FailureKind};
-use corral_docker::{DockerError, FileError};
 
 use crate::wire::{ErrorBody, ErrorDetail};
 
@@ -114,16 +114,16 @@ impl ApiError {
 
     /// The answer for a backend error; a bad spec names its field under
     /// `field_prefix` (e.g. `spec`).
-    pub fn docker(err: &DockerError, field_prefix: &str) -> Self {
+    pub fn runtime(err: &Error, field_prefix: &str) -> Self {
         let mut e = ApiError::failure(&err.failure());
-        if let DockerError::InvalidSpec(spec) = err {
+        if let Error::InvalidSpec(spec) = err {
             e.detail.field = Some(if field_prefix.is_empty() {
                 spec.field.clone()
             } else {
                 format!("{field_prefix}.{}", spec.field)
             });
         }
-        if matches!(err, DockerError::SlotTimeout { .. }) {
+        if matches!(err, Error::SlotTimeout { .. }) {
             e.detail.retryable = true;
         }
         e
@@ -174,12 +174,12 @@ mod tests {
         let e = ApiError::failure(&Failure::new(FailureKind::DaemonUnavailable, "down"));
         assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(e.detail.retryable);
-        let spec = DockerError::InvalidSpec(corral_core::SpecError {
+        let spec = Error::InvalidSpec(corral_core::SpecError {
             field: "limits.memory".into(),
             value: "0".into(),
             reason: "too small".into(),
         });
-        let e = ApiError::docker(&spec, "spec");
+        let e = ApiError::runtime(&spec, "spec");
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert_eq!(e.detail.kind, "invalid_spec");
         assert_eq!(e.detail.field.as_deref(), Some("spec.limits.memory"));

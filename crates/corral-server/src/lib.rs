@@ -23,8 +23,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use corral::{Provider, Runtime};
 use corral_core::config::{AuthMode, Config};
-use corral_docker::{DockerBackend, Provider};
 use tokio_util::sync::CancellationToken;
 
 pub use api::{openapi, openapi_yaml, AppState};
@@ -81,7 +81,7 @@ pub fn app(
 /// when it returns.
 pub async fn serve(
     mut config: Config,
-    backend: DockerBackend,
+    runtime: Runtime,
     provider: Provider,
     default_image: String,
     shutdown: CancellationToken,
@@ -111,8 +111,8 @@ pub async fn serve(
     if mcp_spec.image.is_empty() {
         mcp_spec.image = default_image.clone();
     }
-    let runtime_dir = config.runtime_dir(&corral_docker::host::RealHost);
-    let state = AppState::new(provider.clone(), backend.clone(), config, default_image);
+    let runtime_dir = config.runtime_dir(&corral::host::RealHost);
+    let state = AppState::new(provider.clone(), runtime.clone(), config, default_image);
     let mcp_cancel = shutdown.child_token();
     let mcp = mcp::McpContext {
         provider: provider.clone(),

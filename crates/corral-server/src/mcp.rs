@@ -7,8 +7,8 @@
 //! `mcp-<random>`: started on the first tool call (a session that only lists
 //! tools costs no container), kept for the session's later calls, and
 //! released when the session ends (`session.rs`). The tools are thin
-//! translations onto [`corral_docker::Sandbox`]: `run_command`
-//! ([`Sandbox::run`](corral_docker::Sandbox::run) of `/bin/sh -c`),
+//! translations onto [`corral::Sandbox`]: `run_command`
+//! ([`Sandbox::run`](corral::Sandbox::run) of `/bin/sh -c`),
 //! `read_file`, `write_file`, `list_files`, `shell_run` and `shell_close`
 //! (stateful shells). Arguments are checked in `args.rs` (a bad one is an
 //! invalid-params error naming the field and the value); results are
@@ -23,8 +23,8 @@ mod session;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use corral::{FileError, FileOptions, Lease, Provider};
 use corral_core::{CommandSpec, SandboxSpec};
-use corral_docker::{FileError, FileOptions, Lease, Provider};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{CallToolResult, Implementation, JsonObject, ServerCapabilities, ServerInfo};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;

@@ -1,12 +1,12 @@
 //! Prometheus metrics of the service (`GET /metrics`): what the service saw
 //! (command latency, failures by kind) plus, read at scrape time, the
-//! provider's sandboxes and pools and the backend's counters (starts,
+//! provider's sandboxes and pools and the runtime's counters (starts,
 //! retries, slot waits, recreations).
 
 use std::fmt;
 
-use corral_docker::metrics::StartPhase;
-use corral_docker::{DockerBackend, Provider};
+use corral::metrics::StartPhase;
+use corral::{Provider, Runtime};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -53,8 +53,8 @@ fn latency_histogram() -> Histogram {
 }
 
 impl Metrics {
-    /// Metrics over `provider` and `backend`.
-    pub fn new(provider: Provider, backend: DockerBackend) -> Metrics {
+    /// Metrics over `provider` and `runtime`.
+    pub fn new(provider: Provider, runtime: Runtime) -> Metrics {
         let mut registry = Registry::with_prefix("corral");
         let command_seconds = Family::<CommandLabels, Histogram>::new_with_constructor(
             latency_histogram as fn() -> _,
@@ -70,7 +70,7 @@ impl Metrics {
             "Commands that did not run to their own exit, by failure kind",
             failures.clone(),
         );
-        registry.register_collector(Box::new(Snapshot { provider, backend }));
+        registry.register_collector(Box::new(Snapshot { provider, runtime }));
         Metrics {
             registry,
             command_seconds,
@@ -102,10 +102,10 @@ impl Metrics {
     }
 }
 
-/// Values read from the provider and the backend at each scrape.
+/// Values read from the provider and the runtime at each scrape.
 struct Snapshot {
     provider: Provider,
-    backend: DockerBackend,
+    runtime: Runtime,
 }
 
 impl fmt::Debug for Snapshot {
@@ -127,7 +127,7 @@ fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> fmt::Resu
 impl Collector for Snapshot {
     fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
         let p = self.provider.stats();
-        let b = self.backend.metrics();
+        let b = self.runtime.metrics();
         {
             let mut m = e.encode_descriptor(
                 "sandboxes",

@@ -227,8 +227,8 @@ pub struct DirEntryBody {
     pub target: Option<String>,
 }
 
-impl From<&corral_docker::DirEntry> for DirEntryBody {
-    fn from(e: &corral_docker::DirEntry) -> Self {
+impl From<&corral::DirEntry> for DirEntryBody {
+    fn from(e: &corral::DirEntry) -> Self {
         DirEntryBody {
             name: e.name.clone(),
             kind: e.kind.as_str().to_string(),
@@ -320,7 +320,7 @@ impl From<&ContainerState> for ContainerStateBody {
     fn from(s: &ContainerState) -> Self {
         ContainerStateBody {
             id: s.id.clone(),
-            status: s.status.clone(),
+            status: s.status.to_string(),
             exit_code: s.exit_code,
             oom_killed: s.oom_killed,
             error: s.error.clone(),

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use corral::{Provider, RuntimeConfig};
 use corral_core::config::{AuthMode, Config};
-use corral_docker::{BackendConfig, DockerBackend, Provider};
 use corral_server::{app, AppState, Listener};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -43,13 +43,11 @@ const LISTEN: &str = "127.0.0.1:7070";
 
 async fn service(config: Config) -> (axum::Router, Provider) {
     images();
-    let backend = DockerBackend::connect(&BackendConfig::default())
-        .await
-        .expect("these tests need a Docker daemon; see README");
+    let backend = common::service::runtime(RuntimeConfig::default()).await;
     let provider = Provider::with_persistence_root(
         backend.clone(),
         config.provider.clone(),
-        config.persistence_root(&corral_docker::host::RealHost),
+        config.persistence_root(&corral::host::RealHost),
     );
     let state = AppState::new(provider.clone(), backend, config, BUSYBOX.into());
     (
@@ -452,13 +450,11 @@ async fn shutdown_cancels_commands_past_the_grace_and_removes_sandboxes() {
     let mut cfg = config("api-shutdown", None);
     cfg.server.listen = "127.0.0.1:0".into();
     cfg.server.shutdown_grace_ms = 1_000;
-    let backend = DockerBackend::connect(&BackendConfig::default())
-        .await
-        .expect("daemon");
+    let backend = common::service::runtime(RuntimeConfig::default()).await;
     let provider = Provider::with_persistence_root(
         backend.clone(),
         cfg.provider.clone(),
-        cfg.persistence_root(&corral_docker::host::RealHost),
+        cfg.persistence_root(&corral::host::RealHost),
     );
     let stop = CancellationToken::new();
     let (tx, rx) = tokio::sync::oneshot::channel();

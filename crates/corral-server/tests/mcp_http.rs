@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use corral::{Provider, RuntimeConfig};
 use corral_core::SandboxSpec;
-use corral_docker::{BackendConfig, DockerBackend, Provider};
 use corral_server::mcp::{http_service, http_service_with, HttpOptions, McpContext};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -34,9 +34,7 @@ async fn settle(label: &str, n: usize) -> Vec<String> {
 
 async fn mounted(label: &str) -> (axum::Router, Provider, CancellationToken) {
     images();
-    let backend = DockerBackend::connect(&BackendConfig::default())
-        .await
-        .expect("these tests need a Docker daemon; see README");
+    let backend = common::service::runtime(RuntimeConfig::default()).await;
     let provider = Provider::new(backend, Default::default());
     let mut spec = SandboxSpec::new(BUSYBOX);
     spec.labels.insert("corraltest".into(), label.into());
@@ -272,9 +270,7 @@ async fn cancelling_the_service_releases_every_session() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_body_above_the_limit_is_refused() {
     images();
-    let backend = DockerBackend::connect(&BackendConfig::default())
-        .await
-        .expect("these tests need a Docker daemon; see README");
+    let backend = common::service::runtime(RuntimeConfig::default()).await;
     let provider = Provider::new(backend, Default::default());
     let ctx = McpContext {
         provider: provider.clone(),

@@ -311,10 +311,7 @@ async fn the_unix_socket_lets_its_owner_in_and_asks_others_for_the_token() {
                 .all(|a| std::fs::metadata(a).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
         })
         .expect("a directory other users can traverse")
-        .join(format!(
-            "corral-trust-{}",
-            corral_docker::host::random_hex(8)
-        ));
+        .join(format!("corral-trust-{}", corral::host::random_hex(8)));
     std::fs::create_dir_all(&sock_dir).expect("socket dir");
     std::fs::set_permissions(&sock_dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let sock_path = sock_dir.join("corral.sock");

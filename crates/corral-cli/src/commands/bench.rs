@@ -29,12 +29,13 @@ use bollard::query_parameters::{
     RemoveContainerOptionsBuilder,
 };
 use clap::Args;
+use corral::{Provider, Runtime, Sandbox};
 use corral_core::command::DEFAULT_MAX_OUTPUT;
 use corral_core::labels;
 use corral_core::pool::{PoolConfig, ProviderConfig};
 use corral_core::{CommandResult, CommandSpec, Network, SandboxSpec};
 use corral_docker::error::{is_not_found, status_code};
-use corral_docker::{DockerBackend, Provider, Sandbox};
+use corral_docker::DockerBackend;
 use futures_util::StreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
@@ -102,14 +103,14 @@ fn at_least_one(text: &str) -> Result<usize, String> {
 }
 
 pub async fn run(
-    config: corral_docker::BackendConfig,
+    config: crate::commands::BackendConfig,
     args: BenchArgs,
 ) -> anyhow::Result<ExitCode> {
     // Before anything exists, so no signal finds a container unaccounted for.
     let mut interrupt = Interrupt::listen()?;
-    let backend = super::connect(config).await?;
+    let (runtime, backend) = super::connect_docker(config).await?;
     let image = args.image.clone().unwrap_or_else(super::default_image);
-    let run_id = format!("bench-{}", corral_docker::host::random_hex(10));
+    let run_id = format!("bench-{}", corral::host::random_hex(10));
     let mut spec = SandboxSpec::new(image.clone());
     spec.network = Network::None;
     spec.labels
@@ -120,6 +121,7 @@ pub async fn run(
         + 2 * samples.round_trips
         + 5 * args.sandboxes * args.commands;
     let bench = Arc::new(Bench {
+        runtime,
         backend,
         spec,
         image,
@@ -289,6 +291,9 @@ struct Report {
 
 /// The measuring context, shared with rollout tasks.
 struct Bench {
+    /// corral's runtime over the daemon.
+    runtime: Runtime,
+    /// The daemon itself, for the raw floors.
     backend: DockerBackend,
     spec: SandboxSpec,
     image: String,
@@ -345,7 +350,7 @@ impl Bench {
         for _ in 0..n.starts {
             let t = Instant::now();
             let cold = self
-                .backend
+                .runtime
                 .create(&self.spec)
                 .await
                 .context("cold start")?;
@@ -428,7 +433,7 @@ impl Bench {
             .await
             .with_context(|| format!("image {}", self.image))?;
         let sb = self
-            .backend
+            .runtime
             .create(&self.spec)
             .await
             .context("starting the warm-up sandbox")?;
@@ -466,7 +471,7 @@ impl Bench {
             )]),
             ..ProviderConfig::default()
         };
-        let provider = Provider::new(self.backend.clone(), config);
+        let provider = Provider::new(self.runtime.clone(), config);
         *lock(&self.provider) = Some(provider.clone());
         let fill = FILL_TIMEOUT + Duration::from_secs(size as u64);
         let mut samples = Vec::with_capacity(n);
@@ -610,7 +615,7 @@ impl Bench {
             )]),
             ..ProviderConfig::default()
         };
-        let provider = Provider::new(self.backend.clone(), config);
+        let provider = Provider::new(self.runtime.clone(), config);
         *lock(&self.provider) = Some(provider.clone());
         let fill = FILL_TIMEOUT + Duration::from_secs(warm as u64);
         let timed = async {
@@ -682,7 +687,7 @@ impl Bench {
                     bench.raw_start().await.map(Target::Raw)
                 } else {
                     bench
-                        .backend
+                        .runtime
                         .create(&bench.spec)
                         .await
                         .map(Target::Sandbox)
@@ -748,7 +753,7 @@ impl Bench {
 
     async fn corral_rollout(&self, commands: usize) -> anyhow::Result<()> {
         let sb = self
-            .backend
+            .runtime
             .create(&self.spec)
             .await
             .context("rollout start")?;
@@ -788,7 +793,7 @@ impl Bench {
             (BENCH_LABEL.to_string(), self.run_id.clone()),
         ]
         .into_iter()
-        .chain(self.backend.owner().labels())
+        .chain(self.runtime.owner().labels())
         .collect();
         let body = ContainerCreateBody {
             image: Some(self.image.clone()),
@@ -912,7 +917,7 @@ impl Bench {
     /// Ids of containers with this run's labels or this process's owner labels.
     async fn ours(&self) -> anyhow::Result<BTreeSet<String>> {
         let owner: Vec<String> = self
-            .backend
+            .runtime
             .owner()
             .labels()
             .iter()
@@ -1257,7 +1262,7 @@ impl Report {
                 (r.id.to_string(), v)
             })
             .collect();
-        let m = bench.backend.metrics();
+        let m = bench.runtime.metrics();
         json!({
             "run_id": bench.run_id,
             "image": bench.image,

@@ -11,8 +11,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use corral::host::RealHost;
 use corral_core::config::{Config, EXAMPLE_YAML};
-use corral_docker::host::RealHost;
 
 /// Check, show or print an example of corral's configuration file.
 #[derive(Args, Debug)]

@@ -19,12 +19,16 @@ pub struct DoctorArgs {
 }
 
 pub async fn run(
-    config: corral_docker::BackendConfig,
+    config: crate::commands::BackendConfig,
     args: DoctorArgs,
 ) -> anyhow::Result<ExitCode> {
-    let backend = super::connect(config).await?;
+    let (runtime, backend) = super::connect_docker(config).await?;
     let image = (!args.no_probe).then(|| args.image.clone().unwrap_or_else(super::default_image));
-    let r = backend.doctor(image.as_deref()).await?;
+    let r = backend.doctor(image.as_deref(), runtime.owner()).await?;
+    let protections = match &image {
+        Some(image) => corral::doctor::probe(&runtime, image).await?,
+        None => Vec::new(),
+    };
     println!("daemon        {} (reachable)", r.endpoint);
     println!("version       {} (API {})", r.server_version, r.api_version);
     println!("os / kernel   {} / {}", r.os, r.kernel);
@@ -65,7 +69,7 @@ pub async fn run(
     );
     if let Some(image) = image {
         println!("protections in force (probe sandbox from {image}):");
-        for c in &r.protections {
+        for c in &protections {
             all_ok &= c.ok;
             println!(
                 "  [{}] {:<24} {}",

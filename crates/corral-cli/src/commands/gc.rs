@@ -17,14 +17,14 @@ pub struct GcArgs {
     all: bool,
 }
 
-pub async fn run(config: corral_docker::BackendConfig, args: GcArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(config: crate::commands::BackendConfig, args: GcArgs) -> anyhow::Result<ExitCode> {
     let backend = super::connect(config).await?;
     let report = backend.gc(args.all).await?;
     for s in &report.removed {
         println!(
             "removed {} ({}, {})",
             s.sandbox_id,
-            short(&s.container_id),
+            short(&s.placement.0),
             s.state
         );
     }
@@ -35,7 +35,7 @@ pub async fn run(config: corral_docker::BackendConfig, args: GcArgs) -> anyhow::
         eprintln!(
             "corral: could not remove {} ({}): {e}",
             s.sandbox_id,
-            short(&s.container_id)
+            short(&s.placement.0)
         );
     }
     println!(

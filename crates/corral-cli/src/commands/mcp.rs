@@ -3,12 +3,13 @@
 
 use std::process::ExitCode;
 
+use crate::commands::BackendConfig;
 use anyhow::Context;
 use clap::Args;
+use corral::host::RealHost;
+use corral::Provider;
 use corral_core::config::Config;
 use corral_core::SandboxSpec;
-use corral_docker::host::RealHost;
-use corral_docker::{BackendConfig, Provider};
 use corral_server::mcp::{serve_stdio, McpContext};
 
 /// Serve MCP (Model Context Protocol) over stdin/stdout: tools to run

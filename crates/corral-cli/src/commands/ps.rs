@@ -25,7 +25,7 @@ pub fn ownership_name(o: Ownership) -> &'static str {
     }
 }
 
-pub async fn run(config: corral_docker::BackendConfig, args: PsArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(config: crate::commands::BackendConfig, args: PsArgs) -> anyhow::Result<ExitCode> {
     let backend = super::connect(config).await?;
     let list = backend.list_sandboxes().await?;
     if args.json {
@@ -34,9 +34,9 @@ pub async fn run(config: corral_docker::BackendConfig, args: PsArgs) -> anyhow::
                 "{}",
                 json!({
                     "sandbox_id": s.sandbox_id,
-                    "container_id": s.container_id,
+                    "container_id": s.placement.0,
                     "image": s.image,
-                    "state": s.state,
+                    "state": s.state.as_str(),
                     "status": s.status,
                     "created": s.created,
                     "owner": s.owner.as_ref().map(|o| json!({"host": o.host, "pid": o.pid, "start": o.start})),
@@ -59,7 +59,7 @@ pub async fn run(config: corral_docker::BackendConfig, args: PsArgs) -> anyhow::
         println!(
             "{:<16} {:<12} {:<24} {:<9} {:<24} {}",
             s.sandbox_id,
-            short(&s.container_id),
+            short(&s.placement.0),
             s.image,
             s.state,
             owner,

@@ -5,13 +5,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use corral::{OutputStream, Sandbox};
 use corral_core::command::DEFAULT_MAX_OUTPUT;
 use corral_core::config::Config;
 use corral_core::units::{parse_bytes, parse_cpus};
 use corral_core::{
     CommandResult, CommandSpec, EnvVar, FailureKind, Mount, Network, Recovery, SandboxSpec,
 };
-use corral_docker::{OutputStream, Sandbox};
 use tokio::io::AsyncReadExt;
 
 use crate::json;
@@ -260,7 +260,7 @@ fn exit_code(result: &CommandResult) -> u8 {
 }
 
 pub async fn run(
-    config: corral_docker::BackendConfig,
+    config: crate::commands::BackendConfig,
     settings: &Config,
     args: RunArgs,
 ) -> anyhow::Result<ExitCode> {

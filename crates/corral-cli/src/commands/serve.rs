@@ -2,11 +2,12 @@
 
 use std::process::ExitCode;
 
+use crate::commands::BackendConfig;
 use anyhow::Context;
 use clap::Args;
+use corral::host::RealHost;
+use corral::Provider;
 use corral_core::config::{AuthMode, Config};
-use corral_docker::host::RealHost;
-use corral_docker::{BackendConfig, Provider};
 use tokio_util::sync::CancellationToken;
 
 /// Serve corral's HTTP API: sandboxes by session key, commands (JSON or

@@ -39,7 +39,7 @@ pub struct WorkloadArgs {
 }
 
 pub async fn run(
-    config: corral_docker::BackendConfig,
+    config: crate::commands::BackendConfig,
     args: WorkloadArgs,
 ) -> anyhow::Result<ExitCode> {
     let backend = super::connect(config).await?;

@@ -6,8 +6,14 @@
 use std::process::Command;
 use std::sync::OnceLock;
 
-use corral_core::SandboxSpec;
-use corral_docker::{BackendConfig, DockerBackend};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use corral::{Runtime, RuntimeConfig};
+use corral_core::breaker::BreakerConfig;
+use corral_core::{RetryPolicy, SandboxSpec};
+use corral_docker::{DockerBackend, DockerConfig};
 
 pub const BUSYBOX: &str = "corral-test/busybox";
 pub const SCRATCH: &str = "corral-test/scratch";
@@ -28,11 +34,82 @@ pub fn images() {
     });
 }
 
-pub async fn backend() -> DockerBackend {
+/// The runtime over the local daemon, with the default settings.
+pub async fn backend() -> Runtime {
     images();
-    DockerBackend::connect(&BackendConfig::default())
+    connect(&BackendConfig::default())
         .await
         .expect("these tests need a Docker daemon; see README")
+}
+
+/// The Docker backend itself, for what only Docker has (the raw client,
+/// the daemon report, the network).
+pub async fn docker_backend() -> DockerBackend {
+    images();
+    DockerBackend::connect(&DockerConfig::default())
+        .await
+        .expect("these tests need a Docker daemon; see README")
+}
+
+/// The settings a test changes: the Docker backend's and the runtime's, in
+/// one struct.
+#[derive(Debug, Clone)]
+pub struct BackendConfig {
+    pub endpoint: Option<String>,
+    pub retry: RetryPolicy,
+    pub start_limit: usize,
+    pub exec_limit: usize,
+    pub shared_slots: bool,
+    pub slot_dir: Option<PathBuf>,
+    pub slot_wait_timeout: Duration,
+    pub breaker: BreakerConfig,
+    pub reap_orphans: bool,
+    pub reap_interval: Duration,
+    pub seal_key_file: Option<PathBuf>,
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        let r = RuntimeConfig::default();
+        let d = DockerConfig::default();
+        BackendConfig {
+            endpoint: d.endpoint,
+            retry: d.retry,
+            start_limit: r.start_limit,
+            exec_limit: r.exec_limit,
+            shared_slots: r.shared_slots,
+            slot_dir: r.slot_dir,
+            slot_wait_timeout: r.slot_wait_timeout,
+            breaker: r.breaker,
+            reap_orphans: r.reap_orphans,
+            reap_interval: r.reap_interval,
+            seal_key_file: r.seal_key_file,
+        }
+    }
+}
+
+/// The runtime over a Docker backend made from `c`.
+pub async fn connect(c: &BackendConfig) -> Result<Runtime, corral::Error> {
+    let docker = DockerBackend::connect(&DockerConfig {
+        endpoint: c.endpoint.clone(),
+        retry: c.retry.clone(),
+    })
+    .await?;
+    Ok(Runtime::new(
+        Arc::new(docker),
+        RuntimeConfig {
+            start_limit: c.start_limit,
+            exec_limit: c.exec_limit,
+            shared_slots: c.shared_slots,
+            slot_dir: c.slot_dir.clone(),
+            slot_wait_timeout: c.slot_wait_timeout,
+            breaker: c.breaker.clone(),
+            reap_orphans: c.reap_orphans,
+            reap_interval: c.reap_interval,
+            seal_key_file: c.seal_key_file.clone(),
+            ..RuntimeConfig::default()
+        },
+    ))
 }
 
 /// Removes every container labelled `corraltest=<name>` when dropped, and

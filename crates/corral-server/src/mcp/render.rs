@@ -5,8 +5,8 @@
 use std::fmt::Write;
 
 use base64::Engine;
+use corral::{DirEntry, EntryKind, SessionResult};
 use corral_core::{CommandResult, Failure};
-use corral_docker::{DirEntry, EntryKind, SessionResult};
 use rmcp::model::{CallToolResult, ContentBlock};
 
 use crate::wire::{CommandOutcome, ShellOutcome};

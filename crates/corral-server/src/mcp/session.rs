@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use corral::{Lease, Provider};
 use corral_core::{CommandSpec, Failure, FailureKind};
-use corral_docker::{Lease, Provider};
 use tokio_util::sync::CancellationToken;
 
 use super::McpContext;
@@ -65,7 +65,7 @@ impl Session {
     pub(super) fn new(ctx: McpContext, closing: CancellationToken) -> Session {
         Session {
             ctx,
-            key: format!("mcp-{}", corral_docker::host::random_hex(16)),
+            key: format!("mcp-{}", corral::host::random_hex(16)),
             gate: Arc::new(tokio::sync::Mutex::new(())),
             used: AtomicBool::new(false),
             released: AtomicBool::new(false),

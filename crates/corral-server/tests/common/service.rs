@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use corral::{Provider, Runtime, RuntimeConfig};
 use corral_core::config::Config;
-use corral_docker::{BackendConfig, DockerBackend, Provider};
 use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -30,7 +30,7 @@ pub struct Service {
 fn scratch(label: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "corral-trust-{label}-{}",
-        corral_docker::host::random_hex(8)
+        corral::host::random_hex(8)
     ));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     dir
@@ -50,16 +50,15 @@ pub async fn start(label: &str, tweak: impl FnOnce(&mut Config, &Path)) -> Servi
     c.persistence_root = Some(dir.join("workspaces").display().to_string());
     tweak(&mut c, &dir);
     // Other people's tests share the daemon: reap nothing of theirs.
-    let backend = DockerBackend::connect(&BackendConfig {
+    let backend = runtime(RuntimeConfig {
         reap_orphans: false,
-        ..BackendConfig::default()
+        ..RuntimeConfig::default()
     })
-    .await
-    .expect("these tests need a Docker daemon; see README");
+    .await;
     let provider = Provider::with_persistence_root(
         backend.clone(),
         c.provider.clone(),
-        c.persistence_root(&corral_docker::host::RealHost),
+        c.persistence_root(&corral::host::RealHost),
     );
     let configured = c.server.token.clone();
     let unix = c.server.unix_socket.clone().map(PathBuf::from);
@@ -238,4 +237,12 @@ pub fn initialize() -> Value {
 
 pub fn mcp(req: Req) -> Req {
     req.header("Accept", "application/json, text/event-stream")
+}
+
+/// The runtime over the local Docker daemon.
+pub async fn runtime(config: RuntimeConfig) -> Runtime {
+    let docker = corral_docker::DockerBackend::connect(&corral_docker::DockerConfig::default())
+        .await
+        .expect("these tests need a Docker daemon; see README");
+    Runtime::new(std::sync::Arc::new(docker), config)
 }

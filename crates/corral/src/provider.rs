@@ -23,10 +23,10 @@ use corral_core::pool::{expired, lru_victim, Candidate, ProviderConfig};
 use corral_core::{CommandSpec, FailureKind, Recovery, SandboxSpec};
 use tokio::sync::Notify;
 
-use crate::error::DockerError;
 use crate::seal::{self, Verdict};
 use crate::workspace::{self, SessionDirs};
-use crate::{DockerBackend, Sandbox};
+use crate::{Runtime, Sandbox};
+use corral_core::Error;
 
 /// How long an acquire waits for room when every live sandbox is in use.
 const ROOM_WAIT: Duration = Duration::from_secs(60);
@@ -41,7 +41,7 @@ pub struct Provider {
 }
 
 struct Inner {
-    backend: DockerBackend,
+    runtime: Runtime,
     config: ProviderConfig,
     /// Host directory holding persistent sessions' workspaces and homes.
     persistence_root: PathBuf,
@@ -168,10 +168,9 @@ fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
 }
 
 /// Reason an acquire could not be served.
-fn no_room(max: usize) -> DockerError {
-    DockerError::SlotTimeout {
-        what: "sandbox (provider max_live reached, every sandbox in use)",
-        limit: max,
+fn no_room(max: usize) -> Error {
+    Error::NoRoom {
+        max_live: max,
         waited: ROOM_WAIT,
     }
 }
@@ -194,20 +193,20 @@ enum Plan {
 }
 
 impl Provider {
-    /// A provider over `backend`; starts its reaper and pool refiller, which
+    /// A provider over `runtime`; starts its reaper and pool refiller, which
     /// stop when the last handle is dropped or on [`Provider::shutdown`].
-    pub fn new(backend: DockerBackend, config: ProviderConfig) -> Provider {
-        Provider::with_persistence_root(backend, config, default_persistence_root())
+    pub fn new(runtime: Runtime, config: ProviderConfig) -> Provider {
+        Provider::with_persistence_root(runtime, config, default_persistence_root())
     }
 
     /// Like [`Provider::new`], keeping persistent sessions' directories under `root`.
     pub fn with_persistence_root(
-        backend: DockerBackend,
+        runtime: Runtime,
         config: ProviderConfig,
         root: PathBuf,
     ) -> Provider {
         let inner = Arc::new(Inner {
-            backend,
+            runtime,
             config,
             persistence_root: root,
             state: Mutex::new(State::default()),
@@ -228,9 +227,9 @@ impl Provider {
 
     /// The session's sandbox of pool `profile`: the one bound to `key`, else a
     /// warm one from the pool, else a new one from the pool's spec.
-    pub async fn acquire(&self, key: &str, profile: &str) -> Result<Lease, DockerError> {
+    pub async fn acquire(&self, key: &str, profile: &str) -> Result<Lease, Error> {
         let Some(pool) = self.inner.config.pools.get(profile) else {
-            return Err(DockerError::InvalidSpec(corral_core::SpecError {
+            return Err(Error::InvalidSpec(corral_core::SpecError {
                 field: "profile".into(),
                 value: profile.into(),
                 reason: format!(
@@ -261,11 +260,7 @@ impl Provider {
     /// unless provably ours, never removed. Releasing or evicting the
     /// session removes the container, keeps the directories and clears
     /// setuid/setgid bits in them.
-    pub async fn acquire_persistent(
-        &self,
-        key: &str,
-        spec: &SandboxSpec,
-    ) -> Result<Lease, DockerError> {
+    pub async fn acquire_persistent(&self, key: &str, spec: &SandboxSpec) -> Result<Lease, Error> {
         let session_lock = self.session_lock(key);
         let _serial = session_lock.lock().await;
         let (spec, dirs) = self.persistent_spec(key, spec)?;
@@ -320,7 +315,7 @@ impl Provider {
         &self,
         key: &str,
         base: &SandboxSpec,
-    ) -> Result<(SandboxSpec, SessionDirs), DockerError> {
+    ) -> Result<(SandboxSpec, SessionDirs), Error> {
         let dirs = workspace::prepare(&self.inner.persistence_root, key)?;
         let mut spec = base.clone();
         for (host, target) in [
@@ -358,12 +353,12 @@ impl Provider {
         key: &str,
         spec: &SandboxSpec,
         dirs: &SessionDirs,
-    ) -> Result<Option<Sandbox>, DockerError> {
-        let backend = &self.inner.backend;
-        let seal_key = backend.seal_key().await?;
+    ) -> Result<Option<Sandbox>, Error> {
+        let runtime = &self.inner.runtime;
+        let seal_key = runtime.seal_key().await?;
         let digest = seal::spec_digest(spec);
         let recorded = workspace::recorded_container(dirs);
-        let mine: Vec<_> = backend
+        let mine: Vec<_> = runtime
             .list_sandboxes()
             .await?
             .into_iter()
@@ -375,7 +370,7 @@ impl Provider {
                 Verdict::Unsealed => {
                     tracing::warn!(
                         session = key,
-                        container = %info.container_id,
+                        container = %info.placement,
                         sandbox = %info.sandbox_id,
                         "a container labelled for this persistent session carries no valid seal: \
                          not made by this user's corral for this session; not adopting it, not touching it"
@@ -384,12 +379,9 @@ impl Provider {
                 }
                 Verdict::Sealed { spec_matches } => spec_matches,
             };
-            let is_recorded = recorded.as_deref() == Some(info.container_id.as_str());
-            if adopted.is_none() && spec_matches && is_recorded && info.state == "running" {
-                match backend
-                    .adopt(&info.container_id, &info.sandbox_id, spec)
-                    .await
-                {
+            let is_recorded = recorded.as_deref() == Some(info.placement.id());
+            if adopted.is_none() && spec_matches && is_recorded && info.state.is_running() {
+                match runtime.adopt(&info.placement, &info.sandbox_id, spec).await {
                     Ok(sb) => {
                         tracing::info!(session = key, sandbox = %info.sandbox_id, "adopted a persistent sandbox");
                         adopted = Some(sb);
@@ -402,20 +394,14 @@ impl Provider {
             } else {
                 tracing::info!(
                     session = key,
-                    container = %info.container_id,
+                    container = %info.placement,
                     spec_matches,
                     is_recorded,
                     state = %info.state,
                     "replacing a persistent container corral made earlier"
                 );
             }
-            if let Err(e) = crate::sandbox::remove_container(
-                &backend.inner,
-                &info.container_id,
-                &info.sandbox_id,
-            )
-            .await
-            {
+            if let Err(e) = runtime.remove(&info.placement, &info.sandbox_id).await {
                 tracing::warn!(session = key, error = %e, "removing a stale persistent container failed");
             }
         }
@@ -427,7 +413,7 @@ impl Provider {
     /// `None` when no sandbox is bound to it (never acquired, released or
     /// evicted), so callers holding a key can tell an eviction from a
     /// sandbox.
-    pub async fn lease(&self, key: &str) -> Option<Result<Lease, DockerError>> {
+    pub async fn lease(&self, key: &str) -> Option<Result<Lease, Error>> {
         let (spec, profile) = {
             let st = lock(&self.inner.state);
             let e = st.sessions.get(key)?;
@@ -443,7 +429,7 @@ impl Provider {
 
     /// The session's sandbox made from `spec` (no pool): the one bound to
     /// `key`, else a new one.
-    pub async fn acquire_spec(&self, key: &str, spec: &SandboxSpec) -> Result<Lease, DockerError> {
+    pub async fn acquire_spec(&self, key: &str, spec: &SandboxSpec) -> Result<Lease, Error> {
         self.acquire_inner(key, None, spec).await
     }
 
@@ -452,12 +438,9 @@ impl Provider {
         key: &str,
         profile: Option<&str>,
         spec: &SandboxSpec,
-    ) -> Result<Lease, DockerError> {
+    ) -> Result<Lease, Error> {
         if self.inner.closed.load(Ordering::Acquire) {
-            return Err(DockerError::Agent {
-                sandbox: key.into(),
-                message: "the provider is shut down".into(),
-            });
+            return Err(Error::ShutDown { key: key.into() });
         }
         let deadline = Instant::now() + ROOM_WAIT;
         loop {
@@ -507,7 +490,7 @@ impl Provider {
                     if let Some(v) = victim {
                         self.discard(v);
                     }
-                    let created = self.inner.backend.create(spec).await;
+                    let created = self.inner.runtime.create(spec).await;
                     let sandbox = match created {
                         Ok(sb) => sb,
                         Err(e) => {
@@ -640,7 +623,7 @@ impl Provider {
         }
         // The stream may have broken with the container still running: a
         // command re-attaches then, so only a stopped container is dead.
-        matches!(sb.state().await, Ok(s) if s.status == "running")
+        matches!(sb.state().await, Ok(s) if s.status.is_running())
     }
 
     /// A lease for a sandbox whose entry already counts this lease.
@@ -673,7 +656,7 @@ impl Provider {
     /// Ends the session: its sandbox is destroyed, or reset and returned to
     /// its pool when the pool reuses sandboxes. Releasing an unknown key is
     /// not an error.
-    pub async fn release(&self, key: &str) -> Result<(), DockerError> {
+    pub async fn release(&self, key: &str) -> Result<(), Error> {
         let entry = lock(&self.inner.state).sessions.remove(key);
         let Some(entry) = entry else {
             return Ok(());
@@ -709,7 +692,7 @@ impl Provider {
     /// Destroys `sb`; for a persistent session, under its lock, then clears
     /// setuid/setgid bits from its directories unless a newer sandbox of
     /// the session already runs.
-    async fn remove(&self, sb: Sandbox) -> Result<(), DockerError> {
+    async fn remove(&self, sb: Sandbox) -> Result<(), Error> {
         let Some(key) = sb.spec().persistent.clone() else {
             return sb.destroy().await;
         };
@@ -840,17 +823,17 @@ impl Provider {
     }
 }
 
-fn lost_error(sandbox: &str, container: &str, failure: corral_core::Failure) -> DockerError {
+fn lost_error(sandbox: &str, container: &str, failure: corral_core::Failure) -> Error {
     let mut state = failure
         .container
         .unwrap_or_else(|| corral_core::ContainerState {
-            status: "removed".into(),
+            status: corral_core::ContainerStatus::Removed,
             ..Default::default()
         });
     if state.id.is_empty() {
         state.id = container.to_string();
     }
-    DockerError::ContainerLost {
+    Error::ContainerLost {
         sandbox: sandbox.to_string(),
         state: Box::new(state),
     }
@@ -1000,7 +983,7 @@ impl Provider {
         for (name, spec) in starts {
             let provider = self.clone();
             tokio::spawn(async move {
-                let created = provider.inner.backend.create(&spec).await;
+                let created = provider.inner.runtime.create(&spec).await;
                 let now = provider.inner.now_ms();
                 let closed = provider.inner.closed.load(Ordering::Acquire);
                 // Book-keeping under the lock; destroying and sleeping after.

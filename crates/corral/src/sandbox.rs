@@ -5,8 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bollard::query_parameters::{KillContainerOptionsBuilder, RemoveContainerOptionsBuilder};
-use bollard::Docker;
+use corral_core::backend::Placement;
 use corral_core::outcome::short;
 use corral_core::protocol::{
     ExecRequest, ExitReport, Frame, FrameKind, ProtocolError, SignalRequest, SpawnError, Started,
@@ -14,19 +13,18 @@ use corral_core::protocol::{
 };
 use corral_core::units::Bytes;
 use corral_core::{
-    CommandResult, CommandSpec, ContainerState, Failure, FailureKind, Recovery, SandboxSpec,
+    CommandResult, CommandSpec, ContainerState, ContainerStatus, Error, Failure, FailureKind,
+    Recovery, SandboxSpec,
 };
 use tokio::sync::mpsc;
 
-use crate::backend::{BackendInner, StartTimings};
 use crate::conn::{AgentConn, RouteRx};
-use crate::error::{is_connection_error, is_not_found, DockerError};
-use crate::events::ConnSlot;
 use crate::metrics::StartPhase;
-use crate::retry::retry;
+use crate::runtime::{Runtime, StartTimings};
 use crate::shell::{ShellOptions, ShellSession, ShellSlot};
-use crate::state::container_state;
-use crate::DockerBackend;
+
+/// The slot holding a sandbox's current control stream.
+pub(crate) type ConnSlot = Mutex<Arc<AgentConn>>;
 
 /// How long past a command's own timeout corral waits for the agent's report
 /// before it looks at the container itself.
@@ -41,9 +39,9 @@ pub struct Sandbox {
 struct Inner {
     id: String,
     spec: SandboxSpec,
-    backend: DockerBackend,
-    /// The current container; replaced by a recreate.
-    container: Mutex<String>,
+    runtime: Runtime,
+    /// Where the backend put it; replaced by a recreate.
+    placement: Mutex<Placement>,
     /// The current control stream; replaced by a re-attach or a recreate.
     conn: Arc<ConnSlot>,
     /// Serializes re-attaching and recreating, so concurrent callers do it once.
@@ -67,13 +65,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// after the processes die.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// How long a container killed by SIGKILL is given for the daemon's `oom`
-/// event to arrive, when its state does not say OOM.
-const OOM_EVENT_WAIT: Duration = Duration::from_millis(750);
-
-/// An `oom` event this recent counts as the cause of a SIGKILLed container.
-const OOM_EVENT_RECENT: Duration = Duration::from_secs(5);
-
 /// Longest a start-up command may run.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -91,7 +82,7 @@ pub enum OutputStream {
 fn container_gone(f: &Failure) -> bool {
     match f.kind {
         FailureKind::ContainerLost => true,
-        FailureKind::OomKilled => f.container.as_ref().is_some_and(|c| c.status != "running"),
+        FailureKind::OomKilled => f.container.as_ref().is_some_and(|c| !c.status.is_running()),
         _ => false,
     }
 }
@@ -99,22 +90,19 @@ fn container_gone(f: &Failure) -> bool {
 impl Sandbox {
     pub(crate) fn new(
         id: String,
-        container_id: String,
+        placement: Placement,
         spec: SandboxSpec,
         conn: AgentConn,
-        backend: DockerBackend,
+        runtime: Runtime,
     ) -> Self {
         let conn: Arc<ConnSlot> = Arc::new(Mutex::new(Arc::new(conn)));
-        backend
-            .inner
-            .events
-            .watch(&backend.inner.docker, &container_id, &conn);
+        watch(&runtime, &placement, &conn);
         Sandbox {
             inner: Arc::new(Inner {
                 id,
                 spec,
-                backend,
-                container: Mutex::new(container_id),
+                runtime,
+                placement: Mutex::new(placement),
                 conn,
                 reattach: tokio::sync::Mutex::new(()),
                 destroyed: AtomicBool::new(false),
@@ -125,18 +113,20 @@ impl Sandbox {
         }
     }
 
-    fn docker(&self) -> &Docker {
-        &self.inner.backend.inner.docker
-    }
-
     /// The sandbox id (also the value of its `corral.sandbox` label).
     pub fn id(&self) -> &str {
         &self.inner.id
     }
 
-    /// The current container id (a recreate changes it).
+    /// The current container id (pod name, ...: the backend's placement;
+    /// a recreate changes it).
     pub fn container_id(&self) -> String {
-        lock(&self.inner.container).clone()
+        self.placement().0
+    }
+
+    /// Where the backend put the sandbox now.
+    pub fn placement(&self) -> Placement {
+        lock(&self.inner.placement).clone()
     }
 
     /// The spec the sandbox was created from.
@@ -233,7 +223,7 @@ impl Sandbox {
             if t.first_command.is_none() {
                 let took = started.elapsed();
                 t.first_command = Some(took);
-                let m = &self.inner.backend.inner.metrics;
+                let m = &self.inner.runtime.inner.metrics;
                 m.phase(StartPhase::FirstCommand, took);
                 m.first_commands.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(
@@ -299,7 +289,7 @@ impl Sandbox {
 
     /// Runs the spec's start-up commands in order; the first that fails
     /// fails the start. Returns (and records in the metrics) the time taken.
-    pub(crate) async fn run_startup(&self) -> Result<Duration, DockerError> {
+    pub(crate) async fn run_startup(&self) -> Result<Duration, Error> {
         let t = Instant::now();
         for (i, script) in self.inner.spec.startup.iter().enumerate() {
             let r = self
@@ -309,14 +299,14 @@ impl Sandbox {
                 )
                 .await;
             if let Some(f) = r.failure {
-                return Err(DockerError::Startup {
+                return Err(Error::Startup {
                     sandbox: self.inner.id.clone(),
                     index: i,
                     detail: f.to_string(),
                 });
             }
             if r.exit_code != Some(0) {
-                return Err(DockerError::Startup {
+                return Err(Error::Startup {
                     sandbox: self.inner.id.clone(),
                     index: i,
                     detail: format!(
@@ -329,7 +319,7 @@ impl Sandbox {
         }
         let took = t.elapsed();
         self.inner
-            .backend
+            .runtime
             .inner
             .metrics
             .phase(StartPhase::Startup, took);
@@ -464,58 +454,48 @@ impl Sandbox {
         lock(&self.inner.conn).clone()
     }
 
-    /// Points the sandbox at a new container and control stream.
-    fn swap(&self, container_id: String, conn: AgentConn) {
-        let events = &self.inner.backend.inner.events;
-        let old = std::mem::replace(&mut *lock(&self.inner.container), container_id.clone());
-        events.unwatch(&old);
+    /// Points the sandbox at a new placement and control stream.
+    fn swap(&self, placement: Placement, conn: AgentConn) {
+        let backend = &self.inner.runtime.inner.backend;
+        let old = std::mem::replace(&mut *lock(&self.inner.placement), placement.clone());
+        backend.unwatch(&old);
         *lock(&self.inner.conn) = Arc::new(conn);
-        events.watch(self.docker(), &container_id, &self.inner.conn);
+        watch(&self.inner.runtime, &placement, &self.inner.conn);
     }
 
     /// Brings a lost container back (the `recreate` policy): adopts a
     /// running container another corral already recreated for this sandbox,
     /// else removes the dead one and starts a new one from the identical
     /// spec, then re-runs the start-up commands.
-    async fn recover(&self) -> Result<(), DockerError> {
+    async fn recover(&self) -> Result<(), Error> {
         let _serial = self.inner.reattach.lock().await;
         if !self.conn().is_closed() {
             return Ok(()); // a concurrent caller recovered it
         }
-        let backend = &self.inner.backend;
+        let runtime = &self.inner.runtime;
         let id = &self.inner.id;
-        let old = self.container_id();
-        let policy = &backend.inner.config.retry;
-        for info in backend.list_sandboxes().await? {
+        let old = self.placement();
+        for info in runtime.list_sandboxes().await? {
             if info.sandbox_id == *id
-                && info.container_id != old
-                && info.state == "running"
-                && backend.sealed_for(&info, &self.inner.spec).await
+                && info.placement != old
+                && info.state == ContainerStatus::Running
+                && runtime.sealed_for(&info, &self.inner.spec).await
             {
-                if let Ok(conn) = AgentConn::attach(
-                    self.docker(),
-                    &info.container_id,
-                    id,
-                    crate::container_config::keepalive(&self.inner.spec),
-                    policy,
-                    &backend.inner.metrics,
-                )
-                .await
-                {
-                    tracing::warn!(sandbox = %id, container = short(&info.container_id), "adopted a container another corral recreated");
-                    self.swap(info.container_id, conn);
+                if let Ok(conn) = runtime.connect(&info.placement, id, &self.inner.spec).await {
+                    tracing::warn!(sandbox = %id, container = %info.placement, "adopted a container another corral recreated");
+                    self.swap(info.placement, conn);
                     return Ok(());
                 }
             }
         }
-        if let Err(e) = remove_container(&backend.inner, &old, id).await {
+        if let Err(e) = runtime.remove(&old, id).await {
             tracing::warn!(sandbox = %id, error = %e, "removing the lost container failed");
         }
-        let started = backend.start_new(&self.inner.spec, id).await?;
-        tracing::warn!(sandbox = %id, old = short(&old), new = short(&started.container_id), "recreated the sandbox's container");
-        self.swap(started.container_id, started.conn);
+        let started = runtime.start_new(&self.inner.spec, id).await?;
+        tracing::warn!(sandbox = %id, old = %old, new = %started.placement, "recreated the sandbox's container");
+        self.swap(started.placement, started.conn);
         self.set_timings(started.timings);
-        backend
+        runtime
             .inner
             .metrics
             .recreated
@@ -523,7 +503,7 @@ impl Sandbox {
         self.run_startup().await.map(|_| ())
     }
 
-    /// Attaches again when the control stream broke but the container still
+    /// Connects again when the control stream broke but the container still
     /// runs (e.g. the daemon dropped the attach connection); otherwise
     /// explains the loss.
     async fn reattach(&self, stale: Arc<AgentConn>) -> Result<Arc<AgentConn>, Failure> {
@@ -534,20 +514,14 @@ impl Sandbox {
         }
         let reason = stale.closed_reason();
         let state = self.settled_state().await;
-        if !matches!(&state, Ok(s) if s.status == "running") {
+        if !matches!(&state, Ok(s) if s.status.is_running()) {
             return Err(self.explain(&reason, state));
         }
-        let backend = &self.inner.backend.inner;
-        let cid = self.container_id();
-        match AgentConn::attach(
-            self.docker(),
-            &cid,
-            &self.inner.id,
-            crate::container_config::keepalive(&self.inner.spec),
-            &backend.config.retry,
-            &backend.metrics,
-        )
-        .await
+        match self
+            .inner
+            .runtime
+            .connect(&self.placement(), &self.inner.id, &self.inner.spec)
+            .await
         {
             Ok(conn) => {
                 let conn = Arc::new(conn);
@@ -569,65 +543,43 @@ impl Sandbox {
     /// The container's state once it has settled: a container still listed
     /// as running (or being removed) is re-inspected for a moment, because its
     /// control stream ending usually means it is about to be reported stopped
-    /// or gone.
-    async fn settled_state(&self) -> Result<ContainerState, DockerError> {
+    /// or gone. A stopped one carries the backend's exit details (an OOM
+    /// kill told by other means, the agent's last log lines).
+    async fn settled_state(&self) -> Result<ContainerState, Error> {
         let until = Instant::now() + SETTLE_TIMEOUT;
         loop {
             let state = self.state().await;
             match &state {
                 Ok(s)
-                    if matches!(s.status.as_str(), "running" | "removing")
-                        && Instant::now() < until =>
+                    if matches!(
+                        s.status,
+                        ContainerStatus::Running | ContainerStatus::Removing
+                    ) && Instant::now() < until =>
                 {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                Ok(s) if s.status != "removed" && s.status != "running" => {
-                    let mut s = s.clone();
-                    if !s.oom_killed && s.exit_code == Some(137) && self.oom_event_seen().await {
-                        tracing::info!(
-                            sandbox = %self.inner.id,
-                            "container killed by SIGKILL after an oom event: reporting an OOM kill"
-                        );
-                        s.oom_killed = true;
-                    }
-                    s.log_tail = crate::state::log_tail(self.docker(), &s.id, 10).await;
-                    return Ok(s);
+                Ok(s)
+                    if !matches!(
+                        s.status,
+                        ContainerStatus::Removed | ContainerStatus::Running
+                    ) =>
+                {
+                    let backend = &self.inner.runtime.inner.backend;
+                    return Ok(backend.exit_details(&self.placement(), s.clone()).await);
                 }
                 _ => return state,
             }
         }
     }
 
-    /// Whether the daemon reported an OOM kill in the container lately,
-    /// waiting briefly for the event: it may trail the exit it caused.
-    async fn oom_event_seen(&self) -> bool {
-        let events = &self.inner.backend.inner.events;
-        let cid = self.container_id();
-        let until = Instant::now() + OOM_EVENT_WAIT;
-        loop {
-            if events
-                .last_oom(&cid)
-                .is_some_and(|t| t.elapsed() < OOM_EVENT_RECENT)
-            {
-                return true;
-            }
-            if Instant::now() >= until {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    }
-
-    /// The container's current state, from the daemon.
-    pub async fn state(&self) -> Result<ContainerState, DockerError> {
-        let b = &self.inner.backend.inner;
-        container_state(
-            self.docker(),
-            &self.container_id(),
-            &b.config.retry,
-            &b.metrics,
-        )
-        .await
+    /// The container's current state, from the backend.
+    pub async fn state(&self) -> Result<ContainerState, Error> {
+        self.inner
+            .runtime
+            .inner
+            .backend
+            .state(&self.placement())
+            .await
     }
 
     /// Explains why the control stream ended, from the container's state.
@@ -636,16 +588,16 @@ impl Sandbox {
         self.explain(reason, state)
     }
 
-    fn explain(&self, reason: &str, state: Result<ContainerState, DockerError>) -> Failure {
+    fn explain(&self, reason: &str, state: Result<ContainerState, Error>) -> Failure {
         let sb = &self.inner.id;
         let cid = short(&self.container_id()).to_string();
         match state {
-            Ok(state) if state.status == "removed" => Failure {
+            Ok(state) if state.status == ContainerStatus::Removed => Failure {
                 kind: FailureKind::ContainerLost,
                 message: format!("sandbox {sb}: container {cid} was removed while in use ({reason})"),
                 container: Some(state),
             },
-            Ok(state) if state.status == "running" => Failure {
+            Ok(state) if state.status.is_running() => Failure {
                 kind: FailureKind::AgentError,
                 message: format!("sandbox {sb}: lost the agent's control stream while container {cid} still runs ({reason})"),
                 container: Some(state),
@@ -668,64 +620,32 @@ impl Sandbox {
 
     /// Kills and removes the container. Idempotent; a container that is
     /// already gone counts as removed.
-    pub async fn destroy(&self) -> Result<(), DockerError> {
+    pub async fn destroy(&self) -> Result<(), Error> {
         if self.inner.destroyed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
         // Shells hold handles to this sandbox: let them go.
         lock(&self.inner.shells).clear();
-        let cid = self.container_id();
-        self.inner.backend.inner.events.unwatch(&cid);
-        remove_container(&self.inner.backend.inner, &cid, &self.inner.id).await
+        let placement = self.placement();
+        let runtime = &self.inner.runtime;
+        runtime.inner.backend.unwatch(&placement);
+        runtime.remove(&placement, &self.inner.id).await
     }
 }
 
-/// Kill first (no graceful stop: sandboxes hold nothing worth saving), then
-/// remove with anonymous volumes. A container already gone is success.
-pub(crate) async fn remove_container(
-    backend: &BackendInner,
-    container: &str,
-    sandbox: &str,
-) -> Result<(), DockerError> {
-    let docker = &backend.docker;
-    let kill = KillContainerOptionsBuilder::default()
-        .signal("SIGKILL")
-        .build();
-    if let Err(e) = docker.kill_container(container, Some(kill)).await {
-        // Not running, or already gone: fine. Anything else: log and still remove.
-        if is_connection_error(&e) {
-            return Err(DockerError::api(
-                format!("kill sandbox {sandbox} (container {})", short(container)),
-                e,
-            ));
-        }
-        if !is_not_found(&e) && !crate::error::is_not_running(&e) {
-            tracing::warn!(sandbox, container = short(container), error = %e, "kill before remove failed");
-        }
-    }
-    let rm = RemoveContainerOptionsBuilder::default()
-        .force(true)
-        .v(true)
-        .build();
-    let what = format!("remove sandbox {sandbox}");
-    let removed = retry(&backend.config.retry, &backend.metrics, &what, || {
-        docker.remove_container(container, Some(rm.clone()))
-    });
-    let removed = removed.await;
-    if removed.is_ok() || matches!(&removed, Err(e) if is_not_found(e)) {
-        // A sandbox that could write to its agent mount had its own copy.
-        crate::agent_volume::remove_private(docker, sandbox).await;
-    }
-    match removed {
-        Ok(()) => Ok(()),
-        Err(e) if is_not_found(&e) => Ok(()),
-        // 409 "removal already in progress": another remover owns it.
-        Err(e) if crate::error::status_code(&e) == Some(409) => Ok(()),
-        Err(e) => Err(DockerError::api(
-            format!("remove sandbox {sandbox} (container {})", short(container)),
-            e,
-        )),
-    }
+/// Has the backend close the sandbox's current control stream when its
+/// container dies, so commands in flight end typed instead of waiting.
+fn watch(runtime: &Runtime, placement: &Placement, slot: &Arc<ConnSlot>) {
+    let slot = Arc::downgrade(slot);
+    runtime.inner.backend.watch(
+        placement,
+        Arc::new(move |reason: String| {
+            if let Some(slot) = slot.upgrade() {
+                let conn = lock(&slot).clone();
+                conn.close(reason);
+            }
+        }),
+    );
 }
 
 /// What a command in flight did next; see [`Execution::next_event`].
@@ -954,7 +874,7 @@ impl Execution {
                                 self.id
                             ),
                         );
-                        if let Some(s) = state.filter(|s| s.status != "running") {
+                        if let Some(s) = state.filter(|s| !s.status.is_running()) {
                             failure.kind = if s.oom_killed {
                                 FailureKind::OomKilled
                             } else {
@@ -1041,7 +961,7 @@ impl Drop for Execution {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        let cid = lock(&self.container).clone();
-        self.backend.inner.events.unwatch(&cid);
+        let placement = lock(&self.placement).clone();
+        self.runtime.inner.backend.unwatch(&placement);
     }
 }

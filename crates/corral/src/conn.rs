@@ -1,5 +1,6 @@
-//! The control stream to a sandbox's agent: the daemon's attach to PID 1's
-//! own stdin and stdout, carrying multiplexed frames for every command.
+//! The control stream to a sandbox's agent: a byte stream the backend opens
+//! to PID 1's own stdin and stdout (Docker: the daemon's attach), carrying
+//! multiplexed frames for every command.
 //!
 //! Nothing inside the sandbox relays this stream and PID 1 is non-dumpable,
 //! so frames come from the agent or from nowhere. They are still checked as
@@ -19,9 +20,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bollard::container::{AttachContainerResults, LogOutput};
-use bollard::query_parameters::AttachContainerOptionsBuilder;
-use bollard::Docker;
+use corral_core::backend::{AgentOutput, AgentStream};
 use corral_core::protocol::{
     Frame, FrameKind, Hello, HelloAck, Item, SyncDecoder, PROTOCOL_VERSION, SYNC,
 };
@@ -30,11 +29,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::error::DockerError;
+use corral_core::Error;
+
 use crate::host::random_hex;
-use crate::metrics::Metrics;
-use crate::retry::retry;
-use corral_core::RetryPolicy;
 
 /// How long the agent may take to answer the handshake.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(15);
@@ -256,31 +253,16 @@ impl RouteRx {
 }
 
 impl AgentConn {
-    /// Attaches to PID 1 of `container` and performs the handshake. The
-    /// attach is retried on transient daemon errors. `keepalive` is how
-    /// often the agent hears from corral when nothing else is sent.
-    pub async fn attach(
-        docker: &Docker,
-        container: &str,
+    /// Opens a control stream over `stream` (the backend connected it to
+    /// the agent of sandbox `sandbox`) and performs the handshake.
+    /// `keepalive` is how often the agent hears from corral when nothing
+    /// else is sent.
+    pub async fn open(
+        stream: AgentStream,
         sandbox: &str,
         keepalive: Duration,
-        policy: &RetryPolicy,
-        metrics: &Metrics,
-    ) -> Result<Self, DockerError> {
-        let what = format!("attach to the agent in sandbox {sandbox}");
-        let options = AttachContainerOptionsBuilder::default()
-            .stdin(true)
-            .stdout(true)
-            .stderr(true)
-            .stream(true)
-            .logs(false)
-            .build();
-        let AttachContainerResults { output, mut input } = retry(policy, metrics, &what, || {
-            docker.attach_container(container, Some(options.clone()))
-        })
-        .await
-        .map_err(|e| DockerError::api(what.clone(), e))?;
-
+    ) -> Result<Self, Error> {
+        let AgentStream { output, mut input } = stream;
         let session = random_hex(32);
         let routes = Arc::new(Mutex::new(Routes::default()));
         let issued = Arc::new(AtomicU32::new(0));
@@ -340,7 +322,7 @@ impl AgentConn {
                 session: String::new(),
             },
         };
-        let agent_err = |message: String| DockerError::Agent {
+        let agent_err = |message: String| Error::Agent {
             sandbox: sandbox.to_string(),
             message,
         };
@@ -490,7 +472,7 @@ fn describe(closed: &Closed) -> String {
 /// frame until the stream ends or breaks the protocol.
 async fn read_stream(
     mut output: std::pin::Pin<
-        Box<dyn futures_util::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>,
+        Box<dyn futures_util::Stream<Item = std::io::Result<AgentOutput>> + Send>,
     >,
     routes: Arc<Mutex<Routes>>,
     issued: Arc<AtomicU32>,
@@ -502,10 +484,10 @@ async fn read_stream(
         let message = match output.next().await {
             None => break Closed::Ended("the control stream ended".into()),
             Some(Err(e)) => break Closed::Ended(format!("the control stream failed: {e}")),
-            Some(Ok(LogOutput::StdOut { message })) => message,
-            Some(Ok(other)) => {
+            Some(Ok(AgentOutput::Control(message))) => message,
+            Some(Ok(AgentOutput::Log(log))) => {
                 // PID 1's stderr: the agent's own log lines.
-                let text = String::from_utf8_lossy(&other.into_bytes()).to_string();
+                let text = String::from_utf8_lossy(&log).to_string();
                 tracing::warn!(sandbox = %sandbox, agent = %text.trim_end(), "agent stderr");
                 let mut r = lock(&routes);
                 r.agent_stderr.push_str(&text);

@@ -51,6 +51,22 @@ pub fn this_owner() -> Owner {
     }
 }
 
+/// The per-user runtime directory (`corral_core::paths::user_runtime_dir`)
+/// for this process.
+pub fn user_runtime_dir() -> std::path::PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(0);
+    corral_core::paths::user_runtime_dir(
+        std::env::var_os("XDG_RUNTIME_DIR")
+            .as_deref()
+            .map(std::path::Path::new),
+        &std::env::temp_dir(),
+        uid,
+    )
+}
+
 /// A random hex string of `len` characters, from the kernel's generator.
 pub fn random_hex(len: usize) -> String {
     use std::io::Read;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::error::DockerError;
+use corral_core::Error;
 
 /// One limited operation kind, e.g. "start".
 pub struct Limiter {
@@ -42,18 +42,7 @@ pub struct Slot {
 /// The per-user directory for slot files: `$XDG_RUNTIME_DIR/corral/slots`,
 /// else `<tmp>/corral-<uid>/slots`.
 pub fn default_slot_dir() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d).join("corral").join("slots"),
-        _ => {
-            use std::os::unix::fs::MetadataExt;
-            let uid = std::fs::metadata("/proc/self")
-                .map(|m| m.uid())
-                .unwrap_or(0);
-            std::env::temp_dir()
-                .join(format!("corral-{uid}"))
-                .join("slots")
-        }
-    }
+    crate::host::user_runtime_dir().join("slots")
 }
 
 fn prepare_dir(dir: &Path) -> std::io::Result<()> {
@@ -102,7 +91,7 @@ impl Limiter {
     }
 
     /// Waits for a slot, at most the configured wait timeout.
-    pub async fn acquire(&self) -> Result<Slot, DockerError> {
+    pub async fn acquire(&self) -> Result<Slot, Error> {
         let started = Instant::now();
         let Some(sem) = &self.sem else {
             return Ok(Slot {
@@ -111,7 +100,7 @@ impl Limiter {
                 waited: Duration::ZERO,
             });
         };
-        let timeout_err = || DockerError::SlotTimeout {
+        let timeout_err = || Error::SlotTimeout {
             what: self.name,
             limit: self.limit,
             waited: started.elapsed(),

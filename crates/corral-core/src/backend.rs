@@ -1,0 +1,224 @@
+//! The seam between corral's runtime and a container engine.
+//!
+//! The runtime (`corral`) does everything that is the same whatever runs
+//! the sandboxes: the agent's control stream, commands, recovery, the
+//! provider, shells, files, limits. A [`Backend`] does only what differs
+//! between engines: make a sandbox from a spec, open a byte stream to its
+//! agent, tell its state, watch for its death, remove it, list what it
+//! made. A backend never calls into the runtime; the runtime holds it as
+//! `Arc<dyn Backend>`.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_core::Stream;
+use tokio::io::AsyncWrite;
+
+use crate::error::Error;
+use crate::labels::{Owner, Ownership};
+use crate::{ContainerState, SandboxSpec};
+
+/// A boxed future, so that [`Backend`] stays object-safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Where a backend put a sandbox: an opaque, engine-specific handle (a
+/// container id for Docker, a pod name for Kubernetes).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Placement(pub String);
+
+impl Placement {
+    /// The engine's id for it.
+    pub fn id(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(crate::outcome::short(&self.0))
+    }
+}
+
+/// Everything a backend needs to start one sandbox.
+#[derive(Debug, Clone)]
+pub struct StartRequest<'a> {
+    /// The sandbox id (the `corral.sandbox` label).
+    pub sandbox_id: &'a str,
+    /// The validated spec.
+    pub spec: &'a SandboxSpec,
+    /// The spec's environment resolved on the host.
+    pub env: Vec<(String, String)>,
+    /// Labels every object made for this sandbox carries: the sandbox id,
+    /// the owner, and for persistent sandboxes the session and its seal.
+    pub labels: HashMap<String, String>,
+    /// The owner record, for helper objects the backend makes.
+    pub owner: &'a Owner,
+}
+
+/// What preparing a start cost, by phase.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Prepared {
+    /// Looking up (or pulling) the image.
+    pub image: Duration,
+    /// Making the agent binary available to the sandbox.
+    pub agent: Duration,
+}
+
+/// What comes out of a sandbox's agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentOutput {
+    /// Bytes of the control stream (the agent's stdout).
+    Control(Bytes),
+    /// The agent's own log lines (its stderr), kept for diagnostics.
+    Log(Bytes),
+}
+
+/// A byte stream to a sandbox's agent: what it writes, and its input.
+pub struct AgentStream {
+    /// The agent's output, in order; ends when the stream does.
+    pub output: Pin<Box<dyn Stream<Item = io::Result<AgentOutput>> + Send>>,
+    /// The agent's input; shutting it down is the agent's EOF.
+    pub input: Pin<Box<dyn AsyncWrite + Send>>,
+}
+
+/// Called once when the engine reports that a watched sandbox died, with
+/// a sentence saying how.
+pub type OnDeath = Arc<dyn Fn(String) + Send + Sync>;
+
+/// One sandbox a backend made, as its engine lists it.
+#[derive(Debug, Clone)]
+pub struct SandboxInfo {
+    /// Sandbox id (the `corral.sandbox` label).
+    pub sandbox_id: String,
+    /// Where it is.
+    pub placement: Placement,
+    /// Image.
+    pub image: String,
+    /// The engine's status text, e.g. "Up 3 seconds".
+    pub status: String,
+    /// Where it is in its life.
+    pub state: crate::outcome::ContainerStatus,
+    /// Creation time, seconds since the epoch.
+    pub created: i64,
+    /// The owning corral process, when labelled.
+    pub owner: Option<Owner>,
+    /// Whether its owner is alive, gone, elsewhere, or it is persistent
+    /// (filled in by the runtime, which knows the host).
+    pub ownership: Ownership,
+    /// The session key of a persistent sandbox.
+    pub session: Option<String>,
+    /// Every label.
+    pub labels: HashMap<String, String>,
+}
+
+/// One check of `doctor`: a protection or a piece of the engine.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Check {
+    /// What was checked.
+    pub name: String,
+    /// Whether it holds.
+    pub ok: bool,
+    /// What was seen.
+    pub detail: String,
+}
+
+/// Retry and failure counters a backend keeps about its engine.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackendCounters {
+    /// Engine calls retried after a transient error.
+    pub retries: u64,
+}
+
+/// A container engine that runs corral sandboxes. See the module docs.
+///
+/// Every method that talks to the engine retries its transient errors
+/// itself and reports what is left as an [`Error`] whose kind says whether
+/// the caller may retry.
+pub trait Backend: Send + Sync + 'static {
+    /// The engine's name, for messages ("Docker").
+    fn name(&self) -> &'static str;
+
+    /// Where the backend is connected, for messages and `doctor`.
+    fn endpoint(&self) -> &str;
+
+    /// Checks that the engine answers.
+    fn ping(&self) -> BoxFuture<'_, Result<(), Error>>;
+
+    /// Work a start needs that is not counted against the start limit:
+    /// the image, the agent binary, networks.
+    fn prepare<'a>(&'a self, req: &'a StartRequest<'a>) -> BoxFuture<'a, Result<Prepared, Error>>;
+
+    /// Makes the sandbox, not yet started. On failure nothing is left.
+    fn create<'a>(&'a self, req: &'a StartRequest<'a>) -> BoxFuture<'a, Result<Placement, Error>>;
+
+    /// Starts a created sandbox: its agent runs as PID 1.
+    fn start<'a>(
+        &'a self,
+        req: &'a StartRequest<'a>,
+        placement: &'a Placement,
+    ) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// Opens a byte stream to the agent of a running sandbox. Opening a
+    /// new one supersedes the old (the agent's handshake tells them apart).
+    fn connect<'a>(
+        &'a self,
+        placement: &'a Placement,
+        sandbox_id: &'a str,
+    ) -> BoxFuture<'a, Result<AgentStream, Error>>;
+
+    /// The sandbox's state now; one that no longer exists is `removed`,
+    /// not an error.
+    fn state<'a>(
+        &'a self,
+        placement: &'a Placement,
+    ) -> BoxFuture<'a, Result<ContainerState, Error>>;
+
+    /// Completes the state of a sandbox that stopped: an OOM kill the
+    /// engine told in another way than the state, the agent's last log
+    /// lines. Best effort and bounded in time.
+    fn exit_details<'a>(
+        &'a self,
+        placement: &'a Placement,
+        state: ContainerState,
+    ) -> BoxFuture<'a, ContainerState> {
+        let _ = placement;
+        Box::pin(async move { state })
+    }
+
+    /// Calls `on_death` when the engine reports that the sandbox died or
+    /// was removed, until [`Backend::unwatch`].
+    fn watch(&self, placement: &Placement, on_death: OnDeath);
+
+    /// Stops watching.
+    fn unwatch(&self, placement: &Placement);
+
+    /// Kills and removes the sandbox and whatever was made for it. One
+    /// already gone counts as removed.
+    fn remove<'a>(
+        &'a self,
+        placement: &'a Placement,
+        sandbox_id: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// Every sandbox with corral's labels, running or not.
+    fn list(&self) -> BoxFuture<'_, Result<Vec<SandboxInfo>, Error>>;
+
+    /// Removes what the engine keeps for sandboxes that are gone (volumes
+    /// of containers removed out-of-band); returns their names.
+    fn collect_garbage(&self) -> BoxFuture<'_, Result<Vec<String>, Error>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// Whether `image` is present (nothing is pulled).
+    fn image_present<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// The backend's counters now.
+    fn counters(&self) -> BackendCounters {
+        BackendCounters::default()
+    }
+}

@@ -1,0 +1,45 @@
+//! corral: run untrusted commands in hardened sandboxes, fast.
+//!
+//! This is the runtime and the façade users depend on. It re-exports
+//! [`corral_core`] (specs, outcomes, the wire protocol, the [`Backend`]
+//! trait) and holds everything that is the same whatever engine runs the
+//! sandboxes: [`Runtime`] (starts under slot limits and the breaker,
+//! orphans), [`Sandbox`] (the agent's control stream, commands, recovery),
+//! [`Provider`] (session keys, warm pools, eviction), shells and files.
+//! Engines implement [`Backend`]: `corral-docker` for Docker and Podman.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use corral::{CommandSpec, Runtime, RuntimeConfig, SandboxSpec};
+//! use corral_docker::{DockerBackend, DockerConfig};
+//!
+//! let docker = DockerBackend::connect(&DockerConfig::default()).await?;
+//! let runtime = Runtime::new(Arc::new(docker), RuntimeConfig::default());
+//! let sandbox = runtime.create(&SandboxSpec::new("python:3.12-slim")).await?;
+//! let result = sandbox.run(&CommandSpec::shell("echo hi")).await;
+//! assert_eq!(result.stdout, b"hi\n");
+//! sandbox.destroy().await?;
+//! # Ok(()) }
+//! ```
+
+mod conn;
+pub mod doctor;
+mod files;
+pub mod host;
+pub mod limits;
+pub mod metrics;
+mod provider;
+mod runtime;
+mod sandbox;
+pub mod seal;
+mod shell;
+pub mod workspace;
+
+pub use corral_core::*;
+
+pub use files::{DirEntry, EntryKind, FileError, FileOptions};
+pub use provider::{Lease, Provider, ProviderStats};
+pub use runtime::{GcReport, Runtime, RuntimeConfig, StartTimings};
+pub use sandbox::{ExecEvent, Execution, OutputStream, Sandbox, StdinWriter};
+pub use shell::{SessionResult, ShellOptions, ShellSession};
