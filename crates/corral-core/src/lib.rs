@@ -9,6 +9,7 @@ pub mod breaker;
 pub mod client_policy;
 pub mod command;
 pub mod config;
+pub mod file_error;
 pub mod labels;
 pub mod outcome;
 pub mod output;
