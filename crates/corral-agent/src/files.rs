@@ -8,12 +8,12 @@
 //! coreutils (`FROM scratch`) and on tmpfs mounts, which Docker's archive API
 //! cannot see, and it runs as the sandbox's user with the sandbox's limits.
 //!
-//! Every failure is one `corral-agent: ` line on stderr and an exit code
-//! ([`EXIT_IO`] .. [`EXIT_UNSAFE`]). corral maps the code to a typed error;
-//! the leading keyword (`not found:`, `too large:`, `escapes root:`, `unsafe
-//! entry`) and the numbers in a `too large` line are what it reads, the rest
-//! is for people. Paths are printed `{:?}`-quoted so a line stays one line
-//! whatever the path holds.
+//! Every failure is one line on stderr, a
+//! [`corral_core::file_error::FileErrorReport`] (`corral-agent-error:
+//! {json}`: kind, message, path, root, entry, reason, size, cap), and an exit
+//! code (1 IO, 2 usage, 3 not found, 4 too large, 5 escapes the root or
+//! unsafe entry; [`Fail::code`], kept for anyone reading only the status). corral reads the kind and the fields, never the message, which
+//! is for people: paths in it are `{:?}`-quoted so they read unambiguously.
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -23,21 +23,12 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::SystemTime;
 
+use corral_core::file_error::{FileErrorKind, FileErrorReport};
+
 use crate::{listing, tarball};
 
 /// Default cap of every file operation: 64 MiB.
 pub const DEFAULT_MAX: u64 = 64 << 20;
-
-/// Exit code: any other IO failure (permission, read-only filesystem, ...).
-pub const EXIT_IO: i32 = 1;
-/// Exit code: bad arguments.
-pub const EXIT_USAGE: i32 = 2;
-/// Exit code: the path, its parent directory or the root does not exist.
-pub const EXIT_NOT_FOUND: i32 = 3;
-/// Exit code: above the `--max` cap; nothing was written or streamed.
-pub const EXIT_TOO_LARGE: i32 = 4;
-/// Exit code: the path escapes `--root`, or a tar entry is unsafe.
-pub const EXIT_UNSAFE: i32 = 5;
 
 /// Mode of a new file when `--mode` is not given and no file is replaced.
 const DEFAULT_FILE_MODE: u32 = 0o644;
@@ -100,22 +91,30 @@ pub struct FileRequest {
     pub max: u64,
 }
 
-/// Why a file command failed: its exit code and its stderr line (without
-/// the `corral-agent: ` prefix).
+/// Why a file command failed: the report it writes as its last stderr
+/// line, whose kind also gives the exit code.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fail {
-    /// One of the `EXIT_*` codes.
-    pub code: i32,
-    /// What went wrong, naming the path.
-    pub message: String,
+    /// What corral reads: the kind, the fields and a message for people
+    /// (boxed: every function of the file tool returns it in its `Err`).
+    pub report: Box<FileErrorReport>,
 }
 
 impl Fail {
-    pub(crate) fn usage(message: impl Into<String>) -> Fail {
+    fn new(kind: FileErrorKind, message: String) -> Fail {
         Fail {
-            code: EXIT_USAGE,
-            message: message.into(),
+            report: Box::new(FileErrorReport::new(kind, message)),
         }
+    }
+
+    /// The exit code of its kind (1 IO, 2 usage, 3 not found, 4 too large,
+    /// 5 escapes the root or unsafe entry).
+    pub fn code(&self) -> i32 {
+        self.report.kind.exit_code()
+    }
+
+    pub(crate) fn usage(message: impl Into<String>) -> Fail {
+        Fail::new(FileErrorKind::Usage, message.into())
     }
 
     pub(crate) fn not_found(path: &Path, detail: &str) -> Fail {
@@ -123,40 +122,45 @@ impl Fail {
         if !detail.is_empty() {
             message.push_str(&format!(" ({detail})"));
         }
-        Fail {
-            code: EXIT_NOT_FOUND,
-            message,
-        }
+        let mut fail = Fail::new(FileErrorKind::NotFound, message);
+        fail.report.path = Some(text(path));
+        fail
     }
 
-    /// `what` is the file (or "input for" it); `size` is exact when known.
-    pub(crate) fn too_large(what: &str, size: Option<u64>, max: u64) -> Fail {
+    /// `what` names `path` for people (the file, or "input for" it); `size`
+    /// is exact when known.
+    pub(crate) fn too_large(path: &Path, what: &str, size: Option<u64>, max: u64) -> Fail {
         let message = match size {
             Some(size) => {
                 format!("too large: {what} is {size} bytes, above the cap of {max} bytes")
             }
             None => format!("too large: {what} exceeds the cap of {max} bytes"),
         };
-        Fail {
-            code: EXIT_TOO_LARGE,
-            message,
-        }
+        let mut fail = Fail::new(FileErrorKind::TooLarge, message);
+        fail.report.path = Some(text(path));
+        fail.report.size = size;
+        fail.report.limit = Some(max);
+        fail
     }
 
     pub(crate) fn escapes(path: &Path, resolved: &Path, root: &Path) -> Fail {
-        Fail {
-            code: EXIT_UNSAFE,
-            message: format!(
-                "escapes root: {path:?} resolves to {resolved:?}, outside the root {root:?}"
-            ),
-        }
+        let mut fail = Fail::new(
+            FileErrorKind::Escapes,
+            format!("escapes root: {path:?} resolves to {resolved:?}, outside the root {root:?}"),
+        );
+        fail.report.path = Some(text(path));
+        fail.report.root = Some(text(root));
+        fail
     }
 
     pub(crate) fn unsafe_entry(entry: &Path, reason: &str) -> Fail {
-        Fail {
-            code: EXIT_UNSAFE,
-            message: format!("unsafe entry {entry:?}: {reason}"),
-        }
+        let mut fail = Fail::new(
+            FileErrorKind::UnsafeEntry,
+            format!("unsafe entry {entry:?}: {reason}"),
+        );
+        fail.report.entry = Some(text(entry));
+        fail.report.reason = Some(reason.to_string());
+        fail
     }
 
     /// Any IO error: "not found" when it is one, else `cannot <what>`.
@@ -164,19 +168,35 @@ impl Fail {
         if e.kind() == io::ErrorKind::NotFound {
             return Fail::not_found(path, &format!("{what}: {e}"));
         }
-        Fail::other(format!("cannot {what} {path:?}: {e}"))
+        let mut fail = Fail::other(format!("cannot {what} {path:?}: {e}"));
+        fail.report.path = Some(text(path));
+        fail
     }
 
     pub(crate) fn other(message: String) -> Fail {
-        Fail {
-            code: EXIT_IO,
-            message,
-        }
+        Fail::new(FileErrorKind::Io, message)
     }
 }
 
+/// A path as report text (the message quotes it exactly; this field only
+/// needs to be readable and matchable).
+fn text(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+/// Writes `fail`'s report as one line on stderr and returns its exit code.
+/// The file commands write nothing else on stderr, so the report is the last
+/// line, where corral looks for it.
+pub fn report(fail: &Fail) -> i32 {
+    let mut line = fail.report.encode();
+    line.push('\n');
+    // Nowhere to report a failure to report: the exit code stays.
+    let _ = io::stderr().write_all(line.as_bytes());
+    fail.code()
+}
+
 /// Runs a file command with the process's stdin and stdout; returns the exit
-/// code after printing any error as one line.
+/// code after writing any error as a report line.
 pub fn run(req: &FileRequest) -> i32 {
     let result = match req.op {
         Op::Write => std_file(io::stdin().as_fd()).and_then(|mut i| write_file(req, &mut i)),
@@ -191,13 +211,7 @@ pub fn run(req: &FileRequest) -> i32 {
     };
     match result {
         Ok(()) => 0,
-        Err(fail) => {
-            // corral reads one line: nothing in the message may break it.
-            let line = fail.message.replace('\n', "\\n").replace('\r', "\\r");
-            // Nowhere to report a failure to report: the exit code stays.
-            let _ = writeln!(io::stderr(), "corral-agent: {line}");
-            fail.code
-        }
+        Err(fail) => report(&fail),
     }
 }
 
@@ -371,7 +385,7 @@ pub fn write_file(req: &FileRequest, input: &mut impl Read) -> Result<(), Fail> 
     write_atomic(dir, name.as_ref(), input, mode, req.max, &what, None)
 }
 
-/// Writes `input` (at most `max` bytes, else [`EXIT_TOO_LARGE`] and nothing
+/// Writes `input` (at most `max` bytes, else a `too_large` failure and nothing
 /// written) to `dir/name` with `mode`, through a temporary file created with
 /// `O_EXCL|O_NOFOLLOW` and renamed over the target (which replaces a symlink
 /// rather than following it). `mtime`, when given, is set on the file.
@@ -388,7 +402,7 @@ pub fn write_atomic(
     let (tmp, mut file) = create_temp(dir, name)?;
     let guard = RemoveOnDrop(Some(tmp.clone()));
     copy_capped(input, &mut file, max).map_err(|e| match e {
-        CopyError::TooLarge => Fail::too_large(what, None, max),
+        CopyError::TooLarge => Fail::too_large(&target, what, None, max),
         CopyError::Read(e) => Fail::other(format!("cannot read the {what}: {e}")),
         CopyError::Write(e) => Fail::io("write", &target, &e),
     })?;
@@ -517,6 +531,7 @@ pub fn read_file(req: &FileRequest, out: &mut impl Write) -> Result<(), Fail> {
     let size = meta.len();
     if size > req.max {
         return Err(Fail::too_large(
+            &r.path,
             &format!("{:?}", r.path),
             Some(size),
             req.max,
@@ -597,15 +612,17 @@ pub(crate) mod tests {
         let root = t.0.join("root").display().to_string();
         for path in ["../x", "a/../../x", "missing/../../x", "/etc/passwd", ".."] {
             let e = resolve(path, Some(&root)).expect_err(path);
-            assert_eq!(e.code, EXIT_UNSAFE, "{path}: {e:?}");
-            assert!(e.message.starts_with("escapes root: "), "{e:?}");
-            assert!(e.message.contains(&format!("{path:?}")), "{e:?}");
-            assert!(e.message.contains(&format!("{root:?}")), "{e:?}");
+            assert_eq!(e.report.kind, FileErrorKind::Escapes, "{path}: {e:?}");
+            assert!(e.report.message.starts_with("escapes root: "), "{e:?}");
+            assert!(e.report.message.contains(&format!("{path:?}")), "{e:?}");
+            assert!(e.report.message.contains(&format!("{root:?}")), "{e:?}");
+            assert_eq!(e.report.path.as_deref(), Some(path), "{e:?}");
+            assert_eq!(e.report.root.as_deref(), Some(root.as_str()), "{e:?}");
         }
         // A sibling whose name extends the root's is outside it.
         fs::create_dir(t.0.join("rootx")).expect("mkdir");
         let e = resolve("../rootx/f", Some(&root)).expect_err("sibling");
-        assert_eq!(e.code, EXIT_UNSAFE);
+        assert_eq!(e.report.kind, FileErrorKind::Escapes);
     }
 
     #[test]
@@ -618,9 +635,10 @@ pub(crate) mod tests {
         std::os::unix::fs::symlink("in", root.join("alias")).expect("symlink");
         let rs = root.display().to_string();
         let e = resolve("out/secret", Some(&rs)).expect_err("via symlink");
-        assert_eq!(e.code, EXIT_UNSAFE);
+        assert_eq!(e.report.kind, FileErrorKind::Escapes);
         assert!(
-            e.message
+            e.report
+                .message
                 .contains(&format!("{:?}", t.0.join("outside/secret"))),
             "{e:?}"
         );
@@ -641,12 +659,18 @@ pub(crate) mod tests {
     #[test]
     fn bad_paths_and_roots_are_named() {
         let e = resolve("relative", None).expect_err("relative without root");
-        assert_eq!(e.code, EXIT_USAGE);
-        assert!(e.message.contains("\"relative\""), "{e:?}");
-        assert_eq!(resolve("", None).expect_err("empty").code, EXIT_USAGE);
+        assert_eq!(e.report.kind, FileErrorKind::Usage);
+        assert!(e.report.message.contains("\"relative\""), "{e:?}");
+        assert_eq!(
+            resolve("", None).expect_err("empty").report.kind,
+            FileErrorKind::Usage
+        );
         let e = resolve("x", Some("/nonexistent-corral-root")).expect_err("missing root");
-        assert_eq!(e.code, EXIT_NOT_FOUND);
-        assert!(e.message.contains("/nonexistent-corral-root"), "{e:?}");
+        assert_eq!(e.report.kind, FileErrorKind::NotFound);
+        assert!(
+            e.report.message.contains("/nonexistent-corral-root"),
+            "{e:?}"
+        );
     }
 
     #[test]
@@ -672,8 +696,11 @@ pub(crate) mod tests {
         let mut r = req(Op::Write, &path, None);
         r.max = 3;
         let e = write_file(&r, &mut &b"abcd"[..]).expect_err("too large");
-        assert_eq!(e.code, EXIT_TOO_LARGE);
-        assert!(e.message.contains("cap of 3 bytes"), "{e:?}");
+        assert_eq!(e.report.kind, FileErrorKind::TooLarge);
+        assert!(e.report.message.contains("cap of 3 bytes"), "{e:?}");
+        // Streamed input: the cap is known, the size is not.
+        assert_eq!((e.report.size, e.report.limit), (None, Some(3)));
+        assert_eq!(e.report.path.as_deref(), Some(path.as_str()));
         assert_eq!(fs::read(&path).expect("read"), b"y");
         let names: Vec<_> = fs::read_dir(&t.0)
             .expect("ls")
@@ -690,13 +717,13 @@ pub(crate) mod tests {
         let t = TempDir::new("mkdirs");
         let mut r = req(Op::Write, "a/b/c.txt", Some(&t.s()));
         let e = write_file(&r, &mut &b"x"[..]).expect_err("no parent");
-        assert_eq!(e.code, EXIT_NOT_FOUND);
-        assert!(e.message.contains("--mkdirs"), "{e:?}");
+        assert_eq!(e.report.kind, FileErrorKind::NotFound);
+        assert!(e.report.message.contains("--mkdirs"), "{e:?}");
         r.mkdirs = true;
         write_file(&r, &mut &b"x"[..]).expect("mkdirs");
         assert_eq!(fs::read(t.0.join("a/b/c.txt")).expect("read"), b"x");
         let e = write_file(&req(Op::Write, "a", Some(&t.s())), &mut &b"x"[..]).expect_err("dir");
-        assert!(e.message.contains("is a directory"), "{e:?}");
+        assert!(e.report.message.contains("is a directory"), "{e:?}");
     }
 
     #[test]
@@ -731,20 +758,26 @@ pub(crate) mod tests {
         r.max = 4;
         let mut out = Vec::new();
         let e = read_file(&r, &mut out).expect_err("too large");
-        assert_eq!(e.code, EXIT_TOO_LARGE);
+        assert_eq!(e.report.kind, FileErrorKind::TooLarge);
         assert!(
-            e.message.contains("is 5 bytes, above the cap of 4 bytes"),
+            e.report
+                .message
+                .contains("is 5 bytes, above the cap of 4 bytes"),
             "{e:?}"
+        );
+        assert_eq!(
+            (e.report.path.as_deref(), e.report.size, e.report.limit),
+            (Some(fs_.as_str()), Some(5), Some(4))
         );
         assert!(out.is_empty(), "streamed part of a refused file");
 
         let e = read_file(&req(Op::Read, &t.s(), None), &mut Vec::new()).expect_err("dir");
-        assert_eq!(e.code, EXIT_IO);
-        assert!(e.message.contains("is a directory"), "{e:?}");
+        assert_eq!(e.report.kind, FileErrorKind::Io);
+        assert!(e.report.message.contains("is a directory"), "{e:?}");
         let missing = t.0.join("missing").display().to_string();
         let e = read_file(&req(Op::Read, &missing, None), &mut Vec::new()).expect_err("missing");
-        assert_eq!(e.code, EXIT_NOT_FOUND);
-        assert!(e.message.starts_with("not found: "), "{e:?}");
+        assert_eq!(e.report.kind, FileErrorKind::NotFound);
+        assert!(e.report.message.starts_with("not found: "), "{e:?}");
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //! followed; the listed directory itself may be reached through symlinks,
 //! checked against `--root` like every file command. The whole listing is
 //! built and measured before a byte is printed: above `--max` it is refused
-//! ([`crate::files::EXIT_TOO_LARGE`]), never cut.
+//! (a `too_large` failure), never cut.
 
 use std::fs;
 use std::io::{self, Write};
@@ -39,6 +39,7 @@ pub fn list(req: &FileRequest, out: &mut impl Write) -> Result<(), Fail> {
     let listing = render(&r.path)?;
     if listing.len() as u64 > req.max {
         return Err(Fail::too_large(
+            &r.path,
             &format!("the listing of {:?}", r.path),
             Some(listing.len() as u64),
             req.max,
@@ -107,7 +108,8 @@ fn render(dir: &Path) -> Result<Vec<u8>, Fail> {
 mod tests {
     use super::*;
     use crate::files::tests::{req, TempDir};
-    use crate::files::{Op, EXIT_IO, EXIT_NOT_FOUND, EXIT_TOO_LARGE, EXIT_UNSAFE};
+    use crate::files::Op;
+    use corral_core::file_error::FileErrorKind;
 
     fn fields(out: &[u8]) -> Vec<Vec<String>> {
         assert_eq!(out.last(), Some(&0), "ends with a NUL: {out:?}");
@@ -172,17 +174,20 @@ mod tests {
         fs::create_dir(t.0.join("root")).expect("mkdir");
         let file = t.0.join("f").display().to_string();
         let e = list(&req(Op::List, &file, None), &mut Vec::new()).expect_err("a file");
-        assert_eq!(e.code, EXIT_IO);
-        assert!(e.message.contains("not a directory"), "{e:?}");
-        assert!(e.message.contains(&format!("{:?}", t.0.join("f"))), "{e:?}");
+        assert_eq!(e.report.kind, FileErrorKind::Io);
+        assert!(e.report.message.contains("not a directory"), "{e:?}");
+        assert!(
+            e.report.message.contains(&format!("{:?}", t.0.join("f"))),
+            "{e:?}"
+        );
 
         let missing = t.0.join("missing").display().to_string();
         let e = list(&req(Op::List, &missing, None), &mut Vec::new()).expect_err("missing");
-        assert_eq!(e.code, EXIT_NOT_FOUND);
+        assert_eq!(e.report.kind, FileErrorKind::NotFound);
 
         let root = t.0.join("root").display().to_string();
         let e = list(&req(Op::List, "..", Some(&root)), &mut Vec::new()).expect_err("escape");
-        assert_eq!(e.code, EXIT_UNSAFE);
+        assert_eq!(e.report.kind, FileErrorKind::Escapes);
         // Relative paths under the root work.
         let mut out = Vec::new();
         list(&req(Op::List, ".", Some(&root)), &mut out).expect("root itself");
@@ -199,8 +204,11 @@ mod tests {
         r.max = 20;
         let mut out = Vec::new();
         let e = list(&r, &mut out).expect_err("too large");
-        assert_eq!(e.code, EXIT_TOO_LARGE);
-        assert!(e.message.contains("above the cap of 20 bytes"), "{e:?}");
+        assert_eq!(e.report.kind, FileErrorKind::TooLarge);
+        assert!(
+            e.report.message.contains("above the cap of 20 bytes"),
+            "{e:?}"
+        );
         assert!(out.is_empty());
     }
 }

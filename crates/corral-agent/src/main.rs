@@ -27,7 +27,6 @@ mod tree;
 mod watchdog;
 mod writer;
 
-use std::io::Write;
 use std::time::Duration;
 
 use files::{FileRequest, Op};
@@ -45,8 +44,11 @@ file commands: stdin/stdout carry the bytes; PATH must be absolute unless
 --root is given, and must resolve inside --root (symlinks followed); --max
 defaults to 64 MiB. file-list prints five NUL-ended fields per entry, sorted
 by name: TYPE (file, dir, symlink, other), SIZE, MODE (octal), NAME, TARGET
-(a symlink's, else empty). Exit codes: 1 IO error, 2 usage, 3 not found, 4
-too large, 5 escapes the root or unsafe tar entry.";
+(a symlink's, else empty). A failure writes one line on stderr,
+`corral-agent-error: ` and a JSON object (kind: io, usage, not_found,
+too_large, escapes or unsafe_entry; message; path, root, entry, reason, size,
+limit as they apply), and exits with 1 IO error, 2 usage, 3 not found, 4 too
+large, 5 escapes the root or unsafe tar entry.";
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq, Eq)]
@@ -193,15 +195,10 @@ fn main() {
             println!("{USAGE}");
             0
         }
-        // corral reads a file command's error as one line.
-        Err(message) if args.first().is_some_and(|a| Op::from_name(a).is_some()) => {
-            // Never a panic, even with stderr gone: the exit code still tells.
-            let _ = writeln!(
-                std::io::stderr(),
-                "corral-agent: {message} (see corral-agent --help)"
-            );
-            2
-        }
+        // A file command's every failure is a report line, even a usage one.
+        Err(message) if args.first().is_some_and(|a| Op::from_name(a).is_some()) => files::report(
+            &files::Fail::usage(format!("{message} (see corral-agent --help)")),
+        ),
         Err(message) => {
             eprintln!("corral-agent: {message}\n{USAGE}");
             2

@@ -33,9 +33,12 @@ pub fn extract(req: &FileRequest, input: &mut impl Read) -> Result<(), Fail> {
     let r = resolve(&req.path, req.root.as_deref())?;
     let mut data = Vec::new();
     copy_capped(input, &mut data, req.max).map_err(|e| match e {
-        CopyError::TooLarge => {
-            Fail::too_large(&format!("the archive for {:?}", r.path), None, req.max)
-        }
+        CopyError::TooLarge => Fail::too_large(
+            &r.path,
+            &format!("the archive for {:?}", r.path),
+            None,
+            req.max,
+        ),
         CopyError::Read(e) | CopyError::Write(e) => {
             Fail::other(format!("cannot read the archive for {:?}: {e}", r.path))
         }
@@ -349,6 +352,7 @@ pub fn create(req: &FileRequest, out: &mut impl Write) -> Result<(), Fail> {
     write_archive(&mut counter, &items, false)?;
     if counter.0 > req.max {
         return Err(Fail::too_large(
+            &r.path,
             &format!("the archive of {:?}", r.path),
             Some(counter.0),
             req.max,
@@ -447,7 +451,8 @@ fn write_archive(out: impl Write, items: &[Item], real: bool) -> Result<(), Fail
 mod tests {
     use super::*;
     use crate::files::tests::{req, TempDir};
-    use crate::files::{Op, EXIT_TOO_LARGE, EXIT_UNSAFE};
+    use crate::files::Op;
+    use corral_core::file_error::FileErrorKind;
 
     /// A tar with one entry per `(path, type, data or link target)`, headers
     /// written raw so hostile paths survive.
@@ -506,9 +511,11 @@ mod tests {
         r.max -= 1;
         let mut out = Vec::new();
         let e = create(&r, &mut out).expect_err("above the cap");
-        assert_eq!(e.code, EXIT_TOO_LARGE);
+        assert_eq!(e.report.kind, FileErrorKind::TooLarge);
         assert!(
-            e.message.contains(&format!("is {} bytes", tar.len())),
+            e.report
+                .message
+                .contains(&format!("is {} bytes", tar.len())),
             "{e:?}"
         );
         assert!(out.is_empty());
@@ -534,12 +541,19 @@ mod tests {
                 &mut &tar[..],
             )
             .expect_err(path);
-            assert_eq!(e.code, EXIT_UNSAFE, "{path}: {e:?}");
+            assert_eq!(e.report.kind, FileErrorKind::UnsafeEntry, "{path}: {e:?}");
             assert!(
-                e.message.starts_with(&format!("unsafe entry {path:?}")),
+                e.report
+                    .message
+                    .starts_with(&format!("unsafe entry {path:?}")),
                 "{e:?}"
             );
-            assert!(e.message.contains(why), "{e:?}");
+            assert!(e.report.message.contains(why), "{e:?}");
+            assert_eq!(e.report.entry.as_deref(), Some(path), "{e:?}");
+            assert!(
+                e.report.reason.as_deref().is_some_and(|r| r.contains(why)),
+                "{e:?}"
+            );
             assert!(!dest.exists(), "{path}: wrote before refusing");
             assert!(!t.0.join("evil").exists());
         }
@@ -558,7 +572,7 @@ mod tests {
             &mut &tar[..],
         )
         .expect_err("through a symlink");
-        assert_eq!(e.code, EXIT_UNSAFE, "{e:?}");
+        assert_eq!(e.report.kind, FileErrorKind::UnsafeEntry, "{e:?}");
         assert!(!t.0.join("outside/evil").exists());
 
         // A link chain the text check cannot see: `up` -> `.` makes `up/up/l`
@@ -572,7 +586,7 @@ mod tests {
             &mut &tar[..],
         )
         .expect_err("link chain");
-        assert_eq!(e.code, EXIT_UNSAFE, "{e:?}");
+        assert_eq!(e.report.kind, FileErrorKind::UnsafeEntry, "{e:?}");
     }
 
     #[test]
@@ -582,12 +596,12 @@ mod tests {
         let mut r = req(Op::TarExtract, &t.s(), None);
         r.max = 1000;
         let e = extract(&r, &mut &tar[..]).expect_err("too large");
-        assert_eq!(e.code, EXIT_TOO_LARGE);
+        assert_eq!(e.report.kind, FileErrorKind::TooLarge);
         assert!(!t.0.join("f").exists());
         // Truncated archives are refused whole.
         let e =
             extract(&req(Op::TarExtract, &t.s(), None), &mut &tar[..1000]).expect_err("truncated");
-        assert_eq!(e.code, crate::files::EXIT_IO, "{e:?}");
+        assert_eq!(e.report.kind, FileErrorKind::Io, "{e:?}");
         assert!(!t.0.join("f").exists());
     }
 

@@ -11,6 +11,7 @@ pub mod client_policy;
 pub mod command;
 pub mod config;
 pub mod error;
+pub mod file_error;
 pub mod labels;
 pub mod outcome;
 pub mod output;

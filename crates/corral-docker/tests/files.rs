@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::{backend, docker, Guard, BUSYBOX, SCRATCH};
 use corral::{FileError, FileOptions, Sandbox};
+use corral_core::file_error::{FileErrorKind, FileErrorReport};
 use corral_core::{CommandSpec, FailureKind};
 
 fn sh(script: &str) -> CommandSpec {
@@ -297,10 +298,12 @@ async fn too_large_is_refused_on_read_and_on_write_with_nothing_written() {
     .timeout(Duration::from_secs(30));
     let r = sb.run(&agent).await;
     assert_eq!(r.exit_code, Some(4), "{}", text(&r.stderr));
-    assert!(
-        text(&r.stderr).starts_with("corral-agent: too large: "),
-        "{}",
-        text(&r.stderr)
+    let report =
+        FileErrorReport::decode(&r.stderr).unwrap_or_else(|e| panic!("{e}: {}", text(&r.stderr)));
+    assert_eq!(
+        (report.kind, report.limit, report.size),
+        (FileErrorKind::TooLarge, Some(10), None),
+        "{report:?}"
     );
     assert_eq!(
         out(&sb, "ls -A /tmp | grep agent-big || echo none").await,

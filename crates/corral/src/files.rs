@@ -8,9 +8,10 @@
 //! through [`Sandbox::run`]; the bytes travel as the command's stdin or
 //! stdout. So it works in every image, `FROM scratch` included, on tmpfs
 //! mounts that Docker's archive API cannot see, and as the sandbox's user
-//! under its limits. The agent's exit code and one-line stderr become a
-//! typed [`FileError`]; a command that did not complete (container lost,
-//! timeout) keeps its typed [`Failure`].
+//! under its limits. The agent's structured error report (the last stderr
+//! line, decoded strictly by `corral_core::file_error`) becomes a typed
+//! [`FileError`]; a command that did not complete (container lost, timeout)
+//! keeps its typed [`Failure`].
 
 // `FileError::Sandbox` carries a `Failure` by value, as `CommandResult` does,
 // so callers match and compare it like every other failure; the copy of a
@@ -21,6 +22,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use corral_core::file_error::{FileErrorKind, FileErrorReport, MAX_REPORT_LINE};
 use corral_core::protocol::AGENT_PATH;
 use corral_core::{CommandResult, CommandSpec, Failure, FailureKind};
 
@@ -240,126 +242,91 @@ impl Call<'_> {
 
     /// Turns the agent's result into the bytes it printed or a typed error.
     fn outcome(&self, r: CommandResult) -> Result<Vec<u8>, FileError> {
-        let (sandbox, path) = (self.sandbox.to_string(), self.path.to_string());
         if let Some(mut f) = r.failure {
             f.message = format!("{} (corral-agent {} {:?})", f.message, self.op, self.path);
             return Err(FileError::Sandbox(f));
         }
-        let line = agent_line(&r.stderr);
-        match r.exit_code {
-            Some(0) => {
-                if r.stdout_truncated || r.stdout_total_bytes > self.opts.max_bytes {
-                    return Err(self.too_large(r.stdout_total_bytes));
-                }
-                Ok(r.stdout)
+        if r.exit_code == Some(0) {
+            if r.stdout_truncated || r.stdout_total_bytes > self.opts.max_bytes {
+                return Err(self.too_large(r.stdout_total_bytes));
             }
-            Some(3) => Err(FileError::NotFound {
+            return Ok(r.stdout);
+        }
+        Err(self.agent_error(&r))
+    }
+
+    /// The typed error of a file command that ended without success, from
+    /// the report on the last line of its stderr. The report is trusted only
+    /// when it decodes strictly and its kind matches the exit status;
+    /// otherwise (an agent that does not know the command, a crash, a
+    /// signal) the error is generic: `Failed` for status 1, else a retryable
+    /// `agent_error`, both quoting stderr.
+    fn agent_error(&self, r: &CommandResult) -> FileError {
+        // The report must reach us whole, also through the smallest output
+        // budget a file command gets.
+        const _: () = assert!(MAX_REPORT_LINE as u64 * 2 < SMALL_OUTPUT);
+        let (sandbox, path) = (self.sandbox.to_string(), self.path.to_string());
+        let report = FileErrorReport::decode(&r.stderr)
+            .ok()
+            .filter(|rep| r.exit_code == Some(rep.kind.exit_code()));
+        let Some(rep) = report else {
+            let stderr = String::from_utf8_lossy(&r.stderr).trim().to_string();
+            if r.exit_code == Some(1) {
+                return FileError::Failed {
+                    sandbox,
+                    path,
+                    message: stderr,
+                };
+            }
+            return self.generic(r, &stderr);
+        };
+        match (rep.kind, rep.entry, rep.reason) {
+            (FileErrorKind::NotFound, ..) => FileError::NotFound {
                 sandbox,
                 path,
-                detail: line,
-            }),
-            Some(4) => {
-                let size = too_large_size(&line)
+                detail: rep.message,
+            },
+            (FileErrorKind::TooLarge, ..) => self.too_large(
+                rep.size
                     .or(self.input_len)
-                    .unwrap_or_else(|| self.opts.max_bytes.saturating_add(1));
-                Err(self.too_large(size))
-            }
-            Some(5) => match unsafe_entry(&line) {
-                Some((entry, reason)) => Err(FileError::Unsafe {
-                    sandbox,
-                    path,
-                    entry,
-                    reason,
-                }),
-                None => Err(FileError::Escapes {
-                    sandbox,
-                    path,
-                    root: self.opts.root.clone().unwrap_or_else(|| "/".to_string()),
-                    detail: line,
-                }),
-            },
-            Some(1) => Err(FileError::Failed {
+                    .unwrap_or_else(|| self.opts.max_bytes.saturating_add(1)),
+            ),
+            (FileErrorKind::Escapes, ..) => FileError::Escapes {
                 sandbox,
                 path,
-                message: line,
-            }),
-            // Usage errors cannot come from arguments validated here: an
-            // agent that does not know the command, or one misbehaving.
-            code => Err(FileError::Sandbox(Failure::new(
-                FailureKind::AgentError,
-                format!(
-                    "sandbox {sandbox}: corral-agent {} {path:?} ended with exit code {code:?}, signal {:?}: {line}",
-                    self.op, r.signal
-                ),
-            ))),
-        }
-    }
-}
-
-/// The agent's error line without its prefix (or all of stderr, trimmed,
-/// when it has no such line).
-fn agent_line(stderr: &[u8]) -> String {
-    let text = String::from_utf8_lossy(stderr);
-    text.lines()
-        .find_map(|l| l.strip_prefix("corral-agent: "))
-        .unwrap_or_else(|| text.trim())
-        .to_string()
-}
-
-/// The size in `... is N bytes, above the cap of M bytes`. Read from the
-/// end: the quoted path before it may contain anything.
-fn too_large_size(line: &str) -> Option<u64> {
-    let head = &line[..line.rfind(" bytes, above the cap of ")?];
-    head[head.rfind(" is ")? + 4..].parse().ok()
-}
-
-/// The entry and reason of `unsafe entry "NAME": REASON`.
-fn unsafe_entry(line: &str) -> Option<(String, String)> {
-    let (entry, rest) = unquote(line.strip_prefix("unsafe entry ")?)?;
-    let reason = rest.strip_prefix(": ").unwrap_or(rest).to_string();
-    Some((entry, reason))
-}
-
-/// Reads one `{:?}`-quoted string from the start of `s`; returns it and the
-/// text after the closing quote. Escapes other than the common ones (`\x..`
-/// for non-UTF-8 bytes) are kept as written.
-fn unquote(s: &str) -> Option<(String, &str)> {
-    let mut chars = s.strip_prefix('"')?.char_indices();
-    let mut out = String::new();
-    while let Some((i, c)) = chars.next() {
-        match c {
-            '"' => return Some((out, &s[i + 2..])),
-            '\\' => match chars.next()?.1 {
-                'n' => out.push('\n'),
-                'r' => out.push('\r'),
-                't' => out.push('\t'),
-                '0' => out.push('\0'),
-                'u' => {
-                    let mut hex = String::new();
-                    for (_, h) in chars.by_ref() {
-                        match h {
-                            '{' => {}
-                            '}' => break,
-                            h => hex.push(h),
-                        }
-                    }
-                    out.push(
-                        u32::from_str_radix(&hex, 16)
-                            .ok()
-                            .and_then(char::from_u32)
-                            .unwrap_or(char::REPLACEMENT_CHARACTER),
-                    );
-                }
-                other @ ('\\' | '"' | '\'') => out.push(other),
-                other => {
-                    out.push('\\');
-                    out.push(other);
-                }
+                root: self.opts.root.clone().unwrap_or_else(|| "/".to_string()),
+                detail: rep.message,
             },
-            c => out.push(c),
+            (FileErrorKind::UnsafeEntry, Some(entry), Some(reason)) => FileError::Unsafe {
+                sandbox,
+                path,
+                entry,
+                reason,
+            },
+            (FileErrorKind::Io, ..) => FileError::Failed {
+                sandbox,
+                path,
+                message: rep.message,
+            },
+            // Usage errors cannot come from arguments validated here: an
+            // agent misbehaving. (An unsafe entry without its fields does
+            // not decode; the arm only keeps the match whole.)
+            (FileErrorKind::Usage | FileErrorKind::UnsafeEntry, ..) => {
+                self.generic(r, &rep.message)
+            }
         }
     }
-    None
+
+    /// The error of an agent that did not answer as a file command does.
+    fn generic(&self, r: &CommandResult, detail: &str) -> FileError {
+        FileError::Sandbox(Failure::new(
+            FailureKind::AgentError,
+            format!(
+                "sandbox {}: corral-agent {} {:?} ended with exit code {:?}, signal {:?}: {detail}",
+                self.sandbox, self.op, self.path, r.exit_code, r.signal
+            ),
+        ))
+    }
 }
 
 /// Checks a path argument and the options before anything runs.
@@ -536,11 +503,13 @@ impl Sandbox {
     }
 
     /// Runs an operation whose answer is on stdout. One byte of budget
-    /// above the cap, so an answer cut short can never pass for whole.
+    /// above the cap, so an answer cut short can never pass for whole, and
+    /// never less than [`SMALL_OUTPUT`]: stderr shares the budget, and a
+    /// small cap must not cut the agent's error report.
     async fn fetch(&self, call: &Call<'_>) -> Result<Vec<u8>, FileError> {
         let cmd = CommandSpec::argv(call.argv(false))
             .timeout(call.opts.timeout)
-            .max_output(call.opts.max_bytes.saturating_add(1));
+            .max_output(call.opts.max_bytes.saturating_add(1).max(SMALL_OUTPUT));
         call.outcome(self.run(&cmd).await)
     }
 }
@@ -600,6 +569,7 @@ fn pack_dir(dir: &Path, max: u64) -> Result<Vec<u8>, Pack> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use corral_core::file_error::REPORT_PREFIX;
 
     fn opts() -> FileOptions {
         FileOptions::default()
@@ -657,8 +627,21 @@ mod tests {
         assert!(!c.argv(false).contains(&"--mkdirs".to_string()));
     }
 
+    /// A failed command whose stderr ends with `report`.
+    fn reported(report: &FileErrorReport) -> CommandResult {
+        exited(
+            report.kind.exit_code(),
+            b"",
+            &format!("{}\n", report.encode()),
+        )
+    }
+
+    fn report(kind: FileErrorKind, message: &str) -> FileErrorReport {
+        FileErrorReport::new(kind, message)
+    }
+
     #[test]
-    fn exit_codes_become_typed_errors() {
+    fn reports_become_typed_errors() {
         let o = FileOptions {
             root: Some("/w".into()),
             ..opts()
@@ -666,15 +649,13 @@ mod tests {
         let c = call("file-read", &o);
         assert_eq!(c.outcome(exited(0, b"\0\xff", "")), Ok(b"\0\xff".to_vec()));
 
-        let e = c
-            .outcome(exited(
-                3,
-                b"",
-                "corral-agent: not found: \"/w/f\" (read: x)\n",
-            ))
-            .expect_err("3");
+        let rep = FileErrorReport {
+            path: Some("/w/f".into()),
+            ..report(FileErrorKind::NotFound, "not found: \"/w/f\" (read: x)")
+        };
+        let e = c.outcome(reported(&rep)).expect_err("not found");
         assert!(
-            matches!(&e, FileError::NotFound { path, .. } if path == "/w/f"),
+            matches!(&e, FileError::NotFound { path, detail, .. } if path == "/w/f" && detail == "not found: \"/w/f\" (read: x)"),
             "{e:?}"
         );
         assert!(
@@ -682,47 +663,79 @@ mod tests {
             "{e}"
         );
 
-        let line = "corral-agent: too large: \"/w/ is 9 bytes, above\" is 2048 bytes, above the cap of 1024 bytes";
-        let e = c.outcome(exited(4, b"", line)).expect_err("4");
-        assert!(matches!(e, FileError::TooLarge { size: 2048, .. }), "{e:?}");
-
-        let e = c
-            .outcome(exited(
-                5,
-                b"",
-                "corral-agent: escapes root: \"../x\" resolves to \"/x\", outside the root \"/w\"",
-            ))
-            .expect_err("5");
+        // The size comes from its field; the message is not read.
+        let rep = FileErrorReport {
+            path: Some("/w/f".into()),
+            size: Some(2048),
+            limit: Some(1024),
+            ..report(FileErrorKind::TooLarge, "too large: \"/w/ is 9 bytes\" ...")
+        };
+        let e = c.outcome(reported(&rep)).expect_err("too large");
         assert!(
-            matches!(&e, FileError::Escapes { root, .. } if root == "/w"),
+            matches!(e, FileError::TooLarge { size: 2048, max, .. } if max == DEFAULT_MAX_BYTES),
+            "{e:?}"
+        );
+        // Without a size: the bytes sent, else just above the cap.
+        let unsized_rep = FileErrorReport { size: None, ..rep };
+        let e = c.outcome(reported(&unsized_rep)).expect_err("too large");
+        assert!(
+            matches!(e, FileError::TooLarge { size, .. } if size == DEFAULT_MAX_BYTES + 1),
+            "{e:?}"
+        );
+        let sent = Call {
+            input_len: Some(DEFAULT_MAX_BYTES + 7),
+            ..call("file-write", &o)
+        };
+        let e = sent.outcome(reported(&unsized_rep)).expect_err("too large");
+        assert!(
+            matches!(e, FileError::TooLarge { size, .. } if size == DEFAULT_MAX_BYTES + 7),
             "{e:?}"
         );
 
-        let e = c
-            .outcome(exited(
-                5,
-                b"",
-                "corral-agent: unsafe entry \"../e\\\"vil\": a '..' component\n",
-            ))
-            .expect_err("5");
+        let rep = FileErrorReport {
+            path: Some("../x".into()),
+            root: Some("/real/w".into()),
+            ..report(
+                FileErrorKind::Escapes,
+                "escapes root: \"../x\" resolves to \"/x\", outside the root \"/real/w\"",
+            )
+        };
+        let e = c.outcome(reported(&rep)).expect_err("escapes");
+        // The root is the one the caller gave, not the agent's canonical one.
         assert!(
-            matches!(&e, FileError::Unsafe { entry, reason, .. } if entry == "../e\"vil" && reason == "a '..' component"),
+            matches!(&e, FileError::Escapes { root, detail, .. } if root == "/w" && detail.contains("\"/x\"")),
             "{e:?}"
         );
 
-        let e = c
-            .outcome(exited(
-                1,
-                b"",
-                "corral-agent: cannot write \"/w/f\": Read-only file system (os error 30)",
-            ))
-            .expect_err("1");
+        let rep = FileErrorReport {
+            entry: Some("../e\"vil\nx".into()),
+            reason: Some("a '..' component".into()),
+            ..report(FileErrorKind::UnsafeEntry, "unsafe entry ...")
+        };
+        let e = c.outcome(reported(&rep)).expect_err("unsafe");
+        assert!(
+            matches!(&e, FileError::Unsafe { entry, reason, .. } if entry == "../e\"vil\nx" && reason == "a '..' component"),
+            "{e:?}"
+        );
+
+        let rep = report(
+            FileErrorKind::Io,
+            "cannot write \"/w/f\": Read-only file system (os error 30)",
+        );
+        let e = c.outcome(reported(&rep)).expect_err("io");
         assert!(
             matches!(&e, FileError::Failed { message, .. } if message.contains("Read-only")),
             "{e:?}"
         );
         assert_eq!(e.failure().kind, FailureKind::InvalidSpec);
         assert!(!e.retryable());
+
+        // Usage errors cannot come from validated arguments: the agent is
+        // at fault.
+        let rep = report(FileErrorKind::Usage, "unexpected argument '--x'");
+        let e = c.outcome(reported(&rep)).expect_err("usage");
+        assert_eq!(e.failure().kind, FailureKind::AgentError);
+        assert!(e.to_string().contains("'--x'"), "{e}");
 
         // An agent that does not know the command.
         let e = c
@@ -733,6 +746,67 @@ mod tests {
             ))
             .expect_err("2");
         assert_eq!(e.failure().kind, FailureKind::AgentError);
+    }
+
+    #[test]
+    fn a_missing_or_forged_report_is_the_generic_error() {
+        let o = opts();
+        let c = call("file-read", &o);
+        let good = FileErrorReport {
+            path: Some("/w/f".into()),
+            ..report(FileErrorKind::NotFound, "not found: \"/w/f\"")
+        };
+        let p = REPORT_PREFIX;
+        let garbage = [
+            String::new(),
+            // The old English line is no longer read.
+            "corral-agent: not found: \"/w/f\"".to_string(),
+            format!("{p}{{\"kind\":\"not_found\",\"message\":\"m\",\"path\":\"/w/f\""),
+            format!("{p}{{\"kind\":\"segfault\",\"message\":\"m\"}}"),
+            format!("{p}{{\"kind\":\"not_found\",\"message\":\"m\"}}"),
+            format!("{p}{{\"kind\":\"unsafe_entry\",\"message\":\"m\",\"entry\":\"e\"}}"),
+            format!("{p}{{\"kind\":\"not_found\",\"message\":\"m\",\"path\":\"/w/f\",\"x\":1}}"),
+            // A good report that is not the last line.
+            format!("{}\nsomething else", good.encode()),
+            // Oversized: padding JSON would accept, and a line without end.
+            format!("{}{}", good.encode(), " ".repeat(MAX_REPORT_LINE)),
+            "\u{1}".repeat(1 << 20),
+            format!("{p}{}", "\u{ffff}\"[{".repeat(100_000)),
+        ];
+        for stderr in &garbage {
+            for code in [3, 4, 5, 2, 9, 255] {
+                let e = c
+                    .outcome(exited(code, b"", stderr))
+                    .expect_err("non-zero exit");
+                assert_eq!(
+                    e.failure().kind,
+                    FailureKind::AgentError,
+                    "code {code}, stderr {:?}: {e:?}",
+                    &stderr[..stderr.len().min(80)]
+                );
+                assert!(e.retryable());
+            }
+            // Status 1 stays a plain failure, quoting stderr.
+            let e = c.outcome(exited(1, b"", stderr)).expect_err("1");
+            assert!(
+                matches!(&e, FileError::Failed { message, .. } if *message == stderr.trim()),
+                "{e:?}"
+            );
+        }
+        // A valid report whose kind disagrees with the status is not trusted.
+        let e = c
+            .outcome(exited(5, b"", &good.encode()))
+            .expect_err("mismatch");
+        assert_eq!(e.failure().kind, FailureKind::AgentError);
+        // Killed by a signal, with a good report: still generic.
+        let mut r = exited(3, b"", &good.encode());
+        r.exit_code = None;
+        r.signal = Some(9);
+        let e = c.outcome(r).expect_err("signal");
+        assert_eq!(e.failure().kind, FailureKind::AgentError);
+        // And the good report, for contrast.
+        let e = c.outcome(exited(3, b"", &good.encode())).expect_err("3");
+        assert!(matches!(e, FileError::NotFound { .. }), "{e:?}");
     }
 
     #[test]
@@ -825,19 +899,5 @@ mod tests {
             ..opts()
         };
         assert_eq!(validate("sb", "path", "rel/x", &ok), Ok(()));
-    }
-
-    #[test]
-    fn unquote_reads_debug_strings() {
-        assert_eq!(
-            unquote("\"a\\\\b\\n\\u{7f}\": r"),
-            Some(("a\\b\n\u{7f}".into(), ": r"))
-        );
-        assert_eq!(unquote("\"\\xff\""), Some(("\\xff".into(), "")));
-        assert_eq!(unquote("\"open"), None);
-        assert_eq!(
-            too_large_size("too large: x exceeds the cap of 3 bytes"),
-            None
-        );
     }
 }
