@@ -1,71 +1,16 @@
-//! The JSON shapes the CLI prints; scripts rely on these field names.
+//! The JSON shapes the CLI prints; scripts rely on these field names. A
+//! command's outcome is the HTTP API's type (`corral_server::wire`), not a
+//! shape of its own.
 
-use base64::Engine;
-use corral_core::{CommandResult, ContainerState, Failure};
+use corral_core::CommandResult;
+use corral_server::wire::CommandOutcome;
 use serde_json::{json, Map, Value};
 
-fn text_field(out: &mut Map<String, Value>, name: &str, bytes: &[u8]) {
-    match std::str::from_utf8(bytes) {
-        Ok(s) => {
-            out.insert(name.into(), Value::String(s.into()));
-        }
-        Err(_) => {
-            // Not UTF-8: a lossy string for reading, base64 for the exact bytes.
-            out.insert(
-                name.into(),
-                Value::String(String::from_utf8_lossy(bytes).into()),
-            );
-            out.insert(
-                format!("{name}_base64"),
-                Value::String(base64::engine::general_purpose::STANDARD.encode(bytes)),
-            );
-        }
-    }
-}
-
-/// A container state as JSON.
-pub fn state(s: &ContainerState) -> Value {
-    json!({
-        "id": s.id,
-        "status": s.status,
-        "exit_code": s.exit_code,
-        "oom_killed": s.oom_killed,
-        "error": s.error,
-        "restart_count": s.restart_count,
-    })
-}
-
-/// A failure as JSON: `{kind, retryable, message, container}`.
-pub fn failure(f: &Failure) -> Value {
-    json!({
-        "kind": f.kind.as_str(),
-        "retryable": f.retryable(),
-        "message": f.message,
-        "container": f.container.as_ref().map(state),
-    })
-}
-
-/// A command outcome as JSON.
-pub fn result(r: &CommandResult, sandbox_id: Option<&str>) -> Value {
-    let mut out = Map::new();
-    out.insert("exit_code".into(), json!(r.exit_code));
-    out.insert("signal".into(), json!(r.signal));
-    text_field(&mut out, "stdout", &r.stdout);
-    text_field(&mut out, "stderr", &r.stderr);
-    out.insert("stdout_truncated".into(), json!(r.stdout_truncated));
-    out.insert("stderr_truncated".into(), json!(r.stderr_truncated));
-    out.insert("stdout_total_bytes".into(), json!(r.stdout_total_bytes));
-    out.insert("stderr_total_bytes".into(), json!(r.stderr_total_bytes));
-    out.insert(
-        "duration_ms".into(),
-        json!(r.duration.as_secs_f64() * 1000.0),
-    );
-    out.insert(
-        "failure".into(),
-        r.failure.as_ref().map(failure).unwrap_or(Value::Null),
-    );
-    out.insert("sandbox_id".into(), json!(sandbox_id));
-    Value::Object(out)
+/// A command outcome as `corral run --json` prints it: the HTTP API's
+/// [`CommandOutcome`], the one type behind both, so a script reads the same
+/// fields from either (a hand-built copy here once lost `log_tail`).
+pub fn result(r: &CommandResult, sandbox_id: Option<&str>) -> CommandOutcome {
+    CommandOutcome::new(r, sandbox_id)
 }
 
 /// Mean time per successful start in each phase, in ms rounded to the µs,
@@ -83,4 +28,94 @@ pub fn start_phase_means(m: &corral::metrics::MetricsSnapshot) -> Value {
         })
         .collect::<Map<String, Value>>()
         .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_core::{ContainerState, Failure, FailureKind};
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+
+    fn keys(v: &Value) -> BTreeSet<&str> {
+        v.as_object()
+            .map(|o| o.keys().map(String::as_str).collect())
+            .unwrap_or_default()
+    }
+
+    /// A lost container with a log tail and output that is not UTF-8: every
+    /// optional part of the shape is present.
+    fn lost_with_binary_output() -> CommandResult {
+        let mut failure = Failure::new(FailureKind::ContainerLost, "container abc removed");
+        failure.container = Some(ContainerState {
+            id: "abc".into(),
+            exit_code: Some(137),
+            log_tail: vec!["agent: controller gone".into()],
+            ..ContainerState::default()
+        });
+        CommandResult {
+            stdout: vec![b'o', 0xff],
+            stderr: b"e\n".to_vec(),
+            duration: Duration::from_millis(12),
+            failure: Some(failure),
+            ..CommandResult::default()
+        }
+    }
+
+    #[test]
+    fn run_json_is_the_apis_command_outcome() {
+        let r = lost_with_binary_output();
+        for sandbox in [Some("sb-1"), None] {
+            let cli = serde_json::to_value(result(&r, sandbox)).expect("json");
+            let api = serde_json::to_value(CommandOutcome::new(&r, sandbox)).expect("json");
+            assert_eq!(cli, api);
+        }
+    }
+
+    /// The keys README documents for `corral run --json`; a change here is a
+    /// change of the contract scripts and the Python client read.
+    #[test]
+    fn run_json_has_the_documented_keys_including_the_log_tail() {
+        let v = serde_json::to_value(result(&lost_with_binary_output(), None)).expect("json");
+        assert_eq!(
+            keys(&v),
+            BTreeSet::from([
+                "exit_code",
+                "signal",
+                "stdout",
+                "stderr",
+                "stdout_base64",
+                "stdout_truncated",
+                "stderr_truncated",
+                "stdout_total_bytes",
+                "stderr_total_bytes",
+                "duration_ms",
+                "failure",
+                "sandbox_id",
+            ])
+        );
+        assert_eq!(v["stdout"], "o\u{fffd}");
+        assert_eq!(v["stdout_base64"], "b/8=");
+        assert_eq!(v["sandbox_id"], Value::Null);
+        assert_eq!(
+            keys(&v["failure"]),
+            BTreeSet::from(["kind", "retryable", "message", "container"])
+        );
+        assert_eq!(
+            keys(&v["failure"]["container"]),
+            BTreeSet::from([
+                "id",
+                "status",
+                "exit_code",
+                "oom_killed",
+                "error",
+                "restart_count",
+                "log_tail",
+            ])
+        );
+        assert_eq!(
+            v["failure"]["container"]["log_tail"],
+            json!(["agent: controller gone"])
+        );
+    }
 }

@@ -385,3 +385,223 @@ fn run_recreate_survives_docker_rm_mid_command() {
     assert_eq!(v["stdout"], "got hello\ndone\n", "{v}");
     assert_eq!(leftovers(&filter), "");
 }
+
+/// `corral serve`, run as a user runs it, its stderr in a file; stopped
+/// (SIGTERM, which removes its sandboxes) and its leftovers removed when
+/// dropped, so a failed test leaks nothing.
+struct Served {
+    child: std::process::Child,
+    addr: String,
+    token: String,
+    log: std::path::PathBuf,
+}
+
+impl Served {
+    fn start() -> Self {
+        images();
+        let log = std::env::temp_dir().join(format!("corral-cli-serve-{}.log", std::process::id()));
+        let file = std::fs::File::create(&log).expect("serve log");
+        let token = format!("cli-test-{}", std::process::id());
+        let child = Command::new(CORRAL)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("CORRAL_IMAGE", "corral-test/busybox")
+            .env("CORRAL_TOKEN", &token)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("spawn corral serve");
+        let mut served = Served {
+            child,
+            addr: String::new(),
+            token,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let text = std::fs::read_to_string(&served.log).unwrap_or_default();
+            if let Some(rest) = text.split("listening on http://").nth(1) {
+                served.addr = rest
+                    .split(|c: char| c.is_whitespace())
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                return served;
+            }
+            let exited = served.child.try_wait().ok().flatten();
+            assert!(
+                exited.is_none() && Instant::now() < deadline,
+                "corral serve did not start ({exited:?}): {text}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// One HTTP/1.1 request with the token; the status and the JSON body.
+    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        use std::io::Read;
+        let body = body.map(Value::to_string).unwrap_or_default();
+        let mut stream = std::net::TcpStream::connect(&self.addr).expect("connect");
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.addr,
+            self.token,
+            body.len()
+        )
+        .expect("send");
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw).expect("response");
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    }
+
+    fn filter(&self) -> String {
+        format!("label=corral.owner.pid={}", self.child.id())
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let ids = leftovers(&self.filter());
+        if !ids.is_empty() {
+            let _ = Command::new("docker")
+                .args(["rm", "-f"])
+                .args(ids.split_whitespace())
+                .output();
+        }
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// Stops the containers `ids` (whitespace-separated) as a crash would.
+fn docker_kill(ids: &str) {
+    let ok = Command::new("docker")
+        .arg("kill")
+        .args(ids.split_whitespace())
+        .output()
+        .expect("docker kill")
+        .status
+        .success();
+    assert!(ok, "docker kill {ids} failed");
+}
+
+/// The keys of an object and, `/`-joined, of the objects within it.
+fn key_paths(v: &Value) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    if let Some(o) = v.as_object() {
+        for (k, inner) in o {
+            out.insert(k.clone());
+            out.extend(key_paths(inner).into_iter().map(|p| format!("{k}/{p}")));
+        }
+    }
+    out
+}
+
+/// `corral run --json` and the API's exec answer the same command with the
+/// same keys: a plain result with binary output, a timeout, and a container
+/// lost mid-command (whose failure carries the container's state).
+#[test]
+fn run_json_and_the_apis_exec_result_have_the_same_keys() {
+    let served = Served::start();
+    let (st, sb) = served.call("POST", "/v1/sandboxes", Some(&serde_json::json!({})));
+    assert_eq!(st, 201, "{sb}");
+    let id = sb["id"].as_str().expect("sandbox id").to_string();
+    let binary = "printf 'o\\377'; echo e >&2; exit 3";
+
+    let (code, cli) = json(&["run", "--json", "--", binary]);
+    assert_eq!(code, 3, "{cli}");
+    let (st, api) = served.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(&serde_json::json!({"command": binary})),
+    );
+    assert_eq!(st, 200, "{api}");
+    assert_eq!(api["stdout_base64"], cli["stdout_base64"]);
+    assert!(cli["sandbox_id"].is_string() && api["sandbox_id"].is_string());
+    assert_eq!(key_paths(&cli), key_paths(&api), "cli {cli}\napi {api}");
+
+    let (code, cli) = json(&["run", "--json", "--timeout", "0.5", "--", "sleep 30"]);
+    assert_eq!(code, 124, "{cli}");
+    let (st, api) = served.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(&serde_json::json!({"command": "sleep 30", "timeout_ms": 500})),
+    );
+    assert_eq!(st, 200, "{api}");
+    assert_eq!(api["failure"]["kind"], "timeout");
+    assert_eq!(cli["failure"]["kind"], "timeout");
+    assert_eq!(key_paths(&cli), key_paths(&api), "cli {cli}\napi {api}");
+
+    // A container lost mid-command: the failure carries the container's
+    // state, `log_tail` included (the part the CLI's own copy once lacked).
+    let child = Command::new(CORRAL)
+        .args(["run", "--json", "--", "sleep 30"])
+        .env("CORRAL_IMAGE", "corral-test/busybox")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn corral");
+    let container = format!("label=corral.owner.pid={}", child.id());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while leftovers(&container).is_empty() {
+        assert!(Instant::now() < deadline, "sandbox never appeared");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    docker_kill(&leftovers(&container));
+    let out = child.wait_with_output().expect("wait corral");
+    let cli: Value = serde_json::from_slice(&out.stdout).expect("corral run --json");
+    let (st, sb) = served.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(&serde_json::json!({"session": "lost"})),
+    );
+    assert_eq!(st, 201, "{sb}");
+    let container = sb["container_id"]
+        .as_str()
+        .expect("container id")
+        .to_string();
+    let (st, api) = std::thread::scope(|scope| {
+        let exec = scope.spawn(|| {
+            served.call(
+                "POST",
+                "/v1/sandboxes/lost/exec",
+                Some(&serde_json::json!({"command": "sleep 30"})),
+            )
+        });
+        std::thread::sleep(Duration::from_secs(1));
+        docker_kill(&container);
+        exec.join().expect("exec thread")
+    });
+    assert_eq!(st, 200, "{api}");
+    for v in [&cli, &api] {
+        assert_eq!(v["failure"]["kind"], "container_lost", "{v}");
+        assert!(v["failure"]["container"]["log_tail"].is_array(), "{v}");
+    }
+    assert_eq!(key_paths(&cli), key_paths(&api), "cli {cli}\napi {api}");
+
+    for id in [id.as_str(), "lost"] {
+        let (st, _) = served.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+        assert_eq!(st, 204);
+    }
+    let filter = served.filter();
+    drop(served);
+    assert_eq!(leftovers(&filter), "", "corral serve left a sandbox");
+}

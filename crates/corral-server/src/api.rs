@@ -607,11 +607,11 @@ async fn exec(
 ) -> Result<Json<CommandOutcome>, ApiError> {
     let cmd = command(req)?;
     let (result, sandbox_id) = match s.leased(&id).await? {
-        Leased::Live(lease) => (lease.run(&cmd).await, lease.id().to_string()),
-        Leased::Lost(f) => (lost(f), String::new()),
+        Leased::Live(lease) => (lease.run(&cmd).await, Some(lease.id().to_string())),
+        Leased::Lost(f) => (lost(f), None),
     };
     s.inner.metrics.command("exec", &result);
-    Ok(Json(CommandOutcome::new(&result, &sandbox_id)))
+    Ok(Json(CommandOutcome::new(&result, sandbox_id.as_deref())))
 }
 
 /// Run a command and stream its output as server-sent events: `stdout` and
@@ -641,7 +641,7 @@ async fn exec_stream(
             s.inner.metrics.command("stream", &result);
             let event = Event::default()
                 .event("result")
-                .json_data(CommandOutcome::new(&result, ""))
+                .json_data(CommandOutcome::new(&result, None))
                 .map_err(|e| ApiError::invalid("body", e.to_string()))?;
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             let _ = tx.send(Ok(event));
@@ -690,7 +690,7 @@ async fn exec_stream(
         s.inner.metrics.command("stream", &result);
         if let Ok(event) = Event::default()
             .event("result")
-            .json_data(CommandOutcome::new(&result, &sandbox_id))
+            .json_data(CommandOutcome::new(&result, Some(sandbox_id.as_str())))
         {
             let _ = tx.send(Ok(event));
         }
@@ -719,7 +719,7 @@ async fn shell_exec(
     let (r, sandbox_id) = match s.leased(&id).await? {
         Leased::Live(lease) => (
             lease.shell(&name).run(&req.command, timeout, cap).await,
-            lease.id().to_string(),
+            Some(lease.id().to_string()),
         ),
         Leased::Lost(f) => (
             corral::SessionResult {
@@ -729,12 +729,12 @@ async fn shell_exec(
                 dropped_between_bytes: 0,
                 trusted: false,
             },
-            String::new(),
+            None,
         ),
     };
     s.inner.metrics.command("shell", &r.result);
     Ok(Json(ShellOutcome {
-        result: CommandOutcome::new(&r.result, &sandbox_id),
+        result: CommandOutcome::new(&r.result, sandbox_id.as_deref()),
         restarted: r.restarted,
         ended: r.ended,
         dropped_between_bytes: r.dropped_between_bytes,

@@ -1,5 +1,7 @@
 //! The JSON shapes of the HTTP API. Field names are a contract: the Python
-//! client and `docs/openapi.yaml` rely on them.
+//! client and `docs/openapi.yaml` rely on them. A command's outcome
+//! ([`CommandOutcome`]) is also what `corral run --json` prints: the CLI
+//! serializes this same type, so the two cannot drift apart.
 
 use std::collections::BTreeMap;
 
@@ -116,7 +118,7 @@ pub struct ShellExecRequest {
     pub max_output: Option<u64>,
 }
 
-/// The container's state, attached to failures.
+/// The container's state, attached to failures (also in `corral run --json`).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ContainerStateBody {
     /// Container id.
@@ -149,7 +151,7 @@ pub struct FailureBody {
     pub container: Option<ContainerStateBody>,
 }
 
-/// A command's outcome: the same fields as `corral run --json`.
+/// A command's outcome; `corral run --json` prints this same type.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct CommandOutcome {
     /// Exit code; null when the command did not exit on its own.
@@ -179,8 +181,10 @@ pub struct CommandOutcome {
     pub duration_ms: f64,
     /// Null when the command ran to its exit (whatever the exit code).
     pub failure: Option<FailureBody>,
-    /// corral's id of the sandbox it ran in.
-    pub sandbox_id: String,
+    /// corral's id of the sandbox it ran in; null when there was none: the
+    /// sandbox's container was lost earlier (under the `fail` recovery
+    /// policy), or (`corral run`) the sandbox could not be created.
+    pub sandbox_id: Option<String>,
 }
 
 /// A shell session command's outcome.
@@ -342,8 +346,10 @@ impl From<&Failure> for FailureBody {
 }
 
 impl CommandOutcome {
-    /// The wire form of `r`, run in sandbox `sandbox_id`.
-    pub fn new(r: &CommandResult, sandbox_id: &str) -> Self {
+    /// The wire form of `r`, run in sandbox `sandbox_id` (`None`: it ran in
+    /// none). The one conversion behind the API's results and
+    /// `corral run --json`.
+    pub fn new(r: &CommandResult, sandbox_id: Option<&str>) -> Self {
         let (stdout, stdout_base64) = text(&r.stdout);
         let (stderr, stderr_base64) = text(&r.stderr);
         CommandOutcome {
@@ -359,7 +365,7 @@ impl CommandOutcome {
             stderr_total_bytes: r.stderr_total_bytes,
             duration_ms: r.duration.as_secs_f64() * 1000.0,
             failure: r.failure.as_ref().map(FailureBody::from),
-            sandbox_id: sandbox_id.to_string(),
+            sandbox_id: sandbox_id.map(String::from),
         }
     }
 }
@@ -389,7 +395,7 @@ mod tests {
             duration: Duration::from_millis(5),
             ..CommandResult::default()
         };
-        let v = serde_json::to_value(CommandOutcome::new(&r, "sb1")).expect("json");
+        let v = serde_json::to_value(CommandOutcome::new(&r, Some("sb1"))).expect("json");
         assert_eq!(v["stdout"], "ok\n");
         assert!(v.get("stdout_base64").is_none());
         assert_eq!(v["stderr"], "\u{fffd}a");
@@ -405,11 +411,11 @@ mod tests {
             Failure::new(FailureKind::ContainerLost, "gone"),
             Duration::ZERO,
         );
-        let v = serde_json::to_value(CommandOutcome::new(&r, "sb")).expect("json");
+        let v = serde_json::to_value(CommandOutcome::new(&r, Some("sb"))).expect("json");
         assert_eq!(v["failure"]["kind"], "container_lost");
         assert_eq!(v["failure"]["retryable"], true);
         let shell = ShellOutcome {
-            result: CommandOutcome::new(&r, "sb"),
+            result: CommandOutcome::new(&r, Some("sb")),
             restarted: true,
             ended: false,
             dropped_between_bytes: 0,

@@ -359,7 +359,7 @@ async fn bad_requests_name_the_field_and_lost_containers_are_typed() {
         .output()
         .expect("docker rm");
     assert!(rm.status.success());
-    for _ in 0..2 {
+    for attempt in 0..2 {
         let (st, r) = call(
             &app,
             "POST",
@@ -371,6 +371,9 @@ async fn bad_requests_name_the_field_and_lost_containers_are_typed() {
         assert_eq!(st, StatusCode::OK, "{r}");
         assert_eq!(r["failure"]["kind"], "container_lost", "{r}");
         assert_eq!(r["failure"]["retryable"], true, "{r}");
+        // The first command ran in the sandbox and saw it lost; the next
+        // ran in none: null, as in `corral run --json` (once "").
+        assert_eq!(r["sandbox_id"].is_string(), attempt == 0, "{r}");
         let msg = r["failure"]["message"].as_str().unwrap_or_default();
         assert!(
             msg.contains(&cid[..12]),

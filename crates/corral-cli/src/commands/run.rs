@@ -299,7 +299,10 @@ pub async fn run(
         return Ok(ExitCode::from(130));
     };
     if args.json {
-        println!("{}", json::result(&result, Some(sandbox.id())));
+        println!(
+            "{}",
+            serde_json::to_string(&json::result(&result, Some(sandbox.id())))?
+        );
     } else if let Some(f) = &result.failure {
         eprintln!("corral: {f}");
     }
@@ -395,7 +398,7 @@ async fn execute(sandbox: &Sandbox, args: &RunArgs, script: String) -> CommandRe
 fn finish_early(args: &RunArgs, kind: FailureKind, message: String) -> anyhow::Result<ExitCode> {
     let result = CommandResult::failed(corral_core::Failure::new(kind, message), Duration::ZERO);
     if args.json {
-        println!("{}", json::result(&result, None));
+        println!("{}", serde_json::to_string(&json::result(&result, None))?);
     } else if let Some(f) = &result.failure {
         eprintln!("corral: {f}");
     }

@@ -133,7 +133,7 @@ pub(super) fn command(
     notes: &[String],
     budget: u64,
 ) -> CallToolResult {
-    let structured = serde_json::to_value(CommandOutcome::new(r, sandbox)).ok();
+    let structured = serde_json::to_value(CommandOutcome::new(r, Some(sandbox))).ok();
     result(command_text(r, notes, budget), structured, failed(r))
 }
 
@@ -166,7 +166,7 @@ pub(super) fn shell(
         );
     }
     let structured = serde_json::to_value(ShellOutcome {
-        result: CommandOutcome::new(&s.result, sandbox),
+        result: CommandOutcome::new(&s.result, Some(sandbox)),
         restarted,
         ended: s.ended,
         dropped_between_bytes: s.dropped_between_bytes,
