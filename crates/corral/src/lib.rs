@@ -41,5 +41,5 @@ pub use corral_core::*;
 pub use files::{DirEntry, EntryKind, FileError, FileOptions};
 pub use provider::{Lease, Provider, ProviderStats};
 pub use runtime::{GcReport, Runtime, RuntimeConfig, StartTimings};
-pub use sandbox::{ExecEvent, Execution, OutputStream, Sandbox, StdinWriter};
+pub use sandbox::{ExecEvent, Execution, OutputStream, Recovered, Sandbox, StdinWriter};
 pub use shell::{SessionResult, ShellOptions, ShellSession};

@@ -77,6 +77,21 @@ pub enum OutputStream {
     Stderr,
 }
 
+/// What [`Sandbox::recover_from`] made of a failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recovered {
+    /// Not the loss of the container: nothing to recover.
+    NotLost,
+    /// The container is back; run the command once more.
+    Retry,
+    /// The container is back, but the command that took it down would do
+    /// so again: do not run it again.
+    NoRetry,
+    /// The sandbox is finished (`fail`) or could not be brought back: this
+    /// is the command's failure.
+    Failed(Failure),
+}
+
 /// True when a failure means the container itself is gone or stopped (as
 /// opposed to a command failing inside a live one).
 fn container_gone(f: &Failure) -> bool {
@@ -237,24 +252,42 @@ impl Sandbox {
         let Some(failure) = first.failure.clone() else {
             return first;
         };
-        if !container_gone(&failure) || self.inner.destroyed.load(Ordering::Acquire) {
-            return first;
+        match self.recover_from(&failure).await {
+            Recovered::Retry => self.run_once(cmd, &mut sink).await,
+            Recovered::NotLost | Recovered::NoRetry => first,
+            Recovered::Failed(f) => CommandResult {
+                failure: Some(f),
+                ..first
+            },
+        }
+    }
+
+    /// Applies the sandbox's [`Recovery`] policy to a command's failure:
+    /// the one place it is decided, for `run`, `exec`, shells, the
+    /// provider and the front ends. A failure that is not the loss of the
+    /// container changes nothing. Under `fail` the sandbox is marked dead
+    /// and every later command returns this failure; under `recreate` the
+    /// container is brought back (adopted or started anew under the same
+    /// id, start-up commands run again) and the answer says whether the
+    /// command should run once more (not when it took PID 1 down with it:
+    /// an OOM kill of the init process would happen again).
+    pub async fn recover_from(&self, failure: &Failure) -> Recovered {
+        if !container_gone(failure) || self.inner.destroyed.load(Ordering::Acquire) {
+            return Recovered::NotLost;
         }
         match self.inner.spec.recovery {
             Recovery::Fail => {
-                self.mark_dead(&failure);
-                first
+                self.mark_dead(failure);
+                Recovered::Failed(failure.clone())
             }
+            // Boxed: recovering runs start-up commands, which exec.
             Recovery::Recreate => match Box::pin(self.recover()).await {
-                // The command that took PID 1 down with it would do so again.
-                Ok(()) if failure.kind == FailureKind::OomKilled => first,
-                Ok(()) => self.run_once(cmd, &mut sink).await,
+                Ok(()) if failure.kind == FailureKind::OomKilled => Recovered::NoRetry,
+                Ok(()) => Recovered::Retry,
                 Err(e) => {
-                    let mut r = first;
-                    if let Some(f) = &mut r.failure {
-                        f.message = format!("{}; recreating the container failed: {e}", f.message);
-                    }
-                    r
+                    let mut f = failure.clone();
+                    f.message = format!("{}; recreating the container failed: {e}", f.message);
+                    Recovered::Failed(f)
                 }
             },
         }
@@ -369,23 +402,12 @@ impl Sandbox {
             }
             conn = match self.reattach(conn).await {
                 Ok(c) => c,
-                Err(f) if container_gone(&f) => match self.inner.spec.recovery {
-                    Recovery::Fail => {
-                        self.mark_dead(&f);
-                        return Err(f);
-                    }
-                    // Boxed: recovering runs start-up commands, which exec.
-                    Recovery::Recreate => match Box::pin(self.recover()).await {
-                        Ok(()) => self.conn(),
-                        Err(e) => {
-                            let mut f = f;
-                            f.message =
-                                format!("{}; recreating the container failed: {e}", f.message);
-                            return Err(f);
-                        }
-                    },
+                Err(f) => match self.recover_from(&f).await {
+                    // The container is back: this command runs on it.
+                    Recovered::Retry | Recovered::NoRetry => self.conn(),
+                    Recovered::NotLost => return Err(f),
+                    Recovered::Failed(f) => return Err(f),
                 },
-                Err(f) => return Err(f),
             };
         }
         let id = conn.next_id();

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use corral::{OutputStream, Sandbox};
+use corral::{OutputStream, Recovered, Sandbox};
 use corral_core::command::DEFAULT_MAX_OUTPUT;
 use corral_core::config::Config;
 use corral_core::units::{parse_bytes, parse_cpus};
@@ -371,12 +371,19 @@ async fn execute(sandbox: &Sandbox, args: &RunArgs, script: String) -> CommandRe
         kept
     });
     let first = exec.wait_with(sink).await;
-    let lost = first
-        .failure
-        .as_ref()
-        .is_some_and(|f| f.kind == FailureKind::ContainerLost);
-    if !lost || sandbox.spec().recovery != Recovery::Recreate {
+    let Some(failure) = first.failure.clone() else {
         return first;
+    };
+    // The sandbox's recovery policy decides, as for any command.
+    match sandbox.recover_from(&failure).await {
+        Recovered::Retry => {}
+        Recovered::NotLost | Recovered::NoRetry => return first,
+        Recovered::Failed(f) => {
+            return CommandResult {
+                failure: Some(f),
+                ..first
+            }
+        }
     }
     // Stdin still open (nothing more came, no EOF): it cannot be replayed.
     let recorded = tokio::time::timeout(Duration::from_millis(200), recorder).await;
