@@ -8,8 +8,8 @@
 //! [`Provider`] (session keys, warm pools, eviction), shells and files.
 //! Engines implement [`Backend`]: `corral-docker` for Docker and Podman.
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! ```ignore
+//! // needs corral-docker beside corral, and a daemon
 //! use std::sync::Arc;
 //! use corral::{CommandSpec, Runtime, RuntimeConfig, SandboxSpec};
 //! use corral_docker::{DockerBackend, DockerConfig};
@@ -20,7 +20,6 @@
 //! let result = sandbox.run(&CommandSpec::shell("echo hi")).await;
 //! assert_eq!(result.stdout, b"hi\n");
 //! sandbox.destroy().await?;
-//! # Ok(()) }
 //! ```
 
 mod conn;
