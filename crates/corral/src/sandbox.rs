@@ -21,7 +21,10 @@ use tokio::sync::mpsc;
 use crate::conn::{AgentConn, RouteRx};
 use crate::metrics::StartPhase;
 use crate::runtime::{Runtime, StartTimings};
-use crate::shell::{ShellOptions, ShellSession, ShellSlot};
+
+/// State another module keeps with a sandbox by name (shell sessions):
+/// opaque here, so this module does not depend on that one.
+pub(crate) type Attached = Arc<dyn std::any::Any + Send + Sync>;
 
 /// The slot holding a sandbox's current control stream.
 pub(crate) type ConnSlot = Mutex<Arc<AgentConn>>;
@@ -51,8 +54,9 @@ struct Inner {
     /// command returns this failure at once.
     dead: Mutex<Option<Failure>>,
     timings: Mutex<StartTimings>,
-    /// Shell sessions by name.
-    shells: Mutex<HashMap<String, ShellSlot>>,
+    /// Shell sessions by name (`shell.rs` owns their type; here they are
+    /// only kept, and dropped with the sandbox).
+    shells: Mutex<HashMap<String, Attached>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -158,36 +162,25 @@ impl Sandbox {
         *lock(&self.inner.timings) = t;
     }
 
-    /// The shell session `name` (started on its first command), with the
-    /// default shell `/bin/sh`.
-    pub fn shell(&self, name: &str) -> ShellSession {
-        self.shell_with(name, ShellOptions::default())
-    }
-
-    /// The shell session `name`; `options` apply when its shell (re)starts.
-    pub fn shell_with(&self, name: &str, options: ShellOptions) -> ShellSession {
-        let slot = lock(&self.inner.shells)
+    /// What is attached to the sandbox under `name` (a shell session's
+    /// state), made by `make` on first use.
+    pub(crate) fn attached(&self, name: &str, make: impl FnOnce() -> Attached) -> Attached {
+        lock(&self.inner.shells)
             .entry(name.to_string())
-            .or_default()
-            .clone();
-        ShellSession::new(self.clone(), name.to_string(), options, slot)
+            .or_insert_with(make)
+            .clone()
     }
 
-    /// Names of the shell sessions opened so far.
-    pub fn shell_names(&self) -> Vec<String> {
+    /// Names of what is attached, sorted.
+    pub(crate) fn attached_names(&self) -> Vec<String> {
         let mut names: Vec<String> = lock(&self.inner.shells).keys().cloned().collect();
         names.sort();
         names
     }
 
-    /// Ends shell session `name` and forgets it.
-    pub async fn close_shell(&self, name: &str) {
-        let slot = lock(&self.inner.shells).remove(name);
-        if let Some(slot) = slot {
-            if let Some(shell) = slot.lock().await.take() {
-                drop(shell);
-            }
-        }
+    /// Detaches and returns what is attached under `name`.
+    pub(crate) fn detach(&self, name: &str) -> Option<Attached> {
+        lock(&self.inner.shells).remove(name)
     }
 
     /// Whether the sandbox looks usable without asking the daemon: not

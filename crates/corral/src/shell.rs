@@ -122,6 +122,50 @@ pub(crate) struct Shell {
 /// The slot a sandbox keeps per session name.
 pub(crate) type ShellSlot = Arc<Mutex<Option<Shell>>>;
 
+impl Sandbox {
+    /// The shell session `name` (started on its first command), with the
+    /// default shell `/bin/sh`.
+    pub fn shell(&self, name: &str) -> ShellSession {
+        self.shell_with(name, ShellOptions::default())
+    }
+
+    /// The shell session `name`; `options` apply when its shell (re)starts.
+    pub fn shell_with(&self, name: &str, options: ShellOptions) -> ShellSession {
+        let slot = self.shell_slot(name);
+        ShellSession::new(self.clone(), name.to_string(), options, slot)
+    }
+
+    /// Names of the shell sessions opened so far.
+    pub fn shell_names(&self) -> Vec<String> {
+        self.attached_names()
+    }
+
+    /// Ends shell session `name` and forgets it.
+    pub async fn close_shell(&self, name: &str) {
+        let Some(slot) = self
+            .detach(name)
+            .and_then(|a| a.downcast::<Mutex<Option<Shell>>>().ok())
+        else {
+            return;
+        };
+        let shell = slot.lock().await.take();
+        drop(shell);
+    }
+
+    /// The slot of session `name`, made on first use.
+    fn shell_slot(&self, name: &str) -> ShellSlot {
+        let fresh = || -> crate::sandbox::Attached { Arc::new(Mutex::new(None::<Shell>)) };
+        match self
+            .attached(name, fresh)
+            .downcast::<Mutex<Option<Shell>>>()
+        {
+            Ok(slot) => slot,
+            // Only shells are attached; anything else cannot be there.
+            Err(_) => Arc::new(Mutex::new(None)),
+        }
+    }
+}
+
 /// Quotes `text` for a POSIX shell as one single-quoted word.
 fn quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', r"'\''"))
