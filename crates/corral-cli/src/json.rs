@@ -4,7 +4,7 @@
 
 use corral_core::CommandResult;
 use corral_server::wire::CommandOutcome;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 /// A command outcome as `corral run --json` prints it: the HTTP API's
 /// [`CommandOutcome`], the one type behind both, so a script reads the same
@@ -16,18 +16,7 @@ pub fn result(r: &CommandResult, sandbox_id: Option<&str>) -> CommandOutcome {
 /// Mean time per successful start in each phase, in ms rounded to the µs,
 /// keyed by phase name (`first_command` over the sandboxes that ran one).
 pub fn start_phase_means(m: &corral::metrics::MetricsSnapshot) -> Value {
-    use corral::metrics::StartPhase;
-    StartPhase::ALL
-        .into_iter()
-        .map(|phase| {
-            let mean = m.start_phase_mean(phase).as_secs_f64() * 1e3;
-            (
-                phase.as_str().to_string(),
-                json!((mean * 1e3).round() / 1e3),
-            )
-        })
-        .collect::<Map<String, Value>>()
-        .into()
+    json!(m.start_phase_means_ms())
 }
 
 #[cfg(test)]

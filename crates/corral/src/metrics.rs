@@ -133,6 +133,19 @@ impl MetricsSnapshot {
         }
         std::time::Duration::from_micros(self.start_phase_us[phase as usize] / n)
     }
+
+    /// [`start_phase_mean`](Self::start_phase_mean) of every phase in ms,
+    /// rounded to the µs, keyed by phase name: what `corral workload` and
+    /// `corral bench --json` print as `start_phase_mean_ms`.
+    pub fn start_phase_means_ms(&self) -> std::collections::BTreeMap<&'static str, f64> {
+        StartPhase::ALL
+            .into_iter()
+            .map(|phase| {
+                let mean = self.start_phase_mean(phase).as_secs_f64() * 1e3;
+                (phase.as_str(), (mean * 1e3).round() / 1e3)
+            })
+            .collect()
+    }
 }
 
 fn micros(d: std::time::Duration) -> u64 {

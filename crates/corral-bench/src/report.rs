@@ -1,0 +1,589 @@
+//! The report: every row and ratio of a run, as the table `corral bench`
+//! prints and as its `--json` object (scripts rely on those keys).
+
+use corral::metrics::MetricsSnapshot;
+use serde_json::{json, Value};
+
+use crate::stats::{ms, times, Latency};
+use crate::workload::Workload;
+use crate::{Bench, BenchOptions};
+
+/// The throughput target is set for this workload: rollouts, commands, parallel.
+const TARGET_SHAPE: (usize, usize, usize) = (16, 10, 8);
+
+/// Everything one run measured; [`table`](Report::table) and
+/// [`json`](Report::json) show it.
+pub struct Report {
+    pub(crate) raw_start: Latency,
+    pub(crate) cold_start: Latency,
+    pub(crate) warm_acquire: Latency,
+    pub(crate) pool_hits: u64,
+    pub(crate) pool_misses: u64,
+    pub(crate) raw_exec: Latency,
+    pub(crate) agent: Latency,
+    pub(crate) shell: Latency,
+    pub(crate) corral: Workload,
+    pub(crate) plain: Workload,
+    /// The workload end to end, each rollout taking its sandbox from a warm
+    /// pool sized to the batch (filled before the clock).
+    pub(crate) corral_pooled: Workload,
+    /// The same with a pool that reuses sandboxes: each rollout's sandbox is
+    /// reset and handed back instead of destroyed and replaced.
+    pub(crate) corral_reused: Workload,
+    /// The commands of the workload alone, on sandboxes started beforehand.
+    pub(crate) corral_commands: Workload,
+    /// The same on plain containers started beforehand, one raw exec each.
+    pub(crate) plain_commands: Workload,
+}
+
+/// What the report says of the run besides its measurements.
+struct Header<'a> {
+    image: &'a str,
+    run_id: &'a str,
+    cpus: usize,
+    options: &'a BenchOptions,
+}
+
+impl<'a> Header<'a> {
+    fn of(bench: &'a Bench) -> Self {
+        Header {
+            image: &bench.options.image,
+            run_id: &bench.run_id,
+            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            options: &bench.options,
+        }
+    }
+}
+
+/// One line of the table.
+struct Row<'a> {
+    id: &'static str,
+    num: &'static str,
+    label: &'static str,
+    floor: bool,
+    latency: Latency,
+    workload: Option<&'a Workload>,
+    note: Option<String>,
+}
+
+impl<'a> Row<'a> {
+    fn new(id: &'static str, num: &'static str, label: &'static str, latency: Latency) -> Self {
+        Row {
+            id,
+            num,
+            label,
+            floor: false,
+            latency,
+            workload: None,
+            note: None,
+        }
+    }
+
+    fn floor(mut self) -> Self {
+        self.floor = true;
+        self
+    }
+
+    fn workload(mut self, w: &'a Workload) -> Self {
+        self.workload = Some(w);
+        self
+    }
+}
+
+/// A ratio against its target (higher is better).
+struct Ratio {
+    id: &'static str,
+    label: &'static str,
+    value: f64,
+    target: f64,
+    /// False when the target was set for another workload shape than the
+    /// one run.
+    applies: bool,
+}
+
+impl Ratio {
+    fn met(&self) -> bool {
+        self.value >= self.target
+    }
+}
+
+impl Report {
+    fn rows(&self) -> Vec<Row<'_>> {
+        let mut warm = Row::new(
+            "warm_acquire",
+            "3",
+            "warm acquire (provider pool)",
+            self.warm_acquire,
+        );
+        warm.note = Some(format!(
+            "{}/{} from the pool",
+            self.pool_hits,
+            self.pool_hits + self.pool_misses
+        ));
+        vec![
+            Row::new("raw_create_start", "1", "raw create+start", self.raw_start).floor(),
+            Row::new(
+                "cold_start",
+                "2",
+                "cold start (hardened sandbox, agent)",
+                self.cold_start,
+            ),
+            warm,
+            Row::new("raw_exec", "4", "raw docker exec `true`", self.raw_exec).floor(),
+            Row::new(
+                "agent_round_trip",
+                "5",
+                "agent round trip `true`",
+                self.agent,
+            ),
+            Row::new(
+                "shell_round_trip",
+                "6",
+                "shell session round trip `/bin/true`",
+                self.shell,
+            ),
+            Row::new(
+                "workload_corral",
+                "7",
+                "workload through corral, per rollout",
+                self.corral.per_rollout,
+            )
+            .workload(&self.corral),
+            Row::new(
+                "workload_plain",
+                "",
+                "workload plain, per rollout",
+                self.plain.per_rollout,
+            )
+            .floor()
+            .workload(&self.plain),
+            Row::new(
+                "workload_pooled_corral",
+                "",
+                "workload through corral, batch-sized pool",
+                self.corral_pooled.per_rollout,
+            )
+            .workload(&self.corral_pooled),
+            Row::new(
+                "workload_reused_corral",
+                "",
+                "workload through corral, reused pool (reset)",
+                self.corral_reused.per_rollout,
+            )
+            .workload(&self.corral_reused),
+            Row::new(
+                "workload_commands_corral",
+                "8",
+                "workload commands only, through corral",
+                self.corral_commands.per_rollout,
+            )
+            .workload(&self.corral_commands),
+            Row::new(
+                "workload_commands_plain",
+                "",
+                "workload commands only, raw exec",
+                self.plain_commands.per_rollout,
+            )
+            .floor()
+            .workload(&self.plain_commands),
+        ]
+    }
+
+    fn ratios(&self, args: &BenchOptions) -> Vec<Ratio> {
+        vec![
+            Ratio {
+                id: "warm_acquire_vs_raw_start",
+                label: "warm acquire p50 vs raw create+start p50",
+                value: times(self.raw_start.p50, self.warm_acquire.p50),
+                target: 20.0,
+                applies: true,
+            },
+            Ratio {
+                id: "agent_vs_raw_exec",
+                label: "agent round trip p50 vs raw exec p50",
+                value: times(self.raw_exec.p50, self.agent.p50),
+                target: 20.0,
+                applies: true,
+            },
+            Ratio {
+                id: "workload_vs_plain",
+                label: "workload commands/s vs plain (starts incl.)",
+                value: self.corral.per_second() / self.plain.per_second().max(1e-9),
+                target: 10.0,
+                applies: (args.sandboxes, args.commands, args.parallel) == TARGET_SHAPE,
+            },
+            Ratio {
+                id: "workload_pooled_vs_plain",
+                label: "workload (batch pool) commands/s vs plain",
+                value: self.corral_pooled.per_second() / self.plain.per_second().max(1e-9),
+                target: 10.0,
+                applies: (args.sandboxes, args.commands, args.parallel) == TARGET_SHAPE,
+            },
+            Ratio {
+                id: "workload_reused_vs_plain",
+                label: "workload (reused pool) commands/s vs plain",
+                value: self.corral_reused.per_second() / self.plain.per_second().max(1e-9),
+                target: 10.0,
+                applies: (args.sandboxes, args.commands, args.parallel) == TARGET_SHAPE,
+            },
+            Ratio {
+                id: "workload_commands_vs_plain_exec",
+                label: "workload commands/s vs exec-per-command",
+                value: self.corral_commands.per_second()
+                    / self.plain_commands.per_second().max(1e-9),
+                target: 10.0,
+                applies: (args.sandboxes, args.commands, args.parallel) == TARGET_SHAPE,
+            },
+        ]
+    }
+
+    /// The table `corral bench` prints: a header, a line per row, the
+    /// ratios against their targets.
+    pub fn table(&self, bench: &Bench) -> String {
+        self.table_of(&Header::of(bench))
+    }
+
+    /// The object `corral bench --json` prints, with the runtime's
+    /// counters as they are now.
+    pub fn json(&self, bench: &Bench) -> Value {
+        self.json_of(&Header::of(bench), &bench.runtime.metrics())
+    }
+
+    fn table_of(&self, header: &Header<'_>) -> String {
+        use std::fmt::Write;
+        let args = header.options;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "corral bench: image {}, network none, {} CPUs, run {}",
+            header.image, header.cpus, header.run_id
+        );
+        let _ = writeln!(
+            out,
+            "workload: {} rollouts x {} commands, {} in parallel; times in ms\n",
+            args.sandboxes, args.commands, args.parallel
+        );
+        let _ = writeln!(
+            out,
+            "   {:<46} {:>5} {:>9} {:>9} {:>9}  throughput",
+            "", "n", "p50", "p90", "p99"
+        );
+        for row in self.rows() {
+            let label = if row.floor {
+                format!("{:<38} [floor]", row.label)
+            } else {
+                row.label.to_string()
+            };
+            let l = row.latency;
+            let _ = write!(
+                out,
+                "{:>2} {label:<46} {:>5} {:>9.3} {:>9.3} {:>9.3}",
+                row.num,
+                l.n,
+                ms(l.p50),
+                ms(l.p90),
+                ms(l.p99)
+            );
+            if let Some(w) = row.workload {
+                let _ = write!(
+                    out,
+                    "  {:.1} cmd/s ({} in {:.2} s)",
+                    w.per_second(),
+                    w.commands,
+                    w.wall.as_secs_f64()
+                );
+            }
+            if let Some(note) = &row.note {
+                let _ = write!(out, "  {note}");
+            }
+            out.push('\n');
+        }
+        let _ = writeln!(out, "\nratios (higher is better)");
+        for r in self.ratios(args) {
+            let verdict = match (r.met(), r.applies) {
+                (true, true) => "met",
+                (false, true) => "missed",
+                (true, false) => "met (target set for 16x10, 8 parallel)",
+                (false, false) => "missed (target set for 16x10, 8 parallel)",
+            };
+            let _ = writeln!(
+                out,
+                "   {:<46} {:>9.1}x  target >= {:.0}x  {verdict}",
+                r.label, r.value, r.target
+            );
+        }
+        out
+    }
+
+    fn json_of(&self, header: &Header<'_>, m: &MetricsSnapshot) -> Value {
+        let args = header.options;
+        let rows: serde_json::Map<String, Value> = self
+            .rows()
+            .into_iter()
+            .map(|row| {
+                let l = row.latency;
+                let mut v = json!({
+                    "label": row.label,
+                    "floor": row.floor,
+                    "n": l.n,
+                    "p50_ms": ms(l.p50),
+                    "p90_ms": ms(l.p90),
+                    "p99_ms": ms(l.p99),
+                });
+                if let Some(w) = row.workload {
+                    v["commands"] = json!(w.commands);
+                    v["wall_ms"] = json!(ms(w.wall));
+                    v["commands_per_s"] = json!(w.per_second());
+                }
+                if row.id == "warm_acquire" {
+                    v["pool_hits"] = json!(self.pool_hits);
+                    v["pool_misses"] = json!(self.pool_misses);
+                }
+                (row.id.to_string(), v)
+            })
+            .collect();
+        let ratios: serde_json::Map<String, Value> = self
+            .ratios(args)
+            .into_iter()
+            .map(|r| {
+                let v = json!({
+                    "label": r.label,
+                    "value": r.value,
+                    "target": r.target,
+                    "met": r.met(),
+                    "target_applies": r.applies,
+                });
+                (r.id.to_string(), v)
+            })
+            .collect();
+        json!({
+            "run_id": header.run_id,
+            "image": header.image,
+            "network": "none",
+            "cpus": header.cpus,
+            "workload": {
+                "sandboxes": args.sandboxes,
+                "commands": args.commands,
+                "parallel": args.parallel,
+            },
+            "rows": rows,
+            "ratios": ratios,
+            "metrics": {
+                "sandboxes_started": m.sandboxes_started,
+                "start_failures": m.start_failures,
+                "retries": m.retries,
+                "slot_waits": m.slot_waits,
+                "breaker_opened": m.breaker_opened,
+                "start_phase_mean_ms": m.start_phase_means_ms(),
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn lat(ms: u64) -> Latency {
+        Latency::of(vec![Duration::from_millis(ms)])
+    }
+
+    fn wl(per_rollout_ms: u64, commands: usize, wall_ms: u64) -> Workload {
+        Workload {
+            per_rollout: lat(per_rollout_ms),
+            commands,
+            wall: Duration::from_millis(wall_ms),
+        }
+    }
+
+    /// Floors 20x slower than corral's latency rows; corral's workloads
+    /// 10x (end to end) and 5x (commands only) the plain commands/s.
+    fn report() -> Report {
+        Report {
+            raw_start: lat(200),
+            cold_start: lat(300),
+            warm_acquire: lat(10),
+            pool_hits: 5,
+            pool_misses: 1,
+            raw_exec: lat(40),
+            agent: lat(2),
+            shell: lat(3),
+            corral: wl(100, 160, 1_000),
+            plain: wl(1_000, 160, 10_000),
+            corral_pooled: wl(50, 160, 500),
+            corral_reused: wl(25, 160, 250),
+            corral_commands: wl(20, 160, 200),
+            plain_commands: wl(100, 160, 1_000),
+        }
+    }
+
+    fn options(shape: (usize, usize, usize)) -> BenchOptions {
+        BenchOptions {
+            image: "corral-test/busybox".into(),
+            sandboxes: shape.0,
+            commands: shape.1,
+            parallel: shape.2,
+            samples: None,
+            progress: false,
+        }
+    }
+
+    fn header(options: &BenchOptions) -> Header<'_> {
+        Header {
+            image: &options.image,
+            run_id: "bench-0123456789",
+            cpus: 2,
+            options,
+        }
+    }
+
+    fn keys(v: &Value) -> BTreeSet<&str> {
+        v.as_object()
+            .map(|o| o.keys().map(String::as_str).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn ratios_are_floor_over_corral_and_apply_only_to_the_target_shape() {
+        let r = report();
+        let at_target = r.ratios(&options(TARGET_SHAPE));
+        let values: Vec<(&str, f64, f64, bool)> = at_target
+            .iter()
+            .map(|x| (x.id, x.value, x.target, x.met()))
+            .collect();
+        assert_eq!(
+            values,
+            vec![
+                ("warm_acquire_vs_raw_start", 20.0, 20.0, true),
+                ("agent_vs_raw_exec", 20.0, 20.0, true),
+                ("workload_vs_plain", 10.0, 10.0, true),
+                ("workload_pooled_vs_plain", 20.0, 10.0, true),
+                ("workload_reused_vs_plain", 40.0, 10.0, true),
+                ("workload_commands_vs_plain_exec", 5.0, 10.0, false),
+            ]
+        );
+        assert!(at_target.iter().all(|x| x.applies));
+        let other = r.ratios(&options((4, 3, 2)));
+        let applies: Vec<bool> = other.iter().map(|x| x.applies).collect();
+        assert_eq!(applies, [true, true, false, false, false, false]);
+    }
+
+    #[test]
+    fn json_has_every_row_ratio_and_counter() {
+        let opts = options((4, 3, 2));
+        let v = report().json_of(&header(&opts), &MetricsSnapshot::default());
+        assert_eq!(
+            keys(&v),
+            BTreeSet::from([
+                "run_id", "image", "network", "cpus", "workload", "rows", "ratios", "metrics"
+            ])
+        );
+        assert_eq!(v["run_id"], "bench-0123456789");
+        assert_eq!(v["image"], "corral-test/busybox");
+        assert_eq!(v["network"], "none");
+        assert_eq!(v["cpus"], 2);
+        assert_eq!(
+            v["workload"],
+            json!({"sandboxes": 4, "commands": 3, "parallel": 2})
+        );
+        assert_eq!(
+            keys(&v["rows"]),
+            BTreeSet::from([
+                "raw_create_start",
+                "cold_start",
+                "warm_acquire",
+                "raw_exec",
+                "agent_round_trip",
+                "shell_round_trip",
+                "workload_corral",
+                "workload_plain",
+                "workload_pooled_corral",
+                "workload_reused_corral",
+                "workload_commands_corral",
+                "workload_commands_plain",
+            ])
+        );
+        assert_eq!(
+            v["rows"]["raw_exec"],
+            json!({"label": "raw docker exec `true`", "floor": true, "n": 1,
+                   "p50_ms": 40.0, "p90_ms": 40.0, "p99_ms": 40.0})
+        );
+        assert_eq!(v["rows"]["warm_acquire"]["pool_hits"], 5);
+        assert_eq!(v["rows"]["warm_acquire"]["pool_misses"], 1);
+        assert_eq!(
+            v["rows"]["workload_plain"],
+            json!({"label": "workload plain, per rollout", "floor": true, "n": 1,
+                   "p50_ms": 1000.0, "p90_ms": 1000.0, "p99_ms": 1000.0,
+                   "commands": 160, "wall_ms": 10000.0, "commands_per_s": 16.0})
+        );
+        assert_eq!(
+            v["ratios"]["workload_commands_vs_plain_exec"],
+            json!({"label": "workload commands/s vs exec-per-command", "value": 5.0,
+                   "target": 10.0, "met": false, "target_applies": false})
+        );
+        assert_eq!(
+            keys(&v["metrics"]),
+            BTreeSet::from([
+                "sandboxes_started",
+                "start_failures",
+                "retries",
+                "slot_waits",
+                "breaker_opened",
+                "start_phase_mean_ms",
+            ])
+        );
+        assert_eq!(
+            keys(&v["metrics"]["start_phase_mean_ms"]),
+            BTreeSet::from([
+                "breaker_wait",
+                "slot_wait",
+                "image",
+                "agent_volume",
+                "create",
+                "start",
+                "attach",
+                "startup",
+                "first_command",
+            ])
+        );
+    }
+
+    #[test]
+    fn table_has_a_line_per_row_and_ratio_with_the_verdicts() {
+        let opts = options((4, 3, 2));
+        let table = report().table_of(&header(&opts));
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(
+            lines[0],
+            "corral bench: image corral-test/busybox, network none, 2 CPUs, run bench-0123456789"
+        );
+        assert_eq!(
+            lines[1],
+            "workload: 4 rollouts x 3 commands, 2 in parallel; times in ms"
+        );
+        // Header, workload, blank, column titles, 12 rows, blank, title, 6 ratios.
+        assert_eq!(lines.len(), 4 + 12 + 2 + 6, "{table}");
+        assert!(lines[4].starts_with(" 1 raw create+start"), "{table}");
+        assert!(lines[4].contains("[floor]"), "{table}");
+        assert!(lines[6].ends_with("  5/6 from the pool"), "{table}");
+        assert!(
+            lines[11].ends_with("  16.0 cmd/s (160 in 10.00 s)"),
+            "{table}"
+        );
+        assert_eq!(lines[17], "ratios (higher is better)");
+        assert!(lines[18].ends_with("20.0x  target >= 20x  met"), "{table}");
+        assert!(
+            lines[23].ends_with("5.0x  target >= 10x  missed (target set for 16x10, 8 parallel)"),
+            "{table}"
+        );
+        let at_target = options(TARGET_SHAPE);
+        let table = report().table_of(&header(&at_target));
+        assert!(
+            table.trim_end().ends_with("target >= 10x  missed"),
+            "{table}"
+        );
+    }
+}
