@@ -105,7 +105,9 @@ impl Samples {
         (3 * self.starts
             + self.raw_exec
             + 2 * self.round_trips
-            + 5 * options.sandboxes * options.commands) as u64
+            // Six workload passes (through corral, plain, batch pool, reused
+            // pool, commands only through corral and raw) of N x M commands.
+            + 6 * options.sandboxes * options.commands) as u64
     }
 }
 
