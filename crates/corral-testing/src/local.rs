@@ -15,6 +15,11 @@
 //! counter reads `/sys/fs/cgroup/memory.events` of whatever cgroup the test
 //! runs in, so OOM verdicts mean nothing here (no memory limit applies).
 //!
+//! The runtime runs file operations as `/.corral/corral-agent`: the
+//! agent's directory is bind-mounted (read-only) there in the child's
+//! private mount namespace, so an empty `/.corral` directory is made on
+//! the host as the mount point, once.
+//!
 //! The backend owns the child's stdin and stdout for the child's whole
 //! life and hands the runtime a forwarding [`AgentStream`] per `connect`,
 //! like Docker's attach: a new `connect` supersedes the old stream (its
