@@ -142,7 +142,6 @@ enum Life {
 
 /// The live output stream a `connect` handed out.
 struct Session {
-    generation: u64,
     tx: mpsc::UnboundedSender<io::Result<AgentOutput>>,
     pump: JoinHandle<()>,
 }
@@ -692,14 +691,9 @@ impl Backend for LocalProcessBackend {
             let (input, from) = tokio::io::duplex(64 * 1024);
             let generation = local.generation.fetch_add(1, Ordering::SeqCst) + 1;
             let pump = tokio::spawn(pump_input(local.clone(), generation, from));
-            if let Some(old) = lock(&local.session).replace(Session {
-                generation,
-                tx,
-                pump,
-            }) {
+            if let Some(old) = lock(&local.session).replace(Session { tx, pump }) {
                 // Superseded: its output ends, its input goes nowhere.
                 old.pump.abort();
-                let _ = old.generation;
             }
             let output = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
             Ok(AgentStream {
