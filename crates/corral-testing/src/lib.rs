@@ -1,0 +1,20 @@
+//! corral-testing: **test doubles for corral's runtime. NOT A SANDBOX.**
+//!
+//! [`LocalProcessBackend`] implements [`corral_core::Backend`] by running
+//! the real `corral-agent init` as a child process of the test, as PID 1 of
+//! a fresh PID namespace (`unshare --pid --fork --mount-proc`), with no
+//! container, no filesystem isolation, no cgroup limits, no network
+//! isolation and no dropped capabilities: a command "in the sandbox" runs
+//! on the host as the test's user (root in CI). It exists so the runtime
+//! (commands, recovery, the provider, shells, files, the control stream)
+//! can be tested in milliseconds against the real agent, and so faults the
+//! Docker daemon cannot easily give (a control stream cut mid-frame, a
+//! start that hangs, a connect that fails) can be injected ([`Faults`]).
+//!
+//! Never use it for untrusted code, and never wire it into a front end:
+//! no production crate depends on this one (it is `publish = false` and
+//! only ever a dev-dependency).
+
+mod local;
+
+pub use local::{Faults, LocalConfig, LocalProcessBackend, UNSAFE_NOT_A_SANDBOX};
