@@ -12,14 +12,16 @@ use corral::{CommandSpec, Provider};
 
 const T: Duration = Duration::from_secs(15);
 
-/// Waits until pool `p` holds `n` sandboxes. Not `Provider::wait_warm`:
-/// it wakes its own waiter (`notify_waiters` after `notified()`), so it
-/// never yields and, on a current-thread runtime, starves the refiller
-/// forever (see the report of the commit that added this test).
+/// Waits until pool `p` holds `n` sandboxes, through `Provider::wait_warm`
+/// on this current-thread runtime: it used to wake its own waiter and spin
+/// without yielding, so the refiller never ran and this hung.
 async fn pooled(provider: &Provider, n: usize) {
-    while provider.stats().pooled.get("p").copied().unwrap_or(0) < n {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    assert!(
+        provider.wait_warm("p", T).await,
+        "the pool did not fill: {:?}",
+        provider.stats()
+    );
+    assert!(provider.stats().pooled.get("p").copied().unwrap_or(0) >= n);
 }
 
 fn config(max_live: usize, warm: usize) -> ProviderConfig {

@@ -747,6 +747,9 @@ impl Provider {
             return false;
         };
         let deadline = Instant::now() + timeout;
+        // Wake the refiller once, before this waits: a wake-up after the
+        // waiter exists would wake this waiter too, and it would spin.
+        self.inner.changed.notify_waiters();
         loop {
             let waiter = self.inner.changed.notified();
             if lock(&self.inner.state)
@@ -757,7 +760,6 @@ impl Provider {
             {
                 return true;
             }
-            self.inner.changed.notify_waiters();
             if tokio::time::timeout_at(deadline.into(), waiter)
                 .await
                 .is_err()
