@@ -354,10 +354,16 @@ impl Runtime {
             self.clone(),
         );
         let mut timings = started.timings;
+        let mut guard = RemoveOnDrop::new(
+            self.inner.backend.clone(),
+            sandbox.placement(),
+            sandbox.id(),
+        );
         let startup = sandbox
             .run_startup()
             .instrument(phase_span(StartPhase::Startup))
             .await;
+        guard.disarm();
         timings.startup = match startup {
             Ok(took) => took,
             Err(e) => {
@@ -508,6 +514,10 @@ impl Runtime {
             }
         };
 
+        // A caller that gives up on this start (a dropped future) must not
+        // leave the sandbox behind: its owner is alive, so no reaper would
+        // take it.
+        let mut guard = RemoveOnDrop::new(backend.clone(), placement.clone(), id);
         let t2 = Instant::now();
         let start = backend
             .start(&req, &placement)
@@ -553,6 +563,7 @@ impl Runtime {
                     m.phase(phase, took);
                 }
                 timings.total = total.elapsed();
+                guard.disarm();
                 Ok(Started {
                     placement,
                     conn,
@@ -560,6 +571,7 @@ impl Runtime {
                 })
             }
             Err(e) => {
+                guard.disarm();
                 self.inner
                     .metrics
                     .start_failures
@@ -632,5 +644,46 @@ impl Runtime {
                 .fetch_add(1, Ordering::Relaxed);
             tracing::warn!(error = %e, "engine trouble: start circuit breaker opened, slowing down new starts");
         }
+    }
+}
+
+/// Removes a sandbox whose start was abandoned half-way (the future was
+/// dropped), in the background, unless disarmed.
+struct RemoveOnDrop {
+    backend: Arc<dyn Backend>,
+    armed: Option<(Placement, String)>,
+}
+
+impl RemoveOnDrop {
+    fn new(backend: Arc<dyn Backend>, placement: Placement, sandbox_id: &str) -> Self {
+        RemoveOnDrop {
+            backend,
+            armed: Some((placement, sandbox_id.to_string())),
+        }
+    }
+
+    /// The start finished (or failed and cleaned up itself): keep it.
+    fn disarm(&mut self) {
+        self.armed = None;
+    }
+}
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let Some((placement, id)) = self.armed.take() else {
+            return;
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            // No runtime left to remove it with: the agent's dead-man switch
+            // stops it, and gc removes it once this process is gone.
+            return;
+        };
+        let backend = self.backend.clone();
+        tracing::warn!(sandbox = %id, "a sandbox start was abandoned half-way; removing it");
+        handle.spawn(async move {
+            if let Err(e) = backend.remove(&placement, &id).await {
+                tracing::warn!(sandbox = %id, error = %e, "removing an abandoned sandbox failed");
+            }
+        });
     }
 }
