@@ -560,11 +560,15 @@ fn run_json_and_the_apis_exec_result_have_the_same_keys() {
         .expect("spawn corral");
     let container = format!("label=corral.owner.pid={}", child.id());
     let deadline = Instant::now() + Duration::from_secs(60);
-    while leftovers(&container).is_empty() {
-        assert!(Instant::now() < deadline, "sandbox never appeared");
+    // Killed once the command runs (not during the start, which a loaded
+    // machine can stretch past any fixed sleep).
+    while !leftovers(&container)
+        .split_whitespace()
+        .any(|id| command_runs(id, "sleep 30"))
+    {
+        assert!(Instant::now() < deadline, "the command never started");
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_millis(500));
     docker_kill(&leftovers(&container));
     let out = child.wait_with_output().expect("wait corral");
     let cli: Value = serde_json::from_slice(&out.stdout).expect("corral run --json");
@@ -586,7 +590,11 @@ fn run_json_and_the_apis_exec_result_have_the_same_keys() {
                 Some(&serde_json::json!({"command": "sleep 30"})),
             )
         });
-        std::thread::sleep(Duration::from_secs(1));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !command_runs(&container, "sleep 30") {
+            assert!(Instant::now() < deadline, "the command never started");
+            std::thread::sleep(Duration::from_millis(100));
+        }
         docker_kill(&container);
         exec.join().expect("exec thread")
     });
@@ -604,4 +612,13 @@ fn run_json_and_the_apis_exec_result_have_the_same_keys() {
     let filter = served.filter();
     drop(served);
     assert_eq!(leftovers(&filter), "", "corral serve left a sandbox");
+}
+
+/// Whether a process whose command line contains `cmd` runs in `container`.
+fn command_runs(container: &str, cmd: &str) -> bool {
+    Command::new("docker")
+        .args(["top", container])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(cmd))
+        .unwrap_or(false)
 }

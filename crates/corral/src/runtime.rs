@@ -572,6 +572,19 @@ impl Runtime {
             }
             Err(e) => {
                 guard.disarm();
+                // A handshake that failed because the container died (killed
+                // or removed while starting) is that loss, not an agent error.
+                let e = match backend.state(&placement).await {
+                    Ok(state)
+                        if e.kind() == FailureKind::AgentError && !state.status.is_running() =>
+                    {
+                        Error::ContainerLost {
+                            sandbox: id.to_string(),
+                            state: Box::new(state),
+                        }
+                    }
+                    _ => e,
+                };
                 self.inner
                     .metrics
                     .start_failures
