@@ -184,3 +184,51 @@ async fn a_start_abandoned_by_its_caller_leaves_nothing_behind() {
     })
     .await;
 }
+
+/// A shell session whose sandbox dies mid-command: the recovery policy
+/// applies at once, as for any command. Under `recreate` the sandbox is
+/// back before the result returns and the next shell command runs in a
+/// fresh shell; under `fail` the sandbox is finished.
+#[tokio::test]
+async fn a_shell_session_losing_its_sandbox_follows_the_recovery_policy() {
+    for recovery in [Recovery::Recreate, Recovery::Fail] {
+        let h = harness();
+        let mut s = spec();
+        s.recovery = recovery;
+        within(T, async {
+            let sb = h.runtime.create(&s).await.expect("create");
+            let old = sb.placement();
+            let shell = sb.shell("main");
+            let r = shell.run("export KEPT=1", Some(T), 1 << 20).await;
+            assert!(r.result.failure.is_none(), "{:?}", r.result.failure);
+            let run = {
+                let shell = shell.clone();
+                tokio::spawn(async move { shell.run("sleep 5", Some(T), 1 << 20).await })
+            };
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            h.backend.kill(&old);
+            let r = run.await.expect("join");
+            let f = r.result.failure.expect("typed failure");
+            assert_eq!(f.kind, FailureKind::ContainerLost, "{recovery:?}: {f}");
+            match recovery {
+                Recovery::Recreate => {
+                    // Recreated by the time the failure came back.
+                    assert_ne!(sb.placement(), old, "recreated at once");
+                    assert_eq!(h.runtime.metrics().recreated, 1);
+                    let next = shell.run("echo ${KEPT:-fresh}", Some(T), 1 << 20).await;
+                    assert!(next.restarted, "a fresh shell");
+                    assert_eq!(next.result.stdout, b"fresh\n");
+                }
+                Recovery::Fail => {
+                    assert!(sb.dead().is_some(), "marked dead at once");
+                    let next = sb.run(&CommandSpec::shell("echo hi")).await;
+                    let f2 = next.failure.expect("still lost");
+                    assert_eq!(f2.kind, FailureKind::ContainerLost, "{f2}");
+                }
+            }
+            sb.destroy().await.expect("destroy");
+            assert_eq!(h.backend.count(), 0);
+        })
+        .await;
+    }
+}

@@ -256,8 +256,8 @@ impl Sandbox {
     }
 
     /// Applies the sandbox's [`Recovery`] policy to a command's failure:
-    /// the one place it is decided, for `run`, `exec`, shells, the
-    /// provider and the front ends. A failure that is not the loss of the
+    /// the one place it is decided, for `run`, `exec`, shells and the
+    /// front ends (`corral run`'s stdin replay). A failure that is not the loss of the
     /// container changes nothing. Under `fail` the sandbox is marked dead
     /// and every later command returns this failure; under `recreate` the
     /// container is brought back (adopted or started anew under the same

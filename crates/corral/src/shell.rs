@@ -34,7 +34,7 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::host::random_hex;
-use crate::sandbox::{ExecEvent, Execution, OutputStream, StdinWriter};
+use crate::sandbox::{ExecEvent, Execution, OutputStream, Recovered, StdinWriter};
 use crate::Sandbox;
 
 /// How long an interrupted command may take to stop before the session's
@@ -469,6 +469,14 @@ impl ShellSession {
         result.duration = started.elapsed();
         if ended {
             *slot = None;
+            // A lost container: the sandbox's recovery policy applies now,
+            // as for any command. The command is not run again: the shell's
+            // state (cwd, variables) went with the container.
+            if let Some(f) = &result.failure {
+                if let Recovered::Failed(f) = self.sandbox.recover_from(f).await {
+                    result.failure = Some(f);
+                }
+            }
         } else if let Some(shell) = slot.as_mut() {
             shell.exec.set_output_budget(IDLE_OUTPUT_CAP);
             // Dropped while this command ran (a reader slower than the
