@@ -91,10 +91,11 @@ def test_sigterm_mid_episode_removes_the_sandbox(corral_url, corral_spec):
 
 
 def test_sigterm_chains_to_the_previous_handler(corral_url, corral_spec):
-    body = """\
-    import signal
-    signal.signal(signal.SIGTERM, lambda s, f: (print("previous handler ran", flush=True), sys.exit(7)))
-    """ + MINI_EPISODE
+    body = (
+        "import signal\n"
+        'signal.signal(signal.SIGTERM, lambda s, f: (print("previous handler ran", flush=True), sys.exit(7)))\n'
+        + MINI_EPISODE
+    )
     case, proc = _child(corral_url, corral_spec, body)
     _wait_line(proc, "ready")
     time.sleep(1.0)

@@ -83,7 +83,7 @@ def test_mini_cli_environment_class_route(corral_url, tmp_path):
             "base_url": corral_url,
             "cwd": "/work/project",
         },
-        "model": {"model_class": "deterministic", "outputs": _episode_outputs()},
+        "model": {"model_class": "deterministic", "model_name": "deterministic", "outputs": _episode_outputs()},
     }
     cfg = tmp_path / "corral.yaml"
     cfg.write_text(yaml.safe_dump(ours))

@@ -78,7 +78,7 @@ Deliberate differences:
   :class:`corral.CorralError` with ``retryable``), where the original raised
   the Docker SDK's ``APIError``; ``GenericSandboxEnv.reset``'s retry keeps
   working.
-
+"""
 
 from __future__ import annotations
 
