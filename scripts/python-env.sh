@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates (or updates) the Python environment of the Python client's tests
 # and benchmark: a venv at target/pyenv with the client installed editable
-# (clients/python), pytest, pytest-asyncio and mcp. Quick when nothing
+# (clients/python), pytest, pytest-asyncio, mcp and mini-swe-agent (pinned:
+# the adapter tests run its real agent). Quick when nothing
 # changed: a stamp of the inputs is kept in the venv.
 #
 #   scripts/python-env.sh          # then: target/pyenv/bin/python ...
@@ -11,7 +12,7 @@ cd "$(dirname "$0")/.."
 
 venv=target/pyenv
 python=${PYTHON:-python3}
-reqs=(pytest pytest-asyncio mcp)
+reqs=(pytest pytest-asyncio mcp "mini-swe-agent==2.4.6")
 
 if ! command -v "$python" >/dev/null 2>&1; then
   echo "python-env: $python not found (install python3 and python3-venv)" >&2
@@ -28,7 +29,7 @@ stamp_of() {
 want=$(stamp_of)
 
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.corral-stamp" ] && [ "$(cat "$venv/.corral-stamp")" = "$want" ] \
-   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, mcp' >/dev/null 2>&1; then
+   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, mcp, minisweagent' >/dev/null 2>&1; then
   echo "python-env: $venv is up to date"
   exit 0
 fi

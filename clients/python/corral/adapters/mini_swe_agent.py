@@ -12,8 +12,8 @@ or in Python, where ``DockerEnvironment`` was imported::
     from corral.adapters.mini_swe_agent import CorralEnvironment as DockerEnvironment
 
 ``CorralEnvironment(**kwargs)`` takes ``DockerEnvironmentConfig``'s keys
-(``image``, ``cwd``, ``env``, ``forward_env``, ``timeout``, ``interpreter``;
-the Docker-CLI-only ``executable``, ``run_args``, ``container_timeout`` and
+(``image``, ``cwd``, ``env``, ``forward_env``, ``timeout``, ``interpreter``,
+``container_timeout``; the Docker-CLI-only ``executable``, ``run_args`` and
 ``pull_timeout`` are accepted and ignored) plus corral's (``base_url``,
 ``token``, ``spec``, ``profile``, ``session``, ``max_output``), starts the
 sandbox at once, and has the same methods:
@@ -33,9 +33,41 @@ sandbox at once, and has the same methods:
   a 1.x string action. Output whose first line is
   ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`` with return code 0 raises
   mini-swe-agent's ``Submitted``, as its environments do.
-* ``get_template_vars(**kwargs)``: the config merged with ``kwargs`` (the
-  token is never included); ``serialize()``; ``cleanup()`` deletes the
-  sandbox (also on garbage collection).
+* ``get_template_vars(**kwargs)``: the config, ``platform.uname()``'s keys
+  (``system``, ``release``, ``version``, ``machine``, ``node``, as
+  ``DockerEnvironment`` gives them: the stock ``mini.yaml`` and
+  ``default.yaml`` templates need them) and ``kwargs`` (the token is never
+  included); ``serialize()``; ``cleanup()`` deletes the sandbox.
+
+As ``DockerEnvironment`` does:
+
+* the configured ``cwd`` is created when the image lacks it (``docker run -w``
+  creates it), so ``swebench.yaml``'s ``/testbed`` works on any image;
+* ``container_timeout`` (``sleep``'s syntax: ``"2h"``, ``"30m"``, ``"90"``,
+  ``"infinity"``) bounds the sandbox's life: after it the sandbox is deleted
+  and commands fail, as ``docker exec`` into the stopped container does;
+* the output is all of it: up to ``max_output`` bytes (default 64 MiB) per
+  command. Beyond that corral keeps the head and the tail, and the text says
+  so at the cut (``[... N bytes elided by corral ...]``): it never joins
+  them silently;
+* a command returns when its output streams close, so a background job that
+  keeps them open is waited for (bounded by the timeout), as ``docker exec``
+  waits for it (with a client that has ``wait_for_output``).
+
+The sandbox is deleted by ``cleanup()``, when the environment is garbage
+collected, at interpreter exit (a crash included) and on SIGTERM (the handler
+chains to the one it replaced): never left running. ``DockerEnvironment``
+relies on ``__del__``, which fails during interpreter shutdown.
+
+Deliberate differences (corral is stricter):
+
+* a timed-out command's whole process tree is killed, where ``docker exec``
+  leaves the command's children running in the container;
+* stdout and stderr keep the order in which they were written (both go to one
+  pipe inside the sandbox), where the Docker CLI's demultiplexing may reorder
+  them;
+* an invalid ``container_timeout`` raises ``ValueError`` at construction,
+  where Docker starts a container whose ``sleep`` exits at once.
 """
 
 from __future__ import annotations
@@ -43,17 +75,42 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import platform
+import re
 import subprocess
+import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Union
 
 from ..client import Client, Sandbox
 from ..errors import CorralError
 from ..models import CommandResult
+from . import _output, _reaper
 
-__all__ = ["CorralEnvironment", "CorralEnvironmentConfig", "Submitted", "recursive_merge"]
+__all__ = ["CorralEnvironment", "CorralEnvironmentConfig", "Submitted", "parse_container_timeout", "recursive_merge"]
 
 FINAL_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+
+#: Bytes of output kept per command by default: "everything", as
+#: ``DockerEnvironment`` returns, within a bound (head and tail beyond it).
+DEFAULT_MAX_OUTPUT = 64 << 20
+
+_SLEEP_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_container_timeout(value: Union[str, int, float]) -> Optional[float]:
+    """``sleep``'s duration (``"2h"``, ``"30m"``, ``"90"``, ``"1.5d"``) in
+    seconds; ``None`` for ``"infinity"``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip().lower()
+    if text in ("inf", "infinity"):
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)([smhd]?)", text)
+    if not m:
+        raise ValueError(f"container_timeout: expected a duration like '2h', '30m' or '90', got {value!r}")
+    return float(m.group(1)) * _SLEEP_UNITS[m.group(2)]
 
 try:  # mini-swe-agent 2.x
     from minisweagent.exceptions import Submitted as Submitted  # type: ignore[import-not-found]
@@ -89,10 +146,11 @@ class CorralEnvironmentConfig:
     """Timeout for executing commands, in seconds."""
     interpreter: List[str] = field(default_factory=lambda: ["bash", "-lc"])
     """Interpreter the command is appended to."""
+    container_timeout: str = "2h"
+    """Max duration to keep the sandbox (``sleep``'s syntax); then it is deleted."""
     # Docker CLI keys of DockerEnvironmentConfig: accepted, not used.
     executable: str = "docker"
     run_args: List[str] = field(default_factory=lambda: ["--rm"])
-    container_timeout: str = "2h"
     pull_timeout: int = 120
     # corral
     base_url: Optional[str] = None
@@ -107,7 +165,8 @@ class CorralEnvironmentConfig:
     session: Optional[str] = None
     """Session key (the same key gets the same sandbox)."""
     max_output: Optional[int] = None
-    """Bytes of output kept (head and tail); ``None``: the service's 1 MiB."""
+    """Bytes of output kept per command; ``None``: 64 MiB. Beyond it the head
+    and the tail are kept, joined by a line saying how many bytes were elided."""
 
     def model_dump(self, mode: str = "python", **_: Any) -> Dict[str, Any]:
         """The config as a dict (pydantic's name, for code that calls it)."""
@@ -145,9 +204,12 @@ class CorralEnvironment:
     ) -> None:
         self.logger = logger or logging.getLogger("minisweagent.environment")
         self.config = config_class(**kwargs)
+        lifetime = parse_container_timeout(self.config.container_timeout)
         self._owns_client = client is None
         self._client = client or Client(self.config.base_url, token=self.config.token)
         self._sandbox: Optional[Sandbox] = None
+        self._reaper_key: Optional[int] = None
+        self._expiry: Optional[threading.Timer] = None
         try:
             self._sandbox = self._client.sandbox(
                 image=self.config.image if self.config.spec is None else None,
@@ -155,11 +217,28 @@ class CorralEnvironment:
                 profile=self.config.profile,
                 session=self.config.session,
             )
+            self._reaper_key = _reaper.track(
+                self._sandbox.id, _reaper.client_factory(self.config.base_url, self.config.token, client)
+            )
+            self._make_cwd()
         except BaseException:
-            if self._owns_client:
-                self._client.close()
+            self.cleanup()
             raise
+        if lifetime is not None:
+            # `docker run ... sleep <container_timeout>`: the container ends then.
+            self._expiry = threading.Timer(lifetime, _reaper.delete_now, args=(self._reaper_key,))
+            self._expiry.daemon = True
+            self._expiry.start()
         self.logger.info("Started corral sandbox %s (container %s)", self._sandbox.id, self.container_id)
+
+    def _make_cwd(self) -> None:
+        """``docker run -w DIR`` creates DIR when the image lacks it."""
+        cwd = self.config.cwd
+        if not cwd or cwd == "/":
+            return
+        r = self.sandbox.run(["mkdir", "-p", cwd], timeout=60, raise_on_failure=False)
+        if r.failure is not None or r.exit_code != 0:
+            self.logger.warning("could not create the working directory %s: %s", cwd, r.output.strip())
 
     def _spec(self) -> Optional[Dict[str, Any]]:
         if self.config.spec is None:
@@ -202,8 +281,9 @@ class CorralEnvironment:
                 timeout=limit if limit else None,
                 cwd=cwd or None,
                 env=env or None,
-                max_output=self.config.max_output,
+                max_output=self.config.max_output or DEFAULT_MAX_OUTPUT,
                 raise_on_failure=False,
+                **_output.wait_for_output_kwargs(self.sandbox),
             )
         except CorralError as err:
             # The service refused before running it (sandbox gone, lost
@@ -227,7 +307,10 @@ class CorralEnvironment:
         return output
 
     def _observation(self, result: CommandResult, command: str, limit: Any, legacy: bool) -> Dict[str, Any]:
-        text = result.stdout + result.stderr
+        # The interpreter's stderr goes to stdout inside the sandbox; stderr only
+        # holds what /bin/sh itself said.
+        text = _output.joined(result.stdout_bytes, result.stdout_truncated, result.stdout_total_bytes)
+        text += _output.joined(result.stderr_bytes, result.stderr_truncated, result.stderr_total_bytes)
         failure = result.failure
         if failure is None:
             code = result.exit_code
@@ -282,7 +365,7 @@ class CorralEnvironment:
             )
 
     def get_template_vars(self, **kwargs: Any) -> Dict[str, Any]:
-        return recursive_merge(self.config.model_dump(), kwargs)
+        return recursive_merge(self.config.model_dump(), platform.uname()._asdict(), kwargs)
 
     def serialize(self) -> Dict[str, Any]:
         return {
@@ -296,12 +379,18 @@ class CorralEnvironment:
 
     def cleanup(self) -> None:
         """Delete the sandbox (its container is removed)."""
+        expiry, self._expiry = getattr(self, "_expiry", None), None
+        if expiry is not None:
+            expiry.cancel()
         sb, self._sandbox = getattr(self, "_sandbox", None), None
+        key, self._reaper_key = getattr(self, "_reaper_key", None), None
         try:
             if sb is not None:
                 sb.delete()
+            _reaper.release(key)
         except CorralError as err:
             self.logger.warning("could not delete corral sandbox %s: %s", sb.id if sb else "?", err)
+            # Left registered: the exit hook tries again.
         finally:
             if getattr(self, "_owns_client", False) and getattr(self, "_client", None) is not None:
                 self._client.close()
@@ -314,6 +403,10 @@ class CorralEnvironment:
         self.cleanup()
 
     def __del__(self) -> None:
+        # During interpreter shutdown imports fail; the exit hook of
+        # corral.adapters._reaper has deleted the sandbox by then.
+        if sys.is_finalizing():
+            return
         try:
             self.cleanup()
         except Exception:

@@ -1,47 +1,104 @@
 """A drop-in for open-instruct's code-execution ``SandboxBackend``
 (``open_instruct/environments/backends.py``) running on corral.
 
-The one-line switch, where ``DockerBackend`` was imported::
+The one-line switch
+-------------------
 
-    from corral.adapters.open_instruct import CorralBackend as DockerBackend
+open-instruct never names ``DockerBackend`` where it runs commands:
+``GenericSandboxEnv._do_reset`` (``open_instruct/environments/generic_sandbox.py``)
+calls ``create_backend(self._backend_type, **bkwargs)``, a name it imported
+with ``from .backends import SandboxBackend, create_backend``, and under Ray
+that call runs inside every ``EnvironmentPool`` actor process
+(``open_instruct/environments/pool.py`` makes one actor per pool slot). So the
+switch replaces that factory, in the driver and in every Ray worker::
+
+    import corral.adapters.open_instruct; corral.adapters.open_instruct.install()
+
+before ``ray.init`` (e.g. at the top of ``grpo_fast.py``'s ``main``).
+:func:`install` patches ``create_backend`` in ``open_instruct.environments``,
+``.backends`` and ``.generic_sandbox`` (``"docker"`` and ``"corral"`` then
+give a :class:`CorralBackend`), and sets ``RAY_RUNTIME_ENV_HOOK`` so that
+the next ``ray.init`` adds ``worker_process_setup_hook:
+corral.adapters.open_instruct.install`` to the job's runtime env: every Ray
+worker runs it before it creates an actor. The hook chains to an earlier
+``RAY_RUNTIME_ENV_HOOK`` and an earlier ``worker_process_setup_hook``; keyword
+arguments of :func:`install` (``base_url``, ``shell``, ``profile``, ...)
+reach the workers through the runtime env's ``env_vars``. Without touching
+open-instruct's code at all, ``runtime_env={"worker_process_setup_hook":
+"corral.adapters.open_instruct.install"}`` in your own ``ray.init`` does the
+same for the workers. The service is found as the client finds it
+(``$CORRAL_URL``, ``$CORRAL_TOKEN``, which open-instruct's ``ray.init``
+forwards to the workers with the rest of ``os.environ``).
+
+``from corral.adapters.open_instruct import CorralBackend as DockerBackend``
+still works for code that constructs the backend itself.
+
+The backend
+-----------
 
 ``CorralBackend`` has the same constructor arguments as open-instruct's
 ``DockerBackend`` (``image``, ``timeout`` in seconds per command,
-``mem_limit`` like ``"4g"``, default: the service's limit) plus corral's own (``base_url``, ``token``,
-``spec``, ``profile``, ``client``), and the same methods:
+``mem_limit`` like ``"4g"``, default: the service's limit) plus corral's own
+(``base_url``, ``token``, ``spec``, ``profile``, ``client``, ``shell``), and
+the same methods, with ``DockerBackend``'s behaviour:
 
 * ``start()`` creates the sandbox;
-* ``run_command(command, timeout=None)`` runs ``command`` with
-  ``bash -c`` and returns ``ExecutionResult(stdout, stderr, exit_code)``; a
-  command past its timeout gives exit code 124 and a
-  ``"Command timed out after Ns."`` line before its stderr, an OOM-killed one
-  137, as a ``timeout``/``docker exec`` pair would. ``timeout`` overrides the
-  constructor's for one call (the original takes none);
-* ``write_file(path, content)`` (str or bytes; parents are created),
-  ``read_file(path, binary=False)`` (``FileNotFoundError`` when missing,
-  ``IsADirectoryError`` for a directory);
+* ``run_command(command, timeout=None)`` runs ``command`` with ``bash -c``
+  and returns ``ExecutionResult(stdout, stderr, exit_code)``. Each stream
+  keeps its first 1,000,000 bytes, the rest is dropped (as
+  ``DockerBackend._MAX_OUTPUT_BYTES``). A command past its timeout gives exit
+  code 124 and a ``"Command timed out after Ns."`` line before its stderr, as
+  ``timeout --signal=TERM --kill-after=10 N bash -c ...`` does, and so does a
+  command that itself exits 124 (``DockerBackend`` tells them apart by the
+  exit code alone). OOM-killed: 137. The command returns when its output
+  streams close, so a background job holding them is waited for (bounded by
+  the timeout), as ``exec_run`` does (with a client that has
+  ``wait_for_output``). ``timeout`` overrides the constructor's for one call
+  (the original takes none);
+* ``write_file(path, content)`` (str or bytes), ``read_file(path,
+  binary=False)`` (``FileNotFoundError`` when missing, ``IsADirectoryError``
+  for a directory). A relative path is resolved against ``/``, as the Docker
+  archive API resolves it (the editor tool passes model-written paths such as
+  ``relative.txt``);
 * ``close()`` deletes the sandbox.
 
-A lost container or an unreachable service raises corral's typed error
-(``SandboxContainerLostError``, ``DaemonUnavailableError``, ...: all
-:class:`corral.CorralError` with ``retryable``), where the original raised the
-Docker SDK's ``APIError``; the caller's retry around ``start()``/``reset()``
-keeps working. ``create_backend("corral", ...)`` (or ``"docker"``) mirrors
-open-instruct's factory.
+The sandbox is also deleted at interpreter exit (a crash included) and on
+SIGTERM (the handler chains to the one it replaced, e.g. Ray's).
+
+Deliberate differences:
+
+* ``write_file`` creates missing parent directories, where ``put_archive``
+  raises ``docker.errors.NotFound`` (``GenericSandboxEnv``'s editor runs
+  ``mkdir -p`` first anyway, so it sees no difference);
+* a timed-out command's whole process tree is killed at once, where
+  ``timeout`` sends SIGTERM to ``bash`` and SIGKILL 10 s later, leaving
+  children that ignore it running;
+* a lost container or an unreachable service raises corral's typed error
+  (``SandboxContainerLostError``, ``DaemonUnavailableError``, ...: all
+  :class:`corral.CorralError` with ``retryable``), where the original raised
+  the Docker SDK's ``APIError``; ``GenericSandboxEnv.reset``'s retry keeps
+  working.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import posixpath
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 from ..client import Client, Sandbox
 from ..errors import CorralError, SandboxFileNotFoundError
 from ..models import CommandResult
+from . import _output, _reaper
 
-__all__ = ["ExecutionResult", "CorralBackend", "create_backend", "parse_mem_limit"]
+__all__ = ["ExecutionResult", "CorralBackend", "create_backend", "install", "parse_mem_limit", "resolve_path"]
+
+#: Bytes of each stream ``DockerBackend.run_command`` keeps (the first ones).
+MAX_OUTPUT_BYTES = 1_000_000
 
 
 @dataclass
@@ -68,14 +125,17 @@ def parse_mem_limit(value: Union[str, int, None]) -> Optional[int]:
     return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
-def _quote(s: str) -> str:
-    return "'" + s.replace("'", "'\"'\"'") + "'"
+def resolve_path(path: str) -> str:
+    """A path as the Docker archive API resolves it: relative to ``/``."""
+    if path.startswith("/"):
+        return path
+    return posixpath.normpath("/" + path)
 
 
 class CorralBackend:
     """open-instruct's ``SandboxBackend`` on a corral sandbox."""
 
-    _MAX_OUTPUT_BYTES = 1_000_000
+    _MAX_OUTPUT_BYTES = MAX_OUTPUT_BYTES
 
     def __init__(
         self,
@@ -119,6 +179,7 @@ class CorralBackend:
         self._base_url = base_url
         self._token = token
         self._sandbox: Optional[Sandbox] = None
+        self._reaper_key: Optional[int] = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -148,13 +209,19 @@ class CorralBackend:
             spec=spec,
             profile=self._profile,
         )
+        self._reaper_key = _reaper.track(
+            self._sandbox.id,
+            _reaper.client_factory(self._base_url, self._token, None if self._owns_client else self._client),
+        )
 
     def close(self) -> None:
         """Delete the sandbox (and close the client this backend made)."""
         sb, self._sandbox = self._sandbox, None
+        key, self._reaper_key = self._reaper_key, None
         try:
             if sb is not None:
                 sb.delete()
+            _reaper.release(key)
         finally:
             if self._owns_client and self._client is not None:
                 self._client.close()
@@ -180,18 +247,29 @@ class CorralBackend:
         """Execute a shell command in the sandbox."""
         sb = self.sandbox
         limit = self._timeout if timeout is None else timeout
+        # Twice the cap: corral's head (the first half) then holds the first
+        # _MAX_OUTPUT_BYTES, which is what DockerBackend keeps.
         result: CommandResult = sb.run(
             [self._shell, "-c", command],
             timeout=limit if limit else None,
-            max_output=self._MAX_OUTPUT_BYTES,
+            max_output=2 * self._MAX_OUTPUT_BYTES,
             raise_on_failure=False,
+            **_output.wait_for_output_kwargs(sb),
         )
         failure = result.failure
-        stdout, stderr = result.stdout, result.stderr
+        stdout = _output.head_only(result.stdout_bytes, result.stdout_truncated, self._MAX_OUTPUT_BYTES).decode(
+            "utf-8", errors="replace"
+        )
+        stderr = _output.head_only(result.stderr_bytes, result.stderr_truncated, self._MAX_OUTPUT_BYTES).decode(
+            "utf-8", errors="replace"
+        )
         if failure is None:
             code = result.exit_code
             if code is None:
                 code = 128 + result.signal if result.signal else -1
+            if code == 124:
+                # DockerBackend knows a timeout by `timeout`'s exit code only.
+                stderr = f"Command timed out after {limit}s.\n" + stderr
             return ExecutionResult(stdout=stdout, stderr=stderr, exit_code=code)
         if failure.kind == "timeout":
             return ExecutionResult(
@@ -207,19 +285,21 @@ class CorralBackend:
     # -- files -------------------------------------------------------------
 
     def write_file(self, path: str, content: Union[str, bytes]) -> None:
-        """Write a file to the sandbox filesystem."""
-        self.sandbox.write_file(path, content, mkdirs=True)
+        """Write a file to the sandbox filesystem (a relative path is
+        relative to ``/``; missing parents are created)."""
+        self.sandbox.write_file(resolve_path(path), content, mkdirs=True)
 
     def read_file(self, path: str, binary: bool = False) -> Union[str, bytes]:
         """Read a file from the sandbox filesystem."""
         sb = self.sandbox
+        target = resolve_path(path)
         try:
-            data = sb.read_file(path)
+            data = sb.read_file(target)
         except SandboxFileNotFoundError:
             raise FileNotFoundError(f"File not found in container: '{path}'") from None
         except CorralError as err:
             if err.field == "path" or err.kind in ("invalid_request", "file_error"):
-                if _is_dir(sb, path):
+                if _is_dir(sb, target):
                     raise IsADirectoryError(f"Path '{path}' is a directory, not a file.") from None
                 raise FileNotFoundError(f"Failed to read file '{path}': {err.message}") from None
             raise
@@ -238,10 +318,127 @@ def _is_dir(sb: Sandbox, path: str) -> bool:
 
 def create_backend(backend_type: str = "corral", **kwargs: Any) -> CorralBackend:
     """open-instruct's factory: a backend, not yet started. ``"corral"`` and
-    ``"docker"`` both give a :class:`CorralBackend`."""
+    ``"docker"`` both give a :class:`CorralBackend`; the keyword arguments
+    given to :func:`install` are its defaults."""
     if backend_type in ("corral", "docker"):
-        return CorralBackend(**kwargs)
+        return CorralBackend(**{**_defaults, **kwargs})
     raise ValueError(f"Unknown backend type: {backend_type}. Supported: 'corral', 'docker'.")
+
+
+#: Modules of open-instruct that hold a ``create_backend`` name to replace:
+#: the definition, the package's re-export, and GenericSandboxEnv's
+#: ``from .backends import create_backend``.
+OPEN_INSTRUCT_MODULES = (
+    "open_instruct.environments.backends",
+    "open_instruct.environments",
+    "open_instruct.environments.generic_sandbox",
+)
+
+#: The environment variable carrying :func:`install`'s keyword arguments to
+#: Ray workers (JSON).
+DEFAULTS_ENV = "CORRAL_OPEN_INSTRUCT_DEFAULTS"
+_RAY_HOOK_ENV = "RAY_RUNTIME_ENV_HOOK"
+_PREVIOUS_RAY_HOOK_ENV = "CORRAL_PREVIOUS_RAY_RUNTIME_ENV_HOOK"
+_SETUP_HOOK = "corral.adapters.open_instruct.install"
+
+_defaults: Dict[str, Any] = {}
+
+
+def install(*, ray: bool = True, **defaults: Any) -> None:
+    """Make open-instruct's ``create_backend`` give :class:`CorralBackend`
+    (for ``"docker"`` and ``"corral"``), here and, with ``ray=True``, in
+    every Ray worker started by a later ``ray.init`` in this process.
+
+    ``defaults`` are :class:`CorralBackend` keyword arguments applied to
+    every backend (``base_url``, ``profile``, ``shell``, ``spec``, ...;
+    JSON-serialisable, as they travel to the workers in ``$CORRAL_OPEN_INSTRUCT_DEFAULTS``;
+    pass the token as ``$CORRAL_TOKEN``, not here). Called with no
+    arguments (as Ray's ``worker_process_setup_hook`` calls it), the
+    defaults come from that variable. Safe to call more than once. Raises
+    ``ImportError`` when open-instruct is not importable.
+    """
+    global _defaults
+    if defaults:
+        try:
+            encoded = json.dumps(defaults)
+        except TypeError as err:
+            raise TypeError(f"install: defaults must be JSON-serialisable to reach Ray workers: {err}") from None
+        os.environ[DEFAULTS_ENV] = encoded
+        _defaults = dict(defaults)
+    else:
+        _defaults = _env_defaults()
+    import importlib
+
+    for name in OPEN_INSTRUCT_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            if name == OPEN_INSTRUCT_MODULES[0]:
+                raise
+            continue
+        if hasattr(mod, "create_backend"):
+            setattr(mod, "create_backend", create_backend)
+    _register_with_open_instruct()
+    if ray:
+        _chain_ray_hook()
+
+
+def _env_defaults() -> Dict[str, Any]:
+    raw = os.environ.get(DEFAULTS_ENV)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as err:
+        raise ValueError(f"${DEFAULTS_ENV}: not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"${DEFAULTS_ENV}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _chain_ray_hook() -> None:
+    current = os.environ.get(_RAY_HOOK_ENV)
+    ours = f"{__name__}.ray_runtime_env_hook"
+    if current == ours:
+        return
+    if current:
+        os.environ[_PREVIOUS_RAY_HOOK_ENV] = current
+    os.environ[_RAY_HOOK_ENV] = ours
+
+
+def ray_runtime_env_hook(runtime_env: Any) -> Any:
+    """Ray's ``RAY_RUNTIME_ENV_HOOK`` (set by :func:`install`): runs an
+    earlier hook, then adds ``worker_process_setup_hook`` (chained to one
+    already there) and :func:`install`'s defaults to the job's runtime env."""
+    previous = os.environ.get(_PREVIOUS_RAY_HOOK_ENV)
+    if previous:
+        runtime_env = _load(previous)(runtime_env)
+    env: Dict[str, Any] = dict(runtime_env or {})
+    setup = env.get("worker_process_setup_hook")
+    if setup is None or setup == _SETUP_HOOK:
+        env["worker_process_setup_hook"] = _SETUP_HOOK
+    else:
+        import functools
+
+        env["worker_process_setup_hook"] = functools.partial(_chained_setup, setup)
+    env_vars = dict(env.get("env_vars") or {})
+    if DEFAULTS_ENV in os.environ:
+        env_vars.setdefault(DEFAULTS_ENV, os.environ[DEFAULTS_ENV])
+    if env_vars:
+        env["env_vars"] = env_vars
+    return env
+
+
+def _chained_setup(previous: Union[str, Callable[[], Any]]) -> None:
+    install(ray=False)
+    (_load(previous) if isinstance(previous, str) else previous)()
+
+
+def _load(path: str) -> Callable[..., Any]:
+    import importlib
+
+    module, _, attr = path.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
 
 
 def _register_with_open_instruct() -> None:
@@ -258,4 +455,3 @@ def _register_with_open_instruct() -> None:
 
 
 _register_with_open_instruct()
-

@@ -1,0 +1,151 @@
+"""Removes the sandboxes the adapters made when the process ends: at
+interpreter exit (a crash included: an uncaught exception still runs
+``atexit``) and on SIGTERM, whatever the caller forgot to clean up.
+
+Frameworks clean up in ``__del__``, which runs during interpreter shutdown
+when imports already fail (``ImportError: sys.meta_path is None``), and not
+at all on SIGTERM. Here every live sandbox is registered; the ``atexit`` hook
+and a SIGTERM handler delete what is still registered. The handler then
+chains to the handler it replaced (or, if that was the default, re-raises
+the signal with the default action so the process still dies of SIGTERM).
+
+Deletion at exit or on a signal uses a fresh connection to the service: the
+signal may have interrupted a request on the adapter's own client mid-way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
+
+from ..client import Client
+
+log = logging.getLogger("corral.adapters")
+
+_lock = threading.RLock()
+_entries: Dict[int, "_Entry"] = {}
+_next_key = 0
+_atexit_registered = False
+_previous_handlers: Dict[int, Any] = {}
+
+#: The signals on which registered sandboxes are deleted.
+SIGNALS = (signal.SIGTERM,)
+
+
+@dataclass
+class _Entry:
+    sandbox_id: str
+    new_client: Callable[[], Client]
+
+
+def client_factory(base_url: Optional[str], token: Optional[str], client: Optional[Client]) -> Callable[[], Client]:
+    """How to reach the service again from scratch: the adapter's own
+    ``base_url``/``token`` or, for a caller's client, its URL and token."""
+    if client is None:
+        return lambda: Client(base_url, token=token)
+    url = client.base_url
+    tok = getattr(getattr(client, "_tokens", None), "token", None)
+    return lambda: Client(url, token=tok)
+
+
+def track(sandbox_id: str, new_client: Callable[[], Client]) -> int:
+    """Register a live sandbox; returns the key to :func:`release` it with."""
+    global _next_key
+    with _lock:
+        _next_key += 1
+        key = _next_key
+        _entries[key] = _Entry(sandbox_id, new_client)
+    _install()
+    return key
+
+
+def release(key: Optional[int]) -> None:
+    """Forget a sandbox (it was deleted, or is about to be, by its owner)."""
+    if key is None:
+        return
+    with _lock:
+        _entries.pop(key, None)
+
+
+def delete_now(key: Optional[int]) -> None:
+    """Delete one registered sandbox over a fresh connection (for timers and
+    other threads that must not share the owner's client)."""
+    if key is None:
+        return
+    with _lock:
+        entry = _entries.pop(key, None)
+    if entry is not None:
+        _delete(entry)
+
+
+def reap_all() -> int:
+    """Delete every registered sandbox; returns how many were registered."""
+    with _lock:
+        entries = list(_entries.values())
+        _entries.clear()
+    for entry in entries:
+        _delete(entry)
+    return len(entries)
+
+
+def live_count() -> int:
+    with _lock:
+        return len(_entries)
+
+
+def _delete(entry: _Entry) -> None:
+    try:
+        client = entry.new_client()
+    except Exception as err:  # noqa: BLE001 - best effort at exit
+        log.warning("corral: could not reach the service to delete sandbox %s: %s", entry.sandbox_id, err)
+        return
+    try:
+        client.delete_sandbox(entry.sandbox_id)
+    except Exception as err:  # noqa: BLE001 - best effort at exit
+        log.warning("corral: could not delete sandbox %s: %s", entry.sandbox_id, err)
+    finally:
+        try:
+            client.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    reap_all()
+    previous = _previous_handlers.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)
+        return
+    if previous == signal.SIG_IGN:
+        return
+    # The default action (or a handler not set from Python): die of the
+    # signal, as the process would have without us.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install() -> None:
+    global _atexit_registered
+    with _lock:
+        if not _atexit_registered:
+            atexit.register(reap_all)
+            _atexit_registered = True
+        # Signal handlers can only be set from the main thread; a sandbox made
+        # on another thread gets them when one is made on the main thread, and
+        # the atexit hook in any case.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in SIGNALS:
+            current = signal.getsignal(sig)
+            if current is _on_signal:
+                continue
+            _previous_handlers[sig] = current
+            try:
+                signal.signal(sig, _on_signal)
+            except (ValueError, OSError) as err:  # pragma: no cover - embedded interpreters
+                log.debug("corral: could not set a handler for signal %s: %s", sig, err)
