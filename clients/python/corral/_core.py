@@ -124,10 +124,13 @@ def exec_body(
     stdin: Stdin = None,
     max_output: Optional[int] = None,
     exclusive: bool = False,
+    wait_for_output: bool = False,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {}
     if exclusive:
         body["exclusive"] = True
+    if wait_for_output:
+        body["wait_for_output"] = True
     if isinstance(cmd, str):
         body["command"] = cmd
     elif isinstance(cmd, (bytes, bytearray)):

@@ -260,12 +260,15 @@ class AsyncSandbox:
         stdin: Stdin = None,
         max_output: Optional[int] = None,
         exclusive: bool = False,
+        wait_for_output: bool = False,
         check: bool = False,
         raise_on_failure: bool = True,
     ) -> CommandResult:
         """As :meth:`corral.Sandbox.run`."""
         body = _core.exec_body(
-            cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output, exclusive=exclusive
+            cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output,
+            exclusive=exclusive,
+            wait_for_output=wait_for_output,
         )
         r = await self.client.request(
             "POST",
@@ -285,10 +288,19 @@ class AsyncSandbox:
         env: Optional[Mapping[str, str]] = None,
         stdin: Stdin = None,
         max_output: Optional[int] = None,
+        wait_for_output: bool = False,
         raise_on_failure: bool = True,
     ) -> "AsyncCommandStream":
         """As :meth:`corral.Sandbox.stream`, iterated with ``async for``."""
-        body = _core.exec_body(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output)
+        body = _core.exec_body(
+            cmd,
+            timeout=timeout,
+            cwd=cwd,
+            env=env,
+            stdin=stdin,
+            max_output=max_output,
+            wait_for_output=wait_for_output,
+        )
         return AsyncCommandStream(self, body, timeout, raise_on_failure)
 
     def shell(self, name: str = "main") -> "AsyncShell":

@@ -296,6 +296,7 @@ class Sandbox:
         stdin: Stdin = None,
         max_output: Optional[int] = None,
         exclusive: bool = False,
+        wait_for_output: bool = False,
         check: bool = False,
         raise_on_failure: bool = True,
     ) -> CommandResult:
@@ -314,9 +315,20 @@ class Sandbox:
         ``exclusive=True`` kills every other process in the sandbox first
         (leftovers of earlier commands included), so nothing can tamper with
         the command while it runs: use it for graders.
+
+        By default the command ends when its main process exits: output a
+        background job (``cmd &``) writes later is lost, and the job gets
+        SIGPIPE when it writes. ``wait_for_output=True`` waits, as
+        ``docker exec`` does, until stdout and stderr are closed by every
+        process holding them (bounded by ``timeout``, which then kills them
+        all and fails as a timeout) and returns their output; jobs that
+        closed or redirected the streams are left running. The exit code is
+        the main process's either way.
         """
         body = _core.exec_body(
-            cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output, exclusive=exclusive
+            cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output,
+            exclusive=exclusive,
+            wait_for_output=wait_for_output,
         )
         r = self.client.request(
             "POST",
@@ -337,6 +349,7 @@ class Sandbox:
         env: Optional[Mapping[str, str]] = None,
         stdin: Stdin = None,
         max_output: Optional[int] = None,
+        wait_for_output: bool = False,
         raise_on_failure: bool = True,
     ) -> "CommandStream":
         """Run a command, yielding its output as it comes::
@@ -350,9 +363,17 @@ class Sandbox:
         Events are ``stdout``/``stderr`` chunks, then one ``result`` (also kept
         as ``.result`` of the returned stream). A failure raises its typed
         exception in place of the ``result`` event unless
-        ``raise_on_failure=False``.
+        ``raise_on_failure=False``. ``wait_for_output`` is as for :meth:`run`.
         """
-        body = _core.exec_body(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output)
+        body = _core.exec_body(
+            cmd,
+            timeout=timeout,
+            cwd=cwd,
+            env=env,
+            stdin=stdin,
+            max_output=max_output,
+            wait_for_output=wait_for_output,
+        )
         return CommandStream(self, body, timeout, raise_on_failure)
 
     # -- shell sessions ----------------------------------------------------

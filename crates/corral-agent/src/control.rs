@@ -30,6 +30,8 @@ struct State {
     exited: bool,
     /// Stdin was closed by the client; later Stdin frames are errors.
     stdin_closed: bool,
+    /// The session ended: nobody will read this command's result.
+    abandoned: bool,
 }
 
 /// Why a Stdin/StdinEof frame was refused.
@@ -82,6 +84,19 @@ impl Control {
     /// True once the command's main process has been reaped.
     pub fn exited(&self) -> bool {
         lock(&self.state).exited
+    }
+
+    /// Tells a supervisor still waiting for output after the main process
+    /// exited that its session is over: it kills what holds the output and
+    /// finishes.
+    pub fn abandon(&self) {
+        lock(&self.state).abandoned = true;
+        self.wake.notify();
+    }
+
+    /// True once [`Control::abandon`] was called.
+    pub fn abandoned(&self) -> bool {
+        lock(&self.state).abandoned
     }
 
     /// Queues bytes for the command's stdin.

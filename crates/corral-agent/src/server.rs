@@ -161,6 +161,9 @@ impl Conn {
             if !r.ctl.exited() {
                 tree::kill_tree(r.pid);
             }
+            // A supervisor waiting for output streams to close after the
+            // main process exited kills what holds them and finishes.
+            r.ctl.abandon();
         }
     }
 
@@ -309,6 +312,7 @@ impl Conn {
             ctl,
             timeout: req.timeout_ms.map(Duration::from_millis),
             max_output: req.max_output,
+            wait_for_output: req.wait_for_output,
             oom: (self.shared.oom, oom_before),
             writer: SessionWriter::new(self.writer.clone(), self.writer.epoch()),
             on_done: Box::new(move || {

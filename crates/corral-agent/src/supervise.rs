@@ -5,10 +5,21 @@
 //! the reaper reports the exit. It streams the head of each output stream
 //! live, keeps the tail, enforces the timeout and finally reports.
 //!
-//! Completion is decided by the main process's exit, not by EOF on the
-//! pipes: a background child (`sleep 100 &`) inherits the pipes and would
-//! otherwise hold the command open for its whole life. After the exit, only
-//! what is already buffered in the pipes is read.
+//! By default completion is decided by the main process's exit, not by EOF
+//! on the pipes: a background child (`sleep 100 &`) inherits the pipes and
+//! would otherwise hold the command open for its whole life. After the exit,
+//! only what is already buffered in the pipes is read (for at most
+//! [`DRAIN_LIMIT`]); then our read ends close, so a background process that
+//! writes later gets SIGPIPE. Nothing is killed.
+//!
+//! With `wait_for_output` (what `docker exec` does) the command ends once the
+//! main process exited *and* both output pipes reached EOF, however long the
+//! background processes holding them take, but never past the command's
+//! deadline: there the tree and every process still holding the pipes are
+//! killed and the command is reported timed out. Processes that closed or
+//! redirected the streams are left running. A session that ends while a
+//! command waits this way kills them the same way, so an old session's
+//! command never keeps its thread.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -44,6 +55,9 @@ pub struct Job {
     pub timeout: Option<Duration>,
     /// Output budget per stream.
     pub max_output: u64,
+    /// After the main process exits, read until both pipes are closed
+    /// (bounded by the timeout) rather than for at most [`DRAIN_LIMIT`].
+    pub wait_for_output: bool,
     /// The sandbox's OOM counter and its value before the spawn.
     pub oom: (OomCounter, Option<u64>),
     /// Where frames go.
@@ -158,6 +172,7 @@ impl Job {
             ctl,
             timeout,
             max_output,
+            wait_for_output,
             oom: (oom_counter, oom_before),
             writer,
             on_done,
@@ -253,10 +268,27 @@ impl Job {
             }
         };
 
-        // The main process is gone: the command is over. Its stdin is of no
-        // use any more; take what output is already buffered and stop.
+        // The main process is gone. Its stdin is of no use any more.
         stdin.close();
-        drain(&mut out, &mut buf, id, &writer);
+        let ended_at = if !wait_for_output {
+            // The command is over: take what output is already buffered.
+            drain(&mut out, &mut buf, id, &writer);
+            exited_at
+        } else {
+            let end = if timed_out {
+                // The tree was killed at the deadline; what it left holding
+                // the pipes (a process that escaped it) goes too.
+                End::Killed
+            } else {
+                wait_for_eof(&mut out, &mut buf, id, &writer, &ctl, deadline)
+            };
+            if end != End::Closed {
+                kill_holders(pid, &out);
+                drain(&mut out, &mut buf, id, &writer);
+                timed_out |= end == End::Deadline;
+            }
+            Instant::now()
+        };
 
         let (exit_code, signal) = match status {
             ExitStatus::Code(c) => (Some(c), None),
@@ -270,9 +302,7 @@ impl Job {
             timed_out,
             oom_killed,
             duration_us: u64::try_from(
-                exited_at
-                    .saturating_duration_since(proc.started)
-                    .as_micros(),
+                ended_at.saturating_duration_since(proc.started).as_micros(),
             )
             .unwrap_or(u64::MAX),
             stdout: out[0].totals(),
@@ -283,6 +313,90 @@ impl Job {
             o.send_tail(id, &writer);
         }
         writer.send_last(&Frame::json(FrameKind::Exited, id, &report), &ctl.reported);
+    }
+}
+
+/// How waiting for the output streams ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// Both pipes reached EOF.
+    Closed,
+    /// The command's deadline passed first.
+    Deadline,
+    /// The tree was already killed (deadline in the main loop), or the
+    /// session ended: nobody waits for the result.
+    Killed,
+}
+
+/// Reads both pipes until EOF on each, the deadline, or the session's end.
+fn wait_for_eof(
+    out: &mut [Output; 2],
+    buf: &mut [u8],
+    id: u32,
+    writer: &SessionWriter,
+    ctl: &Control,
+    deadline: Option<Instant>,
+) -> End {
+    loop {
+        // Stdin frames may still arrive (the id is live until Exited); the
+        // pipe is closed, so they are dropped.
+        let _ = ctl.take();
+        if ctl.abandoned() {
+            return End::Killed;
+        }
+        let mut fds = vec![sys::pollfd(ctl.wake_fd(), libc::POLLIN)];
+        let mut which = Vec::with_capacity(2);
+        for (i, o) in out.iter().enumerate() {
+            if let Some(f) = &o.file {
+                fds.push(sys::pollfd(f.as_raw_fd(), libc::POLLIN));
+                which.push(i);
+            }
+        }
+        if which.is_empty() {
+            return End::Closed;
+        }
+        let wait = match deadline {
+            Some(d) => match d.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => Some(left),
+                _ => return End::Deadline,
+            },
+            None => None,
+        };
+        if sys::poll(&mut fds, wait).is_err() {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
+        for (fd, &i) in fds[1..].iter().zip(&which) {
+            if fd.revents != 0 {
+                out[i].read_once(buf, id, writer);
+            }
+        }
+    }
+}
+
+/// Kills the command's tree (its process group, and sessions and children
+/// still linked to it) and every other process still holding its output
+/// pipes, which may have left the group and been re-parented to us.
+///
+/// The main process is reaped by now, but its pid names the group as long as
+/// any member lives (the kernel does not reuse it until then), which is the
+/// same guarantee a Signal frame after the exit relies on.
+fn kill_holders(pid: i32, out: &[Output; 2]) {
+    use std::os::unix::fs::MetadataExt;
+    tree::kill_tree(pid);
+    let inodes: Vec<u64> = out
+        .iter()
+        .filter_map(|o| o.file.as_ref()?.metadata().ok())
+        .map(|m| m.ino())
+        .collect();
+    if inodes.is_empty() {
+        return;
+    }
+    // Two rounds, as in kill_tree: a holder may fork while being killed.
+    for _ in 0..2 {
+        for p in tree::pipe_holders(&inodes) {
+            let _ = sys::kill(p, libc::SIGKILL);
+        }
     }
 }
 

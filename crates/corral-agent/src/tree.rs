@@ -150,6 +150,32 @@ pub fn kill_tree(root: i32) {
     }
 }
 
+/// Processes other than the agent with an open descriptor on one of the
+/// pipes `inodes` (a pipe's two ends share one inode; `/proc/PID/fd/N`
+/// reads `pipe:[INODE]`). Best effort: a process the agent may not inspect
+/// (another user's, or one that made itself non-dumpable, while the agent
+/// lacks CAP_SYS_PTRACE) is not found.
+pub fn pipe_holders(inodes: &[u64]) -> Vec<i32> {
+    let me = sys::getpid();
+    let wanted: Vec<String> = inodes.iter().map(|i| format!("pipe:[{i}]")).collect();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|entry| {
+        let entry = entry.ok()?;
+        let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+        if pid <= 1 || pid == me {
+            return None;
+        }
+        let fds = std::fs::read_dir(entry.path().join("fd")).ok()?;
+        fds.filter_map(Result::ok)
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .any(|target| wanted.iter().any(|w| target.as_os_str() == w.as_str()))
+            .then_some(pid)
+    })
+    .collect()
+}
+
 /// Kills every process in the sandbox but the agent and waits (up to
 /// `within`) until none is left, zombies reaped: what an exclusive command
 /// starts from. Killing repeats, so a process forked while the first round

@@ -25,6 +25,19 @@ pub struct CommandSpec {
     /// commands, other commands in flight) before this one starts, so
     /// nothing can tamper with it while it runs: for graders.
     pub exclusive: bool,
+    /// What ends the command. `false` (the default): the main process's
+    /// exit; output already buffered is read for at most 200 ms, then the
+    /// agent closes its ends of the output pipes, so a background process
+    /// that writes to them later gets SIGPIPE (and dies, unless it ignores
+    /// it) and its output is lost; background processes that do not write
+    /// are left running. `true` (what `docker exec` does): the main
+    /// process's exit *and* both output streams closed (every process
+    /// holding them exited or closed them), so a background job's output is
+    /// part of the result; processes still running with the streams closed
+    /// are left running. Either way the exit code is the main process's,
+    /// and when the timeout passes first the command's tree is killed and
+    /// the command fails with a timeout.
+    pub wait_for_output: bool,
 }
 
 impl CommandSpec {
@@ -47,6 +60,7 @@ impl CommandSpec {
             timeout: None,
             max_output: DEFAULT_MAX_OUTPUT,
             exclusive: false,
+            wait_for_output: false,
         }
     }
 
@@ -54,6 +68,13 @@ impl CommandSpec {
     /// before it starts (see [`CommandSpec::exclusive`]).
     pub fn exclusive(mut self) -> Self {
         self.exclusive = true;
+        self
+    }
+
+    /// Makes the command wait for its output streams to close, not just for
+    /// its main process (see [`CommandSpec::wait_for_output`]).
+    pub fn wait_for_output(mut self) -> Self {
+        self.wait_for_output = true;
         self
     }
 

@@ -445,6 +445,11 @@ pub struct ExecRequest {
     /// commands in flight report their death as usual).
     #[serde(default)]
     pub exclusive: bool,
+    /// After the main process exits, keep reading until both output streams
+    /// are closed (bounded by `timeout_ms`) instead of for at most 200 ms;
+    /// absent (an older peer) means false.
+    #[serde(default)]
+    pub wait_for_output: bool,
 }
 
 /// Sent once the process exists.
@@ -482,7 +487,8 @@ pub struct ExitReport {
     /// The kernel's OOM killer killed the command (cgroup counter rose while it
     /// ran and it died of SIGKILL).
     pub oom_killed: bool,
-    /// Wall time from spawn to exit, in microseconds.
+    /// Wall time from spawn to the end of the command (the main process's
+    /// exit, or with `wait_for_output` the streams' close), in microseconds.
     pub duration_us: u64,
     /// Stdout totals.
     pub stdout: StreamTotals,
@@ -569,6 +575,8 @@ mod tests {
         assert_eq!(req.argv, vec!["true"]);
         assert!(!req.stdin);
         assert_eq!(req.timeout_ms, None);
+        // An older corral sends no wait_for_output: today's behaviour.
+        assert!(!req.wait_for_output);
         let bad = Frame::new(FrameKind::Exec, 3, b"{".to_vec());
         assert!(matches!(
             bad.parse::<ExecRequest>(),

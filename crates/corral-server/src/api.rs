@@ -299,6 +299,7 @@ fn command(req: ExecRequest) -> Result<CommandSpec, ApiError> {
     cmd.max_output = max_output(req.max_output)?;
     cmd.cwd = req.cwd;
     cmd.exclusive = req.exclusive;
+    cmd.wait_for_output = req.wait_for_output;
     for (name, value) in req.env {
         if name.is_empty() || name.contains('=') || name.contains('\0') {
             return Err(ApiError::invalid(
@@ -1128,6 +1129,13 @@ mod tests {
         .expect("valid");
         assert_eq!(ok.stdin.as_deref(), Some(&b"hi"[..]));
         assert_eq!(ok.timeout, Some(Duration::from_millis(1500)));
+        assert!(
+            !ok.wait_for_output,
+            "the default is the main process's exit"
+        );
+        let body = r#"{"command": "true", "wait_for_output": true}"#;
+        let req: ExecRequest = serde_json::from_str(body).expect("parses");
+        assert!(command(req).expect("valid").wait_for_output);
     }
 
     #[test]

@@ -328,6 +328,7 @@ impl Handler {
             .timeout(timeout)
             .max_output(MAX_OUTPUT);
         cmd.cwd = a.cwd;
+        cmd.wait_for_output = a.wait_for_output;
         let r = lease.run(&cmd).await;
         Ok(render::command(&r, lease.id(), &notes, MAX_OUTPUT))
     }

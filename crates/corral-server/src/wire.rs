@@ -102,6 +102,15 @@ pub struct ExecRequest {
     /// runs: use it for graders.
     #[serde(default)]
     pub exclusive: bool,
+    /// false (default): the command ends when its main process exits;
+    /// output a background job writes later is lost (the job gets SIGPIPE
+    /// when it writes). true: as `docker exec`, wait until stdout and stderr
+    /// are closed by every process holding them, bounded by `timeout_ms`
+    /// (then they are all killed and the failure is a timeout); jobs that
+    /// closed the streams are left running. The exit code is always the
+    /// main process's.
+    #[serde(default)]
+    pub wait_for_output: bool,
 }
 
 /// A command in a shell session.

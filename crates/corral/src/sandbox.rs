@@ -418,6 +418,7 @@ impl Sandbox {
                 .map(|t| t.as_millis().min(u64::MAX as u128) as u64),
             max_output: cmd.max_output,
             exclusive: cmd.exclusive,
+            wait_for_output: cmd.wait_for_output,
         };
         if conn
             .send(Frame::json(FrameKind::Exec, id, &req))

@@ -538,6 +538,7 @@ pub fn req(argv: &[&str]) -> ExecRequest {
         timeout_ms: Some(30_000),
         max_output: 1 << 20,
         exclusive: false,
+        wait_for_output: false,
     }
 }
 

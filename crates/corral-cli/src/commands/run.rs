@@ -57,6 +57,14 @@ pub struct RunArgs {
     /// Kill the command's whole process tree after this many seconds (fractions allowed).
     #[arg(long, allow_hyphen_values = true, value_parser = parse_timeout)]
     timeout: Option<Duration>,
+    /// Wait, as `docker exec` does, until every process holding the
+    /// command's stdout and stderr (background jobs started with &) has
+    /// exited or closed them, and pass their output through; bounded by
+    /// --timeout (then they are all killed: exit 124). Without it the
+    /// command ends when its main process exits and later output of its
+    /// jobs is lost. The exit code is the main process's either way.
+    #[arg(long)]
+    wait_for_output: bool,
     /// Bytes kept per output stream (head and tail; the middle is dropped).
     #[arg(long, allow_hyphen_values = true, value_parser = parse_size, default_value_t = DEFAULT_MAX_OUTPUT)]
     max_output: u64,
@@ -317,6 +325,7 @@ async fn execute(sandbox: &Sandbox, args: &RunArgs, script: String) -> CommandRe
     let forward_stdin = !std::io::stdin().is_terminal();
     let mut cmd = CommandSpec::shell(script).max_output(args.max_output);
     cmd.timeout = args.timeout;
+    cmd.wait_for_output = args.wait_for_output;
     let passthrough = !args.json;
     let sink = move |stream: OutputStream, bytes: &[u8]| {
         if passthrough {

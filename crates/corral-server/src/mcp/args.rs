@@ -35,6 +35,12 @@ pub(super) struct RunCommand {
     /// Working directory (default: the sandbox's working directory).
     #[serde(default)]
     pub cwd: Option<String>,
+    /// Wait until background jobs started with & have closed stdout and
+    /// stderr, and return their output too (bounded by the timeout), as
+    /// docker exec does. Default false: the call returns when the command
+    /// itself exits and later output of its jobs is lost.
+    #[serde(default)]
+    pub wait_for_output: bool,
 }
 
 /// Arguments of `read_file`.
