@@ -93,6 +93,8 @@ pub struct Faults {
     start_hang: Mutex<Option<Duration>>,
     /// `connect` calls still to fail.
     fail_connects: AtomicUsize,
+    /// How long the next `remove` waits before it does anything.
+    remove_delay: Mutex<Option<Duration>>,
 }
 
 impl Faults {
@@ -113,6 +115,12 @@ impl Faults {
     /// Makes the next `connect` fail with a retryable engine error.
     pub fn fail_next_connect(&self) {
         self.fail_connects.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Makes the next `remove` wait `d` before it kills anything, as a
+    /// daemon slow to kill and remove a container does.
+    pub fn delay_next_remove(&self, d: Duration) {
+        *lock(&self.remove_delay) = Some(d);
     }
 }
 
@@ -758,6 +766,10 @@ impl Backend for LocalProcessBackend {
         _sandbox_id: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
+            let delay = lock(&self.inner.faults.remove_delay).take();
+            if let Some(d) = delay {
+                tokio::time::sleep(d).await;
+            }
             // Out of the map first: from here on it reads as removed.
             let Some(local) = lock(&self.inner.sandboxes).remove(placement.id()) else {
                 return Ok(());

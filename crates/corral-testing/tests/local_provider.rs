@@ -93,3 +93,25 @@ async fn max_live_evicts_the_least_recently_used_idle_session() {
     })
     .await;
 }
+
+/// An evicted sandbox is destroyed in the background; `shutdown` waits for
+/// that teardown, so nothing outlives it even when the removal is slow.
+#[tokio::test]
+async fn shutdown_waits_for_background_teardowns() {
+    let h = harness();
+    within(T, async {
+        let provider = Provider::new(h.runtime.clone(), config(1, 0));
+        let a = provider.acquire("a", "p").await.expect("a");
+        drop(a);
+        // Evicting "a" to make room for "b" is slow to remove.
+        h.backend
+            .faults()
+            .delay_next_remove(Duration::from_millis(800));
+        let b = provider.acquire("b", "p").await.expect("b");
+        drop(b);
+        assert_eq!(provider.stats().evicted_lru, 1);
+        provider.shutdown().await;
+        assert_eq!(h.backend.count(), 0, "an evicted sandbox outlived shutdown");
+    })
+    .await;
+}

@@ -56,6 +56,48 @@ struct Inner {
     /// stripped: two containers of a session never share its directories,
     /// and nothing writes there while corral walks them.
     session_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Sandboxes being destroyed in the background (evictions, lost
+    /// races): `shutdown` waits for them, so none outlives it.
+    teardowns: Arc<Teardowns>,
+}
+
+/// A count of background teardowns and a wake-up when it reaches zero.
+#[derive(Default)]
+struct Teardowns {
+    running: std::sync::atomic::AtomicUsize,
+    idle: Notify,
+}
+
+impl Teardowns {
+    fn started(&self) {
+        self.running.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn finished(&self) {
+        if self.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+
+    /// Waits until none runs, at most until `deadline`.
+    async fn wait(&self, deadline: Instant) {
+        loop {
+            let idle = self.idle.notified();
+            if self.running.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(deadline.into(), idle)
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    running = self.running.load(Ordering::Acquire),
+                    "background sandbox teardowns did not finish before shutdown gave up on them"
+                );
+                return;
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -215,6 +257,7 @@ impl Provider {
             changed: Arc::new(Notify::new()),
             closed: AtomicBool::new(false),
             session_locks: Mutex::new(HashMap::new()),
+            teardowns: Arc::default(),
         });
         tokio::spawn(maintain(Arc::downgrade(&inner)));
         Provider { inner }
@@ -710,16 +753,23 @@ impl Provider {
         destroyed
     }
 
-    /// [`Provider::remove`] in the background (evictions, lost races).
+    /// [`Provider::remove`] in the background (evictions, lost races),
+    /// counted so that [`Provider::shutdown`] waits for it.
     fn discard(&self, sb: Sandbox) {
-        if sb.spec().persistent.is_none() {
-            return destroy_in_background(sb);
-        }
-        let provider = self.clone();
+        let teardowns = self.inner.teardowns.clone();
+        teardowns.started();
+        // Only a persistent session's teardown needs the provider (its lock
+        // and directories); others hold nothing that keeps it alive.
+        let provider = sb.spec().persistent.is_some().then(|| self.clone());
         tokio::spawn(async move {
-            if let Err(e) = provider.remove(sb.clone()).await {
+            let removed = match provider {
+                None => sb.destroy().await,
+                Some(provider) => provider.remove(sb.clone()).await,
+            };
+            if let Err(e) = removed {
                 tracing::warn!(sandbox = sb.id(), error = %e, "destroying an evicted sandbox failed");
             }
+            teardowns.finished();
         });
     }
 
@@ -822,6 +872,11 @@ impl Provider {
             }
         });
         futures_util::future::join_all(destroys).await;
+        // Evictions and discards still running in the background.
+        self.inner
+            .teardowns
+            .wait(Instant::now() + Duration::from_secs(120))
+            .await;
     }
 }
 
@@ -866,14 +921,6 @@ async fn strip_in_blocking(dirs: SessionDirs, key: String) {
     if let Err(e) = walk.await {
         tracing::warn!(error = %e, "clearing setuid bits in a persistent session failed");
     }
-}
-
-fn destroy_in_background(sb: Sandbox) {
-    tokio::spawn(async move {
-        if let Err(e) = sb.destroy().await {
-            tracing::warn!(sandbox = sb.id(), error = %e, "destroying an evicted sandbox failed");
-        }
-    });
 }
 
 /// The reaper and refiller: expires idle and old sandboxes, drops dead
