@@ -122,13 +122,16 @@ def test_timeout_can_be_returned_instead(corral_sandbox):
 def test_oom_kill_raises_typed_error(corral_client, corral_spec):
     spec = corral_spec(limits={"memory": 32 * 1024 * 1024})
     with corral_client.sandbox(spec=spec) as sb:
+        # One 100 MiB allocation OOMs at once; a pipe into `tail` grows
+        # slowly and the kernel can thrash for a minute before it kills.
+        hog = "dd if=/dev/zero of=/dev/null bs=100M count=1"
         with pytest.raises(corral.SandboxOOMError) as ei:
-            sb.run("head -c 100m /dev/zero | tail", timeout=60)
+            sb.run(hog, timeout=60)
         err = ei.value
         assert err.kind == "oom_killed" and isinstance(err, MemoryError)
         assert err.result is not None and err.result.failure.kind == "oom_killed"
         # Raised or returned, as asked.
-        r = sb.run("head -c 100m /dev/zero | tail", timeout=60, raise_on_failure=False)
+        r = sb.run(hog, timeout=60, raise_on_failure=False)
         assert r.failure is not None and r.failure.kind == "oom_killed"
 
 
