@@ -4,13 +4,13 @@
 //! The agent is compiled by a nested cargo invocation into its own target
 //! directory (`target/agent`), with `+crt-static` on the gnu target: a static
 //! glibc binary runs in any x86_64 image, `FROM scratch` included. Set
-//! `CORRAL_AGENT_BIN` to embed a prebuilt agent instead.
+//! `CORRAL_AGENT_BIN` to embed a prebuilt agent instead. The build itself
+//! is `crates/corral-agent/build_static.rs`, shared with `corral-testing`.
 
 use std::env;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-const TARGET: &str = "x86_64-unknown-linux-gnu";
+include!("../corral-agent/build_static.rs");
 
 fn main() {
     let manifest =
@@ -21,53 +21,6 @@ fn main() {
         .expect("crate lives in <workspace>/crates/")
         .to_path_buf();
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("corral-agent");
-
-    println!("cargo:rerun-if-env-changed=CORRAL_AGENT_BIN");
-    for p in ["crates/corral-agent", "crates/corral-core", "Cargo.lock"] {
-        println!("cargo:rerun-if-changed={}", root.join(p).display());
-    }
-
-    if let Ok(prebuilt) = env::var("CORRAL_AGENT_BIN") {
-        std::fs::copy(&prebuilt, &out)
-            .unwrap_or_else(|e| panic!("cannot copy CORRAL_AGENT_BIN={prebuilt}: {e}"));
-        return;
-    }
-
-    let target_dir = root.join("target").join("agent");
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(&root)
-        .args([
-            "build",
-            "--profile",
-            "agent",
-            "-p",
-            "corral-agent",
-            "--target",
-            TARGET,
-        ])
-        .arg("--target-dir")
-        .arg(&target_dir)
-        .env("RUSTFLAGS", "-C target-feature=+crt-static");
-    // The outer build's settings (clippy's wrapper, its flags, a profile or
-    // target of its own) must not leak into the agent's build.
-    for var in [
-        "CARGO_ENCODED_RUSTFLAGS",
-        "RUSTC_WORKSPACE_WRAPPER",
-        "RUSTC_WRAPPER",
-        "CLIPPY_ARGS",
-        "CARGO_TARGET_DIR",
-        "CARGO_BUILD_TARGET",
-        "CARGO_PROFILE",
-        "PROFILE",
-        "__CARGO_FIX_PLZ",
-    ] {
-        cmd.env_remove(var);
-    }
-    let status = cmd
-        .status()
-        .expect("cannot run cargo to build corral-agent");
-    assert!(status.success(), "building corral-agent failed: {status}");
-    let built = target_dir.join(TARGET).join("agent").join("corral-agent");
+    let built = build_static_agent(&root);
     std::fs::copy(&built, &out).unwrap_or_else(|e| panic!("cannot copy {}: {e}", built.display()));
 }
