@@ -173,6 +173,20 @@ impl DockerBackend {
         }
     }
 
+    /// The shared agent volume, filled once per backend (`image` is any
+    /// image present on the daemon, for the helper container).
+    async fn agent_volume(
+        &self,
+        image: &str,
+        owner: &corral_core::labels::Owner,
+    ) -> Result<String, Error> {
+        self.inner
+            .agent_volume
+            .get_or_try_init(|| agent_volume::ensure(&self.inner.docker, image, owner))
+            .await
+            .cloned()
+    }
+
     /// Whether the daemon honours `--storage-opt size=`: probed once by
     /// creating (never starting) a container with it, then cached.
     pub async fn storage_opt_supported(
@@ -347,10 +361,7 @@ impl DockerBackend {
             });
         }
         let t = Instant::now();
-        self.inner
-            .agent_volume
-            .get_or_try_init(|| agent_volume::ensure(&self.inner.docker, &spec.image, req.owner))
-            .await?;
+        self.agent_volume(&spec.image, req.owner).await?;
         prepared.agent = t.elapsed();
         prepare_nosuid_mounts(spec)?;
         if spec.network == corral_core::Network::Bridge {
@@ -362,10 +373,8 @@ impl DockerBackend {
     async fn do_create(&self, req: &StartRequest<'_>) -> Result<Placement, Error> {
         let (spec, id) = (req.spec, req.sandbox_id);
         let docker = &self.inner.docker;
-        let volume = match self.inner.agent_volume.get() {
-            Some(v) => v.clone(),
-            None => agent_volume::ensure(docker, &spec.image, req.owner).await?,
-        };
+        // Filled by `prepare`; a create without it fills it the same way.
+        let volume = self.agent_volume(&spec.image, req.owner).await?;
         let network = match spec.network {
             corral_core::Network::Bridge => self.sandbox_network().await?.id,
             corral_core::Network::None => String::new(),

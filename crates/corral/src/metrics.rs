@@ -11,8 +11,6 @@ pub struct Metrics {
     pub start_failures: AtomicU64,
     /// Containers recreated by the `recreate` recovery policy.
     pub recreated: AtomicU64,
-    /// Daemon calls retried after a transient error.
-    pub retries: AtomicU64,
     /// Times a start waited for a slot.
     pub slot_waits: AtomicU64,
     /// Total time spent waiting for start and exec slots, in µs.
@@ -173,7 +171,8 @@ impl Metrics {
             sandboxes_started: l(&self.sandboxes_started),
             start_failures: l(&self.start_failures),
             recreated: l(&self.recreated),
-            retries: l(&self.retries),
+            // The backend counts its own retries (`Runtime::metrics`).
+            retries: 0,
             slot_waits: l(&self.slot_waits),
             slot_wait_us: l(&self.slot_wait_us),
             slot_wait_max_us: l(&self.slot_wait_max_us),

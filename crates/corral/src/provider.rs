@@ -110,6 +110,21 @@ struct State {
     refilling: HashMap<String, usize>,
 }
 
+impl State {
+    /// The sessions as the pure eviction rules (`corral_core::pool`) see them.
+    fn candidates(&self) -> Vec<Candidate<String>> {
+        self.sessions
+            .iter()
+            .map(|(k, e)| Candidate {
+                key: k.clone(),
+                last_used_ms: e.last_used_ms,
+                started_ms: e.started_ms,
+                busy: e.leases > 0,
+            })
+            .collect()
+    }
+}
+
 struct Entry {
     sandbox: Sandbox,
     profile: Option<String>,
@@ -629,16 +644,7 @@ impl Provider {
                 .fetch_add(1, Ordering::Relaxed);
             return Plan::Create(Some(spare.sandbox));
         }
-        let candidates: Vec<Candidate<String>> = st
-            .sessions
-            .iter()
-            .map(|(k, e)| Candidate {
-                key: k.clone(),
-                last_used_ms: e.last_used_ms,
-                started_ms: e.started_ms,
-                busy: e.leases > 0,
-            })
-            .collect();
+        let candidates = st.candidates();
         match lru_victim(&candidates).and_then(|k| st.sessions.remove(&k)) {
             Some(victim) => {
                 self.inner
@@ -950,16 +956,7 @@ impl Provider {
         let now = self.inner.now_ms();
         let doomed: Vec<(Sandbox, bool)> = {
             let mut st = lock(&self.inner.state);
-            let candidates: Vec<Candidate<String>> = st
-                .sessions
-                .iter()
-                .map(|(k, e)| Candidate {
-                    key: k.clone(),
-                    last_used_ms: e.last_used_ms,
-                    started_ms: e.started_ms,
-                    busy: e.leases > 0,
-                })
-                .collect();
+            let candidates = st.candidates();
             let mut doomed = Vec::new();
             for key in expired(&candidates, now, cfg) {
                 if let Some(e) = st.sessions.remove(&key) {
