@@ -7,9 +7,10 @@
 //! bare OS error ("No such file or directory") does not say whether the
 //! program or the working directory is missing.
 
-use std::ffi::OsStr;
+use std::ffi::{CString, OsStr};
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -19,6 +20,7 @@ use std::time::Instant;
 use corral_core::protocol::ExecRequest;
 
 use crate::control::Control;
+use crate::pristine::Pristine;
 use crate::reaper::Reaper;
 use crate::sys;
 
@@ -54,8 +56,15 @@ pub fn expand_cwd(cwd: &str, home: Option<&OsStr>) -> PathBuf {
 }
 
 /// Starts `req` and registers it with `reaper`, whose status then goes to
-/// `ctl`. `Err` is the SpawnFailed message.
-pub fn spawn(reaper: &Reaper, req: &ExecRequest, ctl: Arc<Control>) -> Result<Spawned, String> {
+/// `ctl`. In a sandbox started for in-place reset the command enters the
+/// current world of `pristine` and loses the agent's extra capabilities.
+/// `Err` is the SpawnFailed message.
+pub fn spawn(
+    reaper: &Reaper,
+    pristine: &Pristine,
+    req: &ExecRequest,
+    ctl: Arc<Control>,
+) -> Result<Spawned, String> {
     let Some(program) = req.argv.first() else {
         return Err("argv is empty: nothing to run".to_string());
     };
@@ -71,7 +80,18 @@ pub fn spawn(reaper: &Reaper, req: &ExecRequest, ctl: Arc<Control>) -> Result<Sp
         .stderr(Stdio::piped())
         .process_group(0);
 
-    if let Some(cwd) = &req.cwd {
+    // Held until the child exists, so no reset closes the world meanwhile.
+    let world = pristine.current();
+    let mut enter: Option<(RawFd, CString)> = None;
+    if let Some(w) = world.as_ref() {
+        let dir = match &req.cwd {
+            Some(cwd) => w.check_dir(&expand_cwd(cwd, std::env::var_os("HOME").as_deref()))?,
+            None => w.cwd.clone(),
+        };
+        let dir = CString::new(dir.as_os_str().as_bytes())
+            .map_err(|_| format!("working directory {} contains a NUL byte", dir.display()))?;
+        enter = Some((w.ns(), dir));
+    } else if let Some(cwd) = &req.cwd {
         let dir = expand_cwd(cwd, std::env::var_os("HOME").as_deref());
         // Checked here (as the same user the child runs as) so the message
         // can say it is the directory that is wrong, not the program.
@@ -89,14 +109,23 @@ pub fn spawn(reaper: &Reaper, req: &ExecRequest, ctl: Arc<Control>) -> Result<Sp
     }
 
     let filters = crate::confine::filters();
+    let drop_caps = pristine.holds_extra_caps();
     // SAFETY: the closure runs between fork and exec and only makes
     // async-signal-safe calls (open/write/close, sigemptyset, pthread_sigmask,
-    // signal, prctl, seccomp); it does not allocate or touch locks (the
-    // filter was built before any command and is only read).
+    // signal, prctl, setns, chdir, capget/capset, seccomp); it does not
+    // allocate or touch locks (the filter was built before any command and
+    // is only read; the world's path was made above).
     unsafe {
         cmd.pre_exec(move || {
             sys::prefer_oom_kill_in_child();
             sys::reset_signals_in_child()?;
+            if let Some((ns, dir)) = &enter {
+                sys::setns_mount(*ns)?;
+                sys::chdir(dir)?;
+            }
+            if drop_caps {
+                sys::drop_caps_in_child(&crate::pristine::EXTRA_CAPS)?;
+            }
             for f in filters.into_iter().flatten() {
                 seccompiler::apply_filter(f).map_err(|_| std::io::Error::last_os_error())?;
             }
@@ -105,9 +134,9 @@ pub fn spawn(reaper: &Reaper, req: &ExecRequest, ctl: Arc<Control>) -> Result<Sp
     }
 
     let started = Instant::now();
-    let mut child = reaper
-        .spawn(&mut cmd, ctl)
-        .map_err(|e| format!("cannot run {program:?}: {e}"))?;
+    let spawned = reaper.spawn(&mut cmd, ctl);
+    drop(world);
+    let mut child = spawned.map_err(|e| format!("cannot run {program:?}: {e}"))?;
     // Pids fit in i32 on Linux (pid_max <= 2^22).
     let pid = child.id() as i32;
     let stdin = child.stdin.take().map(|s| File::from(OwnedFd::from(s)));

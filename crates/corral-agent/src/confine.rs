@@ -37,7 +37,7 @@ const PRIO_PROCESS: u64 = 0;
 /// `which` of ioprio_set(2) for a single process.
 const IOPRIO_WHO_PROCESS: u64 = 1;
 
-static FILTER: OnceLock<Option<[BpfProgram; 2]>> = OnceLock::new();
+static FILTER: OnceLock<Option<Vec<BpfProgram>>> = OnceLock::new();
 
 /// `__X32_SYSCALL_BIT`.
 const X32_BIT: u32 = 0x4000_0000;
@@ -45,15 +45,24 @@ const X32_BIT: u32 = 0x4000_0000;
 const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
 
 /// Builds the filter once (at start, before any command), or none when this
-/// process lacks no-new-privileges. Returns why it could not be built.
-pub fn init() -> Result<bool, String> {
+/// process lacks no-new-privileges. `pristine`: the agent holds the extra
+/// capabilities of in-place reset, so commands also get [`pristine`]'s
+/// filters. Returns why it could not be built.
+pub fn init(pristine: bool) -> Result<bool, String> {
     let mut err = None;
     let built = FILTER.get_or_init(|| {
         if !no_new_privs() {
             return None;
         }
-        match build() {
-            Ok(p) => Some([p, x32_guard()]),
+        let programs = build().and_then(|p| {
+            let mut all = vec![p, x32_guard()];
+            if pristine {
+                all.extend(pristine_filters()?);
+            }
+            Ok(all)
+        });
+        match programs {
+            Ok(p) => Some(p),
             Err(e) => {
                 err = Some(e);
                 None
@@ -68,8 +77,100 @@ pub fn init() -> Result<bool, String> {
 
 /// The filters for commands, if they apply. Safe to call between fork and
 /// exec: it only reads an initialised `OnceLock`.
-pub fn filters() -> Option<&'static [BpfProgram; 2]> {
-    FILTER.get().and_then(Option::as_ref)
+pub fn filters() -> Option<&'static [BpfProgram]> {
+    FILTER.get().and_then(Option::as_deref)
+}
+
+/// Namespace flags of clone(2) and unshare(2).
+const NAMESPACE_FLAGS: u64 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWCGROUP) as u64
+    | 0x80; // CLONE_NEWTIME
+
+/// What a sandbox started for in-place reset adds for commands. Docker's
+/// default seccomp profile opens a set of system calls to a container
+/// that has CAP_SYS_ADMIN or CAP_SYS_CHROOT; commands drop both
+/// capabilities, but some of those calls need none (creating a user
+/// namespace, where one holds every capability, does not). So commands
+/// get them refused exactly as in a sandbox without the capabilities:
+/// - EPERM: `unshare`, `setns`, `mount`, `umount2`, `pivot_root`,
+///   `chroot`, the new mount API (`open_tree`, `move_mount`, `fsopen`,
+///   `fsconfig`, `fsmount`, `fspick`, `mount_setattr`), `bpf`,
+///   `perf_event_open`, `fanotify_init`, `lookup_dcookie`,
+///   `name_to_handle_at`, `quotactl`, `quotactl_fd`, `sethostname`,
+///   `setdomainname`, `syslog`, `vhangup`, and `clone` with any
+///   namespace flag;
+/// - ENOSYS: `clone3` (its flags are behind a pointer a filter cannot
+///   read; C libraries then fall back to `clone`).
+fn pristine_filters() -> Result<Vec<BpfProgram>, String> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for nr in [
+        libc::SYS_unshare,
+        libc::SYS_setns,
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_pivot_root,
+        libc::SYS_chroot,
+        libc::SYS_open_tree,
+        libc::SYS_move_mount,
+        libc::SYS_fsopen,
+        libc::SYS_fsconfig,
+        libc::SYS_fsmount,
+        libc::SYS_fspick,
+        libc::SYS_mount_setattr,
+        libc::SYS_bpf,
+        libc::SYS_perf_event_open,
+        libc::SYS_fanotify_init,
+        libc::SYS_lookup_dcookie,
+        libc::SYS_name_to_handle_at,
+        libc::SYS_quotactl,
+        libc::SYS_quotactl_fd,
+        libc::SYS_sethostname,
+        libc::SYS_setdomainname,
+        libc::SYS_syslog,
+        libc::SYS_vhangup,
+    ] {
+        rules.insert(nr, Vec::new());
+    }
+    // A rule matches when all its conditions hold, and a call when any
+    // rule does: "some namespace flag is set" is one rule per flag.
+    let mut clone_rules = Vec::new();
+    for bit in 0..64 {
+        let flag = 1u64 << bit;
+        if NAMESPACE_FLAGS & flag != 0 {
+            clone_rules.push(rule(vec![SeccompCondition::new(
+                0,
+                SeccompCmpArgLen::Qword,
+                SeccompCmpOp::MaskedEq(flag),
+                flag,
+            )
+            .map_err(|e| e.to_string())?])?);
+        }
+    }
+    rules.insert(libc::SYS_clone, clone_rules);
+    let eperm = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        TargetArch::x86_64,
+    )
+    .map_err(|e| e.to_string())?;
+    let enosys = SeccompFilter::new(
+        BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        TargetArch::x86_64,
+    )
+    .map_err(|e| e.to_string())?;
+    let compile = |f: SeccompFilter| -> Result<BpfProgram, String> {
+        f.try_into()
+            .map_err(|e: seccompiler::BackendError| e.to_string())
+    };
+    Ok(vec![compile(eperm)?, compile(enosys)?])
 }
 
 /// Refuses every x32-ABI call: load the architecture, and for x86_64 the
@@ -175,6 +276,7 @@ mod tests {
     fn the_filters_build() {
         let p = build().expect("filter");
         assert!(!p.is_empty());
+        assert_eq!(pristine_filters().expect("pristine filters").len(), 2);
         assert_eq!(x32_guard().len(), 6);
     }
 }

@@ -23,6 +23,9 @@ use crate::{signals, sys};
 pub struct InitOptions {
     /// Time without any client after which everything is killed.
     pub grace: Duration,
+    /// Started for in-place reset (`--pristine`), with this `size=` for
+    /// the tmpfs holding the changes (`--pristine-size`).
+    pub pristine: Option<Option<u64>>,
 }
 
 /// Default grace of the dead-man switch.
@@ -44,16 +47,24 @@ pub fn run(opts: &InitOptions) -> i32 {
         eprintln!("corral-agent: cannot make PID 1 non-dumpable: {e}");
         return 1;
     }
-    match crate::confine::init() {
-        Ok(true) => {}
-        Ok(false) => eprintln!(
-            "corral-agent: no-new-privileges is off: commands run without the agent's seccomp filter"
-        ),
+    let filtered = match crate::confine::init(opts.pristine.is_some()) {
+        Ok(true) => true,
+        Ok(false) => {
+            eprintln!(
+                "corral-agent: no-new-privileges is off: commands run without the agent's seccomp filter"
+            );
+            false
+        }
         Err(e) => {
             eprintln!("corral-agent: cannot build the seccomp filter for commands: {e}");
             return 1;
         }
-    }
+    };
+    // Before any thread: it may give PID 1 a mount namespace of its own.
+    let pristine = match opts.pristine {
+        Some(size) => crate::pristine::init(size, filtered),
+        None => crate::pristine::Pristine::off(),
+    };
     if let Err(e) = sys::block_signals(&sys::FORWARDED) {
         eprintln!("corral-agent: cannot block signals: {e}");
         return 1;
@@ -92,6 +103,7 @@ pub fn run(opts: &InitOptions) -> i32 {
         reaper,
         deadman,
         oom: OomCounter::detect(),
+        pristine: std::sync::Arc::new(pristine),
     };
     server::serve_stdio(shared, stdin, stdout);
     // stdin ended: the daemon closed it (the container is being torn down).

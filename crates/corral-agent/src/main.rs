@@ -17,6 +17,7 @@ mod files;
 mod init;
 mod listing;
 mod oom;
+mod pristine;
 mod reaper;
 mod server;
 mod signals;
@@ -32,7 +33,7 @@ use std::time::Duration;
 use files::{FileRequest, Op};
 use init::{InitOptions, DEFAULT_GRACE_MS};
 
-const USAGE: &str = "usage: corral-agent init [--grace-ms N]
+const USAGE: &str = "usage: corral-agent init [--grace-ms N] [--pristine [--pristine-size BYTES]]
        corral-agent file-write PATH [--root DIR] [--mode OCTAL] [--mkdirs] [--max BYTES]
        corral-agent file-read PATH [--root DIR] [--max BYTES]
        corral-agent tar-extract DIR [--root DIR] [--max BYTES]
@@ -150,21 +151,44 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
     match first.as_str() {
         "init" => {
             let mut grace_ms = DEFAULT_GRACE_MS;
+            let mut pristine = None;
             let mut it = rest.iter();
             while let Some(arg) = it.next() {
-                let value = if arg == "--grace-ms" {
-                    it.next().ok_or("missing value for '--grace-ms'")?.as_str()
+                if arg == "--pristine" {
+                    pristine.get_or_insert(None);
+                    continue;
+                }
+                let (flag, value) = if arg == "--grace-ms" || arg == "--pristine-size" {
+                    let v = it
+                        .next()
+                        .ok_or_else(|| format!("missing value for '{arg}'"))?;
+                    (arg.as_str(), v.as_str())
                 } else if let Some(v) = arg.strip_prefix("--grace-ms=") {
-                    v
+                    ("--grace-ms", v)
+                } else if let Some(v) = arg.strip_prefix("--pristine-size=") {
+                    ("--pristine-size", v)
                 } else {
                     return Err(format!("unexpected argument '{arg}' for init"));
                 };
-                grace_ms = value.parse().map_err(|_| {
-                    format!("invalid value '{value}' for '--grace-ms': expected a whole number of milliseconds")
+                let number: u64 = value.parse().map_err(|_| {
+                    let unit = if flag == "--grace-ms" {
+                        "milliseconds"
+                    } else {
+                        "bytes"
+                    };
+                    format!(
+                        "invalid value '{value}' for '{flag}': expected a whole number of {unit}"
+                    )
                 })?;
+                if flag == "--grace-ms" {
+                    grace_ms = number;
+                } else {
+                    pristine = Some(Some(number));
+                }
             }
             Ok(Mode::Init(InitOptions {
                 grace: Duration::from_millis(grace_ms),
+                pristine,
             }))
         }
         "--version" | "-V" => no_more(rest).map(|()| Mode::Version),
@@ -219,10 +243,25 @@ mod tests {
     fn parses_subcommands() {
         let default = Mode::Init(InitOptions {
             grace: Duration::from_millis(DEFAULT_GRACE_MS),
+            pristine: None,
         });
         assert_eq!(parse(&["init"]), Ok(default));
+        let pristine = Mode::Init(InitOptions {
+            grace: Duration::from_millis(DEFAULT_GRACE_MS),
+            pristine: Some(Some(1 << 20)),
+        });
+        assert_eq!(
+            parse(&["init", "--pristine", "--pristine-size", "1048576"]),
+            Ok(pristine)
+        );
+        let e = parse(&["init", "--pristine-size", "big"]).expect_err("bad size");
+        assert!(
+            e.contains("'--pristine-size'") && e.contains("'big'"),
+            "{e}"
+        );
         let short = Mode::Init(InitOptions {
             grace: Duration::from_millis(1500),
+            pristine: None,
         });
         assert_eq!(parse(&["init", "--grace-ms", "1500"]), Ok(short));
         assert!(matches!(

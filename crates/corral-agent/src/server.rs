@@ -19,13 +19,14 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corral_core::protocol::{
-    ExecRequest, Frame, FrameKind, Hello, HelloAck, Item, SignalRequest, SpawnError, Started,
-    SyncDecoder, PROTOCOL_VERSION,
+    ExecRequest, Frame, FrameKind, Hello, HelloAck, Item, ResetRequest, SignalRequest, SpawnError,
+    Started, SyncDecoder, PROTOCOL_VERSION,
 };
 
 use crate::control::{lock, Control, StdinRefused};
 use crate::deadman::DeadMan;
 use crate::oom::OomCounter;
+use crate::pristine::Pristine;
 use crate::reaper::Reaper;
 use crate::supervise::Job;
 use crate::writer::{FrameWriter, SessionWriter};
@@ -55,6 +56,8 @@ pub struct Shared {
     pub deadman: Arc<DeadMan>,
     /// The sandbox's OOM counter.
     pub oom: OomCounter,
+    /// In-place reset, when the sandbox was started for it.
+    pub pristine: Arc<Pristine>,
 }
 
 /// A command of the current session that has not reported Exited.
@@ -195,6 +198,7 @@ impl Conn {
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
             oom_counter: self.shared.oom.name().to_string(),
             session: hello.session,
+            reset: self.shared.pristine.support().cloned(),
         };
         self.writer
             .new_session(&Frame::json(FrameKind::HelloAck, frame.id, &ack));
@@ -214,6 +218,12 @@ impl Conn {
             FrameKind::StdinEof => self.with_command(id, |ctl| ctl.close_stdin()),
             FrameKind::Signal => match frame.parse::<SignalRequest>() {
                 Ok(req) => self.signal(id, req.signal),
+                Err(e) => {
+                    self.writer.error(id, e.to_string());
+                }
+            },
+            FrameKind::Reset => match frame.parse::<ResetRequest>() {
+                Ok(req) => self.reset(id, req),
                 Err(e) => {
                     self.writer.error(id, e.to_string());
                 }
@@ -291,7 +301,12 @@ impl Conn {
             Err(e) => return self.spawn_failed(id, format!("cannot set up the command: {e}")),
         };
         let oom_before = self.shared.oom.read();
-        let proc = match command::spawn(&self.shared.reaper, &req, ctl.clone()) {
+        let proc = match command::spawn(
+            &self.shared.reaper,
+            &self.shared.pristine,
+            &req,
+            ctl.clone(),
+        ) {
             Ok(p) => p,
             Err(message) => return self.spawn_failed(id, message),
         };
@@ -346,6 +361,20 @@ impl Conn {
             &Started { pid: pid as u32 },
         ));
         let _ = go.send(());
+    }
+
+    /// Resets the sandbox in place (inline: nothing else is dispatched
+    /// until the new world stands) and answers with the report.
+    fn reset(&self, id: u32, req: ResetRequest) {
+        if id == 0 || self.running(id).is_some() {
+            self.writer
+                .error(id, format!("reset id {id} is 0 or names a running command"));
+            return;
+        }
+        let report = self.shared.pristine.reset(req.checkpoint);
+        // The killed commands' supervisors report their ends as usual.
+        self.writer
+            .send(&Frame::json(FrameKind::ResetDone, id, &report));
     }
 
     fn spawn_failed(&self, id: u32, message: String) {

@@ -3,6 +3,7 @@
 //! Every `unsafe` block of the agent lives here, each with the reason it is
 //! sound, so the rest of the crate is plain safe Rust.
 
+use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
@@ -315,4 +316,209 @@ mod tests {
         let mut fds = [pollfd(e.raw(), libc::POLLIN)];
         assert_eq!(poll(&mut fds, Some(Duration::ZERO)).expect("poll"), 0);
     }
+}
+
+/// Gives the calling process a mount namespace of its own (a copy of the
+/// current one). Must be called while the process has a single thread.
+pub fn unshare_mount_ns() -> io::Result<()> {
+    // SAFETY: unshare takes a flag word.
+    cvt(unsafe { libc::unshare(libc::CLONE_NEWNS) }).map(drop)
+}
+
+/// mount(2) with C strings.
+pub fn mount(
+    source: Option<&CStr>,
+    target: &CStr,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> io::Result<()> {
+    let p = |s: Option<&CStr>| s.map_or(std::ptr::null(), CStr::as_ptr);
+    // SAFETY: every pointer is a NUL-terminated string that outlives the
+    // call, or null where mount(2) accepts null. Async-signal-safe.
+    cvt(unsafe { libc::mount(p(source), target.as_ptr(), p(fstype), flags, p(data).cast()) })
+        .map(drop)
+}
+
+/// Detaches the mount at `target` (lazy unmount).
+pub fn umount_detach(target: &CStr) -> io::Result<()> {
+    // SAFETY: target is NUL-terminated. Async-signal-safe.
+    cvt(unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) }).map(drop)
+}
+
+/// chdir(2) with a C string; async-signal-safe.
+pub fn chdir(path: &CStr) -> io::Result<()> {
+    // SAFETY: path is NUL-terminated.
+    cvt(unsafe { libc::chdir(path.as_ptr()) }).map(drop)
+}
+
+/// chroot(2) to the current directory; async-signal-safe.
+pub fn chroot_here() -> io::Result<()> {
+    // SAFETY: the argument is a NUL-terminated string.
+    cvt(unsafe { libc::chroot(c".".as_ptr()) }).map(drop)
+}
+
+/// Moves the calling thread into the mount namespace `fd` refers to (its
+/// root and working directory become that namespace's root). In a forked
+/// child this is the whole process; async-signal-safe.
+pub fn setns_mount(fd: RawFd) -> io::Result<()> {
+    // SAFETY: setns takes an fd and a flag word.
+    cvt(unsafe { libc::setns(fd, libc::CLONE_NEWNS) }).map(drop)
+}
+
+/// Version 3 of the capability ABI (64-bit sets).
+const CAP_V3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// Drops the capabilities `caps` (numbers) from the calling, forked and
+/// not yet exec'd child for good: from its bounding set (so exec as root
+/// does not give them back; CAP_SETPCAP, needed for that, must come last
+/// in `caps`), from its effective, permitted and inheritable sets, and
+/// clears the ambient set. Only raw system calls: async-signal-safe.
+pub fn drop_caps_in_child(caps: &[u32]) -> io::Result<()> {
+    for &cap in caps {
+        // SAFETY: prctl with integer arguments.
+        cvt(unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) })?;
+    }
+    // SAFETY: prctl with integer arguments.
+    cvt(unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    })?;
+    let mut header = CapHeader {
+        version: CAP_V3,
+        pid: 0,
+    };
+    let mut data = [CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capget writes two CapData through a valid pointer for V3.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &mut header as *mut CapHeader,
+            data.as_mut_ptr(),
+        )
+    };
+    cvt(ret as libc::c_int)?;
+    for &cap in caps {
+        let (word, bit) = ((cap / 32) as usize, 1u32 << (cap % 32));
+        if let Some(d) = data.get_mut(word) {
+            d.effective &= !bit;
+            d.permitted &= !bit;
+            d.inheritable &= !bit;
+        }
+    }
+    header.version = CAP_V3;
+    header.pid = 0;
+    // SAFETY: capset reads two CapData through a valid pointer for V3.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_capset,
+            &mut header as *mut CapHeader,
+            data.as_ptr(),
+        )
+    };
+    cvt(ret as libc::c_int).map(drop)
+}
+
+/// Opens `path` (relative or absolute) as an `O_PATH` descriptor, resolved
+/// as if `root` were the root directory: `..` and absolute symlinks cannot
+/// leave it.
+pub fn open_in_root(root: BorrowedFd<'_>, path: &CStr) -> io::Result<OwnedFd> {
+    let mut how: libc::open_how = {
+        // SAFETY: open_how is plain data; all-zero is a valid value.
+        unsafe { std::mem::zeroed() }
+    };
+    how.flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_IN_ROOT;
+    // SAFETY: path is NUL-terminated; `how` is valid for its size.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            path.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    let fd = cvt(fd as libc::c_int)?;
+    // SAFETY: openat2 returned a new descriptor we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// fork(2). In the child only async-signal-safe calls may follow (the
+/// parent is multi-threaded), ending in `_exit`.
+///
+/// # Safety
+/// The caller's child branch must only make async-signal-safe calls.
+pub unsafe fn fork() -> io::Result<i32> {
+    // SAFETY: forwarded to the caller's contract.
+    cvt(unsafe { libc::fork() })
+}
+
+/// Ends a forked child at once, running no destructors or atexit hooks.
+pub fn exit_child(code: i32) -> ! {
+    // SAFETY: _exit is async-signal-safe and never returns.
+    unsafe { libc::_exit(code) }
+}
+
+/// A pipe whose ends close on exec.
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into the array.
+    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: both are new descriptors we own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// write(2) of a whole small buffer; async-signal-safe.
+pub fn write_all_raw(fd: RawFd, buf: &[u8]) {
+    // SAFETY: buf is valid for its length. A short or failed write of a
+    // status word to a pipe is reported by the reader as a short read.
+    unsafe {
+        libc::write(fd, buf.as_ptr().cast(), buf.len());
+    }
+}
+
+/// read(2) into `buf`, retried on EINTR.
+pub fn read_raw(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: buf is valid for writes of its length.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Makes this (forked, builder) process dumpable again, so its parent can
+/// open its `/proc/PID/ns/mnt` and `/proc/PID/root`; async-signal-safe.
+pub fn set_dumpable() -> io::Result<()> {
+    // SAFETY: PR_SET_DUMPABLE takes plain integer arguments.
+    cvt(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) }).map(drop)
 }

@@ -169,6 +169,9 @@ impl ClientPolicy {
             recovery: _,
             startup: _,
             persistent,
+            // Commands gain nothing from it (the agent's extra capabilities
+            // never reach them; tested by attack).
+            pristine: _,
         } = asked;
         if persistent.is_some() && *persistent != base.persistent {
             return Err(Refusal::new(

@@ -64,6 +64,10 @@ pub enum FrameKind {
     Signal = 5,
     /// Liveness probe; the agent answers [`FrameKind::Pong`] with the same payload.
     Ping = 6,
+    /// Return the sandbox to its pristine state; payload is [`ResetRequest`].
+    /// The id is a fresh one, like a command's; the answer is one
+    /// [`FrameKind::ResetDone`] with it.
+    Reset = 7,
 
     // agent -> corral
     /// Handshake answer; payload is [`HelloAck`].
@@ -90,6 +94,9 @@ pub enum FrameKind {
     /// carrying the id of a command that has not reported [`FrameKind::Exited`]
     /// (e.g. an `Exec` whose payload did not parse) is final for that id.
     Error = 73,
+    /// Answer to [`FrameKind::Reset`]; payload is [`ResetReport`]. The only
+    /// frame for its id.
+    ResetDone = 74,
 }
 
 impl FrameKind {
@@ -103,6 +110,7 @@ impl FrameKind {
             4 => StdinEof,
             5 => Signal,
             6 => Ping,
+            7 => Reset,
             64 => HelloAck,
             65 => Started,
             66 => Stdout,
@@ -113,6 +121,7 @@ impl FrameKind {
             71 => SpawnFailed,
             72 => Pong,
             73 => Error,
+            74 => ResetDone,
             _ => return None,
         })
     }
@@ -418,6 +427,48 @@ pub struct HelloAck {
     pub oom_counter: String,
     /// The [`Hello::session`] this answers.
     pub session: String,
+    /// Whether the agent can reset the sandbox in place; absent when the
+    /// sandbox was not started for it.
+    #[serde(default)]
+    pub reset: Option<ResetSupport>,
+}
+
+/// What the agent said about in-place reset at the handshake.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ResetSupport {
+    /// True when [`FrameKind::Reset`] works.
+    pub ready: bool,
+    /// Why it does not, for people (empty when ready).
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// Return the sandbox to its pristine state: every process but the agent
+/// killed, and commands from then on run in a fresh view of the file
+/// system (the root file system as it was at the first reset, tmpfs mounts
+/// as they were then, mounts from the host as they are).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ResetRequest {
+    /// Keep the changes made since the last reset: they become part of the
+    /// pristine state later resets return to.
+    #[serde(default)]
+    pub checkpoint: bool,
+}
+
+/// How a reset went.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ResetReport {
+    /// Why the reset failed; `None` on success. After a failure the
+    /// sandbox is not pristine and must be replaced.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Processes that were killed.
+    pub killed: u32,
+    /// Checkpointed layers now under the pristine state.
+    #[serde(default)]
+    pub layers: u32,
+    /// Time the agent spent, in microseconds.
+    pub elapsed_us: u64,
 }
 
 /// Start a command.

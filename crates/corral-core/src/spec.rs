@@ -53,6 +53,13 @@ pub struct SandboxSpec {
     /// owner (no orphan reaping, no dead-man switch) and is adopted by the
     /// next corral that asks for the key. Set by the provider.
     pub persistent: Option<String>,
+    /// Start the sandbox so that [`reset`](crate::SandboxSpec::in_place_reset)
+    /// can return it to its state after the start-up commands in place, in
+    /// milliseconds: the agent (never a command) gets CAP_SYS_ADMIN,
+    /// CAP_SYS_CHROOT and CAP_SETPCAP, and commands write to an overlay
+    /// whose changes live in memory (they count against the memory limit).
+    /// Where a spec cannot reset in place, a reset replaces the container.
+    pub pristine: bool,
 }
 
 impl Default for SandboxSpec {
@@ -73,6 +80,7 @@ impl Default for SandboxSpec {
             recovery: Recovery::default(),
             startup: Vec::new(),
             persistent: None,
+            pristine: false,
         }
     }
 }
@@ -337,6 +345,41 @@ fn check_container_path(field: &str, path: &str) -> Result<(), SpecError> {
 const PERSISTENT_GRACE_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
 
 impl SandboxSpec {
+    /// Why a reset of this spec's sandboxes cannot happen in place (and
+    /// replaces the container instead), naming the field; `Ok` when it can
+    /// (the backend and the image may still refuse: then the agent says
+    /// why at the handshake).
+    pub fn in_place_reset(&self) -> Result<(), String> {
+        let sec = &self.security;
+        if !self.pristine {
+            return Err("pristine is false: the sandbox was not started for in-place reset".into());
+        }
+        if self.persistent.is_some() {
+            return Err("persistent: a persistent sandbox keeps its state by design".into());
+        }
+        if sec.read_only_root {
+            return Err("security.read_only_root: the overlay would make the root writable".into());
+        }
+        if !sec.no_new_privileges {
+            return Err("security.no_new_privileges is false: commands could not be kept from the agent's extra capabilities".into());
+        }
+        if !sec.drop_all_caps {
+            return Err("security.drop_all_caps is false: commands would keep the daemon's default capabilities next to the agent's".into());
+        }
+        if let Some(user) = &sec.user {
+            let uid = user.split(':').next().unwrap_or("");
+            if uid != "0" && uid != "root" {
+                return Err(format!("security.user '{user}': in-place reset needs the agent to run as root (commands keep only the usual capabilities)"));
+            }
+        }
+        match self.runtime.as_deref() {
+            None | Some("runc") => Ok(()),
+            Some(other) => Err(format!(
+                "runtime '{other}': in-place reset is only supported under runc"
+            )),
+        }
+    }
+
     /// The dead-man grace the agent runs with, in ms: `agent_grace_ms`,
     /// or never for a persistent sandbox.
     pub fn effective_grace_ms(&self) -> u64 {

@@ -101,6 +101,28 @@ pub fn container_name(sandbox_id: &str) -> String {
     format!("corral-{sandbox_id}")
 }
 
+/// What the agent of a sandbox that resets in place needs on top.
+pub const PRISTINE_CAPS: [&str; 3] = ["SETPCAP", "SYS_ADMIN", "SYS_CHROOT"];
+
+/// PID 1's command line.
+fn entrypoint(spec: &SandboxSpec, pristine: bool) -> Vec<String> {
+    let mut args = vec![
+        AGENT_PATH.to_string(),
+        "init".to_string(),
+        "--grace-ms".to_string(),
+        // A persistent sandbox outlives its owner: no dead-man switch.
+        spec.effective_grace_ms().to_string(),
+    ];
+    if pristine {
+        args.push("--pristine".into());
+        if let Some(disk) = spec.limits.disk {
+            // The changes live in memory; the disk limit bounds them.
+            args.extend(["--pristine-size".into(), disk.to_string()]);
+        }
+    }
+    args
+}
+
 /// The create body for `spec`.
 pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateBody {
     let mut labels: HashMap<String, String> = spec
@@ -158,6 +180,7 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
         .collect();
 
     let sec = &spec.security;
+    let pristine = spec.in_place_reset().is_ok();
     let mut security_opt = Vec::new();
     if sec.no_new_privileges {
         security_opt.push("no-new-privileges:true".to_string());
@@ -178,7 +201,17 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
         nano_cpus: spec.limits.cpus.map(|c| (c * 1e9) as i64),
         pids_limit: spec.limits.pids,
         cap_drop: sec.drop_all_caps.then(|| vec!["ALL".to_string()]),
-        cap_add: sec.drop_all_caps.then(|| sec.effective_cap_add()),
+        cap_add: sec.drop_all_caps.then(|| {
+            let mut caps = sec.effective_cap_add();
+            if pristine {
+                // The agent's alone: commands drop them (corral-agent's
+                // `pristine` and `confine`).
+                caps.extend(PRISTINE_CAPS.iter().map(|c| c.to_string()));
+                caps.sort();
+                caps.dedup();
+            }
+            caps
+        }),
         security_opt: (!security_opt.is_empty()).then_some(security_opt),
         readonly_rootfs: Some(sec.read_only_root),
         tmpfs: (!tmpfs.is_empty()).then_some(tmpfs),
@@ -204,13 +237,7 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
 
     ContainerCreateBody {
         image: Some(spec.image.clone()),
-        entrypoint: Some(vec![
-            AGENT_PATH.to_string(),
-            "init".to_string(),
-            "--grace-ms".to_string(),
-            // A persistent sandbox outlives its owner: no dead-man switch.
-            spec.effective_grace_ms().to_string(),
-        ]),
+        entrypoint: Some(entrypoint(spec, pristine)),
         cmd: Some(Vec::new()),
         env: Some(p.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
         working_dir: spec.workdir.clone(),

@@ -59,6 +59,8 @@ struct Route {
     /// checked and dropped until its last one arrives).
     tx: Option<mpsc::UnboundedSender<Frame>>,
     started: bool,
+    /// A reset's route: its one frame is `ResetDone` (or an `Error`).
+    reset: bool,
     budget: Arc<Budget>,
 }
 
@@ -121,6 +123,10 @@ impl Routes {
     /// Starts routing frames for `id`, keeping at most `cap` output bytes
     /// queued for its receiver.
     fn add(&mut self, id: u32, cap: usize) -> RouteRx {
+        self.add_route(id, cap, false)
+    }
+
+    fn add_route(&mut self, id: u32, cap: usize, reset: bool) -> RouteRx {
         let (tx, rx) = mpsc::unbounded_channel();
         let budget = Arc::new(Budget {
             cap: AtomicUsize::new(cap),
@@ -132,6 +138,7 @@ impl Routes {
             Route {
                 tx: Some(tx),
                 started: false,
+                reset,
                 budget: budget.clone(),
             },
         );
@@ -159,6 +166,16 @@ impl Routes {
                 format!("{kind:?} frame for command {id}, which corral never started")
             });
         };
+        if route.reset {
+            if !matches!(kind, FrameKind::ResetDone | FrameKind::Error) {
+                return Err(format!("{kind:?} frame for reset {id}"));
+            }
+            if let Some(tx) = &route.tx {
+                let _ = tx.send(frame);
+            }
+            self.map.remove(&id);
+            return Ok(());
+        }
         let last = match (kind, route.started) {
             (FrameKind::Started, false) => {
                 route.started = true;
@@ -320,6 +337,7 @@ impl AgentConn {
                 agent_version: String::new(),
                 oom_counter: String::new(),
                 session: String::new(),
+                reset: None,
             },
         };
         let agent_err = |message: String| Error::Agent {
@@ -393,6 +411,15 @@ impl AgentConn {
             return Err(describe(closed));
         }
         Ok(r.add(id, cap))
+    }
+
+    /// Routes the answer to reset `id` to the returned receiver.
+    pub fn register_reset(&self, id: u32) -> Result<RouteRx, String> {
+        let mut routes = lock(&self.routes);
+        if let Some(why) = &routes.closed {
+            return Err(describe(why));
+        }
+        Ok(routes.add_route(id, 0, true))
     }
 
     /// Stops delivering frames for `id`. The route stays until the agent's

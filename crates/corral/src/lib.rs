@@ -29,6 +29,7 @@ pub mod host;
 pub mod limits;
 pub mod metrics;
 mod provider;
+mod reset;
 mod runtime;
 mod sandbox;
 pub mod seal;
@@ -39,6 +40,7 @@ pub use corral_core::*;
 
 pub use files::{DirEntry, EntryKind, FileError, FileOptions};
 pub use provider::{Lease, Provider, ProviderStats};
+pub use reset::{ResetMode, ResetOutcome};
 pub use runtime::{GcReport, Runtime, RuntimeConfig, StartTimings};
 pub use sandbox::{ExecEvent, Execution, OutputStream, Recovered, Sandbox, StdinWriter};
 pub use shell::{SessionResult, ShellOptions, ShellSession};

@@ -29,6 +29,13 @@ pub struct Metrics {
     pub start_phase_us: [AtomicU64; StartPhase::ALL.len()],
     /// Sandboxes whose first command has run.
     pub first_commands: AtomicU64,
+    /// Resets done in place by the agent.
+    pub resets_in_place: AtomicU64,
+    /// Resets that replaced the container instead (the spec or backend
+    /// cannot reset in place, or the in-place reset failed).
+    pub resets_replaced: AtomicU64,
+    /// Total time of in-place resets, in µs.
+    pub reset_us: AtomicU64,
 }
 
 /// A phase of a sandbox start, as recorded in [`crate::StartTimings`].
@@ -111,6 +118,12 @@ pub struct MetricsSnapshot {
     pub start_phase_us: [u64; StartPhase::ALL.len()],
     /// See [`Metrics::first_commands`].
     pub first_commands: u64,
+    /// See [`Metrics::resets_in_place`].
+    pub resets_in_place: u64,
+    /// See [`Metrics::resets_replaced`].
+    pub resets_replaced: u64,
+    /// See [`Metrics::reset_us`].
+    pub reset_us: u64,
 }
 
 impl MetricsSnapshot {
@@ -181,6 +194,9 @@ impl Metrics {
             orphans_reaped: l(&self.orphans_reaped),
             start_phase_us: std::array::from_fn(|i| l(&self.start_phase_us[i])),
             first_commands: l(&self.first_commands),
+            resets_in_place: l(&self.resets_in_place),
+            resets_replaced: l(&self.resets_replaced),
+            reset_us: l(&self.reset_us),
         }
     }
 }

@@ -343,6 +343,8 @@ impl Sandbox {
                 });
             }
         }
+        // Boxed: the first reset is an exchange on the stream like a command.
+        Box::pin(self.enter_pristine()).await?;
         let took = t.elapsed();
         self.inner
             .runtime
@@ -468,6 +470,50 @@ impl Sandbox {
 
     fn conn(&self) -> Arc<AgentConn> {
         lock(&self.inner.conn).clone()
+    }
+
+    /// The current control stream.
+    pub(crate) fn current_conn(&self) -> Arc<AgentConn> {
+        self.conn()
+    }
+
+    /// What the agent said at the handshake of the current stream.
+    pub(crate) fn conn_hello(&self) -> corral_core::protocol::HelloAck {
+        self.conn().hello.clone()
+    }
+
+    /// The runtime that made it.
+    pub(crate) fn runtime(&self) -> &Runtime {
+        &self.inner.runtime
+    }
+
+    /// Forgets every shell session (their processes die with a reset).
+    pub(crate) fn drop_shells(&self) {
+        lock(&self.inner.shells).clear();
+    }
+
+    /// Replaces the container with a new one from the same spec (start-up
+    /// commands run again), whatever state the old one is in; the old one
+    /// is removed while the new one starts. A sandbox marked dead is alive
+    /// again.
+    pub(crate) async fn replace(&self) -> Result<(), Error> {
+        let _serial = self.inner.reattach.lock().await;
+        let runtime = &self.inner.runtime;
+        let id = &self.inner.id;
+        let old = self.placement();
+        runtime.inner.backend.unwatch(&old);
+        let (removed, started) = tokio::join!(
+            runtime.remove(&old, id),
+            runtime.start_new(&self.inner.spec, id)
+        );
+        if let Err(e) = removed {
+            tracing::warn!(sandbox = %id, container = %old, error = %e, "removing the replaced container failed");
+        }
+        let started = started?;
+        self.swap(started.placement, started.conn);
+        self.set_timings(started.timings);
+        *lock(&self.inner.dead) = None;
+        self.run_startup().await.map(|_| ())
     }
 
     /// Points the sandbox at a new placement and control stream.

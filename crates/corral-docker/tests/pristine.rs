@@ -1,0 +1,142 @@
+//! In-place reset in real sandboxes: a reset sandbox is indistinguishable
+//! from a new one of the same spec, and the agent's extra capabilities
+//! never reach a command (each attack runs inside the sandbox).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{backend, Guard, BUSYBOX};
+use corral::{ResetMode, Sandbox};
+use corral_core::{CommandSpec, SandboxSpec};
+
+fn sh(script: &str) -> CommandSpec {
+    CommandSpec::shell(script).timeout(Duration::from_secs(60))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+async fn out(sb: &Sandbox, script: &str) -> String {
+    let r = sb.run(&sh(script)).await;
+    assert_eq!(r.failure, None, "{script}: {r:?}");
+    assert_eq!(r.exit_code, Some(0), "{script}: {}", text(&r.stderr));
+    text(&r.stdout)
+}
+
+/// The lines only one side has, for failure messages.
+fn diff(a: &str, b: &str) -> String {
+    let only = |x: &str, y: &str| {
+        x.lines()
+            .filter(|l| !y.lines().any(|m| m == *l))
+            .map(|l| format!("  {l}\n"))
+            .collect::<String>()
+    };
+    format!("only before:\n{}only after:\n{}", only(a, b), only(b, a))
+}
+
+fn pristine_spec(g: &Guard) -> SandboxSpec {
+    let mut spec = g.spec(BUSYBOX);
+    spec.pristine = true;
+    spec.startup = vec![
+        "echo from-startup > /etc/startup-marker && chmod 640 /etc/startup-marker".into(),
+        "mkdir -p /tmp/seeded && echo seed > /tmp/seeded/file".into(),
+    ];
+    spec
+}
+
+/// Everything a command can see of the sandbox's state, without
+/// timestamps: every path outside /proc, /sys and /dev with its type, mode,
+/// owner, size (files) and content digest or link target; /dev/shm; the
+/// processes; the mount table (points and types).
+const FINGERPRINT: &str = r#"# fp-marker
+find / \( -path /proc -o -path /sys -o -path /dev \) -prune -o -print | sort | while read -r f; do
+  line="$f $(stat -c '%F %a %u:%g' "$f")"
+  if [ -L "$f" ]; then line="$line -> $(readlink "$f")"
+  elif [ -f "$f" ]; then line="$line $(stat -c %s "$f") $(md5sum < "$f" | cut -c1-32)"; fi
+  echo "$line"
+done
+echo "-- /dev/shm"; find /dev/shm | sort
+echo "-- processes"; ps -o args | grep -v -e fp-marker -e '^ps' -e '^COMMAND' | sort
+echo "-- mounts"; awk '{print $5, $9}' /proc/self/mountinfo | sort
+"#;
+
+/// Leaves a mess everywhere a rollout could.
+const MESS: &str = r#"
+echo tampered >> /etc/passwd
+rm -f /etc/group /etc/startup-marker
+chmod 700 /home/user /bin
+chown 1000 /root
+mkdir -p /opt/new/deep && echo x > /opt/new/deep/file
+ln -s /etc/passwd /root/link
+rm -rf /tmp/seeded
+echo junk > /tmp/junk; echo junk > /dev/shm/junk; echo junk > /var/tmp/junk
+echo '10.0.0.1 evil' >> /etc/hosts
+mv /bin/ls /bin/ls.moved
+(setsid sleep 1000 >/dev/null 2>&1 &)
+(sleep 1000 >/dev/null 2>&1 &)
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reset_sandbox_is_indistinguishable_from_a_new_one() {
+    let g = Guard::new("pristine-equal");
+    let b = backend().await;
+    let spec = pristine_spec(&g);
+    let sb = b.create(&spec).await.expect("create");
+    sb.resets_in_place().expect("in place");
+    let fresh_print = out(&sb, FINGERPRINT).await;
+    assert!(
+        fresh_print.contains("/etc/startup-marker regular file 640"),
+        "{fresh_print}"
+    );
+    assert!(fresh_print.contains("/tmp/seeded/file"), "{fresh_print}");
+
+    // A shell session changes its environment and directory.
+    let shell = sb.shell("main");
+    let r = shell.run("export EPISODE=1; cd /var", None, 1 << 20).await;
+    assert_eq!(r.result.exit_code, Some(0), "{r:?}");
+    for round in 0..2 {
+        out(&sb, MESS).await;
+        let messy = out(&sb, FINGERPRINT).await;
+        assert!(messy != fresh_print, "the mess changed nothing");
+        assert!(messy.contains("sleep 1000"), "{messy}");
+
+        let outcome = sb.reset().await.expect("reset");
+        assert_eq!(outcome.mode, ResetMode::InPlace, "{outcome:?}");
+        assert!(outcome.killed >= 2, "round {round}: {outcome:?}");
+        let after = out(&sb, FINGERPRINT).await;
+        assert!(
+            after == fresh_print,
+            "round {round}: a reset sandbox differs from its fresh self: {}",
+            diff(&fresh_print, &after)
+        );
+    }
+    // Shells are gone with their state: a new one starts clean.
+    let shell = sb.shell("main");
+    let r = shell.run("echo \"[$EPISODE]\"; pwd", None, 1 << 20).await;
+    assert_eq!(text(&r.result.stdout), "[]\n/\n", "{r:?}");
+
+    // A new sandbox of the same spec sees the same, but for its own
+    // identity: its hostname (the container id) and address in /etc/hosts.
+    let other = b.create(&spec).await.expect("create");
+    let identity = |print: &str| {
+        print
+            .lines()
+            .filter(|l| !l.starts_with("/etc/hostname ") && !l.starts_with("/etc/hosts "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let (new_print, fresh_print) = (
+        identity(&out(&other, FINGERPRINT).await),
+        identity(&fresh_print),
+    );
+    assert!(
+        new_print == fresh_print,
+        "a new sandbox differs: {}",
+        diff(&fresh_print, &new_print)
+    );
+    sb.destroy().await.expect("destroy");
+    other.destroy().await.expect("destroy");
+    g.assert_clean();
+}

@@ -1,0 +1,144 @@
+//! Returning a sandbox to its pristine state: [`Sandbox::reset`].
+//!
+//! A sandbox whose spec asks for it (`pristine: true`) and can have it
+//! ([`SandboxSpec::in_place_reset`](corral_core::SandboxSpec::in_place_reset))
+//! is reset by its agent in place: every process is killed and commands
+//! continue in a fresh overlay over the root file system as the start-up
+//! commands left it (see the agent's `pristine` module). Anything else is
+//! reset by replacing the container with a new one from the same spec
+//! (start-up commands run again), and the outcome says so and why.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use corral_core::protocol::{Frame, FrameKind, ResetReport, ResetRequest};
+use corral_core::Error;
+use serde::Serialize;
+
+use crate::sandbox::Sandbox;
+
+/// Longest an in-place reset may take before the sandbox is replaced.
+const RESET_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How a reset was done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResetMode {
+    /// By the agent, in the same container.
+    InPlace,
+    /// By replacing the container with a new one from the same spec.
+    Replaced,
+}
+
+/// What a reset did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ResetOutcome {
+    /// In place, or by replacement.
+    pub mode: ResetMode,
+    /// Why it was not done in place (`None` when it was).
+    pub fallback_reason: Option<String>,
+    /// Processes killed by an in-place reset.
+    pub killed: u32,
+    /// Time the whole reset took, in milliseconds.
+    pub elapsed_ms: f64,
+}
+
+impl Sandbox {
+    /// Why this sandbox cannot be reset in place right now; `Ok` when it can.
+    pub fn resets_in_place(&self) -> Result<(), String> {
+        self.spec().in_place_reset()?;
+        match &self.conn_hello().reset {
+            Some(r) if r.ready => Ok(()),
+            Some(r) => Err(format!("the agent cannot: {}", r.reason)),
+            None => Err("the agent was not started for in-place reset".into()),
+        }
+    }
+
+    /// Returns the sandbox to exactly the state it had right after its
+    /// start: every process gone, every change to its file system gone
+    /// (root file system, tmpfs mounts; host mounts are the host's), shell
+    /// sessions gone. In place when it can be, else by replacing the
+    /// container; the outcome says which.
+    pub async fn reset(&self) -> Result<ResetOutcome, Error> {
+        let started = Instant::now();
+        self.drop_shells();
+        let metrics = &self.runtime().inner.metrics;
+        let fallback = match self.resets_in_place() {
+            Ok(()) => match self.agent_reset(false).await {
+                Ok(report) => {
+                    let took = started.elapsed();
+                    metrics.resets_in_place.fetch_add(1, Ordering::Relaxed);
+                    metrics
+                        .reset_us
+                        .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+                    return Ok(ResetOutcome {
+                        mode: ResetMode::InPlace,
+                        fallback_reason: None,
+                        killed: report.killed,
+                        elapsed_ms: took.as_secs_f64() * 1e3,
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox = self.id(), error = %e, "in-place reset failed; replacing the container");
+                    format!("the in-place reset failed: {e}")
+                }
+            },
+            Err(why) => why,
+        };
+        self.replace().await?;
+        metrics.resets_replaced.fetch_add(1, Ordering::Relaxed);
+        Ok(ResetOutcome {
+            mode: ResetMode::Replaced,
+            fallback_reason: Some(fallback),
+            killed: 0,
+            elapsed_ms: started.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    /// After the start-up commands: the first in-place reset, which fixes
+    /// the state later resets return to. Nothing for other sandboxes.
+    pub(crate) async fn enter_pristine(&self) -> Result<(), Error> {
+        if self.resets_in_place().is_err() {
+            return Ok(());
+        }
+        self.agent_reset(false)
+            .await
+            .map(drop)
+            .map_err(|e| Error::Startup {
+                sandbox: self.id().to_string(),
+                index: self.spec().startup.len(),
+                detail: format!("preparing in-place reset failed: {e}"),
+            })
+    }
+
+    /// One `Reset` exchange with the agent.
+    async fn agent_reset(&self, checkpoint: bool) -> Result<ResetReport, String> {
+        let conn = self.current_conn();
+        let id = conn.next_id();
+        let mut rx = conn.register_reset(id)?;
+        let frame = Frame::json(FrameKind::Reset, id, &ResetRequest { checkpoint });
+        conn.send(frame).await?;
+        let answer = tokio::time::timeout(RESET_TIMEOUT, rx.recv())
+            .await
+            .map_err(|_| format!("no answer within {RESET_TIMEOUT:?}"))?;
+        let Some(frame) = answer else {
+            return Err(format!(
+                "the control stream ended: {}",
+                conn.closed_reason()
+            ));
+        };
+        if frame.kind != FrameKind::ResetDone {
+            return Err(format!(
+                "the agent refused: {}",
+                String::from_utf8_lossy(&frame.payload)
+            ));
+        }
+        let report: ResetReport = frame
+            .parse()
+            .map_err(|e| format!("unreadable reset report: {e}"))?;
+        match report.error {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
+    }
+}
