@@ -24,15 +24,17 @@
 //! throws the world away: everything commands did to the file system is
 //! gone with its upper layer.
 //!
-//! A checkpoint keeps the upper layer as one more lower layer, so later
-//! resets return to the state at the checkpoint.
+//! A reset that keeps the changes applies the upper layer to the
+//! container's own root file system first (whiteouts become deletions,
+//! opaque directories replace what was there), so later resets, and a
+//! snapshot of the container, start from it.
 
 use std::ffi::{CString, OsStr};
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{chown, DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{chown, DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
@@ -71,6 +73,50 @@ enum Carry {
     },
     /// A fresh copy of a writable single-file bind.
     File,
+    /// `/dev`: a fresh tmpfs with the device nodes bound in one by one
+    /// and the symbolic links and directories made anew, so files a
+    /// command leaves there go with the world.
+    Dev {
+        flags: libc::c_ulong,
+        data: String,
+        nodes: Vec<DevNode>,
+    },
+}
+
+/// One entry of the container's `/dev`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum DevNode {
+    /// A device file, bound in.
+    Device(PathBuf),
+    /// A symbolic link and its target.
+    Symlink(PathBuf, PathBuf),
+    /// A directory (a mount point, like `pts`) and its mode.
+    Dir(PathBuf, u32),
+}
+
+/// The entries of `/dev` a world recreates.
+fn dev_nodes() -> Result<Vec<DevNode>, String> {
+    let mut nodes = Vec::new();
+    let dir = fs::read_dir("/dev").map_err(|e| format!("cannot read /dev: {e}"))?;
+    for entry in dir {
+        let entry = entry.map_err(|e| e.to_string())?;
+        let path = entry.path();
+        let meta = fs::symlink_metadata(&path).map_err(|e| e.to_string())?;
+        let ft = meta.file_type();
+        if ft.is_symlink() {
+            let target = fs::read_link(&path).map_err(|e| e.to_string())?;
+            nodes.push(DevNode::Symlink(path, target));
+        } else if ft.is_dir() {
+            nodes.push(DevNode::Dir(path, meta.mode() & 0o7777));
+        } else if ft.is_char_device() || ft.is_block_device() {
+            nodes.push(DevNode::Device(path));
+        }
+        // Anything else in the container's /dev is a start-up command's
+        // file and stays out of the world's fresh /dev, like a new
+        // sandbox's.
+    }
+    nodes.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+    Ok(nodes)
 }
 
 #[derive(Debug, Clone)]
@@ -132,8 +178,6 @@ impl World {
 struct State {
     base: Option<Base>,
     generation: u64,
-    /// Checkpointed upper layers, oldest first.
-    layers: Vec<PathBuf>,
 }
 
 /// In-place reset for one sandbox; `None` support when not asked for.
@@ -254,8 +298,8 @@ impl Pristine {
     }
 
     /// Kills every process but the agent and starts a fresh world
-    /// (keeping what changed as a layer when `checkpoint`).
-    pub fn reset(&self, checkpoint: bool) -> ResetReport {
+    /// (first applying what changed to the root file system when `keep`).
+    pub fn reset(&self, keep: bool) -> ResetReport {
         let started = Instant::now();
         let mut report = ResetReport::default();
         if !self.support.ready {
@@ -274,40 +318,38 @@ impl Pristine {
             ));
             return report;
         }
+        clear_ipc();
         // Nothing runs in the old world now; dropping its descriptors
         // releases its mounts.
         let old = world.take();
         drop(old);
-        let result = self.next_world(&mut state, checkpoint);
-        report.layers = state.layers.len() as u32;
+        let result = self.next_world(&mut state, keep);
         match result {
-            Ok(w) => *world = Some(w),
+            Ok((w, kept)) => {
+                *world = Some(w);
+                report.kept_bytes = kept;
+            }
             Err(e) => report.error = Some(e),
         }
         report.elapsed_us = started.elapsed().as_micros() as u64;
         report
     }
 
-    fn next_world(&self, state: &mut State, checkpoint: bool) -> Result<World, String> {
+    fn next_world(&self, state: &mut State, keep: bool) -> Result<(World, u64), String> {
         if state.base.is_none() {
             state.base = Some(self.record_base()?);
         }
         let previous = state.generation;
-        if checkpoint && previous > 0 {
-            let upper = gen_dir(previous).join("upper");
-            let layer = Path::new(STATE)
-                .join("layers")
-                .join(state.layers.len().to_string());
-            fs::rename(&upper, &layer)
-                .map_err(|e| format!("cannot keep the changes as a layer: {e}"))?;
-            state.layers.push(layer);
-        }
+        let mut kept = 0;
         if previous > 0 {
+            if keep {
+                kept = fold(&gen_dir(previous).join("upper"), Path::new("/"))?;
+            }
             discard(gen_dir(previous));
         }
         state.generation += 1;
         let base = state.base.as_ref().ok_or("no base recorded")?;
-        build(base, &state.layers, state.generation)
+        Ok((build(base, state.generation)?, kept))
     }
 
     /// At the first reset: what every world carries over, then the state
@@ -322,7 +364,13 @@ impl Pristine {
             if m.path == Path::new("/") || m.path.starts_with(STATE) {
                 continue;
             }
-            let carry = if m.fstype == "tmpfs" && fresh_tmpfs(&m.path) {
+            let carry = if m.fstype == "tmpfs" && m.path == Path::new("/dev") {
+                Carry::Dev {
+                    flags: m.flags,
+                    data: tmpfs_data(&m.super_options),
+                    nodes: dev_nodes()?,
+                }
+            } else if m.fstype == "tmpfs" && fresh_tmpfs(&m.path) {
                 Carry::Tmpfs {
                     flags: m.flags,
                     data: tmpfs_data(&m.super_options),
@@ -368,14 +416,41 @@ impl Pristine {
             Some(&data),
         )
         .map_err(|e| format!("cannot mount the reset state on {STATE}: {e}"))?;
-        fs::create_dir(state.join("layers"))
-            .map_err(|e| format!("cannot make {STATE}/layers: {e}"))?;
         Ok(Base {
             entries,
             cwd,
             root_mode: root.mode() & 0o7777,
             root_owner: (root.uid(), root.gid()),
         })
+    }
+}
+
+/// Removes what commands left in the sandbox's IPC namespace, which is
+/// not part of any file system view: System V shared memory, semaphore
+/// sets and message queues, and POSIX message queues.
+fn clear_ipc() {
+    for (file, kind) in [
+        ("/proc/sysvipc/shm", sys::Ipc::Shm),
+        ("/proc/sysvipc/sem", sys::Ipc::Sem),
+        ("/proc/sysvipc/msg", sys::Ipc::Msg),
+    ] {
+        let Ok(table) = fs::read_to_string(file) else {
+            continue;
+        };
+        for id in table
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<i32>().ok())
+        {
+            if let Err(e) = sys::ipc_remove(kind, id) {
+                eprintln!("corral-agent: cannot remove IPC object {id}: {e}");
+            }
+        }
+    }
+    if let Ok(dir) = fs::read_dir("/dev/mqueue") {
+        for entry in dir.flatten() {
+            let _ = fs::remove_file(entry.path());
+        }
     }
 }
 
@@ -405,6 +480,71 @@ fn discard(dir: PathBuf) {
     if let Err(e) = spawned {
         eprintln!("corral-agent: cannot start a thread to remove an old world: {e}");
     }
+}
+
+/// Applies an overlay upper layer to `target` (the real root file
+/// system): a whiteout (character device 0:0) deletes, an opaque directory
+/// replaces, everything else is copied over with its mode and owner.
+/// Returns the bytes of file content copied.
+fn fold(upper: &Path, target: &Path) -> Result<u64, String> {
+    let mut bytes = 0;
+    let entries =
+        fs::read_dir(upper).map_err(|e| format!("cannot read {}: {e}", upper.display()))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| e.to_string())?;
+        let src = entry.path();
+        let dst = target.join(entry.file_name());
+        let meta = fs::symlink_metadata(&src).map_err(|e| format!("{}: {e}", src.display()))?;
+        let here = fs::symlink_metadata(&dst).ok();
+        let whiteout = meta.file_type().is_char_device() && meta.rdev() == 0;
+        let replace = match &here {
+            None => false,
+            Some(h) => {
+                whiteout || !(meta.is_dir() && h.is_dir()) || (meta.is_dir() && is_opaque(&src))
+            }
+        };
+        if replace {
+            remove_any(&dst)?;
+        }
+        if whiteout {
+            continue;
+        }
+        if meta.is_dir() {
+            if !dst.is_dir() {
+                fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(&dst)
+                    .map_err(|e| format!("cannot make {}: {e}", dst.display()))?;
+            }
+            bytes += fold(&src, &dst)?;
+            chown(&dst, Some(meta.uid()), Some(meta.gid())).map_err(|e| e.to_string())?;
+            fs::set_permissions(&dst, fs::Permissions::from_mode(meta.mode() & 0o7777))
+                .map_err(|e| e.to_string())?;
+        } else {
+            copy_tree(&src, &dst)?;
+            if meta.is_file() {
+                bytes += meta.len();
+            }
+        }
+    }
+    Ok(bytes)
+}
+
+/// Whether an upper-layer directory hides everything below it.
+fn is_opaque(dir: &Path) -> bool {
+    let Ok(path) = CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    sys::getxattr(&path, c"trusted.overlay.opaque").is_some_and(|v| v == b"y")
+}
+
+fn remove_any(path: &Path) -> Result<(), String> {
+    let res = match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => fs::remove_dir_all(path),
+        Ok(_) => fs::remove_file(path),
+        Err(_) => return Ok(()),
+    };
+    res.map_err(|e| format!("cannot remove {}: {e}", path.display()))
 }
 
 /// A tmpfs that belongs to the sandbox's own state (not `/dev` with its
@@ -551,12 +691,24 @@ enum Step {
         flags: libc::c_ulong,
         data: CString,
     },
+    /// An empty file to bind a device onto.
+    Touch {
+        dst: CString,
+    },
+    Symlink {
+        target: CString,
+        dst: CString,
+    },
+    Mkdir {
+        dst: CString,
+        mode: u32,
+    },
 }
 
 /// Builds world `generation`: directories on the state, a forked child
 /// that makes the namespace and pivots into it, and the content of
 /// non-empty tmpfs mounts copied in through the child's root.
-fn build(base: &Base, layers: &[PathBuf], generation: u64) -> Result<World, String> {
+fn build(base: &Base, generation: u64) -> Result<World, String> {
     let dir = gen_dir(generation);
     let io = |what: &str, e: io::Error| format!("cannot make {what}: {e}");
     for sub in ["", "upper", "work", "root", "files"] {
@@ -572,31 +724,29 @@ fn build(base: &Base, layers: &[PathBuf], generation: u64) -> Result<World, Stri
         .map_err(|e| io("the upper layer", e))?;
     let root = dir.join("root");
 
-    let mut lower: Vec<String> = layers
-        .iter()
-        .rev()
-        .map(|l| l.display().to_string())
-        .collect();
-    lower.push("/".into());
     let overlay = CString::new(format!(
-        "lowerdir={},upperdir={},workdir={}",
-        lower.join(":"),
+        "lowerdir=/,upperdir={},workdir={}",
         upper.display(),
         dir.join("work").display()
     ))
     .map_err(|e| e.to_string())?;
 
-    let mut steps = Vec::new();
+    // Each step with what it carries, for the error message.
+    let mut steps: Vec<(Step, String)> = Vec::new();
     let mut fills = Vec::new();
+    let inside = |p: &Path| cpath(&root.join(p.strip_prefix("/").unwrap_or(p)));
     for (i, e) in base.entries.iter().enumerate() {
-        let rel = e.path.strip_prefix("/").unwrap_or(&e.path);
-        let dst = cpath(&root.join(rel))?;
+        let label = e.path.display().to_string();
+        let dst = inside(&e.path)?;
         match &e.carry {
-            Carry::Bind => steps.push(Step::Bind {
-                src: cpath(&e.path)?,
-                dst,
-                remount: e.read_only.then_some(libc::MS_RDONLY),
-            }),
+            Carry::Bind => steps.push((
+                Step::Bind {
+                    src: cpath(&e.path)?,
+                    dst,
+                    remount: e.read_only.then_some(libc::MS_RDONLY),
+                },
+                label,
+            )),
             Carry::File => {
                 let fresh = dir.join("files").join(i.to_string());
                 let copy = &e.path;
@@ -606,28 +756,77 @@ fn build(base: &Base, layers: &[PathBuf], generation: u64) -> Result<World, Stri
                     .map_err(|e| io("a file copy", e))?;
                 chown(&fresh, Some(meta.uid()), Some(meta.gid()))
                     .map_err(|e| io("a file copy", e))?;
-                steps.push(Step::Bind {
-                    src: cpath(&fresh)?,
-                    dst,
-                    remount: None,
-                });
+                steps.push((
+                    Step::Bind {
+                        src: cpath(&fresh)?,
+                        dst,
+                        remount: None,
+                    },
+                    label,
+                ));
             }
             Carry::Tmpfs {
                 flags,
                 data,
                 content,
             } => {
-                steps.push(Step::Tmpfs {
-                    dst,
-                    flags: *flags,
-                    data: CString::new(data.as_str()).map_err(|e| e.to_string())?,
-                });
+                steps.push((
+                    Step::Tmpfs {
+                        dst,
+                        flags: *flags,
+                        data: CString::new(data.as_str()).map_err(|e| e.to_string())?,
+                    },
+                    label,
+                ));
                 if *content {
+                    let rel = e.path.strip_prefix("/").unwrap_or(&e.path);
                     fills.push((e.path.clone(), rel.to_path_buf()));
+                }
+            }
+            Carry::Dev { flags, data, nodes } => {
+                steps.push((
+                    Step::Tmpfs {
+                        dst,
+                        flags: *flags,
+                        data: CString::new(data.as_str()).map_err(|e| e.to_string())?,
+                    },
+                    label,
+                ));
+                for node in nodes {
+                    match node {
+                        DevNode::Device(p) => {
+                            let dst = inside(p)?;
+                            let label = p.display().to_string();
+                            steps.push((Step::Touch { dst: dst.clone() }, label.clone()));
+                            steps.push((
+                                Step::Bind {
+                                    src: cpath(p)?,
+                                    dst,
+                                    remount: None,
+                                },
+                                label,
+                            ));
+                        }
+                        DevNode::Symlink(p, target) => steps.push((
+                            Step::Symlink {
+                                target: cpath(target)?,
+                                dst: inside(p)?,
+                            },
+                            p.display().to_string(),
+                        )),
+                        DevNode::Dir(p, mode) => steps.push((
+                            Step::Mkdir {
+                                dst: inside(p)?,
+                                mode: *mode,
+                            },
+                            p.display().to_string(),
+                        )),
+                    }
                 }
             }
         }
     }
+    let (steps, labels): (Vec<Step>, Vec<String>) = steps.into_iter().unzip();
     let root_c = cpath(&root)?;
     let (ready_r, ready_w) = sys::pipe().map_err(|e| io("a pipe", e))?;
     let (go_r, go_w) = sys::pipe().map_err(|e| io("a pipe", e))?;
@@ -655,7 +854,7 @@ fn build(base: &Base, layers: &[PathBuf], generation: u64) -> Result<World, Stri
     let step = u32::from_le_bytes([status[0], status[1], status[2], status[3]]);
     let errno = i32::from_le_bytes([status[4], status[5], status[6], status[7]]);
     if step != 0 {
-        return Err(describe_failure(step, errno, &base.entries));
+        return Err(describe_failure(step, errno, &labels));
     }
     let proc_dir = PathBuf::from(format!("/proc/{pid}"));
     let ns = fs::File::open(proc_dir.join("ns/mnt")).map_err(|e| io("the world's namespace", e))?;
@@ -696,7 +895,7 @@ fn copy_into(from: &Path, to: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn describe_failure(step: u32, errno: i32, entries: &[Entry]) -> String {
+fn describe_failure(step: u32, errno: i32, labels: &[String]) -> String {
     let e = io::Error::from_raw_os_error(errno);
     match step {
         1 => format!("cannot make the world's mount namespace: {e}"),
@@ -706,10 +905,10 @@ fn describe_failure(step: u32, errno: i32, entries: &[Entry]) -> String {
         6 => format!("cannot move the world's root over /: {e}"),
         7 => format!("cannot enter the world's root: {e}"),
         s if s >= 100 => {
-            let what = entries
+            let what = labels
                 .get((s - 100) as usize)
-                .map(|m| m.path.display().to_string())
-                .unwrap_or_else(|| "?".into());
+                .map(String::as_str)
+                .unwrap_or("?");
             format!("cannot carry the mount {what} into the world: {e}")
         }
         s => format!("building the world failed at step {s}: {e}"),
@@ -759,6 +958,9 @@ fn child(overlay: &CString, root: &CString, steps: &[Step], ready: RawFd, go: Ra
             Step::Tmpfs { dst, flags, data } => {
                 sys::mount(Some(c"tmpfs"), dst, Some(c"tmpfs"), *flags, Some(data))
             }
+            Step::Touch { dst } => sys::touch(dst),
+            Step::Symlink { target, dst } => sys::symlink(target, dst),
+            Step::Mkdir { dst, mode } => sys::mkdir(dst, *mode),
         };
         if let Err(e) = res {
             fail(code, e);

@@ -340,12 +340,6 @@ pub fn mount(
         .map(drop)
 }
 
-/// Detaches the mount at `target` (lazy unmount).
-pub fn umount_detach(target: &CStr) -> io::Result<()> {
-    // SAFETY: target is NUL-terminated. Async-signal-safe.
-    cvt(unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) }).map(drop)
-}
-
 /// chdir(2) with a C string; async-signal-safe.
 pub fn chdir(path: &CStr) -> io::Result<()> {
     // SAFETY: path is NUL-terminated.
@@ -521,4 +515,77 @@ pub fn read_raw(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
 pub fn set_dumpable() -> io::Result<()> {
     // SAFETY: PR_SET_DUMPABLE takes plain integer arguments.
     cvt(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) }).map(drop)
+}
+
+/// An extended attribute of `path` (not following a final symlink), or
+/// `None` when it is absent or unreadable.
+pub fn getxattr(path: &CStr, name: &CStr) -> Option<Vec<u8>> {
+    let mut buf = [0u8; 64];
+    // SAFETY: both names are NUL-terminated; buf is valid for its length.
+    let n = unsafe {
+        libc::lgetxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    usize::try_from(n)
+        .ok()
+        .map(|n| buf[..n.min(buf.len())].to_vec())
+}
+
+/// Creates an empty file (mode 0600) unless it exists; async-signal-safe.
+pub fn touch(path: &CStr) -> io::Result<()> {
+    // SAFETY: path is NUL-terminated; the descriptor is closed at once.
+    let fd = cvt(unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            0o600,
+        )
+    })?;
+    // SAFETY: fd was just opened by us.
+    unsafe { libc::close(fd) };
+    Ok(())
+}
+
+/// symlink(2); async-signal-safe.
+pub fn symlink(target: &CStr, path: &CStr) -> io::Result<()> {
+    // SAFETY: both are NUL-terminated.
+    cvt(unsafe { libc::symlink(target.as_ptr(), path.as_ptr()) }).map(drop)
+}
+
+/// mkdir(2) with `mode` applied exactly (the umask cleared by a chmod);
+/// async-signal-safe.
+pub fn mkdir(path: &CStr, mode: u32) -> io::Result<()> {
+    // SAFETY: path is NUL-terminated.
+    cvt(unsafe { libc::mkdir(path.as_ptr(), mode) })?;
+    // SAFETY: path is NUL-terminated.
+    cvt(unsafe { libc::chmod(path.as_ptr(), mode) }).map(drop)
+}
+
+/// A kind of System V IPC object.
+#[derive(Debug, Clone, Copy)]
+pub enum Ipc {
+    /// Shared memory segment.
+    Shm,
+    /// Semaphore set.
+    Sem,
+    /// Message queue.
+    Msg,
+}
+
+/// Removes System V IPC object `id`.
+pub fn ipc_remove(kind: Ipc, id: i32) -> io::Result<()> {
+    // SAFETY: IPC_RMID takes no buffer (null is allowed for shm and msg;
+    // semctl's fourth argument is unused).
+    let ret = unsafe {
+        match kind {
+            Ipc::Shm => libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()),
+            Ipc::Sem => libc::semctl(id, 0, libc::IPC_RMID),
+            Ipc::Msg => libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut()),
+        }
+    };
+    cvt(ret).map(drop)
 }

@@ -449,10 +449,12 @@ pub struct ResetSupport {
 /// as they were then, mounts from the host as they are).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ResetRequest {
-    /// Keep the changes made since the last reset: they become part of the
-    /// pristine state later resets return to.
+    /// Keep the changes made to the root file system since the last reset:
+    /// they are applied to the container's own root file system, so they
+    /// become part of the state later resets return to (and of a snapshot
+    /// of the container). Changes to tmpfs mounts are not kept.
     #[serde(default)]
-    pub checkpoint: bool,
+    pub keep: bool,
 }
 
 /// How a reset went.
@@ -464,9 +466,9 @@ pub struct ResetReport {
     pub error: Option<String>,
     /// Processes that were killed.
     pub killed: u32,
-    /// Checkpointed layers now under the pristine state.
+    /// Bytes of file content kept (with [`ResetRequest::keep`]).
     #[serde(default)]
-    pub layers: u32,
+    pub kept_bytes: u64,
     /// Time the agent spent, in microseconds.
     pub elapsed_us: u64,
 }

@@ -57,7 +57,7 @@ find / \( -path /proc -o -path /sys -o -path /dev \) -prune -o -print | sort | w
   elif [ -f "$f" ]; then line="$line $(stat -c %s "$f") $(md5sum < "$f" | cut -c1-32)"; fi
   echo "$line"
 done
-echo "-- /dev/shm"; find /dev/shm | sort
+echo "-- /dev"; find /dev | sort
 echo "-- processes"; ps -o args | grep -v -e fp-marker -e '^ps' -e '^COMMAND' | sort
 echo "-- mounts"; awk '{print $5, $9}' /proc/self/mountinfo | sort
 "#;
@@ -71,7 +71,7 @@ chown 1000 /root
 mkdir -p /opt/new/deep && echo x > /opt/new/deep/file
 ln -s /etc/passwd /root/link
 rm -rf /tmp/seeded
-echo junk > /tmp/junk; echo junk > /dev/shm/junk; echo junk > /var/tmp/junk
+echo junk > /tmp/junk; echo junk > /dev/shm/junk; echo junk > /var/tmp/junk; echo junk > /dev/junk
 echo '10.0.0.1 evil' >> /etc/hosts
 mv /bin/ls /bin/ls.moved
 (setsid sleep 1000 >/dev/null 2>&1 &)
@@ -138,5 +138,138 @@ async fn a_reset_sandbox_is_indistinguishable_from_a_new_one() {
     );
     sb.destroy().await.expect("destroy");
     other.destroy().await.expect("destroy");
+    g.assert_clean();
+}
+
+/// The attack helper (`attacks/privs.c`), built static once per test run.
+fn privs_binary() -> Vec<u8> {
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("corral-privs");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/attacks/privs.c");
+    let built = std::process::Command::new("gcc")
+        .args(["-static", "-O1", "-o"])
+        .arg(&out)
+        .arg(src)
+        .status()
+        .expect("gcc runs");
+    assert!(built.success(), "building {src} failed");
+    std::fs::read(&out).expect("the attack helper")
+}
+
+async fn install_privs(sb: &Sandbox, bin: &[u8]) {
+    let opts = corral::FileOptions {
+        mode: Some(0o755),
+        ..Default::default()
+    };
+    sb.write_file("/tmp/privs", bin, &opts)
+        .await
+        .expect("write helper");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn commands_get_none_of_the_agents_extra_privileges() {
+    let g = Guard::new("pristine-privs");
+    let b = backend().await;
+    let bin = privs_binary();
+    let plain = b.create(&g.spec(BUSYBOX)).await.expect("create plain");
+    let mut spec = g.spec(BUSYBOX);
+    spec.pristine = true;
+    let pristine = b.create(&spec).await.expect("create pristine");
+    pristine.resets_in_place().expect("in place");
+
+    // The agent holds the extra capabilities; commands do not.
+    let agent_caps = out(&pristine, "grep CapEff /proc/1/status").await;
+    let agent_eff = u64::from_str_radix(agent_caps.split_whitespace().nth(1).unwrap_or(""), 16)
+        .expect("CapEff");
+    assert_ne!(
+        agent_eff & (1 << 21),
+        0,
+        "the agent lacks CAP_SYS_ADMIN: {agent_caps}"
+    );
+    let caps = "grep -E '^(Cap|NoNewPrivs)' /proc/self/status";
+    for round in 0..2 {
+        let p = out(&plain, caps).await;
+        let q = out(&pristine, caps).await;
+        assert_eq!(q, p, "round {round}: a command's privileges differ");
+        // Also in a shell, and after a reset.
+        let shell = pristine.shell("s");
+        let r = shell.run(caps, None, 1 << 20).await;
+        assert_eq!(text(&r.result.stdout), p, "shell: {r:?}");
+        pristine.reset().await.expect("reset");
+    }
+
+    // Busybox's own tools: each must fail in both sandboxes alike.
+    for attack in [
+        "unshare -U true",
+        "unshare -r true",
+        "unshare -m true",
+        "unshare -n true",
+        "mount -t tmpfs x /mnt",
+        "umount -l /proc",
+        "chroot / true",
+        "nsenter -t 1 -m true",
+        "ls /proc/1/root/dev/shm/.corral-state",
+        "hostname evil",
+    ] {
+        for (name, sb) in [("plain", &plain), ("pristine", &pristine)] {
+            let r = sb.run(&sh(attack)).await;
+            assert_eq!(r.failure, None, "{attack}: {r:?}");
+            assert_ne!(
+                r.exit_code,
+                Some(0),
+                "{name}: `{attack}` succeeded: {}",
+                text(&r.stdout)
+            );
+        }
+    }
+
+    // The raw system calls, clone and clone3 included.
+    for (name, sb) in [("plain", &plain), ("pristine", &pristine)] {
+        install_privs(sb, &bin).await;
+        let report = out(sb, "/tmp/privs").await;
+        let lines: Vec<&str> = report.lines().collect();
+        assert_eq!(lines.len(), 14, "{name}: {report}");
+        for line in lines {
+            assert!(line.contains(" refused "), "{name}: {line}\n{report}");
+        }
+    }
+    plain.destroy().await.expect("destroy");
+    pristine.destroy().await.expect("destroy");
+    g.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reset_clears_ipc_objects_and_dev() {
+    let g = Guard::new("pristine-ipc");
+    let b = backend().await;
+    let bin = privs_binary();
+    let mut spec = g.spec(BUSYBOX);
+    spec.pristine = true;
+    let sb = b.create(&spec).await.expect("create");
+    install_privs(&sb, &bin).await;
+    out(
+        &sb,
+        "/tmp/privs ipc && cp /tmp/privs /root/privs && echo x > /dev/junk && mkdir /dev/dir",
+    )
+    .await;
+    assert_eq!(out(&sb, "/tmp/privs ipc-count").await, "2\n");
+    let outcome = sb.reset().await.expect("reset");
+    assert_eq!(outcome.mode, ResetMode::InPlace);
+    // /tmp is fresh, so the helper comes back; /root/privs is gone too.
+    assert_eq!(
+        out(&sb, "ls /root; ls /dev/junk /dev/dir 2>&1 | wc -l").await,
+        "2\n"
+    );
+    install_privs(&sb, &bin).await;
+    assert_eq!(out(&sb, "/tmp/privs ipc-count").await, "0\n");
+    // The devices still work.
+    assert_eq!(
+        out(
+            &sb,
+            "head -c 3 /dev/zero | wc -c; echo hi > /dev/null && echo ok"
+        )
+        .await,
+        "3\nok\n"
+    );
+    sb.destroy().await.expect("destroy");
     g.assert_clean();
 }

@@ -112,11 +112,11 @@ impl Sandbox {
     }
 
     /// One `Reset` exchange with the agent.
-    async fn agent_reset(&self, checkpoint: bool) -> Result<ResetReport, String> {
+    pub(crate) async fn agent_reset(&self, keep: bool) -> Result<ResetReport, String> {
         let conn = self.current_conn();
         let id = conn.next_id();
         let mut rx = conn.register_reset(id)?;
-        let frame = Frame::json(FrameKind::Reset, id, &ResetRequest { checkpoint });
+        let frame = Frame::json(FrameKind::Reset, id, &ResetRequest { keep });
         conn.send(frame).await?;
         let answer = tokio::time::timeout(RESET_TIMEOUT, rx.recv())
             .await
