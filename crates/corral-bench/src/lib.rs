@@ -335,6 +335,7 @@ impl Bench {
                     warm: size,
                     reuse: false,
                     reset: Vec::new(),
+                    pristine: false,
                 },
             )]),
             ..ProviderConfig::default()

@@ -98,6 +98,7 @@ impl Bench {
                     } else {
                         Vec::new()
                     },
+                    pristine: false,
                 },
             )]),
             ..ProviderConfig::default()

@@ -63,6 +63,14 @@ pub struct PoolConfig {
     /// Shell commands that reset a released sandbox before reuse; one
     /// failing destroys the sandbox instead.
     pub reset: Vec<String>,
+    /// Return released sandboxes to the pool *pristine*: reset to exactly
+    /// their state after start (every process and every file system
+    /// change gone), in place in milliseconds, in the background. The
+    /// pool's sandboxes are started with `spec.pristine`; where the spec
+    /// cannot reset in place, the container is replaced instead (the
+    /// runtime's metrics count both). Takes precedence over `reuse` and
+    /// `reset`, and is safe for untrusted workloads.
+    pub pristine: bool,
 }
 
 impl Default for PoolConfig {
@@ -72,6 +80,7 @@ impl Default for PoolConfig {
             warm: 2,
             reuse: false,
             reset: vec![DEFAULT_RESET.to_string()],
+            pristine: false,
         }
     }
 }

@@ -38,6 +38,10 @@ const OOM_EVENT_WAIT: Duration = Duration::from_millis(750);
 /// An `oom` event this recent counts as the cause of a SIGKILLed container.
 const OOM_EVENT_RECENT: Duration = Duration::from_secs(5);
 
+/// How long a create waits for an earlier container of the same sandbox
+/// (being removed) to give its name up.
+const NAME_RELEASE_WAIT: Duration = Duration::from_secs(30);
+
 /// How to reach the daemon.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DockerConfig {
@@ -236,7 +240,10 @@ impl DockerBackend {
 
     /// Creates the container, retrying transient errors. A retried create
     /// whose first attempt did go through meets a name conflict: the
-    /// container already there is ours when it carries our sandbox label.
+    /// container already there is ours when it carries our sandbox label
+    /// and was only just created. One of ours on its way out (the earlier
+    /// container of a sandbox being replaced, still being removed) is
+    /// waited for, then the create is tried again.
     async fn create_container(
         &self,
         name: &str,
@@ -245,34 +252,49 @@ impl DockerBackend {
         body: ContainerCreateBody,
     ) -> Result<String, Error> {
         let docker = &self.inner.docker;
-        let res = self
-            .call(&format!("create sandbox {id}"), || {
-                let opts = CreateContainerOptionsBuilder::default().name(name).build();
-                docker.create_container(Some(opts), body.clone())
-            })
-            .await;
-        match res {
-            Ok(c) => Ok(c.id),
-            Err(e) if status_code(&e) == Some(409) => {
-                let existing = docker
-                    .inspect_container(
-                        name,
-                        None::<bollard::query_parameters::InspectContainerOptions>,
-                    )
-                    .await
-                    .map_err(|e2| api(format!("inspect {name} after a name conflict"), e2))?;
-                let ours = existing
-                    .config
-                    .and_then(|c| c.labels)
-                    .and_then(|l| l.get(corral_core::labels::SANDBOX).cloned())
-                    .as_deref()
-                    == Some(id);
-                match (ours, existing.id) {
-                    (true, Some(cid)) => Ok(cid),
-                    _ => Err(api(format!("create sandbox {id} from {image}"), e)),
+        let deadline = Instant::now() + NAME_RELEASE_WAIT;
+        loop {
+            let res = self
+                .call(&format!("create sandbox {id}"), || {
+                    let opts = CreateContainerOptionsBuilder::default().name(name).build();
+                    docker.create_container(Some(opts), body.clone())
+                })
+                .await;
+            let e = match res {
+                Ok(c) => return Ok(c.id),
+                Err(e) if status_code(&e) == Some(409) => e,
+                Err(e) => return Err(create_error(id, image, e)),
+            };
+            let existing = match docker
+                .inspect_container(
+                    name,
+                    None::<bollard::query_parameters::InspectContainerOptions>,
+                )
+                .await
+            {
+                Ok(c) => c,
+                // Gone meanwhile: the name is free now.
+                Err(e2) if is_not_found(&e2) => continue,
+                Err(e2) => return Err(api(format!("inspect {name} after a name conflict"), e2)),
+            };
+            let ours = existing
+                .config
+                .and_then(|c| c.labels)
+                .and_then(|l| l.get(corral_core::labels::SANDBOX).cloned())
+                .as_deref()
+                == Some(id);
+            let status = existing
+                .state
+                .and_then(|s| s.status)
+                .map(|s| s.to_string())
+                .unwrap_or_default();
+            match (ours, existing.id) {
+                (true, Some(cid)) if status == "created" => return Ok(cid),
+                (true, Some(_)) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
+                _ => return Err(api(format!("create sandbox {id} from {image}"), e)),
             }
-            Err(e) => Err(create_error(id, image, e)),
         }
     }
 

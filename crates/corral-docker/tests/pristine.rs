@@ -58,7 +58,7 @@ find / \( -path /proc -o -path /sys -o -path /dev \) -prune -o -print | sort | w
   echo "$line"
 done
 echo "-- /dev"; find /dev | sort
-echo "-- processes"; ps -o args | grep -v -e fp-marker -e '^ps' -e '^COMMAND' | sort
+echo "-- processes"; ps -o stat,args | grep -v -e fp-marker -e ' ps' -e '^STAT' -e '^Z' | sort
 echo "-- mounts"; awk '{print $5, $9}' /proc/self/mountinfo | sort
 "#;
 
@@ -270,6 +270,102 @@ async fn a_reset_clears_ipc_objects_and_dev() {
         .await,
         "3\nok\n"
     );
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}
+
+fn pristine_pool(spec: SandboxSpec, warm: usize) -> corral_core::pool::ProviderConfig {
+    use corral_core::pool::{PoolConfig, ProviderConfig};
+    ProviderConfig {
+        max_live: warm + 1,
+        pools: std::collections::BTreeMap::from([(
+            "episodes".to_string(),
+            PoolConfig {
+                spec,
+                warm,
+                pristine: true,
+                ..PoolConfig::default()
+            },
+        )]),
+        ..ProviderConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pristine_pool_hands_out_reset_sandboxes() {
+    let g = Guard::new("pristine-pool");
+    let runtime = backend().await;
+    // The pool turns `pristine` on for its spec itself.
+    let p = corral::Provider::new(runtime.clone(), pristine_pool(g.spec(BUSYBOX), 1));
+    let lease = p.acquire("episode-1", "episodes").await.expect("acquire");
+    let first = lease.container_id();
+    out(
+        &lease,
+        "echo leaked > /etc/leak; (sleep 1000 &) ; echo x > /tmp/x",
+    )
+    .await;
+    drop(lease);
+    p.release("episode-1").await.expect("release");
+    p.settled(Duration::from_secs(60)).await;
+    let lease = p.acquire("episode-2", "episodes").await.expect("acquire");
+    // The same container, reset in place (the pool holds one warm sandbox
+    // and the released one; both are clean).
+    let state = out(
+        &lease,
+        "ls /etc/leak /tmp/x 2>&1 | wc -l; ps -o args | grep -c '[s]leep 1000' || true",
+    )
+    .await;
+    assert_eq!(state, "2\n0\n", "leftovers: {state}");
+    let metrics = runtime.metrics();
+    assert!(metrics.resets_in_place >= 1, "{metrics:?}");
+    assert_eq!(metrics.resets_replaced, 0, "{metrics:?}");
+    drop(lease);
+    p.release("episode-2").await.expect("release");
+    p.settled(Duration::from_secs(60)).await;
+    // Released sandboxes went back to the pool: nothing was replaced, so
+    // the first container is still among the pool's.
+    assert!(
+        g.remaining().iter().any(|c| first.starts_with(c.as_str())),
+        "{first} {:?}",
+        g.remaining()
+    );
+    p.shutdown().await;
+    g.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spec_that_cannot_reset_in_place_is_replaced_and_says_why() {
+    let g = Guard::new("pristine-fallback");
+    let runtime = backend().await;
+    let mut spec = g.spec(BUSYBOX);
+    spec.pristine = true;
+    spec.security.read_only_root = true;
+    let sb = runtime.create(&spec).await.expect("create");
+    let why = sb.resets_in_place().expect_err("read-only root cannot");
+    assert!(why.contains("security.read_only_root"), "{why}");
+    let before = sb.container_id();
+    out(&sb, "echo x > /tmp/x; (sleep 1000 &)").await;
+    let outcome = sb.reset().await.expect("reset");
+    assert_eq!(outcome.mode, ResetMode::Replaced);
+    assert!(
+        outcome
+            .fallback_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("read_only_root")),
+        "{outcome:?}"
+    );
+    assert_ne!(sb.container_id(), before, "the container was not replaced");
+    assert_eq!(
+        out(
+            &sb,
+            "ls /tmp | wc -l; ps -o args | grep -c '[s]leep 1000' || true"
+        )
+        .await,
+        "0\n0\n"
+    );
+    assert!(runtime.metrics().resets_replaced >= 1);
+    // The old container is gone, the new one is the sandbox's.
+    assert_eq!(g.remaining().len(), 1, "{:?}", g.remaining());
     sb.destroy().await.expect("destroy");
     g.assert_clean();
 }

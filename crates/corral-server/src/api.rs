@@ -580,7 +580,7 @@ async fn delete_sandbox(
     let Some(meta) = s.sessions().remove(&id) else {
         return Err(no_sandbox(&id));
     };
-    if let Err(e) = s.inner.provider.release(&id).await {
+    if let Err(e) = s.inner.provider.release_and_wait(&id).await {
         // A lost sandbox may already be gone from the provider.
         if meta.lost.is_none() {
             return Err(ApiError::runtime(&e, ""));

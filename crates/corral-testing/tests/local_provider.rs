@@ -35,6 +35,7 @@ fn config(max_live: usize, warm: usize) -> ProviderConfig {
             // and here /tmp is the host's.
             reuse: false,
             reset: vec!["true".into()],
+            pristine: false,
         },
     );
     ProviderConfig {

@@ -262,6 +262,12 @@ impl Provider {
         config: ProviderConfig,
         root: PathBuf,
     ) -> Provider {
+        let mut config = config;
+        for pool in config.pools.values_mut() {
+            if pool.pristine {
+                pool.spec.pristine = true;
+            }
+        }
         let inner = Arc::new(Inner {
             runtime,
             config,
@@ -703,18 +709,42 @@ impl Provider {
     }
 
     /// Ends the session: its sandbox is destroyed, or reset and returned to
-    /// its pool when the pool reuses sandboxes. Releasing an unknown key is
-    /// not an error.
+    /// its pool when the pool reuses sandboxes. A sandbox of a pristine
+    /// pool is reset, and any other one that is not persistent destroyed,
+    /// in the background: it counts against `max_live` until that is done,
+    /// and [`Provider::settled`] and [`Provider::shutdown`] wait for it.
+    /// Releasing an unknown key is not an error.
     pub async fn release(&self, key: &str) -> Result<(), Error> {
+        self.release_inner(key).await.map(drop)
+    }
+
+    /// [`Provider::release`], returning once the sandbox is gone or back in
+    /// its pool (what an API's delete promises).
+    pub async fn release_and_wait(&self, key: &str) -> Result<(), Error> {
+        if let Some(background) = self.release_inner(key).await? {
+            let _ = background.await;
+        }
+        Ok(())
+    }
+
+    async fn release_inner(&self, key: &str) -> Result<Option<tokio::task::JoinHandle<()>>, Error> {
         let entry = lock(&self.inner.state).sessions.remove(key);
         let Some(entry) = entry else {
-            return Ok(());
+            return Ok(None);
         };
         self.inner.counters.released.fetch_add(1, Ordering::Relaxed);
         let pool = entry
             .profile
             .as_ref()
             .and_then(|p| self.inner.config.pools.get(p).map(|c| (p, c)));
+        if let Some((name, _)) = pool.filter(|(_, c)| c.pristine) {
+            let name = name.clone();
+            return Ok(Some(self.reset_in_background(
+                name,
+                entry.sandbox,
+                entry.started_ms,
+            )));
+        }
         if let Some((name, cfg)) = pool {
             if cfg.reuse
                 && entry.sandbox.looks_alive()
@@ -729,13 +759,87 @@ impl Provider {
                     });
                     drop(st);
                     self.inner.changed.notify_waiters();
-                    return Ok(());
+                    return Ok(None);
                 }
             }
         }
-        lock(&self.inner.state).live -= 1;
-        self.inner.changed.notify_waiters();
-        self.remove(entry.sandbox).await
+        if entry.sandbox.spec().persistent.is_some() {
+            // Inline: the next sandbox of the session must not start before
+            // this one is gone and its directories are stripped.
+            lock(&self.inner.state).live -= 1;
+            self.inner.changed.notify_waiters();
+            return self.remove(entry.sandbox).await.map(|()| None);
+        }
+        Ok(Some(self.teardown(entry.sandbox)))
+    }
+
+    /// Waits until every background reset and teardown has finished (at
+    /// most `timeout`): after it, released sandboxes are gone or back in
+    /// their pools.
+    pub async fn settled(&self, timeout: Duration) {
+        self.inner.teardowns.wait(Instant::now() + timeout).await;
+    }
+
+    /// Destroys a released sandbox in the background; it stays counted in
+    /// `live` until it is gone.
+    fn teardown(&self, sb: Sandbox) -> tokio::task::JoinHandle<()> {
+        let teardowns = self.inner.teardowns.clone();
+        teardowns.started();
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            if let Err(e) = sb.destroy().await {
+                tracing::warn!(sandbox = sb.id(), error = %e, "destroying a released sandbox failed");
+            }
+            lock(&inner.state).live -= 1;
+            inner.changed.notify_waiters();
+            teardowns.finished();
+        })
+    }
+
+    /// Resets a released sandbox of a pristine pool in the background and
+    /// returns it to the pool; destroys it when the reset fails, the pool
+    /// is full or the provider is shutting down.
+    fn reset_in_background(
+        &self,
+        pool: String,
+        sb: Sandbox,
+        started_ms: u64,
+    ) -> tokio::task::JoinHandle<()> {
+        let teardowns = self.inner.teardowns.clone();
+        teardowns.started();
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            // A lost sandbox is replaced by the reset itself.
+            let back = match sb.reset().await {
+                Ok(outcome) => {
+                    tracing::debug!(sandbox = sb.id(), ?outcome, "released sandbox reset");
+                    let warm = inner.config.pools.get(&pool).map_or(1, |c| c.warm.max(1));
+                    let mut st = lock(&inner.state);
+                    let queue = st.pools.entry(pool.clone()).or_default();
+                    if queue.len() < warm * 2 && !inner.closed.load(Ordering::Acquire) {
+                        queue.push_back(Pooled {
+                            sandbox: sb.clone(),
+                            started_ms,
+                        });
+                        true
+                    } else {
+                        false
+                    }
+                }
+                Err(e) => {
+                    tracing::info!(sandbox = sb.id(), error = %e, "reset of a released sandbox failed; destroying it");
+                    false
+                }
+            };
+            if !back {
+                if let Err(e) = sb.destroy().await {
+                    tracing::warn!(sandbox = sb.id(), error = %e, "destroying a released sandbox failed");
+                }
+                lock(&inner.state).live -= 1;
+            }
+            inner.changed.notify_waiters();
+            teardowns.finished();
+        })
     }
 
     /// Destroys `sb`; for a persistent session, under its lock, then clears

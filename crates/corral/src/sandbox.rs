@@ -493,8 +493,8 @@ impl Sandbox {
     }
 
     /// Replaces the container with a new one from the same spec (start-up
-    /// commands run again), whatever state the old one is in; the old one
-    /// is removed while the new one starts. A sandbox marked dead is alive
+    /// commands run again), whatever state the old one is in (removed
+    /// first: the new one takes its name). A sandbox marked dead is alive
     /// again.
     pub(crate) async fn replace(&self) -> Result<(), Error> {
         let _serial = self.inner.reattach.lock().await;

@@ -209,7 +209,7 @@ impl Session {
 }
 
 async fn release_key(provider: &Provider, key: &str) {
-    match provider.release(key).await {
+    match provider.release_and_wait(key).await {
         Ok(()) => tracing::info!(session = key, "MCP session ended; sandbox released"),
         Err(e) => {
             tracing::warn!(session = key, error = %e, "releasing the MCP session's sandbox failed")
