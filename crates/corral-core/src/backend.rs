@@ -21,6 +21,7 @@ use tokio::io::AsyncWrite;
 
 use crate::error::Error;
 use crate::labels::{Owner, Ownership};
+use crate::snapshot::{SnapshotInfo, SnapshotRequest};
 use crate::{ContainerState, SandboxSpec};
 
 /// A boxed future, so that [`Backend`] stays object-safe.
@@ -216,6 +217,39 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Whether `image` is present (nothing is pulled).
     fn image_present<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<bool, Error>>;
+
+    /// Keeps the file system of the sandbox at `placement` as snapshot
+    /// `req.name` (replacing one of that name), from which sandboxes can
+    /// start ([`SnapshotInfo::image`]).
+    fn snapshot<'a>(
+        &'a self,
+        placement: &'a Placement,
+        req: &'a SnapshotRequest<'a>,
+    ) -> BoxFuture<'a, Result<SnapshotInfo, Error>> {
+        let _ = (placement, req);
+        Box::pin(async move {
+            Err(Error::Unsupported {
+                what: format!("snapshots with the {} backend", self.name()),
+            })
+        })
+    }
+
+    /// Every snapshot this backend keeps, with its labels.
+    fn snapshots(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<(SnapshotInfo, HashMap<String, String>)>, Error>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// Deletes snapshot `name`; one that does not exist is an error naming
+    /// it.
+    fn delete_snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            Err(Error::Unsupported {
+                what: format!("snapshot '{name}' with the {} backend", self.name()),
+            })
+        })
+    }
 
     /// The backend's counters now.
     fn counters(&self) -> BackendCounters {

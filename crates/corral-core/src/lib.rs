@@ -19,6 +19,7 @@ pub mod paths;
 pub mod policy;
 pub mod pool;
 pub mod protocol;
+pub mod snapshot;
 pub mod spec;
 pub mod units;
 

@@ -594,6 +594,33 @@ impl Backend for DockerBackend {
         })
     }
 
+    fn snapshot<'a>(
+        &'a self,
+        placement: &'a Placement,
+        req: &'a corral_core::snapshot::SnapshotRequest<'a>,
+    ) -> BoxFuture<'a, Result<corral_core::snapshot::SnapshotInfo, Error>> {
+        Box::pin(self.take_snapshot(placement, req))
+    }
+
+    fn snapshots(
+        &self,
+    ) -> BoxFuture<
+        '_,
+        Result<
+            Vec<(
+                corral_core::snapshot::SnapshotInfo,
+                std::collections::HashMap<String, String>,
+            )>,
+            Error,
+        >,
+    > {
+        Box::pin(self.list_snapshots())
+    }
+
+    fn delete_snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.remove_snapshot(name))
+    }
+
     fn counters(&self) -> BackendCounters {
         BackendCounters {
             retries: self.inner.retries.load(Ordering::Relaxed),

@@ -16,6 +16,7 @@ mod events;
 pub mod gc;
 pub mod network;
 mod retry;
+pub mod snapshot;
 pub mod state;
 
 pub use backend::{DockerBackend, DockerConfig};

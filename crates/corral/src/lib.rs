@@ -34,6 +34,7 @@ mod runtime;
 mod sandbox;
 pub mod seal;
 mod shell;
+mod snapshots;
 pub mod workspace;
 
 pub use corral_core::*;
@@ -44,3 +45,4 @@ pub use reset::{ResetMode, ResetOutcome};
 pub use runtime::{GcReport, Runtime, RuntimeConfig, StartTimings};
 pub use sandbox::{ExecEvent, Execution, OutputStream, Recovered, Sandbox, StdinWriter};
 pub use shell::{SessionResult, ShellOptions, ShellSession};
+pub use snapshots::SnapshotOptions;

@@ -124,6 +124,9 @@ pub struct GcReport {
     /// What the engine kept for sandboxes already gone (per-sandbox
     /// volumes), removed.
     pub volumes_removed: Vec<String>,
+    /// Snapshots whose owner is gone (with `all`, every one that is not
+    /// durable), removed.
+    pub snapshots_removed: Vec<String>,
 }
 
 /// corral's runtime over one backend. Cheap to clone; share one per process.
@@ -306,6 +309,7 @@ impl Runtime {
             }
         }
         report.volumes_removed = self.inner.backend.collect_garbage().await?;
+        report.snapshots_removed = self.gc_snapshots(all).await?;
         Ok(report)
     }
 

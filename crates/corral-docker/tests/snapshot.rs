@@ -1,0 +1,204 @@
+//! Snapshots and forks on the real daemon: a fork sees exactly its
+//! snapshot's file system and runs with its source's spec; pristine forks
+//! reset to the snapshot; snapshots are listed, refused while in use,
+//! deleted, kept or collected by `gc` by their ownership.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{backend, docker, Guard, BUSYBOX};
+use corral::{ResetMode, Sandbox, SnapshotOptions};
+use corral_core::labels::Ownership;
+use corral_core::{CommandSpec, EnvVar, SandboxSpec};
+
+fn sh(script: &str) -> CommandSpec {
+    CommandSpec::shell(script).timeout(Duration::from_secs(60))
+}
+
+async fn out(sb: &Sandbox, script: &str) -> String {
+    let r = sb.run(&sh(script)).await;
+    assert_eq!(r.failure, None, "{script}: {r:?}");
+    assert_eq!(
+        r.exit_code,
+        Some(0),
+        "{script}: {}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    String::from_utf8_lossy(&r.stdout).into_owned()
+}
+
+/// A name no other test run uses.
+fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        corral::host::random_hex(6)
+    )
+}
+
+/// What a prepared rollout leaves: a repository of ~50 MB, a deleted and
+/// a modified system file.
+const PREPARE: &str =
+    "mkdir -p /srv/repo && dd if=/dev/urandom of=/srv/repo/blob bs=1M count=50 2>/dev/null \
+     && echo prepared > /srv/repo/README && rm /etc/group && chmod 700 /home/user";
+
+const CHECK: &str =
+    "md5sum /srv/repo/blob | cut -c1-32; cat /srv/repo/README; ls /etc/group 2>&1 | wc -l; \
+     stat -c %a /home/user; cat /etc/startup-marker; echo \"$SECRET\"";
+
+fn spec(g: &Guard, pristine: bool) -> SandboxSpec {
+    let mut spec = g.spec(BUSYBOX);
+    spec.pristine = pristine;
+    spec.startup = vec!["echo from-startup > /etc/startup-marker".into()];
+    spec.env.push(EnvVar::Set {
+        name: "SECRET".into(),
+        value: "s3cr3t-value".into(),
+    });
+    spec
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forks_of_a_pristine_sandbox_start_from_its_snapshot_and_reset_to_it() {
+    let g = Guard::new("snap-pristine");
+    let rt = backend().await;
+    let source = rt.create(&spec(&g, true)).await.expect("create");
+    out(&source, &format!("{PREPARE}; (sleep 1000 &)")).await;
+    let expected = out(&source, CHECK).await;
+    assert!(
+        expected.ends_with("prepared\n1\n700\nfrom-startup\ns3cr3t-value\n"),
+        "{expected}"
+    );
+
+    let name = unique("pristine");
+    let snap = source
+        .snapshot(&name, SnapshotOptions::default())
+        .await
+        .expect("snapshot");
+    assert_eq!(snap.name, name);
+    assert!(!snap.durable);
+    assert_eq!(snap.ownership, Ownership::LiveOwner);
+    // The sandbox goes on from its snapshot: processes ended, files kept,
+    // and its resets now return to the snapshot.
+    assert_eq!(
+        out(&source, "ps -o args | grep -c '[s]leep 1000' || true").await,
+        "0\n"
+    );
+    out(&source, "rm -rf /srv/repo; echo later > /etc/later").await;
+    assert_eq!(
+        source.reset().await.expect("reset").mode,
+        ResetMode::InPlace
+    );
+    assert_eq!(out(&source, CHECK).await, expected);
+
+    // The committed image does not carry the sandbox's environment.
+    let image_env = docker(&[
+        "image",
+        "inspect",
+        "-f",
+        "{{json .Config.Env}}",
+        &snap.image,
+    ]);
+    assert!(!image_env.contains("s3cr3t"), "{image_env}");
+
+    let forks = rt.fork(&name, 3).await.expect("fork");
+    assert_eq!(forks.len(), 3);
+    for f in &forks {
+        assert_eq!(out(f, CHECK).await, expected, "fork {}", f.id());
+        f.resets_in_place()
+            .expect("a pristine fork resets in place");
+        out(f, "rm /srv/repo/README; echo x > /etc/group").await;
+        let outcome = f.reset().await.expect("reset");
+        assert_eq!(outcome.mode, ResetMode::InPlace, "{outcome:?}");
+        assert_eq!(out(f, CHECK).await, expected, "fork {} after reset", f.id());
+    }
+    // Listed; gc keeps it while its owner lives; not deletable in use.
+    let listed = rt.snapshots().await.expect("list");
+    assert!(listed
+        .iter()
+        .any(|s| s.name == name && s.ownership == Ownership::LiveOwner));
+    let report = rt.gc(false).await.expect("gc");
+    assert!(!report.snapshots_removed.contains(&name), "{report:?}");
+    let e = rt.delete_snapshot(&name).await.expect_err("in use");
+    assert!(
+        e.to_string().contains(&name) && e.to_string().contains("destroy them"),
+        "{e}"
+    );
+
+    for f in forks {
+        f.destroy().await.expect("destroy");
+    }
+    source.destroy().await.expect("destroy");
+    rt.delete_snapshot(&name).await.expect("delete");
+    assert!(!rt
+        .snapshots()
+        .await
+        .expect("list")
+        .iter()
+        .any(|s| s.name == name));
+    let e = rt.delete_snapshot(&name).await.expect_err("gone");
+    assert!(e.to_string().contains("no such snapshot"), "{e}");
+    g.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_of_a_running_sandbox_keeps_it_running() {
+    let g = Guard::new("snap-plain");
+    let rt = backend().await;
+    let source = rt.create(&spec(&g, false)).await.expect("create");
+    out(&source, &format!("{PREPARE}; (sleep 1000 &)")).await;
+    let expected = out(&source, CHECK).await;
+    let name = unique("plain");
+    let snap = source
+        .snapshot(&name, SnapshotOptions { durable: true })
+        .await
+        .expect("snapshot");
+    assert!(snap.durable);
+    assert_eq!(
+        out(&source, "ps -o args | grep -c '[s]leep 1000' || true").await,
+        "1\n"
+    );
+    let forks = rt.fork(&name, 2).await.expect("fork");
+    for f in &forks {
+        assert_eq!(out(f, CHECK).await, expected);
+        assert_eq!(
+            out(f, "ps -o args | grep -c '[s]leep 1000' || true").await,
+            "0\n"
+        );
+    }
+    for f in forks {
+        f.destroy().await.expect("destroy");
+    }
+    source.destroy().await.expect("destroy");
+    // Durable: classified like a persistent sandbox, which gc never
+    // removes (gc --all is not run here: it would remove other tests'
+    // sandboxes on the shared daemon).
+    let report = rt.gc(false).await.expect("gc");
+    assert!(!report.snapshots_removed.contains(&name), "{report:?}");
+    let listed = rt.snapshot_info(&name).await.expect("listed");
+    assert_eq!(listed.ownership, Ownership::Persistent);
+    rt.delete_snapshot(&name).await.expect("delete");
+    g.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_names_and_unknown_snapshots_are_errors_naming_them() {
+    let g = Guard::new("snap-names");
+    let rt = backend().await;
+    let sb = rt.create(&g.spec(BUSYBOX)).await.expect("create");
+    let e = sb
+        .snapshot("Not/Valid", SnapshotOptions::default())
+        .await
+        .expect_err("bad name");
+    assert!(
+        e.to_string().contains("Not/Valid") && e.to_string().contains("name"),
+        "{e}"
+    );
+    let missing = unique("missing");
+    let Err(e) = rt.fork(&missing, 2).await else {
+        panic!("forked an unknown snapshot");
+    };
+    assert!(e.to_string().contains(&missing), "{e}");
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}
