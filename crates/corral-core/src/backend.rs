@@ -24,6 +24,10 @@ use crate::labels::{Owner, Ownership};
 use crate::snapshot::{SnapshotInfo, SnapshotRequest};
 use crate::{ContainerState, SandboxSpec};
 
+/// A snapshot and the labels it carries (its ownership is judged from
+/// them).
+pub type LabelledSnapshot = (SnapshotInfo, HashMap<String, String>);
+
 /// A boxed future, so that [`Backend`] stays object-safe.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -235,9 +239,7 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// Every snapshot this backend keeps, with its labels.
-    fn snapshots(
-        &self,
-    ) -> BoxFuture<'_, Result<Vec<(SnapshotInfo, HashMap<String, String>)>, Error>> {
+    fn snapshots(&self) -> BoxFuture<'_, Result<Vec<LabelledSnapshot>, Error>> {
         Box::pin(async { Ok(Vec::new()) })
     }
 

@@ -604,16 +604,7 @@ impl Backend for DockerBackend {
 
     fn snapshots(
         &self,
-    ) -> BoxFuture<
-        '_,
-        Result<
-            Vec<(
-                corral_core::snapshot::SnapshotInfo,
-                std::collections::HashMap<String, String>,
-            )>,
-            Error,
-        >,
-    > {
+    ) -> BoxFuture<'_, Result<Vec<corral_core::backend::LabelledSnapshot>, Error>> {
         Box::pin(self.list_snapshots())
     }
 

@@ -15,7 +15,7 @@ use bollard::models::ContainerConfig;
 use bollard::query_parameters::{
     CommitContainerOptionsBuilder, ListImagesOptionsBuilder, RemoveImageOptionsBuilder,
 };
-use corral_core::backend::Placement;
+use corral_core::backend::{LabelledSnapshot, Placement};
 use corral_core::snapshot::{self, SnapshotInfo, SnapshotRequest};
 use corral_core::{Error, SpecError};
 
@@ -104,9 +104,7 @@ impl DockerBackend {
             })
     }
 
-    pub(crate) async fn list_snapshots(
-        &self,
-    ) -> Result<Vec<(SnapshotInfo, HashMap<String, String>)>, Error> {
+    pub(crate) async fn list_snapshots(&self) -> Result<Vec<LabelledSnapshot>, Error> {
         let filters = HashMap::from([("label".to_string(), vec![snapshot::NAME.to_string()])]);
         let images = self
             .docker()
