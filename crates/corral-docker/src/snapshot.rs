@@ -123,7 +123,7 @@ impl DockerBackend {
             let reference = image_ref(name);
             // Only the image the name's tag points at now (a replaced
             // snapshot's old image may linger untagged while in use).
-            if !image.repo_tags.iter().any(|t| *t == reference) {
+            if !image.repo_tags.contains(&reference) {
                 continue;
             }
             let labels = image.labels.clone();
