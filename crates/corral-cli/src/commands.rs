@@ -8,6 +8,7 @@ pub mod mcp;
 pub mod ps;
 pub mod run;
 pub mod serve;
+pub mod snapshots;
 pub mod workload;
 
 use std::sync::Arc;

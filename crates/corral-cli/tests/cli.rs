@@ -622,3 +622,62 @@ fn command_runs(container: &str, cmd: &str) -> bool {
         .map(|o| String::from_utf8_lossy(&o.stdout).contains(cmd))
         .unwrap_or(false)
 }
+
+#[test]
+fn run_keeps_a_snapshot_and_starts_from_it() {
+    let name = format!("cli-{}", std::process::id());
+    let (code, _, err) = corral(
+        &[
+            "run",
+            "--pristine",
+            "--snapshot",
+            &name,
+            "--",
+            "mkdir -p /srv && echo prepared > /srv/state && rm /etc/group",
+        ],
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(&format!("kept snapshot {name}")), "{err}");
+    let (code, out, err) = corral(&["snapshots", "--json"], None);
+    assert_eq!(code, 0, "{err}");
+    let listed = String::from_utf8_lossy(&out);
+    let line = listed
+        .lines()
+        .find(|l| l.contains(&format!("\"name\":\"{name}\"")))
+        .unwrap_or_else(|| panic!("{name} not listed: {listed}"));
+    assert!(line.contains("\"durable\":true"), "{line}");
+    // A failed command keeps nothing.
+    let (code, _, err) = corral(&["run", "--snapshot", "never-kept-x", "--", "exit 3"], None);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("no snapshot never-kept-x kept"), "{err}");
+
+    let (code, out, err) = corral(
+        &[
+            "run",
+            "--from-snapshot",
+            &name,
+            "--",
+            "cat /srv/state; ls /etc/group 2>&1 | wc -l",
+        ],
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(String::from_utf8_lossy(&out), "prepared\n1\n");
+    let (code, _, err) = corral(
+        &["run", "--from-snapshot", "no-such-snap-x", "--", "true"],
+        None,
+    );
+    assert_eq!(code, 125, "{err}");
+    assert!(
+        err.contains("no-such-snap-x") && err.contains("no such snapshot"),
+        "{err}"
+    );
+
+    let (code, out, err) = corral(&["snapshots", "rm", &name], None);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(String::from_utf8_lossy(&out), format!("deleted {name}\n"));
+    let (code, _, err) = corral(&["snapshots", "rm", &name], None);
+    assert_eq!(code, 1);
+    assert!(err.contains("no such snapshot"), "{err}");
+}

@@ -6,13 +6,14 @@ use clap::Args;
 use corral_core::outcome::short;
 
 /// Remove orphans: corral containers whose owning corral process is gone
-/// (killed, crashed), and per-sandbox volumes no container uses any more.
-/// Containers of live corral processes, of other hosts and persistent ones
-/// are kept.
+/// (killed, crashed), per-sandbox volumes no container uses any more, and
+/// snapshots whose owner is gone. Containers of live corral processes, of
+/// other hosts and persistent ones are kept, as are durable snapshots.
 #[derive(Args, Debug)]
 pub struct GcArgs {
-    /// Also remove sandboxes whose owner is alive or on another host
-    /// (persistent ones are still kept).
+    /// Also remove sandboxes and snapshots whose owner is alive or on
+    /// another host (persistent sandboxes and durable snapshots are still
+    /// kept).
     #[arg(long)]
     all: bool,
 }
@@ -30,6 +31,9 @@ pub async fn run(config: crate::commands::BackendConfig, args: GcArgs) -> anyhow
     }
     for v in &report.volumes_removed {
         println!("removed volume {}", short(v));
+    }
+    for name in &report.snapshots_removed {
+        println!("removed snapshot {name}");
     }
     for (s, e) in &report.failed {
         eprintln!(

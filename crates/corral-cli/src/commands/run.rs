@@ -89,6 +89,10 @@ pub struct RunArgs {
     /// Mount the root filesystem read-only.
     #[arg(long)]
     read_only: bool,
+    /// Start the sandbox for in-place reset (`pristine: true`): commands
+    /// write to an overlay in memory, which a snapshot folds in.
+    #[arg(long)]
+    pristine: bool,
     /// Add SETUID and SETGID back (needed to switch users inside the sandbox).
     #[arg(long)]
     setuid_caps: bool,
@@ -110,6 +114,15 @@ pub struct RunArgs {
     /// Print one JSON object with the outcome instead of passing output through.
     #[arg(long)]
     json: bool,
+    /// After COMMAND exits 0, keep the sandbox's root file system as the
+    /// durable snapshot NAME (replacing one of that name), for
+    /// --from-snapshot; see `corral snapshots`.
+    #[arg(long, value_name = "NAME")]
+    snapshot: Option<String>,
+    /// Start from snapshot NAME: its file system and the spec of the
+    /// sandbox it was taken from (its start-up commands are not run again).
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["image", "profile", "startup"])]
+    from_snapshot: Option<String>,
     /// The command, run by /bin/sh -c (several words are joined with spaces).
     #[arg(required = true, last = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -231,6 +244,7 @@ impl RunArgs {
             spec.security.user = self.user.clone();
         }
         spec.security.read_only_root |= self.read_only;
+        spec.pristine |= self.pristine;
         spec.security.setuid_caps |= self.setuid_caps;
         if let Some(recovery) = self.recovery {
             spec.recovery = recovery;
@@ -284,7 +298,11 @@ pub async fn run(
         Ok(b) => b,
         Err(e) => return finish_early(&args, FailureKind::DaemonUnavailable, format!("{e:#}")),
     };
-    let sandbox = match backend.create(&spec).await {
+    let created = match &args.from_snapshot {
+        Some(name) => backend.fork(name, 1).await.map(|mut v| v.remove(0)),
+        None => backend.create(&spec).await,
+    };
+    let sandbox = match created {
         Ok(s) => s,
         Err(e) => {
             let f = e.failure();
@@ -296,6 +314,21 @@ pub async fn run(
         r = execute(&sandbox, &args, script) => Some(r),
         _ = interrupt.recv() => None,
     };
+    let mut snapshot_failed = false;
+    if let (Some(name), Some(r)) = (&args.snapshot, &result) {
+        if r.success() {
+            let opts = corral::SnapshotOptions { durable: true };
+            match sandbox.snapshot(name, opts).await {
+                Ok(info) => eprintln!("corral: kept snapshot {} ({})", info.name, info.image),
+                Err(e) => {
+                    eprintln!("corral: could not keep snapshot {name}: {e}");
+                    snapshot_failed = true;
+                }
+            }
+        } else {
+            eprintln!("corral: the command failed; no snapshot {name} kept");
+        }
+    }
     if let Err(e) = sandbox.destroy().await {
         eprintln!(
             "corral: warning: could not remove sandbox {}: {e}",
@@ -313,6 +346,9 @@ pub async fn run(
         );
     } else if let Some(f) = &result.failure {
         eprintln!("corral: {f}");
+    }
+    if snapshot_failed {
+        return Ok(ExitCode::from(125));
     }
     Ok(ExitCode::from(exit_code(&result)))
 }
