@@ -115,9 +115,10 @@ fn entrypoint(spec: &SandboxSpec, pristine: bool) -> Vec<String> {
     ];
     if pristine {
         args.push("--pristine".into());
-        if let Some(disk) = spec.limits.disk {
-            // The changes live in memory; the disk limit bounds them.
-            args.extend(["--pristine-size".into(), disk.to_string()]);
+        // The changes live in memory: the disk limit bounds them, else the
+        // memory limit (which they count against anyway).
+        if let Some(size) = spec.limits.disk.or(spec.limits.memory) {
+            args.extend(["--pristine-size".into(), size.to_string()]);
         }
     }
     args
@@ -284,6 +285,43 @@ mod tests {
             storage_opt_supported: false,
             network: "net-id",
         }
+    }
+
+    #[test]
+    fn a_pristine_sandbox_gives_its_agent_the_reset_capabilities() {
+        let owner = owner_labels(&Owner {
+            host: "h".into(),
+            pid: 1,
+            start: 2,
+        });
+        let mut spec = SandboxSpec::new("img");
+        spec.limits.memory = Some(64 << 20);
+        let plain = create_body(&spec, &params(&owner));
+        spec.pristine = true;
+        let body = create_body(&spec, &params(&owner));
+        let caps = body.host_config.and_then(|h| h.cap_add).expect("caps");
+        for cap in PRISTINE_CAPS {
+            assert!(caps.contains(&cap.to_string()), "{caps:?}");
+        }
+        let entry = body.entrypoint.expect("entrypoint");
+        assert!(entry.ends_with(&[
+            "--pristine".to_string(),
+            "--pristine-size".to_string(),
+            (64u64 << 20).to_string()
+        ]));
+        assert!(!plain
+            .entrypoint
+            .expect("entrypoint")
+            .contains(&"--pristine".to_string()));
+        // A spec that cannot reset in place gets nothing extra.
+        spec.security.read_only_root = true;
+        let body = create_body(&spec, &params(&owner));
+        let caps = body.host_config.and_then(|h| h.cap_add).expect("caps");
+        assert!(!caps.contains(&"SYS_ADMIN".to_string()), "{caps:?}");
+        assert!(!body
+            .entrypoint
+            .expect("entrypoint")
+            .contains(&"--pristine".to_string()));
     }
 
     #[test]
