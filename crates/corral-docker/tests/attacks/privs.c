@@ -14,7 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ipc.h>
+#include <linux/perf_event.h>
 #include <sys/mount.h>
+#include <sys/ptrace.h>
+#include <sys/uio.h>
 #include <sys/msg.h>
 #include <sys/shm.h>
 #include <sys/syscall.h>
@@ -90,5 +93,23 @@ int main(int argc, char **argv) {
     report("fsopen", syscall(SYS_fsopen, "tmpfs", 0));
     report("open-tree", syscall(SYS_open_tree, AT_FDCWD, "/", 1 /* OPEN_TREE_CLONE */));
     report("sethostname", sethostname("x", 1));
+    report("ptrace-attach-pid1", ptrace(PTRACE_ATTACH, 1, 0, 0));
+    char buf[8];
+    struct iovec local = {buf, sizeof buf}, remote = {(void *)0x400000, sizeof buf};
+    report("process-vm-readv-pid1", process_vm_readv(1, &local, 1, &remote, 1, 0));
+    struct perf_event_attr pe;
+    memset(&pe, 0, sizeof pe);
+    pe.size = sizeof pe;
+    pe.type = PERF_TYPE_SOFTWARE;
+    pe.config = PERF_COUNT_SW_CPU_CLOCK;
+    report("perf-event-open", syscall(SYS_perf_event_open, &pe, 1, -1, -1, 0));
+    unsigned int attr[32];
+    memset(attr, 0, sizeof attr);
+    attr[0] = 2; /* BPF_MAP_TYPE_ARRAY */
+    attr[1] = 4; /* key size */
+    attr[2] = 4; /* value size */
+    attr[3] = 1; /* entries */
+    report("bpf-map-create", syscall(SYS_bpf, 0 /* BPF_MAP_CREATE */, attr, sizeof attr));
+    report("open-pid1-mem", open("/proc/1/mem", O_RDONLY));
     return 0;
 }
