@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use corral_core::protocol::{ResetReport, ResetSupport};
 
+use crate::reaper::Reaper;
 use crate::sys;
 
 /// The agent's extra capabilities, in the order commands drop them
@@ -299,7 +300,7 @@ impl Pristine {
 
     /// Kills every process but the agent and starts a fresh world
     /// (first applying what changed to the root file system when `keep`).
-    pub fn reset(&self, keep: bool) -> ResetReport {
+    pub fn reset(&self, keep: bool, reaper: &Reaper) -> ResetReport {
         let started = Instant::now();
         let mut report = ResetReport::default();
         if !self.support.ready {
@@ -323,7 +324,7 @@ impl Pristine {
         // releases its mounts.
         let old = world.take();
         drop(old);
-        let result = self.next_world(&mut state, keep);
+        let result = self.next_world(&mut state, keep, reaper);
         match result {
             Ok((w, kept)) => {
                 *world = Some(w);
@@ -335,7 +336,12 @@ impl Pristine {
         report
     }
 
-    fn next_world(&self, state: &mut State, keep: bool) -> Result<(World, u64), String> {
+    fn next_world(
+        &self,
+        state: &mut State,
+        keep: bool,
+        reaper: &Reaper,
+    ) -> Result<(World, u64), String> {
         if state.base.is_none() {
             state.base = Some(self.record_base()?);
         }
@@ -349,7 +355,7 @@ impl Pristine {
         }
         state.generation += 1;
         let base = state.base.as_ref().ok_or("no base recorded")?;
-        Ok((build(base, state.generation)?, kept))
+        Ok((build(base, state.generation, reaper)?, kept))
     }
 
     /// At the first reset: what every world carries over, then the state
@@ -708,7 +714,7 @@ enum Step {
 /// Builds world `generation`: directories on the state, a forked child
 /// that makes the namespace and pivots into it, and the content of
 /// non-empty tmpfs mounts copied in through the child's root.
-fn build(base: &Base, generation: u64) -> Result<World, String> {
+fn build(base: &Base, generation: u64, reaper: &Reaper) -> Result<World, String> {
     let dir = gen_dir(generation);
     let io = |what: &str, e: io::Error| format!("cannot make {what}: {e}");
     for sub in ["", "upper", "work", "root", "files"] {
@@ -844,6 +850,7 @@ fn build(base: &Base, generation: u64) -> Result<World, String> {
             go_r.as_raw_fd(),
         );
     }
+    reaper.adopted();
     drop(ready_w);
     drop(go_r);
     let mut status = [0u8; 8];

@@ -68,6 +68,14 @@ impl Reaper {
     }
 
     /// Forgets `pid`: its status, when reaped, is discarded.
+    /// A child was forked outside [`Reaper::spawn`] (a reset's world
+    /// builder): wake the reaper if it sleeps for want of children, so the
+    /// child is reaped as soon as it exits.
+    pub fn adopted(&self) {
+        lock(&self.registry).spawns += 1;
+        self.spawned.notify_one();
+    }
+
     pub fn forget(&self, pid: i32) {
         lock(&self.registry).waiting.remove(&pid);
     }

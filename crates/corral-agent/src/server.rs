@@ -371,7 +371,7 @@ impl Conn {
                 .error(id, format!("reset id {id} is 0 or names a running command"));
             return;
         }
-        let report = self.shared.pristine.reset(req.keep);
+        let report = self.shared.pristine.reset(req.keep, &self.shared.reaper);
         // The killed commands' supervisors report their ends as usual.
         self.writer
             .send(&Frame::json(FrameKind::ResetDone, id, &report));

@@ -177,8 +177,8 @@ pub fn pipe_holders(inodes: &[u64]) -> Vec<i32> {
 }
 
 /// Kills every process in the sandbox but the agent and waits (up to
-/// `within`) until none is left, zombies reaped: what an exclusive command
-/// starts from. Killing repeats, so a process forked while the first round
+/// `within`) until none is left but zombies (which hold nothing, and the
+/// reaper takes): what an exclusive command and a reset start from. Killing repeats, so a process forked while the first round
 /// went out dies too. Returns false when something survived.
 pub fn kill_all_others(within: std::time::Duration) -> bool {
     let me = sys::getpid();
@@ -189,7 +189,11 @@ pub fn kill_all_others(within: std::time::Duration) -> bool {
     loop {
         // From PID 1, kill(-1) reaches every other process in the namespace.
         let _ = sys::kill(-1, libc::SIGKILL);
-        if !scan().iter().any(|p| p.pid != me) {
+        // A zombie holds nothing but its pid, and the reaper takes it.
+        if !scan()
+            .iter()
+            .any(|p| p.pid != me && p.state != b'Z' && p.state != b'X')
+        {
             return true;
         }
         if std::time::Instant::now() >= until {

@@ -311,8 +311,7 @@ async fn a_pristine_pool_hands_out_reset_sandboxes() {
         "echo leaked > /etc/leak; (sleep 1000 &) ; echo x > /tmp/x",
     )
     .await;
-    drop(lease);
-    p.release("episode-1").await.expect("release");
+    lease.release().await.expect("release");
     p.settled(Duration::from_secs(60)).await;
     let lease = p.acquire("episode-2", "episodes").await.expect("acquire");
     // The same container, reset in place (the pool holds one warm sandbox
@@ -326,8 +325,7 @@ async fn a_pristine_pool_hands_out_reset_sandboxes() {
     let metrics = runtime.metrics();
     assert!(metrics.resets_in_place >= 1, "{metrics:?}");
     assert_eq!(metrics.resets_replaced, 0, "{metrics:?}");
-    drop(lease);
-    p.release("episode-2").await.expect("release");
+    lease.release().await.expect("release");
     p.settled(Duration::from_secs(60)).await;
     // Released sandboxes went back to the pool: nothing was replaced, so
     // the first container is still among the pool's.

@@ -199,6 +199,20 @@ impl Lease {
     pub fn sandbox(&self) -> Sandbox {
         self.sandbox.clone()
     }
+
+    /// Ends the session ([`Provider::release`]) while still holding it:
+    /// dropping a lease first leaves the session idle, and an acquire
+    /// waiting for room could evict it (destroying a sandbox a pristine
+    /// pool would have reset) before the release.
+    pub async fn release(self) -> Result<(), Error> {
+        let Some(inner) = self.provider.upgrade() else {
+            return Ok(());
+        };
+        let provider = Provider { inner };
+        let released = provider.release(&self.key).await;
+        drop(self);
+        released
+    }
 }
 
 impl Drop for Lease {
