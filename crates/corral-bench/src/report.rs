@@ -96,6 +96,11 @@ impl<'a> Row<'a> {
         self.workload = Some(w);
         self
     }
+
+    fn noted(mut self, note: Option<String>) -> Self {
+        self.note = note;
+        self
+    }
 }
 
 /// A ratio against its target (higher is better).
@@ -196,7 +201,13 @@ impl Report {
                 "workload through corral, pristine per episode",
                 self.corral_pristine.per_rollout,
             )
-            .workload(&self.corral_pristine),
+            .workload(&self.corral_pristine)
+            .noted(self.corral_pristine.reused.map(|n| {
+                format!(
+                    "{n}/{} on a sandbox used and reset before",
+                    self.corral_pristine.per_rollout.n
+                )
+            })),
             Row::new(
                 "workload_commands_corral",
                 "8",
@@ -374,6 +385,9 @@ impl Report {
                     v["commands"] = json!(w.commands);
                     v["wall_ms"] = json!(ms(w.wall));
                     v["commands_per_s"] = json!(w.per_second());
+                    if let Some(reused) = w.reused {
+                        v["reused_sandboxes"] = json!(reused);
+                    }
                 }
                 if row.id == "warm_acquire" {
                     v["pool_hits"] = json!(self.pool_hits);
@@ -441,6 +455,7 @@ mod tests {
             per_rollout: lat(per_rollout_ms),
             commands,
             wall: Duration::from_millis(wall_ms),
+            reused: None,
         }
     }
 
@@ -463,7 +478,11 @@ mod tests {
             plain: wl(1_000, 160, 10_000),
             corral_pooled: wl(50, 160, 500),
             corral_reused: wl(25, 160, 250),
-            corral_pristine: wl(20, 160, 200),
+            corral_pristine: Workload {
+                per_rollout: Latency::of(vec![Duration::from_millis(20); 16]),
+                reused: Some(16),
+                ..wl(20, 160, 200)
+            },
             corral_commands: wl(20, 160, 200),
             plain_commands: wl(100, 160, 1_000),
         }
@@ -584,6 +603,10 @@ mod tests {
             800.0
         );
         assert_eq!(
+            v["rows"]["workload_pristine_corral"]["reused_sandboxes"],
+            16
+        );
+        assert_eq!(
             v["rows"]["workload_plain"],
             json!({"label": "workload plain, per rollout", "floor": true, "n": 1,
                    "p50_ms": 1000.0, "p90_ms": 1000.0, "p99_ms": 1000.0,
@@ -652,7 +675,9 @@ mod tests {
         );
         assert!(
             lines[15].contains("pristine per episode")
-                && lines[15].ends_with("  800.0 cmd/s (160 in 0.20 s)"),
+                && lines[15].ends_with(
+                    "  800.0 cmd/s (160 in 0.20 s)  16/16 on a sandbox used and reset before"
+                ),
             "{table}"
         );
         assert_eq!(lines[19], "ratios (higher is better)");

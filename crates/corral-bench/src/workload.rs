@@ -4,7 +4,7 @@
 //! plainly with raw calls; end to end, and the command phase alone on
 //! sandboxes or containers started beforehand.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,9 +39,10 @@ pub(crate) enum PoolMode {
     Reuse,
     /// Resets it in place to its state after start (`pristine: true`) in
     /// the background and hands it back; the pool is P plus
-    /// [`PRISTINE_SLACK`], so most rollouts get a sandbox a previous
-    /// rollout used and a reset cleaned, and wait for one when none is
-    /// ready. The clock stops when every reset is done.
+    /// [`PRISTINE_SLACK`], each sandbox used and reset once before the
+    /// clock, so every rollout gets a sandbox an earlier episode used and a
+    /// reset cleaned, and waits for one when none is ready. The clock
+    /// stops when every reset is done.
     Pristine,
 }
 
@@ -51,6 +52,9 @@ pub(crate) struct Workload {
     pub(crate) per_rollout: Latency,
     pub(crate) commands: usize,
     pub(crate) wall: Duration,
+    /// Rollouts that got a sandbox an earlier episode had used and a reset
+    /// had cleaned (pristine pool only).
+    pub(crate) reused: Option<usize>,
 }
 
 impl Workload {
@@ -90,6 +94,7 @@ impl Bench {
             per_rollout: Latency::of(per_rollout),
             commands: args.sandboxes * commands,
             wall: started.elapsed(),
+            reused: None,
         })
     }
 
@@ -147,6 +152,14 @@ impl Bench {
                     fill.as_secs()
                 );
             }
+            // Every pool sandbox serves one episode and is reset before the
+            // clock starts, so every rollout below gets a sandbox in the
+            // state a trainer's second batch finds: used, then reset.
+            let primed = if mode == PoolMode::Pristine {
+                self.prime(&provider, ROLLOUT_POOL, warm).await?
+            } else {
+                HashSet::new()
+            };
             let before = self.runtime.metrics();
             let stats_before = provider.stats();
             let gate = Arc::new(Semaphore::new(args.parallel));
@@ -175,13 +188,17 @@ impl Bench {
                         .release(&key)
                         .await
                         .with_context(|| format!("releasing session {key}"))?;
+                    let id = lease.id().to_string();
                     drop(lease);
-                    anyhow::Ok(t.elapsed())
+                    anyhow::Ok((t.elapsed(), id))
                 });
             }
             let mut per_rollout = Vec::with_capacity(args.sandboxes);
+            let mut reused = 0;
             while let Some(joined) = rollouts.join_next().await {
-                per_rollout.push(joined.context("a rollout panicked")??);
+                let (took, id) = joined.context("a rollout panicked")??;
+                per_rollout.push(took);
+                reused += usize::from(primed.contains(&id));
             }
             if mode == PoolMode::Pristine {
                 // The last releases' resets, inside the clock: the batch is
@@ -198,17 +215,60 @@ impl Bench {
                     stats.pool_hits.saturating_sub(stats_before.pool_hits),
                     stats.evicted_lru.saturating_sub(stats_before.evicted_lru),
                 )?;
+                if reused != args.sandboxes {
+                    bail!(
+                        "{reused} of {} rollouts got a sandbox of the primed pristine pool",
+                        args.sandboxes
+                    );
+                }
             }
             Ok(Workload {
                 per_rollout: Latency::of(per_rollout),
                 commands: args.sandboxes * commands,
                 wall,
+                reused: (mode == PoolMode::Pristine).then_some(reused),
             })
         }
         .await;
         provider.shutdown().await;
         lock(&self.provider).take();
         timed
+    }
+
+    /// Before the pristine workload's clock: takes every sandbox of the
+    /// full pool, runs a command in each, releases them all and waits for
+    /// their resets; returns their ids.
+    async fn prime(
+        &self,
+        provider: &Provider,
+        pool: &str,
+        warm: usize,
+    ) -> anyhow::Result<HashSet<String>> {
+        let mut ids = HashSet::with_capacity(warm);
+        let mut leases = Vec::with_capacity(warm);
+        for i in 0..warm {
+            let key = format!("{}-prime-{i}", self.run_id);
+            let lease = provider
+                .acquire(&key, pool)
+                .await
+                .with_context(|| format!("acquiring session {key}"))?;
+            check(&lease.run(&true_cmd()).await, lease.id())?;
+            ids.insert(lease.id().to_string());
+            leases.push(lease);
+        }
+        for lease in leases {
+            let key = lease.key().to_string();
+            provider
+                .release(&key)
+                .await
+                .with_context(|| format!("releasing session {key}"))?;
+        }
+        provider.settled(SETTLE_TIMEOUT).await;
+        let fill = FILL_TIMEOUT + Duration::from_secs(warm as u64);
+        if !provider.wait_warm(pool, fill).await {
+            bail!("the primed pristine pool did not return to {warm} sandboxes");
+        }
+        Ok(ids)
     }
 
     /// The workload's command phase alone: N sandboxes (or, `plain`, raw
@@ -278,6 +338,7 @@ impl Bench {
                 per_rollout: Latency::of(per_rollout),
                 commands: targets.len() * commands,
                 wall: started.elapsed(),
+                reused: None,
             })
         }
         .await;
@@ -365,6 +426,7 @@ mod tests {
             per_rollout: Latency::of(Vec::new()),
             commands,
             wall,
+            reused: None,
         }
     }
 

@@ -137,6 +137,11 @@ fn json_report_has_every_row_and_ratio_and_leaves_nothing() {
         "{v}"
     );
     assert_eq!(v["metrics"]["resets_replaced"], 0, "{v}");
+    // Every pristine-pool rollout got a sandbox used and reset before.
+    assert_eq!(
+        v["rows"]["workload_pristine_corral"]["reused_sandboxes"], 4,
+        "{v}"
+    );
 
     let ratios = v["ratios"].as_object().expect("ratios");
     assert_eq!(ratios.len(), 8, "{v}");
