@@ -22,6 +22,7 @@
 
 mod floors;
 mod report;
+mod reset;
 mod stats;
 mod sweep;
 mod workload;
@@ -42,6 +43,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 pub use report::Report;
 
 use stats::Latency;
+use workload::PoolMode;
 
 /// Label on every raw container of a run; the value is the run id.
 pub const BENCH_LABEL: &str = "corral.bench";
@@ -71,7 +73,7 @@ pub struct BenchOptions {
     /// Rollouts in flight at once.
     pub parallel: usize,
     /// Samples per latency row; `None`: 200 round trips, 50 raw execs,
-    /// 10 starts.
+    /// 50 resets, 10 starts.
     pub samples: Option<usize>,
     /// Draw a progress bar on stderr.
     pub progress: bool,
@@ -82,6 +84,8 @@ struct Samples {
     starts: usize,
     raw_exec: usize,
     round_trips: usize,
+    /// Resets are cheap: at least as many as starts, and more by default.
+    resets: usize,
 }
 
 impl Samples {
@@ -91,11 +95,13 @@ impl Samples {
                 starts: n,
                 raw_exec: n,
                 round_trips: n,
+                resets: n,
             },
             None => Samples {
                 starts: 10,
                 raw_exec: 50,
                 round_trips: 200,
+                resets: 50,
             },
         }
     }
@@ -105,9 +111,11 @@ impl Samples {
         (3 * self.starts
             + self.raw_exec
             + 2 * self.round_trips
-            // Six workload passes (through corral, plain, batch pool, reused
-            // pool, commands only through corral and raw) of N x M commands.
-            + 6 * options.sandboxes * options.commands) as u64
+            + self.resets
+            // Seven workload passes (through corral, plain, batch pool, reused
+            // pool, pristine pool, commands only through corral and raw) of
+            // N x M commands.
+            + 7 * options.sandboxes * options.commands) as u64
     }
 }
 
@@ -259,16 +267,22 @@ impl Bench {
             .await
             .context("destroying the warm-up sandbox")?;
 
+        self.progress.set_message("reset (pristine sandbox)");
+        let resets = self.resets(n.resets).await?;
+
         self.progress.set_message("workload, plain");
         let plain = self.workload(true).await?;
         self.progress.set_message("workload through corral");
         let corral = self.workload(false).await?;
         self.progress
             .set_message("workload through corral, warm pool");
-        let corral_pooled = self.workload_pooled(false).await?;
+        let corral_pooled = self.workload_pooled(PoolMode::Batch).await?;
         self.progress
             .set_message("workload through corral, reused pool");
-        let corral_reused = self.workload_pooled(true).await?;
+        let corral_reused = self.workload_pooled(PoolMode::Reuse).await?;
+        self.progress
+            .set_message("workload through corral, pristine pool");
+        let corral_pristine = self.workload_pooled(PoolMode::Pristine).await?;
         self.progress
             .set_message("workload commands, plain exec (started containers)");
         let plain_commands = self.workload_started(true).await?;
@@ -285,10 +299,13 @@ impl Bench {
             raw_exec,
             agent,
             shell,
+            reset: resets.latency,
+            reset_killed: resets.killed,
             corral,
             plain,
             corral_pooled,
             corral_reused,
+            corral_pristine,
             corral_commands,
             plain_commands,
         })
@@ -459,9 +476,33 @@ mod tests {
     #[test]
     fn samples_default_per_row_or_one_count_for_all() {
         let d = Samples::new(None);
-        assert_eq!((d.starts, d.raw_exec, d.round_trips), (10, 50, 200));
+        assert_eq!(
+            (d.starts, d.raw_exec, d.round_trips, d.resets),
+            (10, 50, 200, 50)
+        );
         let five = Samples::new(Some(5));
-        assert_eq!((five.starts, five.raw_exec, five.round_trips), (5, 5, 5));
+        assert_eq!(
+            (five.starts, five.raw_exec, five.round_trips, five.resets),
+            (5, 5, 5, 5)
+        );
+    }
+
+    #[test]
+    fn steps_count_every_sample_and_every_workload_command() {
+        let options = BenchOptions {
+            image: "corral-test/busybox".into(),
+            sandboxes: 4,
+            commands: 3,
+            parallel: 2,
+            samples: Some(5),
+            progress: false,
+        };
+        // Raw and cold starts and warm acquires, raw execs, agent and
+        // shell round trips, resets; seven workload passes of 4 x 3.
+        assert_eq!(
+            Samples::new(Some(5)).steps(&options),
+            3 * 5 + 5 + 2 * 5 + 5 + 7 * 12
+        );
     }
 
     #[test]

@@ -22,6 +22,10 @@ pub struct Report {
     pub(crate) raw_exec: Latency,
     pub(crate) agent: Latency,
     pub(crate) shell: Latency,
+    /// `Sandbox::reset` of a pristine sandbox after a mess, every one in place.
+    pub(crate) reset: Latency,
+    /// Processes those resets killed, in all.
+    pub(crate) reset_killed: u64,
     pub(crate) corral: Workload,
     pub(crate) plain: Workload,
     /// The workload end to end, each rollout taking its sandbox from a warm
@@ -30,6 +34,10 @@ pub struct Report {
     /// The same with a pool that reuses sandboxes: each rollout's sandbox is
     /// reset and handed back instead of destroyed and replaced.
     pub(crate) corral_reused: Workload,
+    /// The same with a pristine pool (P plus slack): each release is reset
+    /// in place in the background and handed to a later rollout; the clock
+    /// includes waiting for a reset sandbox and the last resets.
+    pub(crate) corral_pristine: Workload,
     /// The commands of the workload alone, on sandboxes started beforehand.
     pub(crate) corral_commands: Workload,
     /// The same on plain containers started beforehand, one raw exec each.
@@ -88,6 +96,11 @@ impl<'a> Row<'a> {
         self.workload = Some(w);
         self
     }
+
+    fn noted(mut self, note: Option<String>) -> Self {
+        self.note = note;
+        self
+    }
 }
 
 /// A ratio against its target (higher is better).
@@ -120,6 +133,16 @@ impl Report {
             self.pool_hits,
             self.pool_hits + self.pool_misses
         ));
+        let mut reset = Row::new(
+            "reset",
+            "",
+            "reset in place (pristine, after a mess)",
+            self.reset,
+        );
+        reset.note = Some(format!(
+            "all in place, {} processes killed",
+            self.reset_killed
+        ));
         vec![
             Row::new("raw_create_start", "1", "raw create+start", self.raw_start).floor(),
             Row::new(
@@ -142,6 +165,7 @@ impl Report {
                 "shell session round trip `/bin/true`",
                 self.shell,
             ),
+            reset,
             Row::new(
                 "workload_corral",
                 "7",
@@ -171,6 +195,19 @@ impl Report {
                 self.corral_reused.per_rollout,
             )
             .workload(&self.corral_reused),
+            Row::new(
+                "workload_pristine_corral",
+                "",
+                "workload through corral, pristine per episode",
+                self.corral_pristine.per_rollout,
+            )
+            .workload(&self.corral_pristine)
+            .noted(self.corral_pristine.reused.map(|n| {
+                format!(
+                    "{n}/{} on a sandbox used and reset before",
+                    self.corral_pristine.per_rollout.n
+                )
+            })),
             Row::new(
                 "workload_commands_corral",
                 "8",
@@ -206,6 +243,13 @@ impl Report {
                 applies: true,
             },
             Ratio {
+                id: "reset_vs_cold_start",
+                label: "reset p50 vs cold start p50",
+                value: times(self.cold_start.p50, self.reset.p50),
+                target: 20.0,
+                applies: true,
+            },
+            Ratio {
                 id: "workload_vs_plain",
                 label: "workload commands/s vs plain (starts incl.)",
                 value: self.corral.per_second() / self.plain.per_second().max(1e-9),
@@ -223,6 +267,13 @@ impl Report {
                 id: "workload_reused_vs_plain",
                 label: "workload (reused pool) commands/s vs plain",
                 value: self.corral_reused.per_second() / self.plain.per_second().max(1e-9),
+                target: 10.0,
+                applies: (args.sandboxes, args.commands, args.parallel) == TARGET_SHAPE,
+            },
+            Ratio {
+                id: "workload_pristine_vs_plain",
+                label: "workload (pristine pool) commands/s vs plain",
+                value: self.corral_pristine.per_second() / self.plain.per_second().max(1e-9),
                 target: 10.0,
                 applies: (args.sandboxes, args.commands, args.parallel) == TARGET_SHAPE,
             },
@@ -334,10 +385,16 @@ impl Report {
                     v["commands"] = json!(w.commands);
                     v["wall_ms"] = json!(ms(w.wall));
                     v["commands_per_s"] = json!(w.per_second());
+                    if let Some(reused) = w.reused {
+                        v["reused_sandboxes"] = json!(reused);
+                    }
                 }
                 if row.id == "warm_acquire" {
                     v["pool_hits"] = json!(self.pool_hits);
                     v["pool_misses"] = json!(self.pool_misses);
+                }
+                if row.id == "reset" {
+                    v["killed"] = json!(self.reset_killed);
                 }
                 (row.id.to_string(), v)
             })
@@ -374,6 +431,8 @@ impl Report {
                 "retries": m.retries,
                 "slot_waits": m.slot_waits,
                 "breaker_opened": m.breaker_opened,
+                "resets_in_place": m.resets_in_place,
+                "resets_replaced": m.resets_replaced,
                 "start_phase_mean_ms": m.start_phase_means_ms(),
             },
         })
@@ -396,11 +455,13 @@ mod tests {
             per_rollout: lat(per_rollout_ms),
             commands,
             wall: Duration::from_millis(wall_ms),
+            reused: None,
         }
     }
 
-    /// Floors 20x slower than corral's latency rows; corral's workloads
-    /// 10x (end to end) and 5x (commands only) the plain commands/s.
+    /// Floors 20x slower than corral's latency rows (a reset 20x faster
+    /// than a cold start); corral's workloads 10x (end to end) and 5x
+    /// (commands only) the plain commands/s.
     fn report() -> Report {
         Report {
             raw_start: lat(200),
@@ -411,10 +472,17 @@ mod tests {
             raw_exec: lat(40),
             agent: lat(2),
             shell: lat(3),
+            reset: lat(15),
+            reset_killed: 7,
             corral: wl(100, 160, 1_000),
             plain: wl(1_000, 160, 10_000),
             corral_pooled: wl(50, 160, 500),
             corral_reused: wl(25, 160, 250),
+            corral_pristine: Workload {
+                per_rollout: Latency::of(vec![Duration::from_millis(20); 16]),
+                reused: Some(16),
+                ..wl(20, 160, 200)
+            },
             corral_commands: wl(20, 160, 200),
             plain_commands: wl(100, 160, 1_000),
         }
@@ -459,16 +527,21 @@ mod tests {
             vec![
                 ("warm_acquire_vs_raw_start", 20.0, 20.0, true),
                 ("agent_vs_raw_exec", 20.0, 20.0, true),
+                ("reset_vs_cold_start", 20.0, 20.0, true),
                 ("workload_vs_plain", 10.0, 10.0, true),
                 ("workload_pooled_vs_plain", 20.0, 10.0, true),
                 ("workload_reused_vs_plain", 40.0, 10.0, true),
+                ("workload_pristine_vs_plain", 50.0, 10.0, true),
                 ("workload_commands_vs_plain_exec", 5.0, 10.0, false),
             ]
         );
         assert!(at_target.iter().all(|x| x.applies));
         let other = r.ratios(&options((4, 3, 2)));
         let applies: Vec<bool> = other.iter().map(|x| x.applies).collect();
-        assert_eq!(applies, [true, true, false, false, false, false]);
+        assert_eq!(
+            applies,
+            [true, true, true, false, false, false, false, false]
+        );
     }
 
     #[test]
@@ -498,10 +571,12 @@ mod tests {
                 "raw_exec",
                 "agent_round_trip",
                 "shell_round_trip",
+                "reset",
                 "workload_corral",
                 "workload_plain",
                 "workload_pooled_corral",
                 "workload_reused_corral",
+                "workload_pristine_corral",
                 "workload_commands_corral",
                 "workload_commands_plain",
             ])
@@ -513,6 +588,24 @@ mod tests {
         );
         assert_eq!(v["rows"]["warm_acquire"]["pool_hits"], 5);
         assert_eq!(v["rows"]["warm_acquire"]["pool_misses"], 1);
+        assert_eq!(
+            v["rows"]["reset"],
+            json!({"label": "reset in place (pristine, after a mess)", "floor": false,
+                   "n": 1, "p50_ms": 15.0, "p90_ms": 15.0, "p99_ms": 15.0, "killed": 7})
+        );
+        assert_eq!(
+            v["ratios"]["reset_vs_cold_start"],
+            json!({"label": "reset p50 vs cold start p50", "value": 20.0,
+                   "target": 20.0, "met": true, "target_applies": true})
+        );
+        assert_eq!(
+            v["rows"]["workload_pristine_corral"]["commands_per_s"],
+            800.0
+        );
+        assert_eq!(
+            v["rows"]["workload_pristine_corral"]["reused_sandboxes"],
+            16
+        );
         assert_eq!(
             v["rows"]["workload_plain"],
             json!({"label": "workload plain, per rollout", "floor": true, "n": 1,
@@ -532,6 +625,8 @@ mod tests {
                 "retries",
                 "slot_waits",
                 "breaker_opened",
+                "resets_in_place",
+                "resets_replaced",
                 "start_phase_mean_ms",
             ])
         );
@@ -564,19 +659,40 @@ mod tests {
             lines[1],
             "workload: 4 rollouts x 3 commands, 2 in parallel; times in ms"
         );
-        // Header, workload, blank, column titles, 12 rows, blank, title, 6 ratios.
-        assert_eq!(lines.len(), 4 + 12 + 2 + 6, "{table}");
+        // Header, workload, blank, column titles, 14 rows, blank, title, 8 ratios.
+        assert_eq!(lines.len(), 4 + 14 + 2 + 8, "{table}");
         assert!(lines[4].starts_with(" 1 raw create+start"), "{table}");
         assert!(lines[4].contains("[floor]"), "{table}");
         assert!(lines[6].ends_with("  5/6 from the pool"), "{table}");
+        assert!(lines[10].starts_with("   reset in place"), "{table}");
         assert!(
-            lines[11].ends_with("  16.0 cmd/s (160 in 10.00 s)"),
+            lines[10].ends_with("  all in place, 7 processes killed"),
             "{table}"
         );
-        assert_eq!(lines[17], "ratios (higher is better)");
-        assert!(lines[18].ends_with("20.0x  target >= 20x  met"), "{table}");
         assert!(
-            lines[23].ends_with("5.0x  target >= 10x  missed (target set for 16x10, 8 parallel)"),
+            lines[12].ends_with("  16.0 cmd/s (160 in 10.00 s)"),
+            "{table}"
+        );
+        assert!(
+            lines[15].contains("pristine per episode")
+                && lines[15].ends_with(
+                    "  800.0 cmd/s (160 in 0.20 s)  16/16 on a sandbox used and reset before"
+                ),
+            "{table}"
+        );
+        assert_eq!(lines[19], "ratios (higher is better)");
+        assert!(lines[20].ends_with("20.0x  target >= 20x  met"), "{table}");
+        assert!(
+            lines[22].starts_with("   reset p50 vs cold start p50")
+                && lines[22].ends_with("20.0x  target >= 20x  met"),
+            "{table}"
+        );
+        assert!(
+            lines[26].ends_with("50.0x  target >= 10x  met (target set for 16x10, 8 parallel)"),
+            "{table}"
+        );
+        assert!(
+            lines[27].ends_with("5.0x  target >= 10x  missed (target set for 16x10, 8 parallel)"),
             "{table}"
         );
         let at_target = options(TARGET_SHAPE);

@@ -92,17 +92,19 @@ fn json_report_has_every_row_and_ratio_and_leaves_nothing() {
         ("raw_exec", true),
         ("agent_round_trip", false),
         ("shell_round_trip", false),
+        ("reset", false),
     ];
     let workload_rows = [
         ("workload_corral", false),
         ("workload_plain", true),
         ("workload_pooled_corral", false),
         ("workload_reused_corral", false),
+        ("workload_pristine_corral", false),
         ("workload_commands_corral", false),
         ("workload_commands_plain", true),
     ];
     let rows = v["rows"].as_object().expect("rows");
-    assert_eq!(rows.len(), 12, "{v}");
+    assert_eq!(rows.len(), 14, "{v}");
     for (id, floor) in latency_rows.iter().chain(&workload_rows) {
         let row = &v["rows"][id];
         assert_eq!(row["floor"], *floor, "{id}: {row}");
@@ -129,15 +131,28 @@ fn json_report_has_every_row_and_ratio_and_leaves_nothing() {
     // The pool was waited full, so every acquire was a hand-over.
     assert_eq!(v["rows"]["warm_acquire"]["pool_hits"], 5, "{v}");
     assert_eq!(v["rows"]["warm_acquire"]["pool_misses"], 0, "{v}");
+    // Every reset killed the mess's `sleep`, and none replaced a container.
+    assert!(
+        number(&v["rows"]["reset"]["killed"], "killed") >= 5.0,
+        "{v}"
+    );
+    assert_eq!(v["metrics"]["resets_replaced"], 0, "{v}");
+    // Every pristine-pool rollout got a sandbox used and reset before.
+    assert_eq!(
+        v["rows"]["workload_pristine_corral"]["reused_sandboxes"], 4,
+        "{v}"
+    );
 
     let ratios = v["ratios"].as_object().expect("ratios");
-    assert_eq!(ratios.len(), 6, "{v}");
+    assert_eq!(ratios.len(), 8, "{v}");
     for (id, target) in [
         ("warm_acquire_vs_raw_start", 20.0),
         ("agent_vs_raw_exec", 20.0),
+        ("reset_vs_cold_start", 20.0),
         ("workload_vs_plain", 10.0),
         ("workload_pooled_vs_plain", 10.0),
         ("workload_reused_vs_plain", 10.0),
+        ("workload_pristine_vs_plain", 10.0),
         ("workload_commands_vs_plain_exec", 10.0),
     ] {
         let r = &v["ratios"][id];

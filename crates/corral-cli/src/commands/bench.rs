@@ -16,12 +16,16 @@ use corral_bench::{Bench, BenchOptions};
 /// Measure corral against floors taken in the same run: raw container
 /// create+start and raw `docker exec` through the Engine API, and a rollout
 /// workload (N sandboxes x M commands, P at a time) done through corral and
-/// done plainly with raw calls. Prints p50/p90/p99 per row, throughput, and
-/// the ratios against their targets (warm acquire and agent round trip at
-/// least 20x faster than their floors; the workload's commands at least 10x
-/// the commands/s of exec-per-command on started containers, with the
-/// end-to-end ratios beside it: starts and removals included, from a warm
-/// pool, and from a pool that resets and reuses sandboxes).
+/// done plainly with raw calls. Also times the in-place reset of a pristine
+/// sandbox after a mess (files written, a process left running). Prints
+/// p50/p90/p99 per row, throughput, and the ratios against their targets
+/// (warm acquire and agent round trip at least 20x faster than their
+/// floors, a reset at least 20x faster than a cold start; the workload's
+/// commands at least 10x the commands/s of exec-per-command on started
+/// containers, with the end-to-end ratios beside it: starts and removals
+/// included, from a warm pool, from a pool that resets and reuses
+/// sandboxes, and from a pristine pool that resets every released sandbox
+/// in place for the next episode).
 /// Every container it makes is removed, also on Ctrl-C (exit 130).
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -37,7 +41,7 @@ pub struct BenchArgs {
     /// Rollouts in flight at once.
     #[arg(long, default_value = "8", value_parser = at_least_one)]
     parallel: usize,
-    /// Samples per latency row [default: 200 round trips, 50 raw execs, 10 starts].
+    /// Samples per latency row [default: 200 round trips, 50 raw execs, 50 resets, 10 starts].
     #[arg(long, value_parser = at_least_one)]
     samples: Option<usize>,
     /// Print one JSON object instead of the table (and no progress bar).
