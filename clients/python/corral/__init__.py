@@ -45,7 +45,7 @@ from .errors import (
     TooLargeError,
     UnsupportedError,
 )
-from .models import CommandResult, Failure, FileEntry, Health, SandboxInfo, StreamEvent
+from .models import CommandResult, Failure, FileEntry, Health, ResetResult, SandboxInfo, StreamEvent
 
 __all__ = [
     "__version__",
@@ -64,6 +64,7 @@ __all__ = [
     "FileEntry",
     "Health",
     "SandboxInfo",
+    "ResetResult",
     "StreamEvent",
     "CorralError",
     "ServiceUnavailableError",

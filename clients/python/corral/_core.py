@@ -183,6 +183,7 @@ def create_body(
     spec: Optional[Mapping[str, Any]],
     profile: Optional[str],
     persistent: bool,
+    pristine: Optional[bool] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {"session": session or new_session_key()}
     if profile is not None:
@@ -193,6 +194,8 @@ def create_body(
         body["image"] = image
     if persistent:
         body["persistent"] = True
+    if pristine is not None:
+        body["pristine"] = bool(pristine)
     return body
 
 

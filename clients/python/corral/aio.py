@@ -24,7 +24,7 @@ from ._discovery import TokenSource
 from ._sse import SSEDecoder
 from .client import _finish, _to_event
 from .errors import CorralError, NotFoundError, SandboxNotFoundError, ServiceUnavailableError
-from .models import CommandResult, FileEntry, Health, SandboxInfo, StreamEvent
+from .models import CommandResult, FileEntry, Health, ResetResult, SandboxInfo, StreamEvent
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncShell", "AsyncCommandStream"]
 
@@ -135,9 +135,13 @@ class AsyncClient:
         profile: Optional[str] = None,
         session: Optional[str] = None,
         persistent: bool = False,
+        pristine: Optional[bool] = None,
     ) -> "AsyncSandbox":
         """A sandbox to be created by ``async with`` or ``await``."""
-        return AsyncSandbox(self, image=image, spec=spec, profile=profile, session=session, persistent=persistent)
+        return AsyncSandbox(
+            self, image=image, spec=spec, profile=profile, session=session, persistent=persistent,
+            pristine=pristine,
+        )
 
     async def create_sandbox(self, **kwargs: Any) -> "AsyncSandbox":
         """Create a sandbox now (arguments as :meth:`sandbox`)."""
@@ -188,13 +192,16 @@ class AsyncSandbox:
         profile: Optional[str] = None,
         session: Optional[str] = None,
         persistent: bool = False,
+        pristine: Optional[bool] = None,
         base_url: Optional[str] = None,
         token: Optional[str] = None,
         timeout: Union[float, httpx.Timeout, None] = None,
     ) -> None:
         self._owns_client = client is None
         self.client = client if client is not None else AsyncClient(base_url, token=token, timeout=timeout)
-        self._body = _core.create_body(session=session, image=image, spec=spec, profile=profile, persistent=persistent)
+        self._body = _core.create_body(
+            session=session, image=image, spec=spec, profile=profile, persistent=persistent, pristine=pristine
+        )
         self._info: Optional[SandboxInfo] = None
         self._deleted = False
 
@@ -367,6 +374,25 @@ class AsyncSandbox:
 
     async def download_dir(self, path: str, local_dir: PathLike) -> List[str]:
         return _core.unpack_tar(await self.download_tar(path), local_dir)
+
+    async def reset(self) -> ResetResult:
+        """Return the sandbox to its state right after start (as
+        :meth:`corral.Sandbox.reset`): in place when it was created with
+        ``pristine=True``, else by replacing its container."""
+        r = await self.client.request(
+            "POST",
+            self._path("reset"),
+            timeout=httpx.Timeout(_core.CREATE_TIMEOUT, connect=self.client._timeout.connect),
+            idempotent=True,
+            resource="sandbox",
+        )
+        result = ResetResult.from_json(r.json())
+        if not result.in_place:
+            try:
+                await self.refresh()
+            except CorralError as exc:
+                log.debug("corral: refreshing %s after a reset failed: %s", self.id, exc)
+        return result
 
     async def delete(self) -> None:
         if self._deleted or self._info is None:

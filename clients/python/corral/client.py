@@ -16,7 +16,7 @@ from ._core import Command, RetryPolicy, Stdin, seg
 from ._discovery import TokenSource
 from ._sse import SSEDecoder
 from .errors import CorralError, NotFoundError, SandboxNotFoundError, ServiceUnavailableError, error_from_response
-from .models import CommandResult, FileEntry, Health, SandboxInfo, StreamEvent
+from .models import CommandResult, FileEntry, Health, ResetResult, SandboxInfo, StreamEvent
 
 __all__ = ["Client", "Sandbox", "Shell", "CommandStream"]
 
@@ -155,11 +155,13 @@ class Client:
         profile: Optional[str] = None,
         session: Optional[str] = None,
         persistent: bool = False,
+        pristine: Optional[bool] = None,
     ) -> "Sandbox":
         """Create (or, for an existing ``session`` key, get) a sandbox. Use it
         as a context manager to delete it at the end."""
         return Sandbox(
-            self, image=image, spec=spec, profile=profile, session=session, persistent=persistent
+            self, image=image, spec=spec, profile=profile, session=session, persistent=persistent,
+            pristine=pristine,
         )
 
     sandbox = create_sandbox
@@ -218,6 +220,14 @@ class Sandbox:
         session: session key: the same key gets the same sandbox until it is
             deleted. Default: a fresh key.
         persistent: keep ``/workspace`` and the home directory per session key.
+        pristine: start the sandbox so that :meth:`reset` returns it to its
+            state right after start in place, in milliseconds (changes to its
+            root file system then live in memory and count against its memory
+            limit); overrides the spec's, profile's or defaults' ``pristine``.
+            A sandbox that cannot (read-only root, a non-root user, a runtime
+            other than runc, persistent) is replaced by a reset instead;
+            ``info.resets_in_place`` and ``info.reset_unavailable_reason`` say
+            which.
     """
 
     def __init__(
@@ -229,6 +239,7 @@ class Sandbox:
         profile: Optional[str] = None,
         session: Optional[str] = None,
         persistent: bool = False,
+        pristine: Optional[bool] = None,
         base_url: Optional[str] = None,
         token: Optional[str] = None,
         timeout: Union[float, httpx.Timeout, None] = None,
@@ -240,7 +251,8 @@ class Sandbox:
         try:
             if _info is None:
                 body = _core.create_body(
-                    session=session, image=image, spec=spec, profile=profile, persistent=persistent
+                    session=session, image=image, spec=spec, profile=profile, persistent=persistent,
+                    pristine=pristine,
                 )
                 _info = self.client._create(body)
         except BaseException:
@@ -463,6 +475,35 @@ class Sandbox:
         return _core.unpack_tar(self.download_tar(path), local_dir)
 
     # -- lifetime ----------------------------------------------------------
+
+    def reset(self) -> ResetResult:
+        """Return the sandbox to its state right after start: every process
+        killed (background jobs and shell sessions too), every change to its
+        file system undone (host mounts are the host's); its id stays.
+
+        A sandbox created with ``pristine=True`` is reset in place by its
+        agent, in milliseconds (``mode == "in_place"``); any other has its
+        container replaced by a new one from the same spec, start-up
+        commands run again (``mode == "replaced"``, ``fallback_reason``
+        saying why). Raises :class:`SandboxNotFoundError` for a sandbox that
+        is gone.
+        """
+        r = self.client.request(
+            "POST",
+            self._path("reset"),
+            timeout=httpx.Timeout(_core.CREATE_TIMEOUT, connect=self.client._timeout.connect),
+            # Resetting again after a lost answer ends in the same state.
+            idempotent=True,
+            resource="sandbox",
+        )
+        result = ResetResult.from_json(r.json())
+        if not result.in_place:
+            # A new container: its id changed.
+            try:
+                self.refresh()
+            except CorralError as exc:
+                log.debug("corral: refreshing %s after a reset failed: %s", self.id, exc)
+        return result
 
     def delete(self) -> None:
         """Release the sandbox (its container is removed unless persistent).

@@ -11,6 +11,7 @@ __all__ = [
     "Failure",
     "CommandResult",
     "SandboxInfo",
+    "ResetResult",
     "FileEntry",
     "StreamEvent",
     "Health",
@@ -168,7 +169,10 @@ class CommandResult:
 class SandboxInfo:
     """A sandbox as the service describes it. ``id`` (the session key) is the
     handle of every route; ``sandbox_id`` is corral's id of the current
-    container incarnation; ``container_id`` the Docker container."""
+    container incarnation; ``container_id`` the Docker container.
+    ``resets_in_place`` says whether :meth:`Sandbox.reset` resets it in
+    place (in milliseconds); when not, ``reset_unavailable_reason`` says why
+    (a reset then replaces its container)."""
 
     id: str
     session: Optional[str] = None
@@ -179,6 +183,8 @@ class SandboxInfo:
     persistent: bool = False
     alive: bool = True
     shells: List[str] = field(default_factory=list)
+    resets_in_place: bool = False
+    reset_unavailable_reason: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -193,8 +199,45 @@ class SandboxInfo:
             persistent=bool(data.get("persistent", False)),
             alive=bool(data.get("alive", True)),
             shells=list(data.get("shells") or []),
+            resets_in_place=bool(data.get("resets_in_place", False)),
+            reset_unavailable_reason=data.get("reset_unavailable_reason"),
             raw=dict(data),
         )
+
+
+@dataclass(frozen=True)
+class ResetResult:
+    """What :meth:`Sandbox.reset` did. Either way the sandbox is back in its
+    state right after start (every process killed, every file change undone,
+    shell sessions closed).
+
+    ``mode`` is ``in_place`` (by the sandbox's agent, in milliseconds) or
+    ``replaced`` (its container was replaced by a new one from the same
+    spec); ``fallback_reason`` says why it was not in place (``None`` when it
+    was); ``killed`` counts the processes an in-place reset killed;
+    ``elapsed_ms`` is the time the reset took.
+    """
+
+    mode: str
+    fallback_reason: Optional[str] = None
+    killed: int = 0
+    elapsed_ms: float = 0.0
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "ResetResult":
+        return cls(
+            mode=str(data.get("mode", "")),
+            fallback_reason=data.get("fallback_reason"),
+            killed=int(data.get("killed") or 0),
+            elapsed_ms=float(data.get("elapsed_ms") or 0.0),
+            raw=dict(data),
+        )
+
+    @property
+    def in_place(self) -> bool:
+        """The reset was done in place."""
+        return self.mode == "in_place"
 
 
 @dataclass(frozen=True)

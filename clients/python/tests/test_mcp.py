@@ -62,6 +62,7 @@ EXPECTED_TOOLS = {
     "list_files",
     "shell_run",
     "shell_close",
+    "reset",
 }
 
 # Longest any one step may take: a sandbox start, a command, a teardown.
@@ -99,13 +100,13 @@ class Labelled:
     leak checks by that label. Anything left is removed at the end, so a
     failing test still leaves nothing behind (after reporting it)."""
 
-    def __init__(self, tag: str) -> None:
+    def __init__(self, tag: str, defaults: str = "") -> None:
         self.value = f"{tag}-{uuid.uuid4().hex[:12]}"
         self.label = f"corraltest={self.value}"
         self._dir = tempfile.TemporaryDirectory(prefix="corral-mcp-test-")
         self.config = str(Path(self._dir.name) / "corral.yaml")
         Path(self.config).write_text(
-            f"defaults:\n  labels:\n    corraltest: {self.value}\n", encoding="utf-8"
+            f"defaults:\n  labels:\n    corraltest: {self.value}\n{defaults}", encoding="utf-8"
         )
 
     def ids(self) -> list[str]:
@@ -227,6 +228,14 @@ async def exercise(session: ClientSession, labelled: Labelled) -> None:
         await _call(session, "shell_run", {"command": "true", "session": "no spaces"})
     assert "session" in str(bad.value) and "no spaces" in str(bad.value), str(bad.value)
 
+    # This sandbox was not started pristine: a reset replaces its container
+    # (the old one is gone) and says why.
+    text = await _ok(session, "reset", {})
+    assert "replaced" in text and "pristine is false" in text, text
+    assert len(labelled.ids()) == 1, labelled.ids()
+    result = await _call(session, "read_file", {"path": "/tmp/mcp-test/dir/notes.txt"})
+    assert _is_error(result) and "not found" in _text(result), _text(result)
+
 
 async def test_stdio_session_runs_commands_and_files_then_cleans_up(
     corral_bin: str, labelled: Labelled
@@ -253,6 +262,71 @@ async def test_stdio_session_runs_commands_and_files_then_cleans_up(
     # The client closed stdin and the server exited: its sandbox is gone.
     left = labelled.ids()
     assert left == [], f"corral mcp left containers behind: {left}"
+
+
+def _structured(result: Any) -> Any:
+    return getattr(result, "structured_content", None) or getattr(result, "structuredContent", None)
+
+
+async def test_reset_tool_returns_a_pristine_sandbox_to_its_start(corral_bin: str) -> None:
+    lab = Labelled("mcp-reset", defaults="  pristine: true\n")
+    params = StdioServerParameters(command=corral_bin, args=["--config", lab.config, "mcp"], env=_env())
+    try:
+        with tempfile.TemporaryFile(mode="w+") as errlog:
+            try:
+                async with stdio_client(params, errlog=errlog) as (read, write):
+                    async with ClientSession(read, write) as session:
+                        with anyio.fail_after(STEP_TIMEOUT):
+                            await session.initialize()
+                            tools = await session.list_tools()
+                        reset = next(t for t in tools.tools if t.name == "reset")
+                        assert "pristine" in (reset.description or ""), reset.description
+                        # Before any other call: nothing to reset, nothing started.
+                        text = await _ok(session, "reset", {})
+                        assert "already pristine" in text, text
+                        assert lab.ids() == []
+
+                        await _ok(
+                            session,
+                            "write_file",
+                            {"path": "/etc/mcp-reset/marker", "content": "dirty", "mkdirs": True},
+                        )
+                        await _ok(session, "run_command", {"command": "sleep 1000 >/dev/null 2>&1 &"})
+                        await _ok(session, "shell_run", {"command": "export KEPT=1"})
+                        container = lab.ids()
+                        assert len(container) == 1, container
+
+                        result = await _call(session, "reset", {})
+                        text = _text(result)
+                        assert not _is_error(result), text
+                        assert "in place" in text, text
+                        data = _structured(result)
+                        assert data["mode"] == "in_place" and data["fallback_reason"] is None, data
+                        assert data["killed"] >= 1, data
+
+                        text = await _ok(
+                            session,
+                            "run_command",
+                            {
+                                "command": "test -e /etc/mcp-reset/marker && echo kept || echo gone; "
+                                "for p in /proc/[0-9]*; do cat $p/comm; done 2>/dev/null | grep -c '^sleep$' || true"
+                            },
+                        )
+                        assert "gone" in text and "kept" not in text, text
+                        assert "\n0" in text, text
+                        # A fresh shell, not reported as a lost one.
+                        text = await _ok(session, "shell_run", {"command": 'echo "[$KEPT]"'})
+                        assert "[]" in text and "restarted" not in text, text
+                        # In place: the same container.
+                        assert lab.ids() == container
+            except BaseException:
+                errlog.seek(0)
+                sys.stderr.write(f"--- corral mcp stderr ---\n{errlog.read()}\n")
+                raise
+        left = lab.ids()
+        assert left == [], f"corral mcp left containers behind: {left}"
+    finally:
+        lab.close()
 
 
 @contextlib.asynccontextmanager

@@ -217,6 +217,21 @@ def test_creating_a_sandbox_sends_a_session_key_so_it_can_be_retried():
     assert sb.id == seen[0]["session"]
 
 
+def test_pristine_is_sent_only_when_asked_and_reset_results_parse():
+    def body(**kw):
+        return _core.create_body(session="k", image=None, spec=None, profile=None, persistent=False, **kw)
+
+    assert "pristine" not in body()
+    assert body(pristine=True)["pristine"] is True
+    assert body(pristine=False)["pristine"] is False
+    r = corral.ResetResult.from_json({"mode": "in_place", "fallback_reason": None, "killed": 2, "elapsed_ms": 3.5})
+    assert (r.mode, r.in_place, r.fallback_reason, r.killed, r.elapsed_ms) == ("in_place", True, None, 2, 3.5)
+    r = corral.ResetResult.from_json({"mode": "replaced", "fallback_reason": "pristine is false", "killed": 0})
+    assert not r.in_place and r.fallback_reason == "pristine is false"
+    info = corral.SandboxInfo.from_json({"id": "s", "resets_in_place": False, "reset_unavailable_reason": "why"})
+    assert (info.resets_in_place, info.reset_unavailable_reason) == (False, "why")
+
+
 def test_an_unreachable_service_is_a_retryable_service_error():
     from corral.testing import free_port
 

@@ -168,6 +168,7 @@ impl AppState {
             persistent: false,
             lost: None,
         });
+        let reset_unavailable_reason = lease.resets_in_place().err();
         SandboxInfo {
             id: id.to_string(),
             session: id.to_string(),
@@ -178,6 +179,8 @@ impl AppState {
             persistent: meta.persistent,
             alive: lease.looks_alive(),
             shells: lease.shell_names(),
+            resets_in_place: reset_unavailable_reason.is_none(),
+            reset_unavailable_reason,
         }
     }
 }
@@ -354,7 +357,7 @@ fn spec_of(
         (Some(p), None) => {
             // Profiles and pools are the operator's: trusted as written.
             let spec = match config.provider.pools.get(p) {
-                Some(pool) => pool.spec.clone(),
+                Some(pool) => pool_spec(pool),
                 None => config
                     .profile(p)
                     .map_err(|e| ApiError::invalid("profile", e.to_string()))?
@@ -392,6 +395,9 @@ fn spec_of(
     if spec.image.is_empty() {
         spec.image = s.inner.default_image.clone();
     }
+    if let Some(pristine) = req.pristine {
+        spec.pristine = pristine;
+    }
     let trusted_image = if req.spec.is_some() {
         base.image.clone()
     } else {
@@ -422,6 +428,13 @@ fn spec_of(
         ));
     }
     Ok((spec, profile, image_field))
+}
+
+/// The spec of a pool's sandboxes (a pristine pool starts them pristine).
+fn pool_spec(pool: &corral::pool::PoolConfig) -> SandboxSpec {
+    let mut spec = pool.spec.clone();
+    spec.pristine |= pool.pristine;
+    spec
 }
 
 /// An image a client chose (in request field `field`) that the policy only
@@ -498,10 +511,17 @@ async fn create_sandbox(
     let provider = &s.inner.provider;
     let lease = if req.persistent {
         provider.acquire_persistent(&key, &spec).await
-    } else if let Some(pool) = profile
-        .as_deref()
-        .filter(|p| s.inner.config.provider.pools.contains_key(*p))
-    {
+    } else if let Some(pool) = profile.as_deref().filter(|p| {
+        // A pool hands out sandboxes of its own spec: a request that
+        // changes it (image, pristine) gets a sandbox of its own.
+        s.inner.config.provider.pools.get(*p).is_some_and(|pool| {
+            let mut own = pool_spec(pool);
+            if own.image.is_empty() {
+                own.image = s.inner.default_image.clone();
+            }
+            own == spec
+        })
+    }) {
         provider.acquire(&key, pool).await
     } else {
         provider.acquire_spec(&key, &spec).await
@@ -545,6 +565,8 @@ async fn list_sandboxes(State(s): State<AppState>) -> Result<Json<SandboxList>, 
                 persistent: false,
                 alive: false,
                 shells: Vec::new(),
+                resets_in_place: false,
+                reset_unavailable_reason: Some(format!("its container was lost: {}", f.message)),
             }),
             Err(_) => {}
         }
@@ -587,6 +609,33 @@ async fn delete_sandbox(
         }
     }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Return a sandbox to its state right after start: every process killed,
+/// every change to its file system undone (host mounts are the host's),
+/// shell sessions closed; its id stays. A sandbox created with `pristine`
+/// (see `resets_in_place` in its description) is reset in place by its
+/// agent in milliseconds; any other has its container replaced by a new
+/// one from the same spec (start-up commands run again), and the answer
+/// says why in `fallback_reason`.
+#[utoipa::path(
+    post, path = "/v1/sandboxes/{id}/reset", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id (its session key)")),
+    responses(
+        (status = 200, body = ResetBody),
+        (status = 404, body = ErrorBody),
+        (status = 410, description = "Its container was lost earlier (recovery `fail`): delete it and create another", body = ErrorBody),
+        (status = 503, description = "Daemon unavailable (retryable)", body = ErrorBody),
+        (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody),
+    )
+)]
+async fn reset_sandbox(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<ResetBody>, ApiError> {
+    let lease = s.lease(&id).await?;
+    let outcome = lease.reset().await.map_err(|e| ApiError::runtime(&e, ""))?;
+    Ok(Json(ResetBody::from(&outcome)))
 }
 
 /// Run a command and wait for its outcome. Timeouts, OOM kills and lost
@@ -1041,6 +1090,7 @@ fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(create_sandbox, list_sandboxes))
         .routes(routes!(get_sandbox, delete_sandbox))
+        .routes(routes!(reset_sandbox))
         .routes(routes!(exec))
         .routes(routes!(exec_stream))
         .routes(routes!(shell_exec))

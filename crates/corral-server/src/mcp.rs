@@ -10,7 +10,8 @@
 //! translations onto [`corral::Sandbox`]: `run_command`
 //! ([`Sandbox::run`](corral::Sandbox::run) of `/bin/sh -c`),
 //! `read_file`, `write_file`, `list_files`, `shell_run` and `shell_close`
-//! (stateful shells). Arguments are checked in `args.rs` (a bad one is an
+//! (stateful shells), and `reset` ([`Sandbox::reset`](corral::Sandbox::reset):
+//! back to the state right after start). Arguments are checked in `args.rs` (a bad one is an
 //! invalid-params error naming the field and the value); results are
 //! rendered in `render.rs`: text for the model, with `isError` set on a
 //! failure or a non-zero exit, and the REST API's JSON as structured
@@ -296,8 +297,9 @@ fn instructions(spec: &SandboxSpec) -> String {
          runs in a fresh /bin/sh -c: cd and exports do not carry over), shell_run for a \
          persistent shell whose working directory and variables carry over between calls \
          (several named sessions may exist; shell_close ends one), and read_file, write_file \
-         and list_files for files. Relative paths are taken from the sandbox's working \
-         directory. Results give the exit code and output; a command that timed out, ran out \
+         and list_files for files; reset returns the sandbox to its state right after start \
+         (every process killed, every file change undone). Relative paths are taken from the \
+         sandbox's working directory. Results give the exit code and output; a command that timed out, ran out \
          of memory or lost its container says so with a failure kind.",
         image = spec.image,
     )
@@ -497,6 +499,46 @@ impl Handler {
             format!("closed shell session '{}'", a.session),
         ))
     }
+
+    /// Return the sandbox to its pristine state, exactly as it was right
+    /// after it started: every process (background jobs and shell sessions
+    /// included) is killed and every file change is undone, in /tmp too.
+    /// Use it to start a task over on a clean machine. Takes milliseconds
+    /// when the sandbox was started for it (pristine); otherwise its
+    /// container is replaced by a fresh one, which takes longer, and the
+    /// result says why.
+    #[tool(
+        input_schema = schema::<args::Reset>(),
+        annotations(destructive_hint = true, idempotent_hint = true)
+    )]
+    async fn reset(&self, params: JsonObject) -> Result<CallToolResult, ErrorData> {
+        const TOOL: &str = "reset";
+        let args::Reset {} = args::parse(TOOL, params)?;
+        // No sandbox yet: nothing to undo, and none worth starting for this.
+        if !self.session.used() {
+            return Ok(render::ok(
+                "the sandbox has not been started yet, so it is already pristine",
+            ));
+        }
+        let (lease, notes) = match self.lease().await {
+            Ok(l) => l,
+            Err(r) => return Ok(r),
+        };
+        match lease.reset().await {
+            Ok(outcome) => {
+                self.session.reset_done(lease.id());
+                Ok(render::reset(&outcome, &notes))
+            }
+            Err(e) => {
+                let mut text = notes.join("\n");
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                text.push_str(&render::failure_line("reset failed", &e.failure()));
+                Ok(render::error(text))
+            }
+        }
+    }
 }
 
 #[tool_handler(router = self.tool_router)]
@@ -518,6 +560,7 @@ mod tests {
         assert!(text.contains("image corral-test/busybox"), "{text}");
         assert!(text.contains("512 MiB of memory"), "{text}");
         for tool in [
+            "reset",
             "run_command",
             "shell_run",
             "shell_close",
@@ -553,6 +596,7 @@ mod tests {
             [
                 "list_files",
                 "read_file",
+                "reset",
                 "run_command",
                 "shell_close",
                 "shell_run",

@@ -1,7 +1,7 @@
 //! Prometheus metrics of the service (`GET /metrics`): what the service saw
 //! (command latency, failures by kind) plus, read at scrape time, the
 //! provider's sandboxes and pools and the runtime's counters (starts,
-//! retries, slot waits, recreations).
+//! retries, slot waits, recreations, resets).
 
 use std::fmt;
 
@@ -262,6 +262,29 @@ impl Collector for Snapshot {
             "Sandboxes whose first command has run",
             b.first_commands,
         )?;
+        {
+            let mut m = e.encode_descriptor(
+                "resets",
+                "Sandbox resets, by how they were done (in_place: by the agent; replaced: a new container)",
+                None,
+                MetricType::Counter,
+            )?;
+            for (mode, n) in [
+                ("in_place", b.resets_in_place),
+                ("replaced", b.resets_replaced),
+            ] {
+                ConstCounter::new(n).encode(m.encode_family(&[("mode", mode)])?)?;
+            }
+        }
+        {
+            let m = e.encode_descriptor(
+                "reset_in_place_seconds",
+                "Total time of in-place resets",
+                None,
+                MetricType::Counter,
+            )?;
+            ConstCounter::new(b.reset_us as f64 / 1e6).encode(m)?;
+        }
         counter(
             &mut e,
             "orphans_reaped",

@@ -27,10 +27,10 @@ pub struct CreateSandbox {
     /// replace), so `{"limits": {"memory": 67108864}}` changes only the
     /// memory limit. Not with `profile`. What it changes must be allowed by
     /// the service's policy (`server.policy`): image, workdir, env values,
-    /// startup, recovery, own labels, limits up to the maxima, network
-    /// `none`; host mounts, capabilities, weakened hardening, runtime, host
-    /// environment, `corral.*` labels and `persistent` are refused (403
-    /// naming the field).
+    /// startup, recovery, pristine, own labels, limits up to the maxima,
+    /// network `none`; host mounts, capabilities, weakened hardening,
+    /// runtime, host environment, `corral.*` labels and `persistent` are
+    /// refused (403 naming the field).
     #[schema(value_type = Object)]
     pub spec: Option<serde_json::Value>,
     /// Image, overriding the one of the spec, profile or defaults: one of
@@ -41,6 +41,15 @@ pub struct CreateSandbox {
     /// (403) unless the service sets `server.policy.allow_persistent`.
     #[serde(default)]
     pub persistent: bool,
+    /// Start the sandbox for pristine reset (`POST /v1/sandboxes/{id}/reset`
+    /// in place, in milliseconds), overriding the spec's, profile's or
+    /// defaults' `pristine`. Changes to the root file system then live in
+    /// memory and count against the memory limit. A sandbox that cannot
+    /// reset in place (read-only root, a non-root user, a runtime other
+    /// than runc, persistent) is replaced by a reset instead: see
+    /// `resets_in_place` in its description.
+    #[serde(default)]
+    pub pristine: Option<bool>,
 }
 
 /// A sandbox of the service.
@@ -65,6 +74,12 @@ pub struct SandboxInfo {
     pub alive: bool,
     /// Open shell sessions.
     pub shells: Vec<String>,
+    /// Whether `POST /v1/sandboxes/{id}/reset` resets it in place (by its
+    /// agent, in milliseconds); false: a reset replaces its container.
+    pub resets_in_place: bool,
+    /// Why a reset cannot happen in place, naming the spec field (e.g.
+    /// `pristine is false: ...`); null when it can.
+    pub reset_unavailable_reason: Option<String>,
 }
 
 /// Body of `GET /v1/sandboxes`.
@@ -194,6 +209,47 @@ pub struct CommandOutcome {
     /// sandbox's container was lost earlier (under the `fail` recovery
     /// policy), or (`corral run`) the sandbox could not be created.
     pub sandbox_id: Option<String>,
+}
+
+/// How a reset was done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ResetModeBody {
+    /// By the sandbox's agent, in the same container.
+    InPlace,
+    /// By replacing the container with a new one from the same spec
+    /// (start-up commands run again).
+    Replaced,
+}
+
+/// Body of `POST /v1/sandboxes/{id}/reset`: what the reset did. Either way
+/// the sandbox is back in its state right after start: every process
+/// killed, every file system change gone (host mounts are the host's),
+/// shell sessions closed.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ResetBody {
+    /// `in_place` or `replaced`.
+    pub mode: ResetModeBody,
+    /// Why it was not done in place; null when it was.
+    pub fallback_reason: Option<String>,
+    /// Processes an in-place reset killed (0 for a replacement).
+    pub killed: u32,
+    /// Time the whole reset took, in ms.
+    pub elapsed_ms: f64,
+}
+
+impl From<&corral::ResetOutcome> for ResetBody {
+    fn from(o: &corral::ResetOutcome) -> Self {
+        ResetBody {
+            mode: match o.mode {
+                corral::ResetMode::InPlace => ResetModeBody::InPlace,
+                corral::ResetMode::Replaced => ResetModeBody::Replaced,
+            },
+            fallback_reason: o.fallback_reason.clone(),
+            killed: o.killed,
+            elapsed_ms: o.elapsed_ms,
+        }
+    }
 }
 
 /// A shell session command's outcome.

@@ -275,6 +275,169 @@ async fn sandboxes_commands_shells_and_files() {
 }
 
 #[tokio::test]
+async fn reset_returns_a_sandbox_to_its_start_and_says_how() {
+    let _g = Guard("api-reset");
+    let (app, provider) = service(config("api-reset", None)).await;
+    let exec = |id: &'static str, cmd: &'static str| {
+        let app = app.clone();
+        async move {
+            let (st, r) = call(
+                &app,
+                "POST",
+                &format!("/v1/sandboxes/{id}/exec"),
+                Some(json!({"command": cmd, "timeout_ms": 30000})),
+                None,
+            )
+            .await;
+            assert_eq!(st, StatusCode::OK, "{cmd}: {r}");
+            assert_eq!(r["failure"], Value::Null, "{cmd}: {r}");
+            r["stdout"].as_str().unwrap_or_default().to_string()
+        }
+    };
+
+    let (st, sb) = call(
+        &app,
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"session": "pure", "pristine": true})),
+        None,
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{sb}");
+    assert_eq!(sb["resets_in_place"], true, "{sb}");
+    assert_eq!(sb["reset_unavailable_reason"], Value::Null, "{sb}");
+    exec(
+        "pure",
+        "echo dirty > /etc/marker; echo t > /tmp/marker; (sleep 1000 &) ; true",
+    )
+    .await;
+    let (st, r) = call(&app, "POST", "/v1/sandboxes/pure/reset", None, None).await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(r["mode"], "in_place", "{r}");
+    assert_eq!(r["fallback_reason"], Value::Null, "{r}");
+    assert!(r["killed"].as_u64().unwrap_or(0) >= 1, "{r}");
+    assert!(r["elapsed_ms"].as_f64().unwrap_or(-1.0) >= 0.0, "{r}");
+    let after = exec(
+        "pure",
+        "ls /etc/marker /tmp/marker 2>&1; ps -o comm | grep -c '^sleep' || true",
+    )
+    .await;
+    assert!(after.contains("No such file"), "{after}");
+    assert!(!after.contains("/etc/marker\n"), "{after}");
+    assert_eq!(after.lines().last(), Some("0"), "{after}");
+
+    // A sandbox not started for it is replaced, and the answer says why.
+    let (st, sb) = call(
+        &app,
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"session": "plain"})),
+        None,
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{sb}");
+    assert_eq!(sb["resets_in_place"], false, "{sb}");
+    let why = sb["reset_unavailable_reason"].as_str().unwrap_or_default();
+    assert!(why.starts_with("pristine is false"), "{sb}");
+    exec("plain", "echo dirty > /etc/marker").await;
+    let (st, r) = call(&app, "POST", "/v1/sandboxes/plain/reset", None, None).await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(r["mode"], "replaced", "{r}");
+    assert_eq!(r["killed"], 0, "{r}");
+    let why = r["fallback_reason"].as_str().unwrap_or_default();
+    assert!(why.starts_with("pristine is false"), "{r}");
+    let (st, info) = call(&app, "GET", "/v1/sandboxes/plain", None, None).await;
+    assert_eq!(st, StatusCode::OK, "{info}");
+    assert_eq!(info["alive"], true, "{info}");
+    assert_eq!(info["sandbox_id"], sb["sandbox_id"], "the id stays: {info}");
+    assert_ne!(info["container_id"], sb["container_id"], "{info}");
+    let after = exec("plain", "cat /etc/marker 2>&1 || true").await;
+    assert!(after.contains("No such file"), "{after}");
+
+    let (st, e) = call(&app, "POST", "/v1/sandboxes/nope/reset", None, None).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{e}");
+    assert_eq!(e["error"]["kind"], "not_found");
+    assert_eq!(e["error"]["field"], "id");
+
+    let (_, m) = call(&app, "GET", "/metrics", None, None).await;
+    let m = m.as_str().unwrap_or_default().to_string();
+    assert!(
+        m.contains("corral_resets_total{mode=\"replaced\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("corral_resets_total{mode=\"in_place\"} 1"),
+        "{m}"
+    );
+    assert!(m.contains("corral_reset_in_place_seconds_total"), "{m}");
+
+    for id in ["pure", "plain"] {
+        let (st, _) = call(&app, "DELETE", &format!("/v1/sandboxes/{id}"), None, None).await;
+        assert_eq!(st, StatusCode::NO_CONTENT);
+    }
+    provider.shutdown().await;
+    assert_eq!(remaining("api-reset"), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_pristine_pool_hands_out_sandboxes_that_reset_in_place() {
+    let _g = Guard("api-pool");
+    let mut c = config("api-pool", None);
+    let mut pool = corral::pool::PoolConfig {
+        spec: c.defaults.clone(),
+        warm: 1,
+        pristine: true,
+        ..Default::default()
+    };
+    pool.spec.image = BUSYBOX.into();
+    c.provider.pools.insert("pure".into(), pool);
+    let (app, provider) = service(c).await;
+    let warm = || provider.wait_warm("pure", Duration::from_secs(60));
+
+    assert!(warm().await, "the pool never got warm");
+    let (st, sb) = call(
+        &app,
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"session": "from-pool", "profile": "pure"})),
+        None,
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{sb}");
+    assert_eq!(sb["profile"], "pure");
+    assert_eq!(sb["resets_in_place"], true, "{sb}");
+    assert_eq!(provider.stats().pool_hits, 1, "{:?}", provider.stats());
+    assert!(warm().await, "the pool was not refilled");
+    // Asking the pool's profile for a sandbox that is not pristine gets one
+    // of its own, not a pristine one from the pool.
+    let (st, sb) = call(
+        &app,
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"session": "not-pure", "profile": "pure", "pristine": false})),
+        None,
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{sb}");
+    assert_eq!(sb["resets_in_place"], false, "{sb}");
+    assert_eq!(
+        provider.stats().pool_hits,
+        1,
+        "only the first came from the pool: {:?}",
+        provider.stats()
+    );
+    let (st, r) = call(&app, "POST", "/v1/sandboxes/from-pool/reset", None, None).await;
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(r["mode"], "in_place", "{r}");
+    for id in ["from-pool", "not-pure"] {
+        let (st, _) = call(&app, "DELETE", &format!("/v1/sandboxes/{id}"), None, None).await;
+        assert_eq!(st, StatusCode::NO_CONTENT);
+    }
+    provider.shutdown().await;
+    assert_eq!(remaining("api-pool"), Vec::<String>::new());
+}
+
+#[tokio::test]
 async fn bad_requests_name_the_field_and_lost_containers_are_typed() {
     let _g = Guard("api-bad");
     let (app, provider) = service(config("api-bad", None)).await;

@@ -104,6 +104,12 @@ pub(super) struct ShellClose {
     pub session: String,
 }
 
+/// Arguments of `reset`: none.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(crate = "rmcp::schemars")]
+pub(super) struct Reset {}
+
 /// The input schema of a tool taking `T`.
 pub(super) fn schema<T: JsonSchema + 'static>() -> Arc<JsonObject> {
     rmcp::handler::server::common::schema_for_input::<T>().unwrap_or_else(|e| {
@@ -255,6 +261,10 @@ mod tests {
             (
                 "shell_close",
                 rmcp::handler::server::common::schema_for_input::<ShellClose>(),
+            ),
+            (
+                "reset",
+                rmcp::handler::server::common::schema_for_input::<Reset>(),
             ),
         ] {
             let s = r.unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -9,7 +9,7 @@ use corral::{DirEntry, EntryKind, SessionResult};
 use corral_core::{CommandResult, Failure};
 use rmcp::model::{CallToolResult, ContentBlock};
 
-use crate::wire::{CommandOutcome, ShellOutcome};
+use crate::wire::{CommandOutcome, ResetBody, ShellOutcome};
 
 /// Entries of a listing shown before the rest is only counted.
 pub(super) const MAX_LISTED: usize = 1000;
@@ -137,6 +137,35 @@ pub(super) fn command(
     result(command_text(r, notes, budget), structured, failed(r))
 }
 
+/// `reset`'s result: how it was done, and why not in place when it was not.
+pub(super) fn reset(o: &corral::ResetOutcome, notes: &[String]) -> CallToolResult {
+    let mut text = String::new();
+    for n in notes {
+        text.push_str(n);
+        text.push('\n');
+    }
+    match &o.fallback_reason {
+        None => {
+            let _ = write!(
+                text,
+                "the sandbox is pristine again (reset in place in {:.1} ms, {} process{} killed)",
+                o.elapsed_ms,
+                o.killed,
+                if o.killed == 1 { "" } else { "es" }
+            );
+        }
+        Some(why) => {
+            let _ = write!(
+                text,
+                "the sandbox is pristine again (its container was replaced by a new one in {:.0} ms; not in place because {why})",
+                o.elapsed_ms
+            );
+        }
+    }
+    text.push_str(": every process and shell session is gone and every file change is undone");
+    result(text, serde_json::to_value(ResetBody::from(o)).ok(), false)
+}
+
 /// `shell_run`'s result; `restarted` says the session's earlier shell was
 /// lost (not merely that this was its first command).
 pub(super) fn shell(
@@ -252,6 +281,47 @@ mod tests {
             .iter()
             .filter_map(|c| c.as_text().map(|t| t.text.clone()))
             .collect()
+    }
+
+    #[test]
+    fn resets_say_how_and_why_not_in_place() {
+        let r = reset(
+            &corral::ResetOutcome {
+                mode: corral::ResetMode::InPlace,
+                fallback_reason: None,
+                killed: 1,
+                elapsed_ms: 4.31,
+            },
+            &[],
+        );
+        assert_eq!(r.is_error, Some(false));
+        let t = text_of(&r);
+        assert!(
+            t.contains("reset in place in 4.3 ms, 1 process killed"),
+            "{t}"
+        );
+        assert_eq!(
+            r.structured_content,
+            Some(
+                serde_json::json!({"mode": "in_place", "fallback_reason": null, "killed": 1, "elapsed_ms": 4.31})
+            )
+        );
+        let r = reset(
+            &corral::ResetOutcome {
+                mode: corral::ResetMode::Replaced,
+                fallback_reason: Some("pristine is false: not started for it".into()),
+                killed: 0,
+                elapsed_ms: 812.0,
+            },
+            &["note: replaced earlier".to_string()],
+        );
+        let t = text_of(&r);
+        assert!(t.starts_with("note: replaced earlier\n"), "{t}");
+        assert!(
+            t.contains("replaced by a new one in 812 ms; not in place because pristine is false"),
+            "{t}"
+        );
+        assert!(t.ends_with("every file change is undone"), "{t}");
     }
 
     #[test]

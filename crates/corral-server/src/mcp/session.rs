@@ -150,6 +150,15 @@ impl Session {
         !books.shells.insert(name.to_string())
     }
 
+    /// Forgets the shells of `sandbox`, which a reset ended on purpose:
+    /// their next commands are no restart.
+    pub(super) fn reset_done(&self, sandbox: &str) {
+        let mut books = self.books();
+        if books.sandbox.as_deref() == Some(sandbox) {
+            books.shells.clear();
+        }
+    }
+
     /// Forgets shell `name` (closed on purpose: its next shell is no restart).
     pub(super) fn shell_closed(&self, name: &str) {
         self.books().shells.remove(name);
