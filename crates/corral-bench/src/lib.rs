@@ -21,6 +21,7 @@
 //! CLI: every one ends the run and is printed, none is acted on.
 
 mod floors;
+mod fork;
 mod report;
 mod reset;
 mod stats;
@@ -115,7 +116,9 @@ impl Samples {
             // Seven workload passes (through corral, plain, batch pool, reused
             // pool, pristine pool, commands only through corral and raw) of
             // N x M commands.
-            + 7 * options.sandboxes * options.commands) as u64
+            + 7 * options.sandboxes * options.commands
+            // P sandboxes prepared from scratch, P forked.
+            + 2 * options.parallel) as u64
     }
 }
 
@@ -197,7 +200,15 @@ impl Bench {
                 tracing::warn!("the provider did not shut down in time; sweeping by label");
             }
         }
-        self.sweep(settle).await
+        let swept = self.sweep(settle).await;
+        // The fork row's snapshot, if an interrupt or error left it.
+        let name = self.fork_snapshot_name();
+        if self.runtime.snapshot_info(&name).await.is_ok() {
+            if let Err(e) = self.runtime.delete_snapshot(&name).await {
+                tracing::warn!(snapshot = %name, error = %e, "deleting the bench snapshot failed");
+            }
+        }
+        swept
     }
 
     /// Measures every row, one after the other. Dropping the future aborts
@@ -289,6 +300,9 @@ impl Bench {
         self.progress
             .set_message("workload commands through corral (started sandboxes)");
         let corral_commands = self.workload_started(false).await?;
+        self.progress
+            .set_message("fork a prepared sandbox vs prepare each");
+        let fork = self.fork_vs_scratch(self.options.parallel).await?;
 
         Ok(Report {
             raw_start,
@@ -308,6 +322,7 @@ impl Bench {
             corral_pristine,
             corral_commands,
             plain_commands,
+            fork,
         })
     }
     /// Pulls the image and agent volume into place and the page cache warm,
@@ -498,10 +513,11 @@ mod tests {
             progress: false,
         };
         // Raw and cold starts and warm acquires, raw execs, agent and
-        // shell round trips, resets; seven workload passes of 4 x 3.
+        // shell round trips, resets; seven workload passes of 4 x 3; two
+        // sandboxes prepared and two forked.
         assert_eq!(
             Samples::new(Some(5)).steps(&options),
-            3 * 5 + 5 + 2 * 5 + 5 + 7 * 12
+            3 * 5 + 5 + 2 * 5 + 5 + 7 * 12 + 2 * 2
         );
     }
 

@@ -4,6 +4,7 @@
 use corral::metrics::MetricsSnapshot;
 use serde_json::{json, Value};
 
+use crate::fork::ForkRun;
 use crate::stats::{ms, times, Latency};
 use crate::workload::Workload;
 use crate::{Bench, BenchOptions};
@@ -42,6 +43,9 @@ pub struct Report {
     pub(crate) corral_commands: Workload,
     /// The same on plain containers started beforehand, one raw exec each.
     pub(crate) plain_commands: Workload,
+    /// P sandboxes forked from a prepared one against P prepared from
+    /// scratch.
+    pub(crate) fork: ForkRun,
 }
 
 /// What the report says of the run besides its measurements.
@@ -223,6 +227,27 @@ impl Report {
             )
             .floor()
             .workload(&self.plain_commands),
+            Row::new(
+                "fork_prepared",
+                "9",
+                "fork a prepared sandbox (snapshot + fork)",
+                Latency::of(vec![self.fork.fork_wall()]),
+            )
+            .noted(Some(format!(
+                "into {}: snapshot {:.0} ms, fork {:.0} ms (source prepared in {:.0} ms)",
+                self.fork.k,
+                ms(self.fork.snapshot),
+                ms(self.fork.fork),
+                ms(self.fork.prepare_source)
+            ))),
+            Row::new(
+                "prepare_from_scratch",
+                "",
+                "prepare each from scratch",
+                Latency::of(vec![self.fork.scratch]),
+            )
+            .floor()
+            .noted(Some(format!("{} at once", self.fork.k))),
         ]
     }
 
@@ -276,6 +301,13 @@ impl Report {
                 value: self.corral_pristine.per_second() / self.plain.per_second().max(1e-9),
                 target: 10.0,
                 applies: (args.sandboxes, args.commands, args.parallel) == TARGET_SHAPE,
+            },
+            Ratio {
+                id: "fork_vs_prepare",
+                label: "fork into P vs preparing P from scratch",
+                value: times(self.fork.scratch, self.fork.fork_wall()),
+                target: 1.0,
+                applies: true,
             },
             Ratio {
                 id: "workload_commands_vs_plain_exec",
@@ -396,6 +428,12 @@ impl Report {
                 if row.id == "reset" {
                     v["killed"] = json!(self.reset_killed);
                 }
+                if row.id == "fork_prepared" {
+                    v["forks"] = json!(self.fork.k);
+                    v["snapshot_ms"] = json!(ms(self.fork.snapshot));
+                    v["fork_ms"] = json!(ms(self.fork.fork));
+                    v["prepare_source_ms"] = json!(ms(self.fork.prepare_source));
+                }
                 (row.id.to_string(), v)
             })
             .collect();
@@ -485,6 +523,13 @@ mod tests {
             },
             corral_commands: wl(20, 160, 200),
             plain_commands: wl(100, 160, 1_000),
+            fork: ForkRun {
+                k: 8,
+                prepare_source: Duration::from_millis(400),
+                snapshot: Duration::from_millis(300),
+                fork: Duration::from_millis(700),
+                scratch: Duration::from_millis(3_000),
+            },
         }
     }
 
@@ -532,6 +577,7 @@ mod tests {
                 ("workload_pooled_vs_plain", 20.0, 10.0, true),
                 ("workload_reused_vs_plain", 40.0, 10.0, true),
                 ("workload_pristine_vs_plain", 50.0, 10.0, true),
+                ("fork_vs_prepare", 3.0, 1.0, true),
                 ("workload_commands_vs_plain_exec", 5.0, 10.0, false),
             ]
         );
@@ -540,7 +586,7 @@ mod tests {
         let applies: Vec<bool> = other.iter().map(|x| x.applies).collect();
         assert_eq!(
             applies,
-            [true, true, true, false, false, false, false, false]
+            [true, true, true, false, false, false, false, true, false]
         );
     }
 
@@ -579,8 +625,13 @@ mod tests {
                 "workload_pristine_corral",
                 "workload_commands_corral",
                 "workload_commands_plain",
+                "fork_prepared",
+                "prepare_from_scratch",
             ])
         );
+        assert_eq!(v["rows"]["fork_prepared"]["p50_ms"], 1000.0);
+        assert_eq!(v["rows"]["fork_prepared"]["forks"], 8);
+        assert_eq!(v["rows"]["prepare_from_scratch"]["floor"], true);
         assert_eq!(
             v["rows"]["raw_exec"],
             json!({"label": "raw docker exec `true`", "floor": true, "n": 1,
@@ -659,8 +710,8 @@ mod tests {
             lines[1],
             "workload: 4 rollouts x 3 commands, 2 in parallel; times in ms"
         );
-        // Header, workload, blank, column titles, 14 rows, blank, title, 8 ratios.
-        assert_eq!(lines.len(), 4 + 14 + 2 + 8, "{table}");
+        // Header, workload, blank, column titles, 16 rows, blank, title, 9 ratios.
+        assert_eq!(lines.len(), 4 + 16 + 2 + 9, "{table}");
         assert!(lines[4].starts_with(" 1 raw create+start"), "{table}");
         assert!(lines[4].contains("[floor]"), "{table}");
         assert!(lines[6].ends_with("  5/6 from the pool"), "{table}");
@@ -680,19 +731,32 @@ mod tests {
                 ),
             "{table}"
         );
-        assert_eq!(lines[19], "ratios (higher is better)");
-        assert!(lines[20].ends_with("20.0x  target >= 20x  met"), "{table}");
         assert!(
-            lines[22].starts_with("   reset p50 vs cold start p50")
-                && lines[22].ends_with("20.0x  target >= 20x  met"),
+            lines[18].starts_with(" 9 fork a prepared sandbox")
+                && lines[18].ends_with(
+                    "  into 8: snapshot 300 ms, fork 700 ms (source prepared in 400 ms)"
+                ),
+            "{table}"
+        );
+        assert!(lines[19].ends_with("  8 at once"), "{table}");
+        assert_eq!(lines[21], "ratios (higher is better)");
+        assert!(lines[22].ends_with("20.0x  target >= 20x  met"), "{table}");
+        assert!(
+            lines[24].starts_with("   reset p50 vs cold start p50")
+                && lines[24].ends_with("20.0x  target >= 20x  met"),
             "{table}"
         );
         assert!(
-            lines[26].ends_with("50.0x  target >= 10x  met (target set for 16x10, 8 parallel)"),
+            lines[28].ends_with("50.0x  target >= 10x  met (target set for 16x10, 8 parallel)"),
             "{table}"
         );
         assert!(
-            lines[27].ends_with("5.0x  target >= 10x  missed (target set for 16x10, 8 parallel)"),
+            lines[29].starts_with("   fork into P vs preparing P from scratch")
+                && lines[29].ends_with("3.0x  target >= 1x  met"),
+            "{table}"
+        );
+        assert!(
+            lines[30].ends_with("5.0x  target >= 10x  missed (target set for 16x10, 8 parallel)"),
             "{table}"
         );
         let at_target = options(TARGET_SHAPE);

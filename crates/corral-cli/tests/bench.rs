@@ -104,7 +104,7 @@ fn json_report_has_every_row_and_ratio_and_leaves_nothing() {
         ("workload_commands_plain", true),
     ];
     let rows = v["rows"].as_object().expect("rows");
-    assert_eq!(rows.len(), 14, "{v}");
+    assert_eq!(rows.len(), 16, "{v}");
     for (id, floor) in latency_rows.iter().chain(&workload_rows) {
         let row = &v["rows"][id];
         assert_eq!(row["floor"], *floor, "{id}: {row}");
@@ -143,8 +143,27 @@ fn json_report_has_every_row_and_ratio_and_leaves_nothing() {
         "{v}"
     );
 
+    // The fork row: P (2) forks of a prepared sandbox, against P prepared.
+    let fork = &v["rows"]["fork_prepared"];
+    assert_eq!(fork["forks"], 2, "{v}");
+    assert!(number(&fork["p50_ms"], "fork") > 0.0, "{v}");
+    assert_eq!(v["rows"]["prepare_from_scratch"]["floor"], true, "{v}");
+    // Its snapshot is gone with the run.
+    let snaps = std::process::Command::new("docker")
+        .args(["images", "-q", "--filter", "label=corral.snapshot"])
+        .args([
+            "--filter",
+            &format!(
+                "reference=corral-snapshot:{}-fork",
+                v["run_id"].as_str().unwrap_or("")
+            ),
+        ])
+        .output()
+        .expect("docker images");
+    assert!(snaps.stdout.is_empty(), "the bench left its snapshot");
+
     let ratios = v["ratios"].as_object().expect("ratios");
-    assert_eq!(ratios.len(), 8, "{v}");
+    assert_eq!(ratios.len(), 9, "{v}");
     for (id, target) in [
         ("warm_acquire_vs_raw_start", 20.0),
         ("agent_vs_raw_exec", 20.0),
@@ -153,6 +172,7 @@ fn json_report_has_every_row_and_ratio_and_leaves_nothing() {
         ("workload_pooled_vs_plain", 10.0),
         ("workload_reused_vs_plain", 10.0),
         ("workload_pristine_vs_plain", 10.0),
+        ("fork_vs_prepare", 1.0),
         ("workload_commands_vs_plain_exec", 10.0),
     ] {
         let r = &v["ratios"][id];

@@ -25,8 +25,11 @@ use corral_bench::{Bench, BenchOptions};
 /// containers, with the end-to-end ratios beside it: starts and removals
 /// included, from a warm pool, from a pool that resets and reuses
 /// sandboxes, and from a pristine pool that resets every released sandbox
-/// in place for the next episode).
-/// Every container it makes is removed, also on Ctrl-C (exit 130).
+/// in place for the next episode). Last, P sandboxes forked from a
+/// prepared one (50 MB written; snapshot, then fork) against P prepared
+/// from scratch at once.
+/// Every container (and the fork row's snapshot) it makes is removed, also
+/// on Ctrl-C (exit 130).
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// Image [default: $CORRAL_IMAGE or corral-test/busybox].
