@@ -14,8 +14,9 @@ use corral_server::mcp::{serve_stdio, McpContext};
 
 /// Serve MCP (Model Context Protocol) over stdin/stdout: tools to run
 /// commands (run_command), read, write and list files (read_file,
-/// write_file, list_files) and keep shell sessions (shell_run,
-/// shell_close) in a sandbox of its own, started on the first tool call
+/// write_file, list_files), keep shell sessions (shell_run,
+/// shell_close) and go back to saved files (snapshot, restore) in a
+/// sandbox of its own, started on the first tool call
 /// and removed when the client disconnects (or on SIGINT/SIGTERM).
 ///
 /// Register it with an MCP client as the command `corral mcp`. Logs go to
