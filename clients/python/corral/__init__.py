@@ -24,6 +24,7 @@ from .errors import (
     AgentError,
     AuthenticationError,
     CommandFailedError,
+    ConflictError,
     CorralError,
     DaemonUnavailableError,
     FileOperationError,
@@ -41,11 +42,12 @@ from .errors import (
     SandboxTimeoutError,
     ServiceUnavailableError,
     ShellNotFoundError,
+    SnapshotNotFoundError,
     SpawnFailedError,
     TooLargeError,
     UnsupportedError,
 )
-from .models import CommandResult, Failure, FileEntry, Health, SandboxInfo, StreamEvent
+from .models import CommandResult, Failure, FileEntry, Health, SandboxInfo, Snapshot, StreamEvent
 
 __all__ = [
     "__version__",
@@ -64,6 +66,7 @@ __all__ = [
     "FileEntry",
     "Health",
     "SandboxInfo",
+    "Snapshot",
     "StreamEvent",
     "CorralError",
     "ServiceUnavailableError",
@@ -76,6 +79,8 @@ __all__ = [
     "NotFoundError",
     "SandboxNotFoundError",
     "ShellNotFoundError",
+    "SnapshotNotFoundError",
+    "ConflictError",
     "SandboxFileNotFoundError",
     "TooLargeError",
     "FileOperationError",
