@@ -24,6 +24,7 @@ from .errors import (
     AgentError,
     AuthenticationError,
     CommandFailedError,
+    ConflictError,
     CorralError,
     DaemonUnavailableError,
     FileOperationError,
@@ -41,11 +42,12 @@ from .errors import (
     SandboxTimeoutError,
     ServiceUnavailableError,
     ShellNotFoundError,
+    SnapshotNotFoundError,
     SpawnFailedError,
     TooLargeError,
     UnsupportedError,
 )
-from .models import CommandResult, Failure, FileEntry, Health, ResetResult, SandboxInfo, StreamEvent
+from .models import CommandResult, Failure, FileEntry, Health, ResetResult, SandboxInfo, Snapshot, StreamEvent
 
 __all__ = [
     "__version__",
@@ -65,6 +67,7 @@ __all__ = [
     "Health",
     "SandboxInfo",
     "ResetResult",
+    "Snapshot",
     "StreamEvent",
     "CorralError",
     "ServiceUnavailableError",
@@ -77,6 +80,8 @@ __all__ = [
     "NotFoundError",
     "SandboxNotFoundError",
     "ShellNotFoundError",
+    "SnapshotNotFoundError",
+    "ConflictError",
     "SandboxFileNotFoundError",
     "TooLargeError",
     "FileOperationError",

@@ -24,7 +24,7 @@ from ._discovery import TokenSource
 from ._sse import SSEDecoder
 from .client import _finish, _to_event
 from .errors import CorralError, NotFoundError, SandboxNotFoundError, ServiceUnavailableError
-from .models import CommandResult, FileEntry, Health, ResetResult, SandboxInfo, StreamEvent
+from .models import CommandResult, FileEntry, Health, ResetResult, SandboxInfo, Snapshot, StreamEvent
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncShell", "AsyncCommandStream"]
 
@@ -167,6 +167,47 @@ class AsyncClient:
         except NotFoundError:
             if not missing_ok:
                 raise
+
+    async def snapshots(self) -> List[Snapshot]:
+        """As :meth:`corral.Client.snapshots`."""
+        r = await self.request("GET", "/v1/snapshots", idempotent=True)
+        return [Snapshot.from_json(s) for s in r.json().get("snapshots", [])]
+
+    async def snapshot_info(self, name: str) -> Snapshot:
+        """As :meth:`corral.Client.snapshot_info`."""
+        r = await self.request("GET", f"/v1/snapshots/{seg(name)}", idempotent=True, resource="snapshot")
+        return Snapshot.from_json(r.json())
+
+    async def delete_snapshot(self, name: Union[str, Snapshot], *, missing_ok: bool = False) -> None:
+        """As :meth:`corral.Client.delete_snapshot`."""
+        name = name.name if isinstance(name, Snapshot) else name
+        try:
+            await self.request("DELETE", f"/v1/snapshots/{seg(name)}", idempotent=True, resource="snapshot")
+        except NotFoundError:
+            if not missing_ok:
+                raise
+
+    async def fork(
+        self, snapshot: Union[str, Snapshot], n: int = 1, *, session_prefix: Optional[str] = None
+    ) -> List["AsyncSandbox"]:
+        """As :meth:`corral.Client.fork`."""
+        name = snapshot.name if isinstance(snapshot, Snapshot) else snapshot
+        body: Dict[str, Any] = {"count": n}
+        if session_prefix is not None:
+            body["session_prefix"] = session_prefix
+        r = await self.request(
+            "POST",
+            f"/v1/snapshots/{seg(name)}/fork",
+            json=body,
+            timeout=httpx.Timeout(_core.CREATE_TIMEOUT, connect=self._timeout.connect),
+            resource="snapshot",
+        )
+        out = []
+        for s in r.json().get("sandboxes", []):
+            sb = AsyncSandbox(self)
+            sb._info = SandboxInfo.from_json(s)
+            out.append(sb)
+        return out
 
     async def _create(self, body: Dict[str, Any]) -> SandboxInfo:
         r = await self.request(
@@ -393,6 +434,17 @@ class AsyncSandbox:
             except CorralError as exc:
                 log.debug("corral: refreshing %s after a reset failed: %s", self.id, exc)
         return result
+
+    async def snapshot(self, name: str, durable: bool = False) -> Snapshot:
+        """As :meth:`corral.Sandbox.snapshot`."""
+        r = await self.client.request(
+            "POST",
+            self._path("snapshot"),
+            json={"name": name, "durable": durable},
+            timeout=httpx.Timeout(_core.CREATE_TIMEOUT, connect=self.client._timeout.connect),
+            resource="sandbox",
+        )
+        return Snapshot.from_json(r.json())
 
     async def delete(self) -> None:
         if self._deleted or self._info is None:

@@ -16,7 +16,7 @@ from ._core import Command, RetryPolicy, Stdin, seg
 from ._discovery import TokenSource
 from ._sse import SSEDecoder
 from .errors import CorralError, NotFoundError, SandboxNotFoundError, ServiceUnavailableError, error_from_response
-from .models import CommandResult, FileEntry, Health, ResetResult, SandboxInfo, StreamEvent
+from .models import CommandResult, FileEntry, Health, ResetResult, SandboxInfo, Snapshot, StreamEvent
 
 __all__ = ["Client", "Sandbox", "Shell", "CommandStream"]
 
@@ -186,6 +186,51 @@ class Client:
         except NotFoundError:
             if not missing_ok:
                 raise
+
+    # -- snapshots ---------------------------------------------------------
+
+    def snapshots(self) -> List[Snapshot]:
+        """Every snapshot on the service's daemon (``GET /v1/snapshots``)."""
+        r = self.request("GET", "/v1/snapshots", idempotent=True)
+        return [Snapshot.from_json(s) for s in r.json().get("snapshots", [])]
+
+    def snapshot_info(self, name: str) -> Snapshot:
+        """Snapshot ``name`` (raises :class:`SnapshotNotFoundError`)."""
+        r = self.request("GET", f"/v1/snapshots/{seg(name)}", idempotent=True, resource="snapshot")
+        return Snapshot.from_json(r.json())
+
+    def delete_snapshot(self, name: Union[str, Snapshot], *, missing_ok: bool = False) -> None:
+        """Delete a snapshot. Raises :class:`ConflictError` while sandboxes
+        forked from it exist, :class:`SnapshotNotFoundError` for an unknown
+        one (unless ``missing_ok``)."""
+        name = name.name if isinstance(name, Snapshot) else name
+        try:
+            self.request("DELETE", f"/v1/snapshots/{seg(name)}", idempotent=True, resource="snapshot")
+        except NotFoundError:
+            if not missing_ok:
+                raise
+
+    def fork(self, snapshot: Union[str, Snapshot], n: int = 1, *, session_prefix: Optional[str] = None) -> List["Sandbox"]:
+        """Start ``n`` sandboxes from a snapshot, all or nothing: each has its
+        file system and the spec of the sandbox it was taken from. Their
+        session keys are ``<session_prefix>-<i>`` (default: random). A
+        snapshot of a sandbox with settings the service keeps from clients
+        (a host mount, say) raises :class:`ForbiddenError` naming the field;
+        ``n`` above the service's ``max_live`` raises
+        :class:`InvalidRequestError` naming ``count``. Delete the sandboxes
+        (or use each as a context manager) when done."""
+        name = snapshot.name if isinstance(snapshot, Snapshot) else snapshot
+        body: Dict[str, Any] = {"count": n}
+        if session_prefix is not None:
+            body["session_prefix"] = session_prefix
+        r = self.request(
+            "POST",
+            f"/v1/snapshots/{seg(name)}/fork",
+            json=body,
+            timeout=httpx.Timeout(_core.CREATE_TIMEOUT, connect=self._timeout.connect),
+            resource="snapshot",
+        )
+        return [Sandbox(self, _info=SandboxInfo.from_json(s)) for s in r.json().get("sandboxes", [])]
 
     def _create(self, body: Dict[str, Any]) -> SandboxInfo:
         # The session key is made here when not given, so a retry after a
@@ -473,6 +518,23 @@ class Sandbox:
         """Copy ``path`` from the sandbox into ``local_dir`` (members that
         would land outside it are refused). Returns the extracted names."""
         return _core.unpack_tar(self.download_tar(path), local_dir)
+
+    # -- snapshots ---------------------------------------------------------
+
+    def snapshot(self, name: str, durable: bool = False) -> Snapshot:
+        """Keep this sandbox's file system as snapshot ``name`` (replacing
+        one of that name), to fork sandboxes from with
+        :meth:`Client.fork`. ``durable`` keeps it until deleted; otherwise
+        it goes with the service. A bad name raises
+        :class:`InvalidRequestError` naming ``name``."""
+        r = self.client.request(
+            "POST",
+            self._path("snapshot"),
+            json={"name": name, "durable": durable},
+            timeout=httpx.Timeout(_core.CREATE_TIMEOUT, connect=self.client._timeout.connect),
+            resource="sandbox",
+        )
+        return Snapshot.from_json(r.json())
 
     # -- lifetime ----------------------------------------------------------
 

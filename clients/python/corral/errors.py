@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "CorralError",
+    "ConflictError",
+    "SnapshotNotFoundError",
     "ServiceUnavailableError",
     "AuthenticationError",
     "InvalidRequestError",
@@ -182,6 +184,15 @@ class SandboxFileNotFoundError(NotFoundError, FileNotFoundError):
         return NotFoundError.__str__(self)
 
 
+class SnapshotNotFoundError(NotFoundError):
+    """404: no snapshot of this name."""
+
+
+class ConflictError(InvalidRequestError):
+    """409: the request conflicts with what exists: a snapshot that forked
+    sandboxes still use, or a session key that already has a sandbox."""
+
+
 class TooLargeError(CorralError):
     """413: a body or file over the service's size limit."""
 
@@ -293,6 +304,7 @@ _BY_KIND: Dict[str, Type[CorralError]] = {
     "unsupported": UnsupportedError,
     "not_found": NotFoundError,
     "too_large": TooLargeError,
+    "conflict": ConflictError,
     "file_error": FileOperationError,
     "timeout": SandboxTimeoutError,
     "oom_killed": SandboxOOMError,
@@ -311,6 +323,7 @@ _NOT_FOUND_BY_RESOURCE: Dict[str, Type[NotFoundError]] = {
     "sandbox": SandboxNotFoundError,
     "shell": ShellNotFoundError,
     "file": SandboxFileNotFoundError,
+    "snapshot": SnapshotNotFoundError,
 }
 
 
@@ -339,6 +352,9 @@ def _not_found_class(message: str, field: Optional[str], resource: Optional[str]
     """Narrow a 404 to the missing thing: by the field the service names,
     else by its message, else by the route (a file route may be missing its
     sandbox rather than its file)."""
+    if resource == "snapshot":
+        # Snapshot routes name only snapshots in a 404.
+        return SnapshotNotFoundError
     if field in ("id", "sandbox", "session"):
         return SandboxNotFoundError
     if field in ("name", "shell"):

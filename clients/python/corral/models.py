@@ -15,6 +15,7 @@ __all__ = [
     "FileEntry",
     "StreamEvent",
     "Health",
+    "Snapshot",
 ]
 
 
@@ -316,3 +317,35 @@ class Health:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A snapshot: a sandbox's file system kept under ``name``, to fork
+    sandboxes from (:meth:`Client.fork`). ``image`` is the engine's image
+    holding it, ``base_image`` the image its sandbox started from,
+    ``source_sandbox`` corral's id of that sandbox, ``created`` seconds
+    since the epoch, ``size`` the bytes it adds to its base, ``durable``
+    whether it is kept until deleted (otherwise it goes with the service)."""
+
+    name: str
+    image: str = ""
+    source_sandbox: str = ""
+    base_image: str = ""
+    created: int = 0
+    size: int = 0
+    durable: bool = False
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Snapshot":
+        return cls(
+            name=str(data["name"]),
+            image=str(data.get("image") or ""),
+            source_sandbox=str(data.get("source_sandbox") or ""),
+            base_image=str(data.get("base_image") or ""),
+            created=int(data.get("created") or 0),
+            size=int(data.get("size") or 0),
+            durable=bool(data.get("durable", False)),
+            raw=dict(data),
+        )

@@ -63,7 +63,20 @@ EXPECTED_TOOLS = {
     "shell_run",
     "shell_close",
     "reset",
+    "snapshot",
+    "restore",
 }
+
+# Snapshots the tests took, removed at the end of the module.
+SNAPSHOTS: list[str] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_snapshots() -> Iterator[None]:
+    yield
+    for name in SNAPSHOTS:
+        subprocess.run(["docker", "rmi", f"corral-snapshot:{name}"], capture_output=True)
+
 
 # Longest any one step may take: a sandbox start, a command, a teardown.
 STEP_TIMEOUT = 120.0
@@ -235,6 +248,25 @@ async def exercise(session: ClientSession, labelled: Labelled) -> None:
     assert len(labelled.ids()) == 1, labelled.ids()
     result = await _call(session, "read_file", {"path": "/tmp/mcp-test/dir/notes.txt"})
     assert _is_error(result) and "not found" in _text(result), _text(result)
+    # Snapshot, change, restore: the session's sandbox is replaced by a
+    # fork of the snapshot (the old one released) with the files as kept.
+    snap = f"mcp-{uuid.uuid4().hex[:12]}"
+    SNAPSHOTS.append(snap)
+    await _ok(session, "write_file", {"path": "/srv/mcp-snap/f", "content": "kept", "mkdirs": True})
+    text = await _ok(session, "snapshot", {"name": snap})
+    assert snap in text, text
+    await _ok(session, "write_file", {"path": "/srv/mcp-snap/f", "content": "changed"})
+    before = labelled.ids()
+    text = await _ok(session, "restore", {"name": snap})
+    assert "restored" in text, text
+    assert await _ok(session, "read_file", {"path": "/srv/mcp-snap/f"}) == "kept"
+    after = labelled.ids()
+    assert len(after) == 1 and after != before, (before, after)
+    result = await _call(session, "restore", {"name": "no-such-snapshot-here"})
+    assert _is_error(result) and "no such snapshot" in _text(result), _text(result)
+    with pytest.raises(_McpError) as bad:
+        await _call(session, "snapshot", {"name": "Bad Name"})
+    assert "name" in str(bad.value) and "Bad Name" in str(bad.value), str(bad.value)
 
 
 async def test_stdio_session_runs_commands_and_files_then_cleans_up(

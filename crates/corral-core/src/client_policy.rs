@@ -307,6 +307,48 @@ impl ClientPolicy {
     }
 }
 
+impl ClientPolicy {
+    /// Checks `fork`, the spec a sandbox started from a snapshot would get
+    /// (`SnapshotInfo::fork_spec`), against `base`, the operator's spec a
+    /// client's sandbox is made from: as [`ClientPolicy::check_spec`] does
+    /// for a create, with the differences a snapshot legitimately carries
+    /// (its image, no start-up commands, not persistent) taken over into
+    /// `base`. A snapshot of a sandbox with settings only the operator may
+    /// give (a host mount, an added capability, a profile's limits) is
+    /// refused, naming the field. Without inline specs a fork must have the
+    /// operator's spec exactly. The image is the caller's to check: a
+    /// snapshot's image is corral's own when the runtime listed it.
+    pub fn check_fork(&self, base: &SandboxSpec, fork: &SandboxSpec) -> Result<(), Refusal> {
+        let mut base = base.clone();
+        base.image = fork.image.clone();
+        base.startup.clear();
+        base.persistent = None;
+        self.check_spec(&base, fork)?;
+        if !self.inline_specs && *fork != base {
+            return Err(Refusal::new(
+                "spec",
+                "(the snapshot's)",
+                "this service gives clients only its own specs (server.policy.inline_specs is \
+                 false), and the snapshot was taken of a sandbox with another",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The policy of a client that may not choose a spec at all (an MCP
+    /// session): what [`ClientPolicy::check_spec`] allows, but no limit
+    /// above the operator's own.
+    pub fn no_raise() -> ClientPolicy {
+        ClientPolicy {
+            max_memory: 0,
+            max_cpus: 0.0,
+            max_pids: 0,
+            max_disk: Some(0),
+            ..ClientPolicy::default()
+        }
+    }
+}
+
 /// Keys in corral's label namespace, in any letter case.
 fn reserved_label(key: &str) -> bool {
     key.get(..crate::labels::PREFIX.len())
@@ -595,5 +637,60 @@ mod tests {
             .expect_err("not listed");
         assert_eq!(e.field, "spec.image");
         assert!(e.to_string().contains("server.policy.images"), "{e}");
+    }
+
+    #[test]
+    fn forks_pass_only_with_what_a_client_could_ask_for() {
+        let base = SandboxSpec::new("img");
+        let p = ClientPolicy::default();
+        let mut fork = base.clone();
+        fork.image = "corral-snapshot:prepared".into();
+        fork.env.push(EnvVar::Set {
+            name: "A".into(),
+            value: "1".into(),
+        });
+        p.check_fork(&base, &fork).expect("a client's own snapshot");
+        let mut withstartup = base.clone();
+        withstartup.startup.push("make".into());
+        p.check_fork(&withstartup, &fork)
+            .expect("start-up commands are not run again");
+        let mut mounted = fork.clone();
+        mounted.mounts.push(Mount {
+            host: "/".into(),
+            container: "/host".into(),
+            read_only: false,
+            nosuid: false,
+        });
+        let e = p.check_fork(&base, &mounted).expect_err("a host mount");
+        assert_eq!(
+            (e.field.as_str(), e.value.as_str()),
+            ("mounts[0]", "/:/host")
+        );
+        let strict = ClientPolicy {
+            inline_specs: false,
+            ..ClientPolicy::default()
+        };
+        assert_eq!(
+            strict.check_fork(&base, &fork).expect_err("env").field,
+            "spec"
+        );
+        let mut same = base.clone();
+        same.image = "corral-snapshot:x".into();
+        strict
+            .check_fork(&base, &same)
+            .expect("the operator's spec");
+
+        let mut limited = base.clone();
+        limited.limits.memory = Some(1 << 30);
+        let mut lower = limited.clone();
+        lower.limits.memory = Some(512 << 20);
+        ClientPolicy::no_raise()
+            .check_fork(&limited, &lower)
+            .expect("lower");
+        lower.limits.memory = Some(2 << 30);
+        let e = ClientPolicy::no_raise()
+            .check_fork(&limited, &lower)
+            .expect_err("higher");
+        assert_eq!(e.field, "limits.memory");
     }
 }

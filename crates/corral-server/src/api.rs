@@ -33,6 +33,8 @@ use crate::guard::require_json;
 use crate::metrics::Metrics;
 use crate::wire::*;
 
+mod snapshots;
+
 /// Longest session key and shell name.
 const MAX_NAME: usize = 128;
 
@@ -1081,6 +1083,7 @@ field is a 403 naming it.",
         (name = "commands", description = "One-off commands with typed outcomes"),
         (name = "shells", description = "Stateful shell sessions"),
         (name = "files", description = "Files and archives"),
+        (name = "snapshots", description = "Snapshots of sandboxes and forks from them"),
         (name = "service", description = "Health and metrics"),
     )
 )]
@@ -1099,6 +1102,10 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(write_file, read_file))
         .routes(routes!(list_files))
         .routes(routes!(upload_archive, download_archive))
+        .routes(routes!(snapshots::take_snapshot))
+        .routes(routes!(snapshots::list_snapshots))
+        .routes(routes!(snapshots::get_snapshot, snapshots::delete_snapshot))
+        .routes(routes!(snapshots::fork))
         .routes(routes!(health))
         .routes(routes!(metrics))
 }

@@ -10,8 +10,10 @@
 //! translations onto [`corral::Sandbox`]: `run_command`
 //! ([`Sandbox::run`](corral::Sandbox::run) of `/bin/sh -c`),
 //! `read_file`, `write_file`, `list_files`, `shell_run` and `shell_close`
-//! (stateful shells), and `reset` ([`Sandbox::reset`](corral::Sandbox::reset):
-//! back to the state right after start). Arguments are checked in `args.rs` (a bad one is an
+//! (stateful shells), `reset` ([`Sandbox::reset`](corral::Sandbox::reset):
+//! back to the state right after start), `snapshot` and `restore` (the
+//! session's sandbox replaced by a fork of a snapshot whose spec gives
+//! nothing the session's own does not). Arguments are checked in `args.rs` (a bad one is an
 //! invalid-params error naming the field and the value); results are
 //! rendered in `render.rs`: text for the model, with `isError` set on a
 //! failure or a non-zero exit, and the REST API's JSON as structured
@@ -298,7 +300,8 @@ fn instructions(spec: &SandboxSpec) -> String {
          persistent shell whose working directory and variables carry over between calls \
          (several named sessions may exist; shell_close ends one), and read_file, write_file \
          and list_files for files; reset returns the sandbox to its state right after start \
-         (every process killed, every file change undone). Relative paths are taken from the \
+         (every process killed, every file change undone); snapshot saves the sandbox's files \
+         under a name and restore goes back to them in a fresh sandbox. Relative paths are taken from the \
          sandbox's working directory. Results give the exit code and output; a command that timed out, ran out \
          of memory or lost its container says so with a failure kind.",
         image = spec.image,
@@ -473,6 +476,85 @@ impl Handler {
         ))
     }
 
+    /// Save the sandbox's current file system as a named snapshot, to come
+    /// back to later with restore (before a risky step, say). Running
+    /// processes and shell sessions are not kept; files are. Taking it
+    /// may end the sandbox's running processes.
+    #[tool(input_schema = schema::<args::Snapshot>())]
+    async fn snapshot(&self, params: JsonObject) -> Result<CallToolResult, ErrorData> {
+        const TOOL: &str = "snapshot";
+        let a: args::Snapshot = args::parse(TOOL, params)?;
+        args::snapshot_name(TOOL, &a.name)?;
+        let (lease, notes) = match self.lease().await {
+            Ok(l) => l,
+            Err(r) => return Ok(r),
+        };
+        let opts = corral::SnapshotOptions {
+            durable: a.durable.unwrap_or(false),
+        };
+        match lease.snapshot(&a.name, opts).await {
+            Ok(info) => Ok(with_notes(
+                &notes,
+                format!(
+                    "saved snapshot '{}' of sandbox {}{}; restore it with restore {{\"name\": \"{}\"}}",
+                    info.name,
+                    lease.id(),
+                    if info.durable { " (durable)" } else { "" },
+                    info.name
+                ),
+            )),
+            Err(e) => Ok(render::error(format!(
+                "snapshot '{}' failed: {e}",
+                a.name
+            ))),
+        }
+    }
+
+    /// Replace the sandbox with a fresh one started from a snapshot: its
+    /// files are as they were when the snapshot was taken. Everything
+    /// since is gone, including running processes and shell sessions.
+    #[tool(input_schema = schema::<args::Restore>())]
+    async fn restore(&self, params: JsonObject) -> Result<CallToolResult, ErrorData> {
+        const TOOL: &str = "restore";
+        let a: args::Restore = args::parse(TOOL, params)?;
+        args::snapshot_name(TOOL, &a.name)?;
+        let runtime = self.session.provider().runtime().clone();
+        let info = match runtime.snapshot_info(&a.name).await {
+            Ok(info) => info,
+            Err(e) => return Ok(render::error(format!("cannot restore '{}': {e}", a.name))),
+        };
+        let spec = info.fork_spec();
+        // The session's spec is the operator's and a client chooses none:
+        // a snapshot restores only if its spec gives nothing more.
+        if let Err(r) = corral_core::client_policy::ClientPolicy::no_raise()
+            .check_fork(&self.session.base_spec(), &spec)
+        {
+            return Ok(render::error(format!(
+                "cannot restore '{}': it was taken of a sandbox with settings this session's \
+                 sandbox does not have: {r}",
+                a.name
+            )));
+        }
+        match self.session.replace(spec).await {
+            Ok(lease) => Ok(render::ok(format!(
+                "restored snapshot '{}': this session's sandbox is now {}, started from it; \
+                 processes and shell sessions from before are gone",
+                a.name,
+                lease.id()
+            ))),
+            Err(LeaseError::Ended) => Ok(render::error(
+                "this MCP session has ended and its sandbox was released; start a new session",
+            )),
+            Err(LeaseError::Failed(f)) => Ok(render::error(render::failure_line(
+                &format!(
+                    "cannot start a sandbox from snapshot '{}' (the next call starts a fresh one)",
+                    a.name
+                ),
+                &f,
+            ))),
+        }
+    }
+
     /// End a shell session and everything it still runs; the next
     /// shell_run with that name starts a fresh shell.
     #[tool(input_schema = schema::<args::ShellClose>())]
@@ -597,9 +679,11 @@ mod tests {
                 "list_files",
                 "read_file",
                 "reset",
+                "restore",
                 "run_command",
                 "shell_close",
                 "shell_run",
+                "snapshot",
                 "write_file"
             ]
         );

@@ -370,6 +370,71 @@ pub struct OutputChunk {
     pub base64: String,
 }
 
+/// Body of `POST /v1/sandboxes/{id}/snapshot`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshot {
+    /// The snapshot's name: 1 to 128 of `a-z 0-9 . _ -`, starting with a
+    /// letter or digit. A snapshot of that name is replaced.
+    pub name: String,
+    /// Keep it until it is deleted; default false: it goes with the
+    /// service (removed by `corral gc` once the service is gone).
+    #[serde(default)]
+    pub durable: bool,
+}
+
+/// A snapshot: a sandbox's file system kept under a name, to fork
+/// sandboxes from.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotBody {
+    /// Its name.
+    pub name: String,
+    /// The engine's image holding it (`corral-snapshot:<name>` on Docker).
+    pub image: String,
+    /// corral's id of the sandbox it was taken from.
+    pub source_sandbox: String,
+    /// The image that sandbox was started from.
+    pub base_image: String,
+    /// Creation time, seconds since the epoch.
+    pub created: i64,
+    /// Bytes it holds beyond its base image.
+    pub size: i64,
+    /// Kept until deleted, whatever becomes of the service.
+    pub durable: bool,
+}
+
+impl From<&corral_core::snapshot::SnapshotInfo> for SnapshotBody {
+    fn from(s: &corral_core::snapshot::SnapshotInfo) -> Self {
+        SnapshotBody {
+            name: s.name.clone(),
+            image: s.image.clone(),
+            source_sandbox: s.source_sandbox.clone(),
+            base_image: s.spec.image.clone(),
+            created: s.created,
+            size: s.size,
+            durable: s.durable,
+        }
+    }
+}
+
+/// Body of `GET /v1/snapshots`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotList {
+    /// Every snapshot on the daemon, by name.
+    pub snapshots: Vec<SnapshotBody>,
+}
+
+/// Body of `POST /v1/snapshots/{name}/fork`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// How many sandboxes to start (1 to the service's `max_live`).
+    pub count: u64,
+    /// Session keys of the forks are `<session_prefix>-<i>`, i from 0
+    /// (letters, digits, `.`, `_`, `-`); default: new random keys.
+    pub session_prefix: Option<String>,
+}
+
 fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }

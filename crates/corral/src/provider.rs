@@ -303,6 +303,12 @@ impl Provider {
         &self.inner.config
     }
 
+    /// The runtime it starts sandboxes with (for what is not a session's,
+    /// such as snapshots).
+    pub fn runtime(&self) -> &Runtime {
+        &self.inner.runtime
+    }
+
     /// The session's sandbox of pool `profile`: the one bound to `key`, else a
     /// warm one from the pool, else a new one from the pool's spec.
     pub async fn acquire(&self, key: &str, profile: &str) -> Result<Lease, Error> {

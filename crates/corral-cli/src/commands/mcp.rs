@@ -14,10 +14,11 @@ use corral_server::mcp::{serve_stdio, McpContext};
 
 /// Serve MCP (Model Context Protocol) over stdin/stdout: tools to run
 /// commands (run_command), read, write and list files (read_file,
-/// write_file, list_files), keep shell sessions (shell_run, shell_close)
-/// and reset the sandbox to its state right after start (reset), in a
-/// sandbox of its own, started on the first tool call and removed when the
-/// client disconnects (or on SIGINT/SIGTERM).
+/// write_file, list_files), keep shell sessions (shell_run, shell_close),
+/// reset the sandbox to its state right after start (reset) and go back to
+/// saved files (snapshot, restore), in a sandbox of its own, started on the
+/// first tool call and removed when the client disconnects (or on
+/// SIGINT/SIGTERM).
 ///
 /// Register it with an MCP client as the command `corral mcp`. Logs go to
 /// stderr ($CORRAL_LOG); stdout carries only the protocol.

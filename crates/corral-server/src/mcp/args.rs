@@ -110,6 +110,35 @@ pub(super) struct ShellClose {
 #[schemars(crate = "rmcp::schemars")]
 pub(super) struct Reset {}
 
+/// Arguments of `snapshot`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(crate = "rmcp::schemars")]
+pub(super) struct Snapshot {
+    /// The snapshot's name: 1 to 128 of a-z, 0-9, '.', '_', '-', starting
+    /// with a letter or digit. A snapshot of that name is replaced.
+    pub name: String,
+    /// Keep it after this session and the service end, until deleted
+    /// (default false).
+    #[serde(default)]
+    pub durable: Option<bool>,
+}
+
+/// Arguments of `restore`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(crate = "rmcp::schemars")]
+pub(super) struct Restore {
+    /// The name of the snapshot to go back to.
+    pub name: String,
+}
+
+/// A snapshot name.
+pub(super) fn snapshot_name(tool: &str, name: &str) -> Result<(), ErrorData> {
+    corral_core::snapshot::validate_name(name)
+        .map_err(|e| invalid(tool, "name", &json!(name), &e.reason))
+}
+
 /// The input schema of a tool taking `T`.
 pub(super) fn schema<T: JsonSchema + 'static>() -> Arc<JsonObject> {
     rmcp::handler::server::common::schema_for_input::<T>().unwrap_or_else(|e| {
@@ -266,6 +295,14 @@ mod tests {
                 "reset",
                 rmcp::handler::server::common::schema_for_input::<Reset>(),
             ),
+            (
+                "snapshot",
+                rmcp::handler::server::common::schema_for_input::<Snapshot>(),
+            ),
+            (
+                "restore",
+                rmcp::handler::server::common::schema_for_input::<Restore>(),
+            ),
         ] {
             let s = r.unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(s.get("type"), Some(&json!("object")), "{name}: {s:?}");
@@ -322,6 +359,12 @@ mod tests {
         assert!(e.message.contains("read_file: invalid path \"\""), "{e:?}");
         assert!(path("x", "path", "a\0b").is_err());
         assert!(command("x", "  ").is_err());
+        let e = snapshot_name("snapshot", "Bad/Name").expect_err("bad name");
+        assert!(
+            e.message.contains("snapshot: invalid name \"Bad/Name\""),
+            "{e:?}"
+        );
+        assert!(snapshot_name("restore", "step-3.ok").is_ok());
     }
 
     #[test]

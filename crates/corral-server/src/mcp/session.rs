@@ -10,6 +10,11 @@
 //! held across every acquire and the release orders them: a release waits
 //! for an acquire in flight and then frees what it made, and no acquire
 //! starts after a release, so no sandbox outlives its session.
+//!
+//! A restore ([`Session::replace`]) releases the session's sandbox and
+//! starts a fork of a snapshot under the same key, under the same gate; the
+//! session's later sandboxes (after a loss or an eviction) are made from
+//! the snapshot too.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use corral::{Lease, Provider};
-use corral_core::{CommandSpec, Failure, FailureKind};
+use corral_core::{CommandSpec, Failure, FailureKind, SandboxSpec};
 use tokio_util::sync::CancellationToken;
 
 use super::McpContext;
@@ -38,6 +43,9 @@ pub(super) struct Session {
     /// The service is shutting down: no further acquire either.
     closing: CancellationToken,
     books: Mutex<Books>,
+    /// The spec of a snapshot the session restored, used in place of the
+    /// context's from then on.
+    restored: Mutex<Option<SandboxSpec>>,
 }
 
 /// What the session remembers of its current sandbox.
@@ -71,6 +79,7 @@ impl Session {
             released: AtomicBool::new(false),
             closing,
             books: Mutex::new(Books::default()),
+            restored: Mutex::new(None),
         }
     }
 
@@ -100,7 +109,7 @@ impl Session {
         self.used.store(true, Ordering::Release);
         let provider = self.ctx.provider.clone();
         let key = self.key.clone();
-        let spec = self.ctx.spec.clone();
+        let spec = self.spec();
         // Its own task, so a client that gives up mid-start cannot leave a
         // half-registered sandbox: the start completes (or fails) and the
         // release, waiting on the gate, sees the result.
@@ -140,6 +149,64 @@ impl Session {
         Ok((lease, note))
     }
 
+    /// The provider the session's sandbox comes from.
+    pub(super) fn provider(&self) -> &Provider {
+        &self.ctx.provider
+    }
+
+    /// The operator's spec of the session (what it started with).
+    pub(super) fn base_spec(&self) -> SandboxSpec {
+        self.ctx.spec.clone()
+    }
+
+    /// The spec the session's sandbox is made from: a restored snapshot's,
+    /// else the context's.
+    pub(super) fn spec(&self) -> SandboxSpec {
+        let restored = self.restored.lock().unwrap_or_else(|p| p.into_inner());
+        restored.clone().unwrap_or_else(|| self.ctx.spec.clone())
+    }
+
+    /// Replaces the session's sandbox with one made from `spec` (a
+    /// snapshot's fork spec, already checked): the current sandbox, if any,
+    /// is released first, then the new one started under the same key.
+    /// When it cannot start, the session goes back to its own spec.
+    pub(super) async fn replace(&self, spec: SandboxSpec) -> Result<Lease, LeaseError> {
+        let gate = self.gate.clone().lock_owned().await;
+        if self.released.load(Ordering::Acquire) || self.closing.is_cancelled() {
+            return Err(LeaseError::Ended);
+        }
+        if self.used.swap(true, Ordering::AcqRel) {
+            release_key(&self.ctx.provider, &self.key).await;
+        }
+        *self.restored.lock().unwrap_or_else(|p| p.into_inner()) = Some(spec.clone());
+        let provider = self.ctx.provider.clone();
+        let key = self.key.clone();
+        // Its own task, as in `lease`.
+        let acquired = tokio::spawn(async move {
+            let r = provider.acquire_spec(&key, &spec).await;
+            drop(gate);
+            r
+        })
+        .await;
+        let failure = match acquired {
+            Ok(Ok(lease)) => {
+                *self.books() = Books {
+                    sandbox: Some(lease.id().to_string()),
+                    ..Books::default()
+                };
+                return Ok(lease);
+            }
+            Ok(Err(e)) => e.failure(),
+            Err(e) => Failure::new(
+                FailureKind::AgentError,
+                format!("restoring in MCP session {} failed: {e}", self.key),
+            ),
+        };
+        *self.restored.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.books() = Books::default();
+        Err(LeaseError::Failed(failure))
+    }
+
     /// Records that shell `name` ran a command in `sandbox`; true when it
     /// had run one before (so a fresh shell means a restart).
     pub(super) fn shell_used(&self, sandbox: &str, name: &str) -> bool {
@@ -167,14 +234,8 @@ impl Session {
     /// The sandbox's working directory: the spec's, else what `pwd` says
     /// there (asked once), else `/`.
     pub(super) async fn cwd(&self, lease: &Lease) -> String {
-        if let Some(dir) = self
-            .ctx
-            .spec
-            .workdir
-            .as_deref()
-            .filter(|d| d.starts_with('/'))
-        {
-            return dir.to_string();
+        if let Some(dir) = self.spec().workdir.filter(|d| d.starts_with('/')) {
+            return dir;
         }
         {
             let books = self.books();

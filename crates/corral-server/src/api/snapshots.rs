@@ -1,0 +1,315 @@
+//! Snapshots and forks over HTTP: take a snapshot of a sandbox, list,
+//! inspect and delete snapshots, and fork sandboxes from one.
+//!
+//! Forks are provider sessions like any created sandbox (one fresh session
+//! key each, so `max_live`, eviction and release apply), and a client's
+//! fork passes the client policy a create does: the snapshot's recorded
+//! spec is checked against the operator's `defaults`
+//! ([`ClientPolicy::check_fork`](corral_core::client_policy::ClientPolicy::check_fork)),
+//! so a snapshot the operator took of a sandbox with a host mount or an
+//! added capability cannot be forked by a client. The snapshot's image is
+//! not checked against `server.policy.images`: it is the runtime's own,
+//! found by name among the snapshots it lists (a client never names it).
+//! A client naming a snapshot's image in a create gets no such exemption.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use corral::SnapshotOptions;
+use corral_core::snapshot::{self, SnapshotInfo};
+use corral_core::Error;
+
+use super::{check_name, AppState, JsonBody, Meta, MAX_NAME};
+use crate::error::ApiError;
+use crate::wire::{
+    CreateSnapshot, ErrorBody, ForkRequest, SandboxList, SnapshotBody, SnapshotList,
+};
+
+/// Most forks one request may ask for when the provider sets no
+/// `max_live`.
+const MAX_FORKS_UNLIMITED: usize = 64;
+
+/// 409: the request conflicts with what exists.
+fn conflict(field: &str, message: impl Into<String>) -> ApiError {
+    let mut e = ApiError::invalid(field, message);
+    e.status = StatusCode::CONFLICT;
+    e.detail.kind = "conflict".into();
+    e
+}
+
+/// 400 naming `name` when it is not a snapshot name.
+fn check_snapshot_name(name: &str) -> Result<(), ApiError> {
+    snapshot::validate_name(name).map_err(|e| ApiError::invalid("name", e.to_string()))
+}
+
+/// 404 naming `name`.
+fn no_snapshot(name: &str) -> ApiError {
+    let mut e = ApiError::not_found(format!("no snapshot '{name}'"));
+    e.detail.field = Some("name".into());
+    e
+}
+
+/// Snapshot `name`, or 404 / 400 / the daemon's trouble.
+async fn find(s: &AppState, name: &str) -> Result<SnapshotInfo, ApiError> {
+    check_snapshot_name(name)?;
+    match s.inner.runtime.snapshot_info(name).await {
+        Ok(info) => Ok(info),
+        // The runtime's "no such snapshot" (a bad name was refused above).
+        Err(Error::InvalidSpec(e)) if e.field == "snapshot" => Err(no_snapshot(name)),
+        Err(e) => Err(ApiError::runtime(&e, "")),
+    }
+}
+
+fn refuse_when_closing(s: &AppState) -> Result<(), ApiError> {
+    if s.inner.closing.load(std::sync::atomic::Ordering::Acquire) {
+        return Err(ApiError::shutting_down());
+    }
+    Ok(())
+}
+
+/// Keep a sandbox's file system as a named snapshot (replacing one of that
+/// name). A sandbox that resets in place (a pristine pool's) first keeps
+/// its changes as its new pristine state, which ends its processes; any
+/// other sandbox is paused while it is copied and goes on as it was.
+#[utoipa::path(
+    post, path = "/v1/sandboxes/{id}/snapshot", tag = "snapshots",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = CreateSnapshot,
+    responses(
+        (status = 201, description = "Taken", body = SnapshotBody),
+        (status = 400, description = "A bad name (field `name`), or a persistent sandbox", body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 410, description = "The sandbox's container was lost", body = ErrorBody),
+        (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody), (status = 415, description = "A JSON body not sent as application/json", body = ErrorBody),
+    )
+)]
+pub(super) async fn take_snapshot(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<CreateSnapshot>,
+) -> Result<(StatusCode, Json<SnapshotBody>), ApiError> {
+    check_snapshot_name(&req.name)?;
+    let lease = s.lease(&id).await?;
+    let opts = SnapshotOptions {
+        durable: req.durable,
+    };
+    let info = lease
+        .snapshot(&req.name, opts)
+        .await
+        .map_err(|e| ApiError::runtime(&e, ""))?;
+    Ok((StatusCode::CREATED, Json(SnapshotBody::from(&info))))
+}
+
+/// Every snapshot on the daemon (those of the CLI and other services too).
+#[utoipa::path(
+    get, path = "/v1/snapshots", tag = "snapshots",
+    responses((status = 200, body = SnapshotList), (status = 503, description = "Daemon unavailable (retryable)", body = ErrorBody), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
+)]
+pub(super) async fn list_snapshots(
+    State(s): State<AppState>,
+) -> Result<Json<SnapshotList>, ApiError> {
+    let all = s
+        .inner
+        .runtime
+        .snapshots()
+        .await
+        .map_err(|e| ApiError::runtime(&e, ""))?;
+    Ok(Json(SnapshotList {
+        snapshots: all.iter().map(SnapshotBody::from).collect(),
+    }))
+}
+
+/// One snapshot.
+#[utoipa::path(
+    get, path = "/v1/snapshots/{name}", tag = "snapshots",
+    params(("name" = String, Path, description = "Snapshot name")),
+    responses((status = 200, body = SnapshotBody), (status = 400, description = "Not a snapshot name", body = ErrorBody), (status = 404, body = ErrorBody), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
+)]
+pub(super) async fn get_snapshot(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<SnapshotBody>, ApiError> {
+    let info = find(&s, &name).await?;
+    Ok(Json(SnapshotBody::from(&info)))
+}
+
+/// Delete a snapshot; refused (409) while sandboxes forked from it exist.
+#[utoipa::path(
+    delete, path = "/v1/snapshots/{name}", tag = "snapshots",
+    params(("name" = String, Path, description = "Snapshot name")),
+    responses((status = 204, description = "Deleted"), (status = 400, description = "Not a snapshot name", body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, description = "Sandboxes forked from it still exist: delete them first", body = ErrorBody), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
+)]
+pub(super) async fn delete_snapshot(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    refuse_when_closing(&s)?;
+    find(&s, &name).await?;
+    match s.inner.runtime.delete_snapshot(&name).await {
+        Ok(()) => Ok(StatusCode::NO_CONTENT),
+        Err(Error::InvalidSpec(e)) if e.field == "snapshot" => {
+            // It existed a moment ago: in use, unless it just went away.
+            find(&s, &name).await?;
+            Err(conflict(
+                "name",
+                format!("snapshot '{name}' is not deleted: {}", e.reason),
+            ))
+        }
+        Err(e) => Err(ApiError::runtime(&e, "")),
+    }
+}
+
+/// Start sandboxes from a snapshot, all or nothing: each has the
+/// snapshot's file system and the spec of the sandbox it was taken from
+/// (start-up commands are not run again), under a session key of its own.
+/// That spec must be one a client may ask for: a snapshot of a sandbox
+/// with settings only the operator gives (host mounts, added capabilities,
+/// a profile's limits) is refused (403 naming the field).
+#[utoipa::path(
+    post, path = "/v1/snapshots/{name}/fork", tag = "snapshots",
+    params(("name" = String, Path, description = "Snapshot name")),
+    request_body = ForkRequest,
+    responses(
+        (status = 201, description = "Started, one per fork", body = SandboxList),
+        (status = 400, description = "A bad name, count or session_prefix (named in `field`)", body = ErrorBody),
+        (status = 403, description = "Refused: the snapshot's spec has a field the service's policy keeps from clients, named in `field`; or a browser Origin or a foreign Host", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "A session key of the forks is taken", body = ErrorBody),
+        (status = 503, description = "Daemon unavailable (retryable)", body = ErrorBody),
+        (status = 401, description = "No or a wrong bearer token", body = ErrorBody),
+        (status = 415, description = "A JSON body not sent as application/json", body = ErrorBody),
+    )
+)]
+pub(super) async fn fork(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+    JsonBody(req): JsonBody<ForkRequest>,
+) -> Result<(StatusCode, Json<SandboxList>), ApiError> {
+    refuse_when_closing(&s)?;
+    check_snapshot_name(&name)?;
+    let provider = &s.inner.provider;
+    let most = match provider.config().max_live {
+        0 => MAX_FORKS_UNLIMITED,
+        n => n,
+    };
+    let count = usize::try_from(req.count).unwrap_or(usize::MAX);
+    if count == 0 || count > most {
+        return Err(ApiError::invalid(
+            "count",
+            format!(
+                "count {} must be 1 to {most} (the service's provider.max_live)",
+                req.count
+            ),
+        ));
+    }
+    let keys = fork_keys(req.session_prefix.as_deref(), count)?;
+    for key in &keys {
+        if s.sessions().contains_key(key) || provider.has_session(key) {
+            return Err(conflict(
+                "session_prefix",
+                format!("session key '{key}' already has a sandbox"),
+            ));
+        }
+    }
+    let info = find(&s, &name).await?;
+    let spec = info.fork_spec();
+    let config = &s.inner.config;
+    let mut base = config.defaults.clone();
+    if base.image.is_empty() {
+        base.image = s.inner.default_image.clone();
+    }
+    config.server.policy.check_fork(&base, &spec).map_err(|r| {
+        let mut e = ApiError::refused(&r, "spec");
+        e.detail.message = format!(
+            "snapshot '{name}' was taken of a sandbox this service would not give a client: {}",
+            e.detail.message
+        );
+        e
+    })?;
+
+    let starts = keys.iter().map(|k| provider.acquire_spec(k, &spec));
+    let results = futures_util::future::join_all(starts).await;
+    let mut failed = None;
+    let mut made = Vec::with_capacity(count);
+    for (key, r) in keys.iter().zip(results) {
+        match r {
+            Ok(lease) => made.push((key.clone(), lease)),
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = failed {
+        // All or nothing: the forks that started go again.
+        for (key, lease) in made {
+            drop(lease);
+            if let Err(d) = provider.release_and_wait(&key).await {
+                tracing::warn!(session = %key, error = %d, "releasing a fork after a failed fork failed");
+            }
+        }
+        return Err(ApiError::runtime(&e, "spec"));
+    }
+    let mut sandboxes = Vec::with_capacity(count);
+    for (key, lease) in &made {
+        s.sessions().insert(
+            key.clone(),
+            Meta {
+                profile: None,
+                persistent: false,
+                lost: None,
+            },
+        );
+        sandboxes.push(s.info(key, lease));
+    }
+    Ok((StatusCode::CREATED, Json(SandboxList { sandboxes })))
+}
+
+/// The session keys of `count` forks: `<prefix>-<i>`, or random ones.
+fn fork_keys(prefix: Option<&str>, count: usize) -> Result<Vec<String>, ApiError> {
+    let Some(prefix) = prefix else {
+        return Ok((0..count)
+            .map(|_| format!("sb-{}", corral::host::random_hex(16)))
+            .collect());
+    };
+    check_name("session_prefix", prefix)?;
+    let longest = format!("{prefix}-{}", count.saturating_sub(1));
+    if longest.len() > MAX_NAME {
+        return Err(ApiError::invalid(
+            "session_prefix",
+            format!(
+                "session_prefix '{prefix}' is too long: the key '{longest}' would exceed {MAX_NAME} characters"
+            ),
+        ));
+    }
+    Ok((0..count).map(|i| format!("{prefix}-{i}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fork_keys_are_numbered_or_random_and_checked() {
+        assert_eq!(
+            fork_keys(Some("ep"), 3).expect("keys"),
+            ["ep-0", "ep-1", "ep-2"]
+        );
+        let random = fork_keys(None, 2).expect("keys");
+        assert_ne!(random[0], random[1]);
+        let e = fork_keys(Some("a/b"), 1).expect_err("bad prefix");
+        assert_eq!(e.detail.field.as_deref(), Some("session_prefix"));
+        let e = fork_keys(Some(&"x".repeat(MAX_NAME - 1)), 1).expect_err("too long");
+        assert_eq!(e.detail.field.as_deref(), Some("session_prefix"));
+    }
+
+    #[test]
+    fn bad_snapshot_names_name_the_field() {
+        let e = check_snapshot_name("Bad Name").expect_err("refused");
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.detail.field.as_deref(), Some("name"));
+        assert!(
+            e.detail.message.contains("Bad Name"),
+            "{}",
+            e.detail.message
+        );
+    }
+}
