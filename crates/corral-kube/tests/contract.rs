@@ -18,8 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use corral::{FileOptions, Runtime, RuntimeConfig};
+use corral_core::backend::{Backend, OnDeath, StartRequest};
 use corral_core::policy::Recovery;
-use corral_core::{CommandSpec, Error, FailureKind, Network, SandboxSpec};
+use corral_core::{CommandSpec, ContainerStatus, Error, FailureKind, Network, SandboxSpec};
 use corral_kube::{KubeBackend, KubeConfig};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams};
@@ -354,5 +355,86 @@ async fn refusals_are_typed_and_leave_nothing() {
     let e = create_err(&rt, &s).await;
     assert!(matches!(e, Error::Capacity { .. }), "{e}");
     assert!(e.retryable());
+    assert_clean(&backend, test).await;
+}
+
+/// The backend's own operations, below the runtime: a pod is made and
+/// runs, its state and listing read back what corral put on it, the death
+/// watch fires when it is deleted out of band, and removal is final.
+#[tokio::test(flavor = "multi_thread")]
+async fn pods_are_made_run_listed_watched_and_removed() {
+    let test = "k-pod";
+    let Some((rt, backend)) = cluster(test).await else {
+        return;
+    };
+    let s = spec(test);
+    let id = format!("sb-{}", std::process::id());
+    let owner = rt.owner().clone();
+    let labels = [(corral_core::labels::SANDBOX.to_string(), id.clone())]
+        .into_iter()
+        .chain(owner.labels())
+        .chain([(corral_core::labels::SEAL.to_string(), "ab".repeat(32))])
+        .collect();
+    let req = StartRequest {
+        sandbox_id: &id,
+        spec: &s,
+        env: vec![("GREETING".into(), "hi".into())],
+        labels,
+        owner: &owner,
+    };
+    backend.prepare(&req).await.expect("prepare");
+    let t = Instant::now();
+    let placement = backend.create(&req).await.expect("create");
+    backend.start(&req, &placement).await.expect("start");
+    let ran = t.elapsed();
+    let _ = writeln!(
+        std::io::stderr(),
+        "{test}: pod create to Running took {ran:?}"
+    );
+    let state = backend.state(&placement).await.expect("state");
+    assert_eq!(state.status, ContainerStatus::Running, "{state}");
+
+    let listed = backend.list().await.expect("list");
+    let info = listed
+        .iter()
+        .find(|i| i.placement == placement)
+        .expect("the pod is listed");
+    assert_eq!(info.sandbox_id, id);
+    assert_eq!(info.owner.as_ref(), Some(&owner));
+    assert_eq!(
+        info.labels.get(corral_core::labels::SEAL),
+        Some(&"ab".repeat(32))
+    );
+    assert_eq!(
+        info.labels.get("corraltest").map(String::as_str),
+        Some(test)
+    );
+    assert_eq!(info.state, ContainerStatus::Running);
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let on_death: OnDeath = Arc::new(move |how: String| {
+        let _ = tx.send(how);
+    });
+    backend.watch(&placement, on_death);
+    delete_pod(&backend, placement.id()).await;
+    let how = tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(60)))
+        .await
+        .expect("join")
+        .expect("the death watch fired");
+    assert!(how.contains(placement.id()), "{how}");
+    backend.unwatch(&placement);
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let state = backend.state(&placement).await.expect("state");
+        if state.status == ContainerStatus::Removed {
+            break;
+        }
+        assert!(Instant::now() < until, "still there: {state}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    backend
+        .remove(&placement, &id)
+        .await
+        .expect("removing a pod already gone is success");
     assert_clean(&backend, test).await;
 }
