@@ -176,6 +176,11 @@ impl KubeBackend {
         &self.inner.config
     }
 
+    /// Where the API server is.
+    pub fn endpoint_url(&self) -> &str {
+        &self.inner.endpoint
+    }
+
     /// The raw client, for `doctor` and tests.
     pub fn client(&self) -> &Client {
         &self.inner.client

@@ -9,6 +9,7 @@
 //! the `corral` crate; this crate knows Kubernetes and nothing above it.
 
 mod backend;
+pub mod doctor;
 pub mod error;
 pub mod pod;
 mod rate;
