@@ -385,7 +385,10 @@ async fn pods_are_made_run_listed_watched_and_removed() {
     backend.prepare(&req).await.expect("prepare");
     let t = Instant::now();
     let placement = backend.create(&req).await.expect("create");
-    backend.start(&req, &placement).await.expect("start");
+    if let Err(e) = backend.start(&req, &placement).await {
+        let _ = backend.remove(&placement, &id).await;
+        panic!("start: {e}");
+    }
     let ran = t.elapsed();
     let _ = writeln!(
         std::io::stderr(),
