@@ -15,6 +15,7 @@ mod control;
 mod deadman;
 mod files;
 mod init;
+mod install;
 mod listing;
 mod oom;
 mod pristine;
@@ -34,6 +35,7 @@ use files::{FileRequest, Op};
 use init::{InitOptions, DEFAULT_GRACE_MS};
 
 const USAGE: &str = "usage: corral-agent init [--grace-ms N] [--pristine [--pristine-size BYTES]]
+       corral-agent install DIR
        corral-agent file-write PATH [--root DIR] [--mode OCTAL] [--mkdirs] [--max BYTES]
        corral-agent file-read PATH [--root DIR] [--max BYTES]
        corral-agent tar-extract DIR [--root DIR] [--max BYTES]
@@ -55,6 +57,7 @@ large, 5 escapes the root or unsafe tar entry.";
 #[derive(Debug, PartialEq, Eq)]
 enum Mode {
     Init(InitOptions),
+    Install(String),
     File(FileRequest),
     Version,
     Help,
@@ -191,6 +194,11 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
                 pristine,
             }))
         }
+        "install" => match rest {
+            [dir] if dir.starts_with('/') => Ok(Mode::Install(dir.clone())),
+            [dir] => Err(format!("install: '{dir}' is not an absolute path")),
+            _ => Err("install takes one absolute directory".to_string()),
+        },
         "--version" | "-V" => no_more(rest).map(|()| Mode::Version),
         "--help" | "-h" | "help" => Ok(Mode::Help),
         other => Err(format!("unknown subcommand '{other}'")),
@@ -210,6 +218,7 @@ fn main() {
     }
     let code = match parse_args(&args) {
         Ok(Mode::Init(opts)) => init::run(&opts),
+        Ok(Mode::Install(dir)) => install::run(&dir),
         Ok(Mode::File(req)) => files::run(&req),
         Ok(Mode::Version) => {
             println!("corral-agent {}", env!("CARGO_PKG_VERSION"));
@@ -270,6 +279,13 @@ mod tests {
         ));
         assert!(parse(&["attach"]).is_err(), "the relay is gone");
         assert_eq!(parse(&["--version"]), Ok(Mode::Version));
+        assert_eq!(
+            parse(&["install", "/.corral"]),
+            Ok(Mode::Install("/.corral".into()))
+        );
+        assert!(parse(&["install", "rel"]).is_err_and(|e| e.contains("'rel'")));
+        assert!(parse(&["install"]).is_err());
+        assert!(parse(&["install", "/a", "/b"]).is_err());
     }
 
     #[test]

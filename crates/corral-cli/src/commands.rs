@@ -17,6 +17,7 @@ use anyhow::Context;
 use corral::config::{BackendKind, Config};
 use corral::{Runtime, RuntimeConfig};
 use corral_docker::{DockerBackend, DockerConfig};
+use corral_kube::{KubeBackend, KubeConfig};
 
 /// The engine settings of the config file: which backend, how to reach
 /// it, and the runtime's limits over it.
@@ -26,6 +27,8 @@ pub struct BackendConfig {
     pub kind: BackendKind,
     /// How to reach the Docker daemon.
     pub docker: DockerConfig,
+    /// How to reach the Kubernetes cluster.
+    pub kube: KubeConfig,
     /// Limits, the breaker, orphan reaping, the seal key.
     pub runtime: RuntimeConfig,
 }
@@ -35,6 +38,7 @@ impl From<&Config> for BackendConfig {
         BackendConfig {
             kind: config.backend,
             docker: DockerConfig::from(config),
+            kube: KubeConfig::from(config),
             runtime: RuntimeConfig::from(config),
         }
     }
@@ -43,7 +47,15 @@ impl From<&Config> for BackendConfig {
 /// Connects to the configured engine or explains why not; the runtime
 /// over it.
 pub async fn connect(config: BackendConfig) -> anyhow::Result<Runtime> {
-    Ok(connect_docker(config).await?.0)
+    match config.kind {
+        BackendKind::Docker => Ok(connect_docker(config).await?.0),
+        BackendKind::Kubernetes => {
+            let kube = KubeBackend::connect(&config.kube)
+                .await
+                .context("cannot reach a Kubernetes cluster")?;
+            Ok(Runtime::new(Arc::new(kube), config.runtime))
+        }
+    }
 }
 
 /// Like [`connect`], also handing back the Docker backend itself, for
@@ -57,6 +69,10 @@ pub async fn connect_docker(config: BackendConfig) -> anyhow::Result<(Runtime, D
             let runtime = Runtime::new(Arc::new(docker.clone()), config.runtime);
             Ok((runtime, docker))
         }
+        BackendKind::Kubernetes => anyhow::bail!(
+            "this command needs the Docker backend (backend: docker); it does not run on \
+             Kubernetes yet"
+        ),
     }
 }
 

@@ -53,7 +53,7 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Which engine runs sandboxes: `docker` (default; Docker or Podman's
-    /// compatible socket).
+    /// compatible socket) or `kubernetes`.
     pub backend: BackendKind,
     /// Daemon endpoint: `unix:///path`, `tcp://host:port` or a socket path.
     /// Default `None`: `DOCKER_HOST`, then Docker's default socket, then
@@ -77,6 +77,112 @@ pub struct Config {
     pub persistence_root: Option<String>,
     /// `corral serve` and `corral mcp`.
     pub server: ServerConfig,
+    /// The cluster, when `backend: kubernetes`.
+    pub kubernetes: KubernetesConfig,
+}
+
+/// How to reach a Kubernetes cluster and how hard to lean on its API
+/// server (`backend: kubernetes`). The rate-limit defaults are derived in
+/// `docs/kubernetes-scale.md`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KubernetesConfig {
+    /// Namespace of the sandboxes' pods. Default `None`: the kubeconfig
+    /// context's namespace, else `default` (in a pod: its own namespace).
+    pub namespace: Option<String>,
+    /// The kubeconfig file (an absolute path). Default `None`:
+    /// `$KUBECONFIG`, then `~/.kube/config`, then the in-cluster service
+    /// account.
+    pub kubeconfig: Option<String>,
+    /// The kubeconfig context. Default `None`: its current context.
+    pub context: Option<String>,
+    /// The image of the init container that puts the agent into each pod.
+    /// Default `None`: `corral-agent:<corral's version>`, as
+    /// `scripts/build-agent-image.sh` builds it.
+    pub agent_image: Option<String>,
+    /// Pod creations and agent attaches per second, on average, across
+    /// this process (a client-side token bucket). Default 20.
+    pub qps: f64,
+    /// Creations and attaches allowed at once above `qps` after a quiet
+    /// spell. Default 40.
+    pub burst: u32,
+    /// Longest wait for a created pod to run (scheduling, image pulls,
+    /// the init container), in ms. Default 300000.
+    pub start_timeout_ms: u64,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        KubernetesConfig {
+            namespace: None,
+            kubeconfig: None,
+            context: None,
+            agent_image: None,
+            qps: 20.0,
+            burst: 40,
+            start_timeout_ms: 300_000,
+        }
+    }
+}
+
+impl KubernetesConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(ns) = &self.namespace {
+            if !is_dns_label(ns) {
+                return Err(ConfigError::invalid(
+                    "kubernetes.namespace",
+                    ns,
+                    "a namespace is at most 63 lowercase letters, digits and '-', \
+                     starting and ending with a letter or digit",
+                ));
+            }
+        }
+        if let Some(file) = &self.kubeconfig {
+            if !Path::new(file).is_absolute() {
+                return Err(ConfigError::invalid(
+                    "kubernetes.kubeconfig",
+                    file,
+                    "must be an absolute path",
+                ));
+            }
+        }
+        if let Some(ctx) = &self.context {
+            if ctx.trim().is_empty() {
+                return Err(ConfigError::invalid(
+                    "kubernetes.context",
+                    ctx,
+                    "empty; leave it out for the kubeconfig's current context",
+                ));
+            }
+        }
+        if let Some(image) = &self.agent_image {
+            if image.trim().is_empty() || image.chars().any(char::is_whitespace) {
+                return Err(ConfigError::invalid(
+                    "kubernetes.agent_image",
+                    image,
+                    "expected an image reference, e.g. registry.example/corral-agent:0.1.0",
+                ));
+            }
+        }
+        if !(self.qps.is_finite() && self.qps > 0.0) {
+            return Err(ConfigError::invalid(
+                "kubernetes.qps",
+                self.qps,
+                "must be above zero",
+            ));
+        }
+        if self.burst == 0 {
+            return Err(ConfigError::invalid("kubernetes.burst", 0, "at least 1"));
+        }
+        if self.start_timeout_ms == 0 {
+            return Err(ConfigError::invalid(
+                "kubernetes.start_timeout_ms",
+                0,
+                "at least 1",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The service's settings (`corral serve`, `corral mcp`).
@@ -127,6 +233,8 @@ pub enum BackendKind {
     /// The Docker Engine API (Docker, or Podman's compatible socket).
     #[default]
     Docker,
+    /// A Kubernetes cluster: a sandbox is a pod (`kubernetes:` section).
+    Kubernetes,
 }
 
 /// How the service authenticates requests.
@@ -449,6 +557,15 @@ impl ConfigError {
     }
 }
 
+/// An RFC 1123 label, as Kubernetes requires of a namespace's name.
+fn is_dns_label(name: &str) -> bool {
+    let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    (1..=63).contains(&name.len())
+        && name.chars().all(|c| ok(c) || c == '-')
+        && name.starts_with(ok)
+        && name.ends_with(ok)
+}
+
 /// Names of profiles and pools are typed on command lines and shown in
 /// logs: keep them to one plain word.
 fn valid_name(name: &str) -> bool {
@@ -699,6 +816,7 @@ impl Config {
             }
         }
         self.server.validate(&self.profiles)?;
+        self.kubernetes.validate()?;
         Ok(())
     }
 
@@ -1230,6 +1348,56 @@ persistence_root: /srv/corral
         assert_eq!(e.path(), "server.policy.images[0]");
         let e = parse_err("server:\n  auth: maybe\n");
         assert_eq!(e.path(), "server.auth");
+    }
+
+    #[test]
+    fn kubernetes_settings_are_checked_by_name() {
+        let c = Config::from_yaml(
+            "backend: kubernetes\nkubernetes:\n  namespace: sandboxes\n  qps: 5.5\n  burst: 3\n",
+        )
+        .expect("parses");
+        assert_eq!(c.backend, BackendKind::Kubernetes);
+        assert_eq!(c.kubernetes.namespace.as_deref(), Some("sandboxes"));
+        assert_eq!((c.kubernetes.qps, c.kubernetes.burst), (5.5, 3));
+        c.validate(&FakeHost).expect("valid");
+        for (text, path, value) in [
+            (
+                "kubernetes: {namespace: Bad_NS}",
+                "kubernetes.namespace",
+                "Bad_NS",
+            ),
+            ("kubernetes: {namespace: -x}", "kubernetes.namespace", "-x"),
+            (
+                "kubernetes: {kubeconfig: kube.yaml}",
+                "kubernetes.kubeconfig",
+                "kube.yaml",
+            ),
+            ("kubernetes: {context: ' '}", "kubernetes.context", " "),
+            (
+                "kubernetes: {agent_image: 'a b'}",
+                "kubernetes.agent_image",
+                "a b",
+            ),
+            ("kubernetes: {qps: 0}", "kubernetes.qps", "0"),
+            ("kubernetes: {qps: .nan}", "kubernetes.qps", "NaN"),
+            ("kubernetes: {burst: 0}", "kubernetes.burst", "0"),
+            (
+                "kubernetes: {start_timeout_ms: 0}",
+                "kubernetes.start_timeout_ms",
+                "0",
+            ),
+        ] {
+            match invalid(text) {
+                ConfigError::Invalid {
+                    path: p, value: v, ..
+                } => {
+                    assert_eq!((p.as_str(), v.as_str()), (path, value), "{text}")
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        let e = parse_err("backend: nomad");
+        assert_eq!(e.path(), "backend", "{e}");
     }
 
     #[test]

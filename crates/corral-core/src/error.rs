@@ -63,6 +63,15 @@ pub enum Error {
         /// What is wrong, naming the option and its value.
         reason: String,
     },
+    /// The engine has no room for the sandbox now (a pod no node can take):
+    /// retryable, with the engine's own explanation.
+    #[error("no room for sandbox {sandbox}: {message}")]
+    Capacity {
+        /// Sandbox id.
+        sandbox: String,
+        /// What the engine said (the scheduler's message).
+        message: String,
+    },
     /// The sandbox's container is gone or stopped.
     #[error("sandbox {sandbox} lost its container: {state}")]
     ContainerLost {
@@ -140,7 +149,9 @@ impl Error {
             Error::Agent { .. } | Error::ShutDown { .. } | Error::Host { .. } => {
                 FailureKind::AgentError
             }
-            Error::SlotTimeout { .. } | Error::NoRoom { .. } => FailureKind::DaemonUnavailable,
+            Error::SlotTimeout { .. } | Error::NoRoom { .. } | Error::Capacity { .. } => {
+                FailureKind::DaemonUnavailable
+            }
             Error::Startup { .. } => FailureKind::SpawnFailed,
         }
     }
@@ -187,6 +198,12 @@ mod tests {
         };
         assert!(no_room.retryable());
         assert!(no_room.to_string().contains("provider.max_live"));
+        let full = Error::Capacity {
+            sandbox: "sb".into(),
+            message: "0/3 nodes are available: 3 Insufficient memory".into(),
+        };
+        assert!(full.retryable());
+        assert!(full.to_string().contains("3 Insufficient memory"));
         let shut = Error::ShutDown { key: "k".into() };
         assert_eq!(shut.kind(), FailureKind::AgentError);
         let engine = Error::Engine {

@@ -7,7 +7,9 @@ use clap::Args;
 /// Check the daemon: reachable, API version, runtimes, cgroup version,
 /// storage-opt support, corral's sandbox network (isolated bridge), and
 /// (with an image that has /bin/sh) which protections are actually in force
-/// inside a default sandbox. Exits 1 when a protection does not hold.
+/// inside a default sandbox. With `backend: kubernetes`: the API server,
+/// corral's permissions in its namespace, RuntimeClasses. Exits 1 when a
+/// protection or permission does not hold.
 #[derive(Args, Debug)]
 pub struct DoctorArgs {
     /// Image for the probe sandbox [default: $CORRAL_IMAGE or corral-test/busybox].
@@ -22,6 +24,9 @@ pub async fn run(
     config: crate::commands::BackendConfig,
     args: DoctorArgs,
 ) -> anyhow::Result<ExitCode> {
+    if config.kind == corral::config::BackendKind::Kubernetes {
+        return kubernetes(config).await;
+    }
     let (runtime, backend) = super::connect_docker(config).await?;
     let image = (!args.no_probe).then(|| args.image.clone().unwrap_or_else(super::default_image));
     let r = backend.doctor(image.as_deref(), runtime.owner()).await?;
@@ -79,6 +84,40 @@ pub async fn run(
             );
         }
     }
+    Ok(if all_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// The Kubernetes report: the API server, corral's permissions in its
+/// namespace, RuntimeClasses, and what the API cannot tell.
+async fn kubernetes(config: crate::commands::BackendConfig) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    let backend = corral_kube::KubeBackend::connect(&config.kube)
+        .await
+        .context("cannot reach a Kubernetes cluster")?;
+    let r = backend.doctor().await?;
+    println!("api server    {} (reachable)", r.endpoint);
+    println!("version       {}", r.server_version);
+    println!("namespace     {}", r.namespace);
+    println!(
+        "agent image   {} (pulled by the nodes at the first start)",
+        r.agent_image
+    );
+    println!("checks:");
+    let mut all_ok = true;
+    for c in &r.checks {
+        all_ok &= c.ok;
+        println!(
+            "  [{}] {:<28} {}",
+            if c.ok { " ok " } else { "FAIL" },
+            c.name,
+            c.detail
+        );
+    }
+    println!("probe sandbox not run on Kubernetes yet");
     Ok(if all_ok {
         ExitCode::SUCCESS
     } else {

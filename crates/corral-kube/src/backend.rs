@@ -1,0 +1,611 @@
+//! The Kubernetes backend: a sandbox is a pod whose PID 1 is corral's
+//! agent, reached through the API server's `attach` to PID 1's own stdin
+//! and stdout (as Docker's backend uses the daemon's attach).
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use backon::{ExponentialBuilder, Retryable};
+use corral_core::backend::{
+    AgentOutput, AgentStream, Backend, BackendCounters, BoxFuture, OnDeath, Placement, Prepared,
+    SandboxInfo, StartRequest,
+};
+use corral_core::config::Config;
+use corral_core::labels::{self, Owner, Ownership};
+use corral_core::{ContainerState, Error, FailureKind, RetryPolicy};
+use futures_util::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{AttachParams, AttachedProcess, DeleteParams, ListParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::await_condition;
+use kube::{Api, Client};
+use tokio::sync::OnceCell;
+use tokio_util::io::ReaderStream;
+
+use crate::error::{api, classify, is_not_found, status_code};
+use crate::pod::{self, PodParams, SANDBOX_CONTAINER};
+use crate::rate::RateLimiter;
+use crate::state::{self, Progress};
+use crate::watch::PodWatch;
+
+/// The engine's name in messages.
+const ENGINE: &str = "Kubernetes";
+
+/// How long a removal waits for the pod object to be gone.
+const REMOVE_WAIT: Duration = Duration::from_secs(30);
+
+/// The attach stream's buffers: frames are up to 64 KiB.
+const ATTACH_BUFFER: usize = 64 << 10;
+
+/// How to reach the cluster and how hard to lean on it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KubeConfig {
+    /// Namespace of the pods; `None`: the kubeconfig context's.
+    pub namespace: Option<String>,
+    /// Kubeconfig file; `None`: `$KUBECONFIG`, `~/.kube/config`, in-cluster.
+    pub kubeconfig: Option<String>,
+    /// Kubeconfig context; `None`: the current one.
+    pub context: Option<String>,
+    /// Image of the init container holding `/corral-agent`.
+    pub agent_image: String,
+    /// Pod creations and attaches per second.
+    pub qps: f64,
+    /// Creations and attaches at once after a quiet spell.
+    pub burst: u32,
+    /// Longest wait for a created pod to run.
+    pub start_timeout: Duration,
+    /// Retries of transient API errors.
+    pub retry: RetryPolicy,
+}
+
+/// The agent image of this build of corral.
+pub fn default_agent_image() -> String {
+    format!("corral-agent:{}", env!("CARGO_PKG_VERSION"))
+}
+
+impl Default for KubeConfig {
+    fn default() -> Self {
+        KubeConfig::from(&Config::default())
+    }
+}
+
+impl From<&Config> for KubeConfig {
+    fn from(config: &Config) -> Self {
+        let k = &config.kubernetes;
+        KubeConfig {
+            namespace: k.namespace.clone(),
+            kubeconfig: k.kubeconfig.clone(),
+            context: k.context.clone(),
+            agent_image: k.agent_image.clone().unwrap_or_else(default_agent_image),
+            qps: k.qps,
+            burst: k.burst,
+            start_timeout: Duration::from_millis(k.start_timeout_ms),
+            retry: config.daemon.retry.clone(),
+        }
+    }
+}
+
+/// A connection to one cluster and namespace. Cheap to clone; share one
+/// per process (the rate limit and the pod watch are per backend).
+#[derive(Clone)]
+pub struct KubeBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    pods: Api<Pod>,
+    namespace: String,
+    endpoint: String,
+    config: KubeConfig,
+    limiter: RateLimiter,
+    retries: AtomicU64,
+    created: AtomicU64,
+    policies: OnceCell<()>,
+    watch: Arc<PodWatch>,
+}
+
+impl KubeBackend {
+    /// Connects with `config`; fails fast, saying why, when no cluster
+    /// configuration is found or the API server does not answer.
+    pub async fn connect(config: &KubeConfig) -> Result<Self, Error> {
+        let unavailable = |detail: String| Error::EngineUnavailable {
+            engine: ENGINE,
+            detail,
+        };
+        let options = KubeConfigOptions {
+            context: config.context.clone(),
+            ..Default::default()
+        };
+        let kube_config = match &config.kubeconfig {
+            Some(path) => {
+                let file = Kubeconfig::read_from(path)
+                    .map_err(|e| unavailable(format!("kubeconfig {path}: {e}")))?;
+                kube::Config::from_custom_kubeconfig(file, &options)
+                    .await
+                    .map_err(|e| unavailable(format!("kubeconfig {path}: {e}")))?
+            }
+            None if config.context.is_some() => kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| unavailable(format!("kubeconfig: {e}")))?,
+            None => kube::Config::infer()
+                .await
+                .map_err(|e| unavailable(format!("no cluster configuration: {e}")))?,
+        };
+        let endpoint = kube_config.cluster_url.to_string();
+        let namespace = config
+            .namespace
+            .clone()
+            .unwrap_or_else(|| kube_config.default_namespace.clone());
+        let client =
+            Client::try_from(kube_config).map_err(|e| unavailable(format!("{endpoint}: {e}")))?;
+        let backend = KubeBackend {
+            inner: Arc::new(Inner {
+                pods: Api::namespaced(client.clone(), &namespace),
+                client,
+                namespace,
+                endpoint,
+                config: config.clone(),
+                limiter: RateLimiter::new(config.qps, config.burst),
+                retries: AtomicU64::new(0),
+                created: AtomicU64::new(0),
+                policies: OnceCell::new(),
+                watch: Arc::new(PodWatch::default()),
+            }),
+        };
+        backend
+            .inner
+            .client
+            .apiserver_version()
+            .await
+            .map_err(|e| unavailable(format!("{}: {e}", backend.inner.endpoint)))?;
+        Ok(backend)
+    }
+
+    /// The namespace the pods live in.
+    pub fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &KubeConfig {
+        &self.inner.config
+    }
+
+    /// Where the API server is.
+    pub fn endpoint_url(&self) -> &str {
+        &self.inner.endpoint
+    }
+
+    /// The raw client, for `doctor` and tests.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// Runs an API call named `what`, retrying transient errors.
+    async fn call<T, F, Fut>(&self, what: &str, op: F) -> Result<T, kube::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, kube::Error>>,
+    {
+        let policy = &self.inner.config.retry;
+        let mut backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(policy.initial_delay_ms))
+            .with_max_delay(Duration::from_millis(policy.max_delay_ms))
+            .with_factor(2.0)
+            .with_max_times(policy.attempts.saturating_sub(1));
+        if policy.jitter {
+            backoff = backoff.with_jitter();
+        }
+        op.retry(backoff)
+            .sleep(tokio::time::sleep)
+            .when(|e| classify(e) == FailureKind::DaemonUnavailable)
+            .notify(|e, delay| {
+                self.inner.retries.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(op = what, error = %e, retry_in_ms = delay.as_millis() as u64,
+                    "transient API server error, retrying");
+            })
+            .await
+    }
+
+    /// A suffix no earlier pod of this process had (uniqueness, not
+    /// secrecy: the name is public).
+    fn suffix(&self) -> String {
+        use std::hash::{BuildHasher, Hasher};
+        let n = self.inner.created.fetch_add(1, Ordering::Relaxed);
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(n);
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default(),
+        );
+        format!("{:08x}", h.finish() as u32)
+    }
+
+    /// The namespace's network policies, made once per backend; one of
+    /// the same name with another spec is an error, never overwritten.
+    async fn ensure_policies(&self) -> Result<(), Error> {
+        self.inner
+            .policies
+            .get_or_try_init(|| async {
+                let api: Api<NetworkPolicy> =
+                    Api::namespaced(self.inner.client.clone(), &self.inner.namespace);
+                for policy in pod::network_policies() {
+                    let name = policy.metadata.name.clone().unwrap_or_default();
+                    let what = format!("create network policy {name}");
+                    let post = PostParams::default();
+                    match self.call(&what, || api.create(&post, &policy)).await {
+                        Ok(_) => {}
+                        Err(e) if status_code(&e) == Some(409) => {
+                            let existing = api
+                                .get(&name)
+                                .await
+                                .map_err(|e| api_err(format!("read network policy {name}"), e))?;
+                            if existing.spec != policy.spec {
+                                return Err(Error::Network {
+                                    network: name,
+                                    reason: format!(
+                                        "a network policy of that name exists in namespace {} \
+                                         with another spec; corral will not change it",
+                                        self.inner.namespace
+                                    ),
+                                });
+                            }
+                        }
+                        Err(e) => return Err(api_err(what, e)),
+                    }
+                }
+                Ok(())
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn do_create(&self, req: &StartRequest<'_>) -> Result<Placement, Error> {
+        let (spec, id) = (req.spec, req.sandbox_id);
+        let name = pod::pod_name(id, &self.suffix())?;
+        let pod = pod::pod(
+            spec,
+            &PodParams {
+                sandbox_id: id,
+                name: &name,
+                labels: &req.labels,
+                env: &req.env,
+                agent_image: &self.inner.config.agent_image,
+            },
+        )?;
+        self.inner.limiter.acquire().await;
+        let pods = &self.inner.pods;
+        let what = format!("create pod {name} for sandbox {id}");
+        let post = PostParams::default();
+        match self.call(&what, || pods.create(&post, &pod)).await {
+            Ok(_) => Ok(Placement(name)),
+            // A retried create whose first attempt went through.
+            Err(e) if status_code(&e) == Some(409) => {
+                let existing = pods
+                    .get(&name)
+                    .await
+                    .map_err(|e2| api_err(format!("read pod {name} after a name conflict"), e2))?;
+                let ours = existing
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(labels::SANDBOX))
+                    .is_some_and(|v| v == id);
+                if ours {
+                    Ok(Placement(name))
+                } else {
+                    Err(api_err(what, e))
+                }
+            }
+            Err(e) => Err(api_err(what, e)),
+        }
+    }
+
+    /// Waits until the pod's agent runs, or says why it will not.
+    async fn do_start(&self, req: &StartRequest<'_>, name: &str) -> Result<(), Error> {
+        let (id, image) = (req.sandbox_id, req.spec.image.as_str());
+        let agent_image = self.inner.config.agent_image.as_str();
+        let settled = |p: Option<&Pod>| match p {
+            None => true,
+            Some(p) => !matches!(
+                state::start_progress(id, image, agent_image, p),
+                Progress::Pending
+            ),
+        };
+        let timeout = self.inner.config.start_timeout;
+        let waited = tokio::time::timeout(
+            timeout,
+            await_condition(self.inner.pods.clone(), name, settled),
+        )
+        .await;
+        let pod = match waited {
+            Ok(Ok(pod)) => pod,
+            Ok(Err(e)) => {
+                return Err(Error::EngineLost {
+                    op: format!("watch pod {name} of sandbox {id} start"),
+                    source: Box::new(e),
+                })
+            }
+            Err(_) => {
+                let now = self.inner.pods.get_opt(name).await.ok().flatten();
+                let state = state::container_state(name, now.as_ref());
+                return Err(Error::Engine {
+                    op: format!("start sandbox {id} (pod {name})"),
+                    kind: FailureKind::DaemonUnavailable,
+                    source: format!(
+                        "the pod did not run within {} ms (kubernetes.start_timeout_ms): {state}",
+                        timeout.as_millis()
+                    )
+                    .into(),
+                });
+            }
+        };
+        match pod {
+            None => Err(Error::ContainerLost {
+                sandbox: id.to_string(),
+                state: Box::new(state::container_state(name, None)),
+            }),
+            Some(p) => match state::start_progress(id, image, agent_image, &p) {
+                Progress::Running => Ok(()),
+                Progress::Failed(e) => Err(e),
+                Progress::Pending => Err(Error::Agent {
+                    sandbox: id.to_string(),
+                    message: format!("pod {name} is still starting"),
+                }),
+            },
+        }
+    }
+
+    async fn do_connect(&self, name: &str, sandbox: &str) -> Result<AgentStream, Error> {
+        self.inner.limiter.acquire().await;
+        let params = AttachParams::default()
+            .container(SANDBOX_CONTAINER)
+            .stdin(true)
+            .stdout(true)
+            .stderr(true)
+            .max_stdin_buf_size(ATTACH_BUFFER)
+            .max_stdout_buf_size(ATTACH_BUFFER)
+            .max_stderr_buf_size(ATTACH_BUFFER);
+        let pods = &self.inner.pods;
+        let what = format!("attach to the agent in sandbox {sandbox} (pod {name})");
+        let mut process = self
+            .call(&what, || pods.attach(name, &params))
+            .await
+            .map_err(|e| api_err(what.clone(), e))?;
+        let missing = || Error::Agent {
+            sandbox: sandbox.to_string(),
+            message: "the attach stream lacks stdin, stdout or stderr".into(),
+        };
+        let input = process.stdin().ok_or_else(missing)?;
+        let stdout = process.stdout().ok_or_else(missing)?;
+        let stderr = process.stderr().ok_or_else(missing)?;
+        let control =
+            ReaderStream::with_capacity(stdout, ATTACH_BUFFER).map(|r| r.map(AgentOutput::Control));
+        let log = ReaderStream::new(stderr).map(|r| r.map(AgentOutput::Log));
+        let output = Attached {
+            // Ends when the stream closes: stdout (the control stream)
+            // ends first or with stderr.
+            output: Box::pin(futures_util::stream::select(control, log)),
+            _process: process,
+        };
+        Ok(AgentStream {
+            output: Box::pin(output),
+            input: Box::pin(input),
+        })
+    }
+
+    async fn do_state(&self, name: &str) -> Result<ContainerState, Error> {
+        let pods = &self.inner.pods;
+        let what = format!("read pod {name}");
+        let pod = self
+            .call(&what, || pods.get_opt(name))
+            .await
+            .map_err(|e| api_err(what.clone(), e))?;
+        Ok(state::container_state(name, pod.as_ref()))
+    }
+
+    async fn do_remove(&self, name: &str, sandbox: &str) -> Result<(), Error> {
+        // No grace: sandboxes hold nothing worth saving (Docker's kill).
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        };
+        let pods = &self.inner.pods;
+        let what = format!("delete pod {name} of sandbox {sandbox}");
+        let deleted = match self.call(&what, || pods.delete(name, &params)).await {
+            Ok(d) => d,
+            Err(e) if is_not_found(&e) => return Ok(()),
+            Err(e) => return Err(api_err(what, e)),
+        };
+        let Some(uid) = deleted.left().and_then(|p| p.metadata.uid) else {
+            return Ok(());
+        };
+        let gone = tokio::time::timeout(
+            REMOVE_WAIT,
+            await_condition(
+                pods.clone(),
+                name,
+                kube::runtime::conditions::is_deleted(&uid),
+            ),
+        )
+        .await;
+        if !matches!(gone, Ok(Ok(_))) {
+            tracing::warn!(
+                pod = name,
+                sandbox,
+                "pod deleted but still listed after {REMOVE_WAIT:?}"
+            );
+        }
+        Ok(())
+    }
+
+    async fn do_list(&self) -> Result<Vec<SandboxInfo>, Error> {
+        let pods = &self.inner.pods;
+        let params = ListParams::default().labels(labels::SANDBOX);
+        let list = self
+            .call("list sandboxes", || pods.list(&params))
+            .await
+            .map_err(|e| api_err("list sandboxes", e))?;
+        Ok(list
+            .items
+            .into_iter()
+            .map(|p| {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let l = pod::labels_of(&p.metadata);
+                let state = state::container_state(&name, Some(&p));
+                let phase = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase.clone())
+                    .unwrap_or_default();
+                SandboxInfo {
+                    sandbox_id: l.get(labels::SANDBOX).cloned().unwrap_or_default(),
+                    placement: Placement(name),
+                    image: p
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.containers.iter().find(|c| c.name == SANDBOX_CONTAINER))
+                        .and_then(|c| c.image.clone())
+                        .unwrap_or_default(),
+                    status: match &state.error {
+                        Some(e) => format!("{phase} ({e})"),
+                        None => phase,
+                    },
+                    state: state.status,
+                    created: p
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map(|t| t.0.as_second())
+                        .unwrap_or_default(),
+                    owner: Owner::from_labels(&l),
+                    // The runtime knows the host and judges ownership.
+                    ownership: Ownership::LiveOwner,
+                    session: l.get(labels::SESSION).cloned(),
+                    labels: l,
+                }
+            })
+            .collect())
+    }
+}
+
+fn api_err(op: impl Into<String>, e: kube::Error) -> Error {
+    api(op, e)
+}
+
+/// The attach's output, holding the attached process: dropping it closes
+/// the websocket.
+struct Attached {
+    output: Pin<Box<dyn Stream<Item = std::io::Result<AgentOutput>> + Send>>,
+    _process: AttachedProcess,
+}
+
+impl Stream for Attached {
+    type Item = std::io::Result<AgentOutput>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.output.as_mut().poll_next(cx)
+    }
+}
+
+impl Backend for KubeBackend {
+    fn name(&self) -> &'static str {
+        ENGINE
+    }
+
+    fn endpoint(&self) -> &str {
+        &self.inner.endpoint
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async move {
+            self.inner
+                .client
+                .apiserver_version()
+                .await
+                .map(|_| ())
+                .map_err(|e| api_err("read the API server's version", e))
+        })
+    }
+
+    fn prepare<'a>(&'a self, _req: &'a StartRequest<'a>) -> BoxFuture<'a, Result<Prepared, Error>> {
+        Box::pin(async move {
+            // The nodes pull images and the init container brings the
+            // agent: all that is left here is the namespace's policies.
+            let t = Instant::now();
+            self.ensure_policies().await?;
+            Ok(Prepared {
+                image: Duration::ZERO,
+                agent: t.elapsed(),
+            })
+        })
+    }
+
+    fn create<'a>(&'a self, req: &'a StartRequest<'a>) -> BoxFuture<'a, Result<Placement, Error>> {
+        Box::pin(self.do_create(req))
+    }
+
+    fn start<'a>(
+        &'a self,
+        req: &'a StartRequest<'a>,
+        placement: &'a Placement,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.do_start(req, placement.id()))
+    }
+
+    fn connect<'a>(
+        &'a self,
+        placement: &'a Placement,
+        sandbox_id: &'a str,
+    ) -> BoxFuture<'a, Result<AgentStream, Error>> {
+        Box::pin(self.do_connect(placement.id(), sandbox_id))
+    }
+
+    fn state<'a>(
+        &'a self,
+        placement: &'a Placement,
+    ) -> BoxFuture<'a, Result<ContainerState, Error>> {
+        Box::pin(self.do_state(placement.id()))
+    }
+
+    fn watch(&self, placement: &Placement, on_death: OnDeath) {
+        self.inner
+            .watch
+            .watch(&self.inner.pods, placement.id(), on_death);
+    }
+
+    fn unwatch(&self, placement: &Placement) {
+        self.inner.watch.unwatch(placement.id());
+    }
+
+    fn remove<'a>(
+        &'a self,
+        placement: &'a Placement,
+        sandbox_id: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.do_remove(placement.id(), sandbox_id))
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<SandboxInfo>, Error>> {
+        Box::pin(self.do_list())
+    }
+
+    fn image_present<'a>(&'a self, _image: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        // The nodes' image stores cannot be asked through the API server;
+        // only an image the policy allows is used without knowing.
+        Box::pin(async { Ok(false) })
+    }
+
+    fn counters(&self) -> BackendCounters {
+        BackendCounters {
+            retries: self.inner.retries.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,827 @@
+//! Turns a validated [`SandboxSpec`] into the pod that runs it, and the
+//! namespace's network policies that isolate sandboxes.
+//!
+//! Pure: no API calls, so every field of the mapping is unit-tested here.
+//! What a pod cannot express (a per-pod pids limit is a node setting, a
+//! host bind mount reaches a host the pod is not on, a name for a user) is
+//! an [`Error::Unsupported`] naming the field and its value, never dropped.
+
+use std::collections::{BTreeMap, HashMap};
+
+use corral_core::labels;
+use corral_core::protocol::{AGENT_DIR, AGENT_PATH};
+use corral_core::{Error, Network, SandboxSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, Pod, PodSpec, ResourceRequirements,
+    SeccompProfile, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
+
+/// The pod's container that runs the sandbox (its PID 1 is the agent).
+pub const SANDBOX_CONTAINER: &str = "sandbox";
+/// The init container that copies the agent into the pod.
+pub const AGENT_INIT_CONTAINER: &str = "corral-agent";
+/// The `emptyDir` volume holding the agent binary.
+pub const AGENT_VOLUME: &str = "corral-agent";
+/// Label of pods with `network: none`; the egress policy selects it.
+pub const NETWORK_LABEL: &str = "corral.network";
+/// The policy that denies every sandbox all inbound traffic.
+pub const INGRESS_POLICY: &str = "corral-sandbox-deny-ingress";
+/// The policy that denies `network: none` sandboxes all outbound traffic.
+pub const EGRESS_POLICY: &str = "corral-network-none-deny-egress";
+/// The uid the init container copies the agent as (nobody).
+const INIT_UID: i64 = 65534;
+
+/// Everything besides the spec that goes into a pod.
+#[derive(Debug, Clone)]
+pub struct PodParams<'a> {
+    /// The sandbox id (label value).
+    pub sandbox_id: &'a str,
+    /// The pod's name ([`pod_name`]).
+    pub name: &'a str,
+    /// The runtime's labels: sandbox id, owner, and for a persistent
+    /// sandbox its session, spec digest and seal.
+    pub labels: &'a HashMap<String, String>,
+    /// Resolved environment.
+    pub env: &'a [(String, String)],
+    /// The image holding the static agent at `/corral-agent`.
+    pub agent_image: &'a str,
+}
+
+fn unsupported(field: &str, value: impl std::fmt::Display, why: &str) -> Error {
+    Error::Unsupported {
+        what: format!("{field} '{value}' on Kubernetes: {why}"),
+    }
+}
+
+/// An RFC 1123 label: at most 63 lowercase letters, digits and '-',
+/// starting and ending with a letter or digit.
+pub fn is_dns_label(name: &str) -> bool {
+    let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    (1..=63).contains(&name.len())
+        && name.chars().all(|c| ok(c) || c == '-')
+        && name.starts_with(ok)
+        && name.ends_with(ok)
+}
+
+/// An RFC 1123 subdomain: dot-separated labels, at most 253 characters.
+pub fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253 && name.split('.').all(is_dns_label)
+}
+
+/// A label value: empty, or at most 63 alphanumerics, '-', '_' and '.',
+/// starting and ending with an alphanumeric.
+pub fn is_label_value(value: &str) -> bool {
+    let ok = |c: char| c.is_ascii_alphanumeric();
+    value.is_empty()
+        || (value.len() <= 63
+            && value.chars().all(|c| ok(c) || matches!(c, '-' | '_' | '.'))
+            && value.starts_with(ok)
+            && value.ends_with(ok))
+}
+
+/// A label key: an optional DNS-subdomain prefix and '/', then a name
+/// that follows the rules of a non-empty label value.
+pub fn is_label_key(key: &str) -> bool {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    prefix.is_none_or(is_dns_subdomain) && !name.is_empty() && is_label_value(name)
+}
+
+/// The pod name of one placement of a sandbox: `corral-<id>-<suffix>`. A
+/// fresh suffix per create lets a recreated sandbox start while its old
+/// pod is still terminating.
+pub fn pod_name(sandbox_id: &str, suffix: &str) -> Result<String, Error> {
+    let name = format!("corral-{sandbox_id}-{suffix}");
+    if !is_dns_label(&name) {
+        return Err(unsupported(
+            "sandbox id",
+            sandbox_id,
+            "a pod name must be an RFC 1123 label (lowercase letters, digits, '-', at most 63)",
+        ));
+    }
+    Ok(name)
+}
+
+/// `uid` or `uid:gid` as the pod's numeric ids.
+fn parse_user(user: &str) -> Result<(i64, Option<i64>), Error> {
+    let numeric = |s: &str| s.parse::<i64>().ok().filter(|n| *n >= 0);
+    let parsed = match user.split_once(':') {
+        Some((u, g)) => numeric(u).zip(numeric(g)).map(|(u, g)| (u, Some(g))),
+        None => numeric(user).map(|u| (u, None)),
+    };
+    parsed.ok_or_else(|| {
+        unsupported(
+            "security.user",
+            user,
+            "a pod runs as numeric ids only (uid or uid:gid), not a name the image knows",
+        )
+    })
+}
+
+/// Labels or annotations.
+type Map = BTreeMap<String, String>;
+
+/// The labels and annotations of a sandbox's pod: the spec's labels and
+/// the runtime's selectable ones as labels; every runtime label (the seal
+/// and the session key do not fit a label value) as an annotation, so
+/// nothing is lost and [`labels_of`] reads them back whole.
+fn metadata_maps(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<(Map, Map), Error> {
+    let mut pod_labels = BTreeMap::new();
+    for (key, value) in &spec.labels {
+        let field = format!("labels.{key}");
+        if !is_label_key(key) {
+            return Err(unsupported(
+                &field,
+                key,
+                "not a Kubernetes label key (optional DNS prefix and '/', then at most 63 \
+                 alphanumerics, '-', '_' and '.')",
+            ));
+        }
+        if !is_label_value(value) {
+            return Err(unsupported(
+                &field,
+                value,
+                "not a Kubernetes label value (at most 63 alphanumerics, '-', '_' and '.', \
+                 starting and ending with an alphanumeric)",
+            ));
+        }
+        pod_labels.insert(key.clone(), value.clone());
+    }
+    let mut ours: BTreeMap<String, String> = p
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    ours.insert(labels::SANDBOX.into(), p.sandbox_id.into());
+    ours.insert(labels::VERSION.into(), env!("CARGO_PKG_VERSION").into());
+    if !is_label_value(p.sandbox_id) {
+        return Err(unsupported(
+            "sandbox id",
+            p.sandbox_id,
+            "not a Kubernetes label value",
+        ));
+    }
+    for (k, v) in &ours {
+        if is_label_value(v) {
+            pod_labels.insert(k.clone(), v.clone());
+        }
+    }
+    if spec.network == Network::None {
+        pod_labels.insert(NETWORK_LABEL.into(), "none".into());
+    }
+    Ok((pod_labels, ours))
+}
+
+/// The labels corral put on a pod, as the runtime gave them: its
+/// annotations under `corral.`, then its labels.
+pub fn labels_of(meta: &ObjectMeta) -> HashMap<String, String> {
+    let mut out: HashMap<String, String> = meta
+        .labels
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    if let Some(annotations) = &meta.annotations {
+        for (k, v) in annotations {
+            if k.starts_with(labels::PREFIX) {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The millicores of a CPU count, as a quantity (`1500m`).
+fn cpu_quantity(cpus: f64) -> Quantity {
+    Quantity(format!("{}m", (cpus * 1000.0).round().max(1.0) as u64))
+}
+
+/// The pod for `spec`.
+pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
+    if let Some(m) = spec.mounts.first() {
+        return Err(unsupported(
+            "mounts[0].host",
+            &m.host,
+            "a pod cannot bind-mount a directory of corral's host; move files in with the \
+             file commands instead",
+        ));
+    }
+    if let Some(pids) = spec.limits.pids {
+        return Err(unsupported(
+            "limits.pids",
+            pids,
+            "a pids limit is a node setting (the kubelet's podPidsLimit), not a pod's; set \
+             limits.pids to null",
+        ));
+    }
+    if let Some(key) = &spec.persistent {
+        return Err(unsupported(
+            "persistent",
+            key,
+            "persistent sessions are not available on Kubernetes yet",
+        ));
+    }
+    if let Some(runtime) = &spec.runtime {
+        if !is_dns_subdomain(runtime) {
+            return Err(unsupported(
+                "runtime",
+                runtime,
+                "a RuntimeClass name is an RFC 1123 subdomain (lowercase)",
+            ));
+        }
+    }
+    let sec = &spec.security;
+    let (run_as_user, run_as_group) = match &sec.user {
+        Some(user) => {
+            let (u, g) = parse_user(user)?;
+            (Some(u), g)
+        }
+        None => (None, None),
+    };
+    let (pod_labels, annotations) = metadata_maps(spec, p)?;
+
+    let mut volumes = vec![Volume {
+        name: AGENT_VOLUME.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    }];
+    let mut mounts = vec![VolumeMount {
+        name: AGENT_VOLUME.into(),
+        mount_path: AGENT_DIR.into(),
+        read_only: Some(true),
+        ..Default::default()
+    }];
+    for (i, t) in spec.tmpfs.iter().enumerate() {
+        if !t.options.trim().is_empty() {
+            return Err(unsupported(
+                &format!("tmpfs[{i}].options"),
+                &t.options,
+                "a memory-backed emptyDir takes no mount options (noexec, nosuid, nodev); \
+                 set options to ''",
+            ));
+        }
+        let name = format!("tmpfs-{i}");
+        volumes.push(Volume {
+            name: name.clone(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                size_limit: Some(Quantity(t.size.to_string())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name,
+            mount_path: t.path.clone(),
+            ..Default::default()
+        });
+    }
+
+    let mut limits = BTreeMap::new();
+    if let Some(memory) = spec.limits.memory {
+        limits.insert("memory".to_string(), Quantity(memory.to_string()));
+    }
+    if let Some(cpus) = spec.limits.cpus {
+        limits.insert("cpu".to_string(), cpu_quantity(cpus));
+    }
+    if let Some(disk) = spec.limits.disk {
+        limits.insert("ephemeral-storage".to_string(), Quantity(disk.to_string()));
+    }
+
+    let capabilities = sec.drop_all_caps.then(|| Capabilities {
+        drop: Some(vec!["ALL".into()]),
+        add: Some(sec.effective_cap_add()),
+    });
+    let sandbox = Container {
+        name: SANDBOX_CONTAINER.into(),
+        image: Some(spec.image.clone()),
+        command: Some(vec![
+            AGENT_PATH.to_string(),
+            "init".to_string(),
+            "--grace-ms".to_string(),
+            spec.effective_grace_ms().to_string(),
+        ]),
+        args: Some(Vec::new()),
+        env: Some(
+            p.env
+                .iter()
+                .map(|(k, v)| EnvVar {
+                    name: k.clone(),
+                    value: Some(v.clone()),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+        working_dir: spec.workdir.clone(),
+        // PID 1's stdin is the control stream, kept open across attaches.
+        stdin: Some(true),
+        stdin_once: Some(false),
+        tty: Some(false),
+        resources: Some(ResourceRequirements {
+            limits: (!limits.is_empty()).then_some(limits),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            capabilities,
+            allow_privilege_escalation: Some(!sec.no_new_privileges),
+            read_only_root_filesystem: Some(sec.read_only_root),
+            run_as_user,
+            run_as_group,
+            privileged: Some(false),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(mounts),
+        ..Default::default()
+    };
+    let init = Container {
+        name: AGENT_INIT_CONTAINER.into(),
+        image: Some(p.agent_image.to_string()),
+        command: Some(vec![
+            "/corral-agent".to_string(),
+            "install".to_string(),
+            AGENT_DIR.to_string(),
+        ]),
+        resources: Some(ResourceRequirements {
+            limits: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("250m".into())),
+                ("memory".to_string(), Quantity("64Mi".into())),
+            ])),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: None,
+            }),
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_user: Some(INIT_UID),
+            run_as_group: Some(INIT_UID),
+            run_as_non_root: Some(true),
+            privileged: Some(false),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: AGENT_VOLUME.into(),
+            mount_path: AGENT_DIR.into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    Ok(Pod {
+        metadata: ObjectMeta {
+            name: Some(p.name.to_string()),
+            labels: Some(pod_labels),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            init_containers: Some(vec![init]),
+            containers: vec![sandbox],
+            volumes: Some(volumes),
+            // A dead PID 1 stays dead: its terminated state tells an OOM.
+            restart_policy: Some("Never".into()),
+            // Commands in a sandbox must never hold an API credential.
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            host_network: Some(false),
+            host_pid: Some(false),
+            host_ipc: Some(false),
+            share_process_namespace: Some(false),
+            runtime_class_name: spec.runtime.clone(),
+            // The agent never stops on SIGTERM; the kubelet's SIGKILL
+            // ends the sandbox this long after a delete (Docker's stop
+            // timeout).
+            termination_grace_period_seconds: Some(2),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+/// The namespace's two policies: no sandbox accepts inbound connections
+/// (Docker's bridge without inter-container traffic), and a `network:
+/// none` sandbox sends nothing out. Enforced only where the cluster's
+/// network plugin enforces policies.
+pub fn network_policies() -> [NetworkPolicy; 2] {
+    let policy = |name: &str, selector: LabelSelector, types: &[&str]| NetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(BTreeMap::from([(
+                labels::VERSION.to_string(),
+                env!("CARGO_PKG_VERSION").to_string(),
+            )])),
+            ..Default::default()
+        },
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(selector),
+            policy_types: Some(types.iter().map(|t| t.to_string()).collect()),
+            // No rules: nothing of these directions is allowed.
+            ingress: None,
+            egress: None,
+        }),
+    };
+    [
+        policy(
+            INGRESS_POLICY,
+            LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: labels::SANDBOX.into(),
+                    operator: "Exists".into(),
+                    values: None,
+                }]),
+                match_labels: None,
+            },
+            &["Ingress"],
+        ),
+        policy(
+            EGRESS_POLICY,
+            LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    NETWORK_LABEL.to_string(),
+                    "none".to_string(),
+                )])),
+                match_expressions: None,
+            },
+            &["Ingress", "Egress"],
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_core::{Mount, Tmpfs};
+
+    /// A spec that maps: the hardened default less what pods cannot do.
+    fn kube_spec() -> SandboxSpec {
+        let mut spec = SandboxSpec::new("busybox:1");
+        spec.limits.pids = None;
+        for t in &mut spec.tmpfs {
+            t.options.clear();
+        }
+        spec
+    }
+
+    fn run(spec: &SandboxSpec) -> Result<Pod, Error> {
+        let labels = HashMap::from([
+            (labels::SANDBOX.to_string(), "sb-1".to_string()),
+            (labels::OWNER_HOST.to_string(), "node-a".to_string()),
+            (labels::SEAL.to_string(), "ab".repeat(32)),
+        ]);
+        let env = [("A".to_string(), "1".to_string())];
+        pod(
+            spec,
+            &PodParams {
+                sandbox_id: "sb-1",
+                name: "corral-sb-1-x",
+                labels: &labels,
+                env: &env,
+                agent_image: "corral-agent:9",
+            },
+        )
+    }
+
+    fn sandbox(pod: &Pod) -> &Container {
+        &pod.spec.as_ref().expect("spec").containers[0]
+    }
+
+    fn sec(pod: &Pod) -> &SecurityContext {
+        sandbox(pod)
+            .security_context
+            .as_ref()
+            .expect("security context")
+    }
+
+    fn unsupported_text(spec: &SandboxSpec) -> String {
+        match run(spec) {
+            Err(e @ Error::Unsupported { .. }) => e.to_string(),
+            other => panic!("expected unsupported, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn hardening_maps_onto_the_security_context() {
+        let pod = run(&kube_spec()).expect("maps");
+        let s = sec(&pod);
+        let caps = s.capabilities.as_ref().expect("caps");
+        assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(
+            caps.add,
+            Some(vec!["CHOWN".into(), "DAC_OVERRIDE".into(), "FOWNER".into()])
+        );
+        assert_eq!(s.allow_privilege_escalation, Some(false));
+        assert_eq!(s.read_only_root_filesystem, Some(false));
+        assert_eq!(s.privileged, Some(false));
+        assert_eq!(s.run_as_user, None);
+        assert_eq!(
+            s.seccomp_profile.as_ref().map(|p| p.type_.as_str()),
+            Some("RuntimeDefault")
+        );
+        let spec = pod.spec.as_ref().expect("spec");
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(spec.host_network, Some(false));
+        assert_eq!(spec.runtime_class_name, None);
+
+        let mut s2 = kube_spec();
+        s2.security.setuid_caps = true;
+        s2.security.cap_add = vec!["cap_net_raw".into()];
+        s2.security.no_new_privileges = false;
+        s2.security.read_only_root = true;
+        s2.security.user = Some("1000:2000".into());
+        let pod = run(&s2).expect("maps");
+        let s = sec(&pod);
+        assert_eq!(
+            s.capabilities.as_ref().and_then(|c| c.add.clone()),
+            Some(vec!["NET_RAW".into(), "SETGID".into(), "SETUID".into()])
+        );
+        assert_eq!(s.allow_privilege_escalation, Some(true));
+        assert_eq!(s.read_only_root_filesystem, Some(true));
+        assert_eq!((s.run_as_user, s.run_as_group), (Some(1000), Some(2000)));
+
+        let mut s3 = kube_spec();
+        s3.security.drop_all_caps = false;
+        s3.security.user = Some("1000".into());
+        let pod = run(&s3).expect("maps");
+        assert_eq!(sec(&pod).capabilities, None, "the runtime's default set");
+        assert_eq!(
+            (sec(&pod).run_as_user, sec(&pod).run_as_group),
+            (Some(1000), None)
+        );
+    }
+
+    #[test]
+    fn limits_map_onto_resources() {
+        let mut spec = kube_spec();
+        spec.limits.memory = Some(64 << 20);
+        spec.limits.cpus = Some(1.5);
+        spec.limits.disk = Some(1 << 30);
+        let pod = run(&spec).expect("maps");
+        let limits = sandbox(&pod)
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.clone())
+            .expect("limits");
+        assert_eq!(limits["memory"], Quantity("67108864".into()));
+        assert_eq!(limits["cpu"], Quantity("1500m".into()));
+        assert_eq!(limits["ephemeral-storage"], Quantity("1073741824".into()));
+
+        spec.limits = corral_core::Limits {
+            memory: None,
+            cpus: Some(0.0001),
+            pids: None,
+            disk: None,
+        };
+        let pod = run(&spec).expect("maps");
+        let limits = sandbox(&pod)
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.clone())
+            .expect("limits");
+        assert_eq!(limits.len(), 1);
+        assert_eq!(limits["cpu"], Quantity("1m".into()), "never zero");
+        spec.limits.cpus = None;
+        let pod = run(&spec).expect("maps");
+        assert_eq!(
+            sandbox(&pod)
+                .resources
+                .as_ref()
+                .and_then(|r| r.limits.clone()),
+            None
+        );
+    }
+
+    #[test]
+    fn tmpfs_maps_onto_memory_empty_dirs() {
+        let mut spec = kube_spec();
+        spec.tmpfs = vec![Tmpfs {
+            path: "/scratch".into(),
+            size: 1 << 20,
+            options: String::new(),
+        }];
+        let pod = run(&spec).expect("maps");
+        let vols = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.clone())
+            .expect("volumes");
+        let dir = vols[1].empty_dir.as_ref().expect("emptyDir");
+        assert_eq!(dir.medium.as_deref(), Some("Memory"));
+        assert_eq!(dir.size_limit, Some(Quantity("1048576".into())));
+        let mounts = sandbox(&pod).volume_mounts.clone().expect("mounts");
+        assert_eq!(mounts[1].name, vols[1].name);
+        assert_eq!(mounts[1].mount_path, "/scratch");
+        assert_ne!(mounts[1].read_only, Some(true));
+    }
+
+    #[test]
+    fn the_agent_comes_from_an_init_container_read_only() {
+        let pod = run(&kube_spec()).expect("maps");
+        let spec = pod.spec.as_ref().expect("spec");
+        let init = &spec.init_containers.as_ref().expect("init")[0];
+        assert_eq!(init.image.as_deref(), Some("corral-agent:9"));
+        assert_eq!(
+            init.command,
+            Some(vec![
+                "/corral-agent".into(),
+                "install".into(),
+                AGENT_DIR.into()
+            ])
+        );
+        let init_mount = &init.volume_mounts.as_ref().expect("mounts")[0];
+        assert_eq!(
+            (init_mount.name.as_str(), init_mount.mount_path.as_str()),
+            (AGENT_VOLUME, AGENT_DIR)
+        );
+        let isec = init.security_context.as_ref().expect("init sec");
+        assert_eq!(isec.run_as_non_root, Some(true));
+        assert_eq!(isec.allow_privilege_escalation, Some(false));
+
+        let c = sandbox(&pod);
+        assert_eq!(c.name, SANDBOX_CONTAINER);
+        assert_eq!(c.image.as_deref(), Some("busybox:1"));
+        assert_eq!(
+            c.command,
+            Some(vec![
+                AGENT_PATH.into(),
+                "init".into(),
+                "--grace-ms".into(),
+                "30000".into()
+            ])
+        );
+        assert_eq!(
+            (c.stdin, c.stdin_once, c.tty),
+            (Some(true), Some(false), Some(false))
+        );
+        let m = &c.volume_mounts.as_ref().expect("mounts")[0];
+        assert_eq!(
+            (m.mount_path.as_str(), m.read_only),
+            (AGENT_DIR, Some(true))
+        );
+        assert_eq!(
+            c.env.as_ref().expect("env")[0],
+            EnvVar {
+                name: "A".into(),
+                value: Some("1".into()),
+                ..Default::default()
+            }
+        );
+    }
+
+    #[test]
+    fn labels_and_owner_map_onto_labels_and_annotations() {
+        let mut spec = kube_spec();
+        spec.labels.insert("team".into(), "rl".into());
+        spec.labels.insert("example.com/run".into(), "r-7".into());
+        let pod = run(&spec).expect("maps");
+        let meta = &pod.metadata;
+        let l = meta.labels.as_ref().expect("labels");
+        assert_eq!(l["team"], "rl");
+        assert_eq!(l["example.com/run"], "r-7");
+        assert_eq!(l[labels::SANDBOX], "sb-1");
+        assert_eq!(l[labels::OWNER_HOST], "node-a");
+        assert!(
+            !l.contains_key(labels::SEAL),
+            "64 characters: not a label value"
+        );
+        assert!(!l.contains_key(NETWORK_LABEL));
+        let a = meta.annotations.as_ref().expect("annotations");
+        assert_eq!(a[labels::SEAL], "ab".repeat(32));
+        assert_eq!(a[labels::SANDBOX], "sb-1");
+        let back = labels_of(meta);
+        assert_eq!(back[labels::SEAL], "ab".repeat(32));
+        assert_eq!(back["team"], "rl");
+
+        spec.labels.insert("bad key!".into(), "x".into());
+        assert!(unsupported_text(&spec).contains("labels.bad key!"));
+        spec.labels.remove("bad key!");
+        spec.labels.insert("ok".into(), "no spaces please".into());
+        let text = unsupported_text(&spec);
+        assert!(
+            text.contains("labels.ok") && text.contains("no spaces please"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn network_none_is_selected_by_the_egress_policy() {
+        let mut spec = kube_spec();
+        spec.network = Network::None;
+        let pod = run(&spec).expect("maps");
+        assert_eq!(
+            pod.metadata.labels.as_ref().expect("labels")[NETWORK_LABEL],
+            "none"
+        );
+        let [ingress, egress] = network_policies();
+        let sel = |p: &NetworkPolicy| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.pod_selector.clone())
+                .expect("selector")
+        };
+        let types = |p: &NetworkPolicy| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.policy_types.clone())
+                .expect("types")
+        };
+        assert_eq!(types(&ingress), vec!["Ingress".to_string()]);
+        assert_eq!(
+            sel(&ingress).match_expressions.expect("exprs")[0].key,
+            labels::SANDBOX
+        );
+        assert_eq!(
+            types(&egress),
+            vec!["Ingress".to_string(), "Egress".to_string()]
+        );
+        assert_eq!(
+            sel(&egress).match_labels.expect("labels")[NETWORK_LABEL],
+            "none"
+        );
+        for p in [&ingress, &egress] {
+            let s = p.spec.as_ref().expect("spec");
+            assert!(
+                s.ingress.is_none() && s.egress.is_none(),
+                "no rule allows anything"
+            );
+        }
+    }
+
+    #[test]
+    fn runtime_maps_onto_the_runtime_class() {
+        let mut spec = kube_spec();
+        spec.runtime = Some("gvisor".into());
+        let pod = run(&spec).expect("maps");
+        assert_eq!(
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.runtime_class_name.clone())
+                .as_deref(),
+            Some("gvisor")
+        );
+        spec.runtime = Some("Kata_QEMU".into());
+        assert!(unsupported_text(&spec).contains("runtime 'Kata_QEMU'"));
+    }
+
+    #[test]
+    fn what_cannot_map_is_refused_by_name() {
+        let text = unsupported_text(&SandboxSpec::new("busybox:1"));
+        assert!(text.contains("limits.pids '256'"), "{text}");
+
+        let mut spec = kube_spec();
+        spec.tmpfs[1].options = "noexec".into();
+        assert!(unsupported_text(&spec).contains("tmpfs[1].options 'noexec'"));
+
+        let mut spec = kube_spec();
+        spec.mounts.push(Mount {
+            host: "/srv/data".into(),
+            container: "/data".into(),
+            read_only: true,
+            nosuid: false,
+        });
+        assert!(unsupported_text(&spec).contains("mounts[0].host '/srv/data'"));
+
+        let mut spec = kube_spec();
+        spec.security.user = Some("nobody".into());
+        assert!(unsupported_text(&spec).contains("security.user 'nobody'"));
+        spec.security.user = Some("1:x".into());
+        assert!(unsupported_text(&spec).contains("security.user '1:x'"));
+        spec.security.user = Some("-1".into());
+        assert!(unsupported_text(&spec).contains("security.user '-1'"));
+
+        let mut spec = kube_spec();
+        spec.persistent = Some("key".into());
+        assert!(unsupported_text(&spec).contains("persistent 'key'"));
+    }
+
+    #[test]
+    fn names_follow_kubernetes_rules() {
+        assert_eq!(
+            pod_name("sb-0a1b", "x1").expect("valid"),
+            "corral-sb-0a1b-x1"
+        );
+        assert!(pod_name("SB", "x").is_err());
+        assert!(pod_name(&"a".repeat(60), "x").is_err());
+        assert!(is_label_key("a.b/c_d") && is_label_key("corral.sandbox"));
+        assert!(!is_label_key("/c") && !is_label_key("A_B/c") && !is_label_key("a/"));
+        assert!(is_label_value("") && is_label_value("a-b.c_d"));
+        assert!(!is_label_value("-a") && !is_label_value(&"a".repeat(64)));
+        assert!(is_dns_subdomain("runsc") && !is_dns_subdomain("run sc"));
+    }
+}
