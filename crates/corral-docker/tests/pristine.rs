@@ -47,7 +47,9 @@ fn pristine_spec(g: &Guard) -> SandboxSpec {
 }
 
 /// Everything a command can see of the sandbox's state, without
-/// timestamps: every path outside /proc, /sys and /dev with its type, mode,
+/// timestamps (nor this script's own processes: those carrying its marker,
+/// `ps`, zombies, and a subshell caught between fork and exec, which `ps`
+/// shows as `[sh]`): every path outside /proc, /sys and /dev with its type, mode,
 /// owner, size (files) and content digest or link target; /dev/shm; the
 /// processes; the mount table (points and types).
 const FINGERPRINT: &str = r#"# fp-marker
@@ -58,7 +60,7 @@ find / \( -path /proc -o -path /sys -o -path /dev \) -prune -o -print | sort | w
   echo "$line"
 done
 echo "-- /dev"; find /dev | sort
-echo "-- processes"; ps -o stat,args | grep -v -e fp-marker -e ' ps' -e '^STAT' -e '^Z' | sort
+echo "-- processes"; ps -o stat,args | grep -v -e fp-marker -e ' ps' -e '^STAT' -e '^Z' -e ' \[sh\]$' | sort
 echo "-- mounts"; awk '{print $5, $9}' /proc/self/mountinfo | sort
 "#;
 
