@@ -197,7 +197,7 @@ pub struct Pristine {
 
 /// Prepares PID 1 for resets. Call once, while the agent has one thread.
 pub fn init(size: Option<u64>, filtered: bool) -> Pristine {
-    let extra_caps = holds_extra_caps();
+    let extra_caps = missing_extra_cap().is_none();
     let support = match readiness(filtered) {
         Ok(()) => ResetSupport {
             ready: true,
@@ -221,8 +221,8 @@ pub fn init(size: Option<u64>, filtered: bool) -> Pristine {
     }
 }
 
-/// Whether this process has all of [`EXTRA_CAPS`] in its effective set.
-fn holds_extra_caps() -> bool {
+/// The first of [`EXTRA_CAPS`] missing from this process's effective set.
+fn missing_extra_cap() -> Option<u32> {
     let eff = fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -231,7 +231,7 @@ fn holds_extra_caps() -> bool {
                 .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         })
         .unwrap_or(0);
-    EXTRA_CAPS.iter().all(|&cap| eff & (1 << cap) != 0)
+    EXTRA_CAPS.into_iter().find(|&cap| eff & (1 << cap) == 0)
 }
 
 fn readiness(filtered: bool) -> Result<(), String> {
@@ -254,13 +254,10 @@ fn readiness(filtered: bool) -> Result<(), String> {
             uid.split_whitespace().next().unwrap_or("?")
         ));
     }
-    let eff = u64::from_str_radix(&field("CapEff:"), 16).unwrap_or(0);
-    for cap in EXTRA_CAPS {
-        if eff & (1 << cap) == 0 {
-            return Err(format!(
-                "the agent lacks capability {cap} (the sandbox was not created for in-place reset)"
-            ));
-        }
+    if let Some(cap) = missing_extra_cap() {
+        return Err(format!(
+            "the agent lacks capability {cap} (the sandbox was not created for in-place reset)"
+        ));
     }
     sys::unshare_mount_ns().map_err(|e| format!("cannot make a mount namespace: {e}"))?;
     sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)

@@ -119,13 +119,19 @@ impl AppState {
             .unwrap_or_else(|p| p.into_inner())
     }
 
+    /// 503 once the service is shutting down: nothing new starts then.
+    fn refuse_when_closing(&self) -> Result<(), ApiError> {
+        if self.inner.closing.load(Ordering::Acquire) {
+            return Err(ApiError::shutting_down());
+        }
+        Ok(())
+    }
+
     /// The sandbox `id`: its lease, or the failure that ended it (its
     /// container lost under the `fail` policy); 404 when there is no such
     /// sandbox or the provider evicted it.
     async fn leased(&self, id: &str) -> Result<Leased, ApiError> {
-        if self.inner.closing.load(Ordering::Acquire) {
-            return Err(ApiError::shutting_down());
-        }
+        self.refuse_when_closing()?;
         match self.sessions().get(id) {
             None => return Err(no_sandbox(id)),
             Some(Meta { lost: Some(f), .. }) => return Ok(Leased::Lost(f.clone())),
@@ -489,9 +495,7 @@ async fn create_sandbox(
     State(s): State<AppState>,
     JsonBody(req): JsonBody<CreateSandbox>,
 ) -> Result<(StatusCode, Json<SandboxInfo>), ApiError> {
-    if s.inner.closing.load(Ordering::Acquire) {
-        return Err(ApiError::shutting_down());
-    }
+    s.refuse_when_closing()?;
     let key = match &req.session {
         Some(k) => {
             check_name("session", k)?;

@@ -502,18 +502,26 @@ impl Sandbox {
         let id = &self.inner.id;
         let old = self.placement();
         runtime.inner.backend.unwatch(&old);
-        let (removed, started) = tokio::join!(
-            runtime.remove(&old, id),
-            runtime.start_new(&self.inner.spec, id)
-        );
-        if let Err(e) = removed {
-            tracing::warn!(sandbox = %id, container = %old, error = %e, "removing the replaced container failed");
-        }
-        let started = started?;
-        self.swap(started.placement, started.conn);
-        self.set_timings(started.timings);
+        let new = self.start_over(&old).await?;
+        tracing::info!(sandbox = %id, old = %old, new = %new, "replaced the sandbox's container");
         *lock(&self.inner.dead) = None;
         self.run_startup().await.map(|_| ())
+    }
+
+    /// Removes the container at `old` (first: the new one takes its name)
+    /// and starts a new one for this sandbox from its spec, under the same
+    /// id; returns where it is. Start-up commands are the caller's to run.
+    async fn start_over(&self, old: &Placement) -> Result<Placement, Error> {
+        let runtime = &self.inner.runtime;
+        let id = &self.inner.id;
+        if let Err(e) = runtime.remove(old, id).await {
+            tracing::warn!(sandbox = %id, container = %old, error = %e, "removing the sandbox's earlier container failed");
+        }
+        let started = runtime.start_new(&self.inner.spec, id).await?;
+        let placement = started.placement.clone();
+        self.swap(started.placement, started.conn);
+        self.set_timings(started.timings);
+        Ok(placement)
     }
 
     /// Points the sandbox at a new placement and control stream.
@@ -550,13 +558,8 @@ impl Sandbox {
                 }
             }
         }
-        if let Err(e) = runtime.remove(&old, id).await {
-            tracing::warn!(sandbox = %id, error = %e, "removing the lost container failed");
-        }
-        let started = runtime.start_new(&self.inner.spec, id).await?;
-        tracing::warn!(sandbox = %id, old = %old, new = %started.placement, "recreated the sandbox's container");
-        self.swap(started.placement, started.conn);
-        self.set_timings(started.timings);
+        let new = self.start_over(&old).await?;
+        tracing::warn!(sandbox = %id, old = %old, new = %new, "recreated the sandbox's container");
         runtime
             .inner
             .metrics

@@ -60,13 +60,6 @@ async fn find(s: &AppState, name: &str) -> Result<SnapshotInfo, ApiError> {
     }
 }
 
-fn refuse_when_closing(s: &AppState) -> Result<(), ApiError> {
-    if s.inner.closing.load(std::sync::atomic::Ordering::Acquire) {
-        return Err(ApiError::shutting_down());
-    }
-    Ok(())
-}
-
 /// Keep a sandbox's file system as a named snapshot (replacing one of that
 /// name). A sandbox that resets in place (a pristine pool's) first keeps
 /// its changes as its new pristine state, which ends its processes; any
@@ -142,7 +135,7 @@ pub(super) async fn delete_snapshot(
     State(s): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    refuse_when_closing(&s)?;
+    s.refuse_when_closing()?;
     find(&s, &name).await?;
     match s.inner.runtime.delete_snapshot(&name).await {
         Ok(()) => Ok(StatusCode::NO_CONTENT),
@@ -184,7 +177,7 @@ pub(super) async fn fork(
     Path(name): Path<String>,
     JsonBody(req): JsonBody<ForkRequest>,
 ) -> Result<(StatusCode, Json<SandboxList>), ApiError> {
-    refuse_when_closing(&s)?;
+    s.refuse_when_closing()?;
     check_snapshot_name(&name)?;
     let provider = &s.inner.provider;
     let most = match provider.config().max_live {
