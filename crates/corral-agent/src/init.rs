@@ -6,7 +6,8 @@
 //! `/proc/1`), signals are blocked before any thread exists (threads inherit
 //! the mask, and a signal delivered to a thread that does not block it would
 //! be lost to PID 1's "no default action" rule), then the reaper, the signal
-//! forwarder and the dead-man switch start, and finally stdin is served.
+//! forwarder and the dead-man switch start, and finally stdin is served (or,
+//! when started to listen on a TCP port, authenticated connections are).
 
 use std::fs::File;
 use std::os::fd::AsFd;
@@ -47,6 +48,15 @@ pub fn run(opts: &InitOptions) -> i32 {
         eprintln!("corral-agent: cannot make PID 1 non-dumpable: {e}");
         return 1;
     }
+    // Before any thread: the environment is not thread-safe, and no
+    // command may inherit the secret.
+    let listen = match crate::listen::take_from_env() {
+        Ok(l) => l,
+        Err(message) => {
+            eprintln!("corral-agent: {message}");
+            return 2;
+        }
+    };
     let filtered = match crate::confine::init(opts.pristine.is_some()) {
         Ok(true) => true,
         Ok(false) => {
@@ -69,6 +79,19 @@ pub fn run(opts: &InitOptions) -> i32 {
         eprintln!("corral-agent: cannot block signals: {e}");
         return 1;
     }
+
+    // Bound before the first controller can ask for a command, so nothing
+    // in the sandbox can take the port first.
+    let listener = match &listen {
+        Some(l) => match crate::listen::bind(l.port) {
+            Ok(listener) => Some(listener),
+            Err(e) => {
+                eprintln!("corral-agent: cannot listen on port {}: {e}", l.port);
+                return 1;
+            }
+        },
+        None => None,
+    };
 
     let stdio = std::io::stdin()
         .as_fd()
@@ -105,6 +128,15 @@ pub fn run(opts: &InitOptions) -> i32 {
         oom: OomCounter::detect(),
         pristine: std::sync::Arc::new(pristine),
     };
+    if let (Some(listener), Some(l)) = (listener, listen) {
+        drop((stdin, stdout));
+        let e = crate::listen::serve(shared, listener, l.secret);
+        // The dead-man switch stops the sandbox once the grace passes.
+        eprintln!("corral-agent: the control port stopped accepting: {e}");
+        loop {
+            std::thread::park();
+        }
+    }
     server::serve_stdio(shared, stdin, stdout);
     // stdin ended: the daemon closed it (the container is being torn down).
     // The dead-man switch stops the sandbox once the grace passes.

@@ -3,7 +3,10 @@
 //! `init` runs commands for corral over the framed protocol of
 //! `corral_core::protocol`, reaps zombies, forwards signals and stops the
 //! sandbox when its controller disappears; corral reaches it through the
-//! daemon's attach to PID 1's stdin and stdout. The binary is built
+//! daemon's attach to PID 1's stdin and stdout, or, where the engine has
+//! no such attach (a Kubernetes pod), over a TCP port after a handshake
+//! proving it holds the sandbox's secret (`CORRAL_AGENT_LISTEN`,
+//! `CORRAL_AGENT_SECRET`; see `listen.rs`). The binary is built
 //! statically so it runs in any image, `FROM scratch` included; its
 //! arguments are parsed by hand to keep it small. `file-write`, `file-read`,
 //! `file-list`, `tar-extract` and `tar-create` make it corral's file tool
@@ -16,6 +19,7 @@ mod deadman;
 mod files;
 mod init;
 mod install;
+mod listen;
 mod listing;
 mod oom;
 mod pristine;
@@ -42,6 +46,11 @@ const USAGE: &str = "usage: corral-agent init [--grace-ms N] [--pristine [--pris
        corral-agent tar-create PATH [--root DIR] [--max BYTES]
        corral-agent file-list DIR [--root DIR] [--max BYTES]
        corral-agent --version
+
+init serves corral on its stdin and stdout; with CORRAL_AGENT_LISTEN=PORT and
+CORRAL_AGENT_SECRET=<64 hex digits> in its environment it serves TCP port
+PORT instead, to connections that prove they hold the secret (both variables
+are removed from the environment commands inherit).
 
 file commands: stdin/stdout carry the bytes; PATH must be absolute unless
 --root is given, and must resolve inside --root (symlinks followed); --max

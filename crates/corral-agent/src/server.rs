@@ -69,7 +69,9 @@ struct Running {
 
 type Table = Arc<Mutex<HashMap<u32, Running>>>;
 
-struct Conn {
+/// What serves corral's frames: the commands of the current session and
+/// the one writer all answers go through.
+pub struct Conn {
     shared: Shared,
     writer: Arc<FrameWriter>,
     commands: Table,
@@ -78,18 +80,29 @@ struct Conn {
 /// Serves corral on stdin/stdout until stdin ends; returns then (the
 /// dead-man switch decides what happens next).
 pub fn serve_stdio(shared: Shared, stdin: File, stdout: File) {
-    let conn = Conn {
-        shared,
-        writer: Arc::new(FrameWriter::new(stdout)),
-        commands: Arc::new(Mutex::new(HashMap::new())),
-    };
-    conn.read_loop(stdin);
-    conn.end_session();
+    let conn = Conn::new(shared, Arc::new(FrameWriter::new(stdout)));
+    conn.serve(stdin);
 }
 
 impl Conn {
-    /// Reads frames until stdin ends.
-    fn read_loop(&self, mut stdin: File) {
+    /// A controller connection whose frames go out through `writer`.
+    pub fn new(shared: Shared, writer: Arc<FrameWriter>) -> Self {
+        Conn {
+            shared,
+            writer,
+            commands: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// Serves frames read from `input` until it ends, then kills what the
+    /// session left running.
+    pub fn serve(&self, input: impl Read + AsRawFd) {
+        self.read_loop(input);
+        self.end_session();
+    }
+
+    /// Reads frames until `stdin` ends.
+    fn read_loop(&self, mut stdin: impl Read + AsRawFd) {
         let mut decoder = SyncDecoder::new();
         let mut buf = vec![0u8; READ_CHUNK];
         let mut greeted = false;

@@ -112,6 +112,16 @@ impl FrameWriter {
         out.epoch
     }
 
+    /// Sends everything from now on to `file` (a new controller
+    /// connection) and ends the current session: frames of commands it
+    /// started are dropped from here on, never sent to the new controller.
+    pub fn replace_output(&self, file: File) {
+        let mut out = lock(&self.out);
+        out.file = file;
+        out.epoch += 1;
+        self.broken.store(false, Ordering::Relaxed);
+    }
+
     /// The current session's epoch.
     pub fn epoch(&self) -> u64 {
         lock(&self.out).epoch

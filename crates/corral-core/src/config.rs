@@ -109,6 +109,36 @@ pub struct KubernetesConfig {
     /// Longest wait for a created pod to run (scheduling, image pulls,
     /// the init container), in ms. Default 300000.
     pub start_timeout_ms: u64,
+    /// How corral reaches each pod's agent. Default `auto`.
+    pub control: ControlPath,
+    /// The TCP port the agent listens on in each pod. Default 7150.
+    pub agent_port: u16,
+    /// Longest wait for a direct connection to an agent, in ms (then
+    /// `auto` falls back to port-forwarding). Default 3000.
+    pub connect_timeout_ms: u64,
+    /// Addresses (CIDRs, e.g. `10.0.0.0/8`) besides corral's own pods
+    /// (label `app.kubernetes.io/name: corral`) that the sandboxes' network
+    /// policy lets reach the agent port: where corral runs outside the
+    /// cluster. Default none.
+    pub controller_cidrs: Vec<String>,
+}
+
+/// How corral reaches the agent in a pod. Either way the connection must
+/// pass the agent's handshake with the sandbox's secret.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ControlPath {
+    /// Directly to the pod's IP on the pod network; when that cannot be
+    /// reached within `connect_timeout_ms`, through the API server's
+    /// port-forward.
+    #[default]
+    Auto,
+    /// Directly to the pod's IP only (the API server is never in the data
+    /// path).
+    Direct,
+    /// Through the API server's port-forward only (for a corral that
+    /// cannot reach the pod network).
+    PortForward,
 }
 
 impl Default for KubernetesConfig {
@@ -121,6 +151,10 @@ impl Default for KubernetesConfig {
             qps: 20.0,
             burst: 40,
             start_timeout_ms: 300_000,
+            control: ControlPath::Auto,
+            agent_port: 7150,
+            connect_timeout_ms: 3_000,
+            controller_cidrs: Vec::new(),
         }
     }
 }
@@ -181,7 +215,45 @@ impl KubernetesConfig {
                 "at least 1",
             ));
         }
+        if self.agent_port == 0 {
+            return Err(ConfigError::invalid(
+                "kubernetes.agent_port",
+                0,
+                "a TCP port from 1 to 65535",
+            ));
+        }
+        if self.connect_timeout_ms == 0 {
+            return Err(ConfigError::invalid(
+                "kubernetes.connect_timeout_ms",
+                0,
+                "at least 1",
+            ));
+        }
+        for (i, cidr) in self.controller_cidrs.iter().enumerate() {
+            if !is_cidr(cidr) {
+                return Err(ConfigError::invalid(
+                    format!("kubernetes.controller_cidrs[{i}]"),
+                    cidr,
+                    "expected an address block like 10.0.0.0/8 or fd00::/8",
+                ));
+            }
+        }
         Ok(())
+    }
+}
+
+/// An IPv4 or IPv6 address block: `ADDRESS/PREFIX`.
+fn is_cidr(cidr: &str) -> bool {
+    let Some((addr, prefix)) = cidr.split_once('/') else {
+        return false;
+    };
+    let Ok(prefix) = prefix.parse::<u8>() else {
+        return false;
+    };
+    match addr.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => prefix <= 32,
+        Ok(std::net::IpAddr::V6(_)) => prefix <= 128,
+        Err(_) => false,
     }
 }
 
@@ -1359,6 +1431,13 @@ persistence_root: /srv/corral
         assert_eq!(c.backend, BackendKind::Kubernetes);
         assert_eq!(c.kubernetes.namespace.as_deref(), Some("sandboxes"));
         assert_eq!((c.kubernetes.qps, c.kubernetes.burst), (5.5, 3));
+        assert_eq!(c.kubernetes.control, ControlPath::Auto);
+        c.validate(&FakeHost).expect("valid");
+        let c = Config::from_yaml(
+            "kubernetes: {control: port_forward, controller_cidrs: [10.0.0.0/8, 'fd00::/8']}",
+        )
+        .expect("parses");
+        assert_eq!(c.kubernetes.control, ControlPath::PortForward);
         c.validate(&FakeHost).expect("valid");
         for (text, path, value) in [
             (
@@ -1381,6 +1460,22 @@ persistence_root: /srv/corral
             ("kubernetes: {qps: 0}", "kubernetes.qps", "0"),
             ("kubernetes: {qps: .nan}", "kubernetes.qps", "NaN"),
             ("kubernetes: {burst: 0}", "kubernetes.burst", "0"),
+            ("kubernetes: {agent_port: 0}", "kubernetes.agent_port", "0"),
+            (
+                "kubernetes: {connect_timeout_ms: 0}",
+                "kubernetes.connect_timeout_ms",
+                "0",
+            ),
+            (
+                "kubernetes: {controller_cidrs: [10.0.0.0/8, 10.1.2.3]}",
+                "kubernetes.controller_cidrs[1]",
+                "10.1.2.3",
+            ),
+            (
+                "kubernetes: {controller_cidrs: [10.0.0.0/33]}",
+                "kubernetes.controller_cidrs[0]",
+                "10.0.0.0/33",
+            ),
             (
                 "kubernetes: {start_timeout_ms: 0}",
                 "kubernetes.start_timeout_ms",

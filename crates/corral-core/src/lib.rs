@@ -5,6 +5,7 @@
 //! types, so a rule such as "what a hardened sandbox looks like" or "which
 //! failures are retryable" lives in exactly one place.
 
+pub mod agent_auth;
 pub mod backend;
 pub mod breaker;
 pub mod client_policy;

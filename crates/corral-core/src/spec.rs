@@ -593,6 +593,16 @@ impl SandboxSpec {
                     "a variable name is letters, digits and '_', not starting with a digit",
                 ));
             }
+            if crate::agent_auth::is_reserved_env(name) {
+                return Err(SpecError::new(
+                    field,
+                    name,
+                    format!(
+                        "names starting with {} are reserved for corral's agent",
+                        crate::agent_auth::RESERVED_ENV_PREFIX
+                    ),
+                ));
+            }
             if !seen.insert(name.clone()) {
                 return Err(SpecError::new(field, name, "set more than once"));
             }
@@ -737,6 +747,22 @@ mod tests {
             (e.field.as_str(), e.reason.as_str()),
             ("env[1]", "set more than once")
         );
+        // The agent's own variables cannot be set or forwarded by a spec.
+        for var in [
+            EnvVar::Set {
+                name: "CORRAL_AGENT_SECRET".into(),
+                value: "00".into(),
+            },
+            EnvVar::Forward {
+                forward: "CORRAL_AGENT_LISTEN".into(),
+            },
+        ] {
+            spec.env = vec![var];
+            let e = err(&spec);
+            assert_eq!(e.field, "env[0]");
+            assert!(e.value.starts_with("CORRAL_AGENT_"), "{e}");
+            assert!(e.reason.contains("reserved"), "{e}");
+        }
     }
 
     #[test]

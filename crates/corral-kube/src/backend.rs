@@ -1,31 +1,32 @@
 //! The Kubernetes backend: a sandbox is a pod whose PID 1 is corral's
-//! agent, reached through the API server's `attach` to PID 1's own stdin
-//! and stdout (as Docker's backend uses the daemon's attach).
+//! agent, reached over TCP on the pod network (or through the API
+//! server's port-forward) after a handshake proving corral holds the
+//! sandbox's secret (`control.rs`).
 
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use backon::{ExponentialBuilder, Retryable};
+use corral_core::agent_auth::{self, Secret};
 use corral_core::backend::{
-    AgentOutput, AgentStream, Backend, BackendCounters, BoxFuture, OnDeath, Placement, Prepared,
-    SandboxInfo, StartRequest,
+    AgentStream, Backend, BackendCounters, BoxFuture, OnDeath, Placement, Prepared, SandboxInfo,
+    StartRequest,
 };
-use corral_core::config::Config;
+use corral_core::config::{Config, ControlPath};
 use corral_core::labels::{self, Owner, Ownership};
 use corral_core::{ContainerState, Error, FailureKind, RetryPolicy};
-use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{AttachParams, AttachedProcess, DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::await_condition;
 use kube::{Api, Client};
 use tokio::sync::OnceCell;
-use tokio_util::io::ReaderStream;
 
+use crate::control::{self, ControlError};
 use crate::error::{api, classify, is_not_found, status_code};
 use crate::pod::{self, PodParams, SANDBOX_CONTAINER};
 use crate::rate::RateLimiter;
@@ -38,9 +39,6 @@ const ENGINE: &str = "Kubernetes";
 /// How long a removal waits for the pod object to be gone.
 const REMOVE_WAIT: Duration = Duration::from_secs(30);
 
-/// The attach stream's buffers: frames are up to 64 KiB.
-const ATTACH_BUFFER: usize = 64 << 10;
-
 /// How to reach the cluster and how hard to lean on it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KubeConfig {
@@ -52,12 +50,20 @@ pub struct KubeConfig {
     pub context: Option<String>,
     /// Image of the init container holding `/corral-agent`.
     pub agent_image: String,
-    /// Pod creations and attaches per second.
+    /// Pod creations and API-server connections per second.
     pub qps: f64,
-    /// Creations and attaches at once after a quiet spell.
+    /// Creations and connections at once after a quiet spell.
     pub burst: u32,
     /// Longest wait for a created pod to run.
     pub start_timeout: Duration,
+    /// How the agent is reached.
+    pub control: ControlPath,
+    /// The agent's port in each pod.
+    pub agent_port: u16,
+    /// Longest wait for a direct connection.
+    pub connect_timeout: Duration,
+    /// Address blocks besides corral's pods allowed to the agent port.
+    pub controller_cidrs: Vec<String>,
     /// Retries of transient API errors.
     pub retry: RetryPolicy,
 }
@@ -84,6 +90,10 @@ impl From<&Config> for KubeConfig {
             qps: k.qps,
             burst: k.burst,
             start_timeout: Duration::from_millis(k.start_timeout_ms),
+            control: k.control,
+            agent_port: k.agent_port,
+            connect_timeout: Duration::from_millis(k.connect_timeout_ms),
+            controller_cidrs: k.controller_cidrs.clone(),
             retry: config.daemon.retry.clone(),
         }
     }
@@ -107,6 +117,19 @@ struct Inner {
     created: AtomicU64,
     policies: OnceCell<()>,
     watch: Arc<PodWatch>,
+    /// Where each pod's agent is and its secret, by pod name, as this
+    /// process made or last read them.
+    agents: Mutex<HashMap<String, AgentEndpoint>>,
+    /// Set once a direct connection could not reach the pod network
+    /// under `control: auto`: later connections go through port-forward.
+    direct_unreachable: AtomicBool,
+}
+
+/// How to reach one pod's agent.
+#[derive(Debug, Clone)]
+struct AgentEndpoint {
+    secret: Secret,
+    ip: Option<IpAddr>,
 }
 
 impl KubeBackend {
@@ -155,6 +178,8 @@ impl KubeBackend {
                 created: AtomicU64::new(0),
                 policies: OnceCell::new(),
                 watch: Arc::new(PodWatch::default()),
+                agents: Mutex::new(HashMap::new()),
+                direct_unreachable: AtomicBool::new(false),
             }),
         };
         backend
@@ -236,13 +261,16 @@ impl KubeBackend {
             .get_or_try_init(|| async {
                 let api: Api<NetworkPolicy> =
                     Api::namespaced(self.inner.client.clone(), &self.inner.namespace);
-                for policy in pod::network_policies() {
+                let config = &self.inner.config;
+                for policy in pod::network_policies(config.agent_port, &config.controller_cidrs) {
                     let name = policy.metadata.name.clone().unwrap_or_default();
                     let what = format!("create network policy {name}");
                     let post = PostParams::default();
                     match self.call(&what, || api.create(&post, &policy)).await {
                         Ok(_) => {}
                         Err(e) if status_code(&e) == Some(409) => {
+                            // Whatever was made first holds the secret: read it there.
+                            self.forget(&name);
                             let existing = api
                                 .get(&name)
                                 .await
@@ -270,6 +298,10 @@ impl KubeBackend {
     async fn do_create(&self, req: &StartRequest<'_>) -> Result<Placement, Error> {
         let (spec, id) = (req.spec, req.sandbox_id);
         let name = pod::pod_name(id, &self.suffix())?;
+        let secret = control::new_secret().map_err(|e| Error::Agent {
+            sandbox: id.to_string(),
+            message: format!("cannot make the agent's secret: {e}"),
+        })?;
         let pod = pod::pod(
             spec,
             &PodParams {
@@ -278,8 +310,11 @@ impl KubeBackend {
                 labels: &req.labels,
                 env: &req.env,
                 agent_image: &self.inner.config.agent_image,
+                agent_port: self.inner.config.agent_port,
+                secret: &secret,
             },
         )?;
+        self.remember(&name, AgentEndpoint { secret, ip: None });
         self.inner.limiter.acquire().await;
         let pods = &self.inner.pods;
         let what = format!("create pod {name} for sandbox {id}");
@@ -304,8 +339,19 @@ impl KubeBackend {
                     Err(api_err(what, e))
                 }
             }
-            Err(e) => Err(api_err(what, e)),
+            Err(e) => {
+                self.forget(&name);
+                Err(api_err(what, e))
+            }
         }
+    }
+
+    fn remember(&self, name: &str, endpoint: AgentEndpoint) {
+        lock(&self.inner.agents).insert(name.to_string(), endpoint);
+    }
+
+    fn forget(&self, name: &str) {
+        lock(&self.inner.agents).remove(name);
     }
 
     /// Waits until the pod's agent runs, or says why it will not.
@@ -353,7 +399,14 @@ impl KubeBackend {
                 state: Box::new(state::container_state(name, None)),
             }),
             Some(p) => match state::start_progress(id, image, agent_image, &p) {
-                Progress::Running => Ok(()),
+                Progress::Running => {
+                    if let Some(ip) = pod_ip(&p) {
+                        if let Some(e) = lock(&self.inner.agents).get_mut(name) {
+                            e.ip = Some(ip);
+                        }
+                    }
+                    Ok(())
+                }
                 Progress::Failed(e) => Err(e),
                 Progress::Pending => Err(Error::Agent {
                     sandbox: id.to_string(),
@@ -363,42 +416,96 @@ impl KubeBackend {
         }
     }
 
-    async fn do_connect(&self, name: &str, sandbox: &str) -> Result<AgentStream, Error> {
-        self.inner.limiter.acquire().await;
-        let params = AttachParams::default()
-            .container(SANDBOX_CONTAINER)
-            .stdin(true)
-            .stdout(true)
-            .stderr(true)
-            .max_stdin_buf_size(ATTACH_BUFFER)
-            .max_stdout_buf_size(ATTACH_BUFFER)
-            .max_stderr_buf_size(ATTACH_BUFFER);
+    /// The pod's agent endpoint: as remembered, else read from the pod
+    /// (one this process did not make, such as an adopted persistent
+    /// sandbox's, or one whose IP was not known yet).
+    async fn endpoint(&self, name: &str, sandbox: &str) -> Result<AgentEndpoint, Error> {
+        if let Some(e) = lock(&self.inner.agents).get(name).cloned() {
+            if e.ip.is_some() || self.inner.config.control == ControlPath::PortForward {
+                return Ok(e);
+            }
+        }
         let pods = &self.inner.pods;
-        let what = format!("attach to the agent in sandbox {sandbox} (pod {name})");
-        let mut process = self
-            .call(&what, || pods.attach(name, &params))
+        let what = format!("read pod {name} of sandbox {sandbox}");
+        let pod = match self.call(&what, || pods.get_opt(name)).await {
+            Ok(Some(p)) => p,
+            Ok(None) => {
+                return Err(Error::ContainerLost {
+                    sandbox: sandbox.to_string(),
+                    state: Box::new(state::container_state(name, None)),
+                })
+            }
+            Err(e) => return Err(api_err(what, e)),
+        };
+        let secret = pod_secret(&pod).ok_or_else(|| Error::Agent {
+            sandbox: sandbox.to_string(),
+            message: format!(
+                "pod {name} carries no valid {} for its agent: not a pod corral made",
+                agent_auth::SECRET_ENV
+            ),
+        })?;
+        let endpoint = AgentEndpoint {
+            secret,
+            ip: pod_ip(&pod),
+        };
+        self.remember(name, endpoint.clone());
+        Ok(endpoint)
+    }
+
+    async fn do_connect(&self, name: &str, sandbox: &str) -> Result<AgentStream, Error> {
+        let endpoint = self.endpoint(name, sandbox).await?;
+        let config = &self.inner.config;
+        let agent_err = |e: ControlError| Error::Agent {
+            sandbox: sandbox.to_string(),
+            message: format!("pod {name}: {e}"),
+        };
+        let direct = match config.control {
+            ControlPath::Direct => true,
+            ControlPath::PortForward => false,
+            ControlPath::Auto => !self.inner.direct_unreachable.load(Ordering::Relaxed),
+        };
+        if direct {
+            let Some(ip) = endpoint.ip else {
+                return Err(Error::Agent {
+                    sandbox: sandbox.to_string(),
+                    message: format!("pod {name} has no IP yet"),
+                });
+            };
+            match control::connect_direct(
+                ip,
+                config.agent_port,
+                &endpoint.secret,
+                config.connect_timeout,
+            )
+            .await
+            {
+                Ok(stream) => return Ok(stream),
+                Err(e @ ControlError::Unreachable { .. })
+                    if config.control == ControlPath::Auto =>
+                {
+                    // Say so once: from here on this process goes through
+                    // the API server.
+                    if !self.inner.direct_unreachable.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(pod = name, sandbox, error = %e,
+                            "the pod network is not reachable from here; \
+                             reaching agents through the API server's port-forward");
+                    }
+                }
+                Err(e) => return Err(agent_err(e)),
+            }
+        }
+        self.inner.limiter.acquire().await;
+        let pods = &self.inner.pods;
+        let what = format!("port-forward to the agent of sandbox {sandbox} (pod {name})");
+        let port = config.agent_port;
+        let ports = [port];
+        let forwarder = self
+            .call(&what, || pods.portforward(name, &ports))
             .await
             .map_err(|e| api_err(what.clone(), e))?;
-        let missing = || Error::Agent {
-            sandbox: sandbox.to_string(),
-            message: "the attach stream lacks stdin, stdout or stderr".into(),
-        };
-        let input = process.stdin().ok_or_else(missing)?;
-        let stdout = process.stdout().ok_or_else(missing)?;
-        let stderr = process.stderr().ok_or_else(missing)?;
-        let control =
-            ReaderStream::with_capacity(stdout, ATTACH_BUFFER).map(|r| r.map(AgentOutput::Control));
-        let log = ReaderStream::new(stderr).map(|r| r.map(AgentOutput::Log));
-        let output = Attached {
-            // Ends when the stream closes: stdout (the control stream)
-            // ends first or with stderr.
-            output: Box::pin(futures_util::stream::select(control, log)),
-            _process: process,
-        };
-        Ok(AgentStream {
-            output: Box::pin(output),
-            input: Box::pin(input),
-        })
+        control::through_forward(forwarder, port, &endpoint.secret, &what)
+            .await
+            .map_err(agent_err)
     }
 
     async fn do_state(&self, name: &str) -> Result<ContainerState, Error> {
@@ -419,6 +526,7 @@ impl KubeBackend {
         };
         let pods = &self.inner.pods;
         let what = format!("delete pod {name} of sandbox {sandbox}");
+        self.forget(name);
         let deleted = match self.call(&what, || pods.delete(name, &params)).await {
             Ok(d) => d,
             Err(e) if is_not_found(&e) => return Ok(()),
@@ -500,19 +608,29 @@ fn api_err(op: impl Into<String>, e: kube::Error) -> Error {
     api(op, e)
 }
 
-/// The attach's output, holding the attached process: dropping it closes
-/// the websocket.
-struct Attached {
-    output: Pin<Box<dyn Stream<Item = std::io::Result<AgentOutput>> + Send>>,
-    _process: AttachedProcess,
+/// The pod's IP, as its status reports it.
+fn pod_ip(pod: &Pod) -> Option<IpAddr> {
+    pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()
 }
 
-impl Stream for Attached {
-    type Item = std::io::Result<AgentOutput>;
+/// The secret corral gave the pod's agent.
+fn pod_secret(pod: &Pod) -> Option<Secret> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == SANDBOX_CONTAINER)?
+        .env
+        .as_ref()?
+        .iter()
+        .find(|e| e.name == agent_auth::SECRET_ENV)?
+        .value
+        .as_deref()
+        .and_then(|v| Secret::from_hex(v).ok())
+}
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.output.as_mut().poll_next(cx)
-    }
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Backend for KubeBackend {

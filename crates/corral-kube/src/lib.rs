@@ -3,12 +3,14 @@
 //! [`KubeBackend`] implements [`corral_core::Backend`]: a sandbox is a pod
 //! whose sandbox container runs corral's agent as PID 1, copied into the
 //! pod by an init container from the `corral-agent:<version>` image and
-//! mounted read-only at `/.corral`; corral reaches it through the API
-//! server's `attach` to PID 1's stdin and stdout. Everything above the
+//! mounted read-only at `/.corral`; corral reaches it over TCP on the pod
+//! network, or through the API server's port-forward, after a handshake
+//! proving it holds the sandbox's secret (`control`). Everything above the
 //! engine (commands, recovery, pools, shells, files) is the runtime's, in
 //! the `corral` crate; this crate knows Kubernetes and nothing above it.
 
 mod backend;
+pub mod control;
 pub mod doctor;
 pub mod error;
 pub mod pod;

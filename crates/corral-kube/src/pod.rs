@@ -8,18 +8,23 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use corral_core::agent_auth::{self, Secret};
 use corral_core::labels;
 use corral_core::protocol::{AGENT_DIR, AGENT_PATH};
 use corral_core::{Error, Network, SandboxSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, Pod, PodSpec, ResourceRequirements,
-    SeccompProfile, SecurityContext, Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, Pod, PodSpec,
+    ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
-use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
+use k8s_openapi::api::networking::v1::{
+    IPBlock, NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
 };
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 /// The pod's container that runs the sandbox (its PID 1 is the agent).
 pub const SANDBOX_CONTAINER: &str = "sandbox";
@@ -29,8 +34,14 @@ pub const AGENT_INIT_CONTAINER: &str = "corral-agent";
 pub const AGENT_VOLUME: &str = "corral-agent";
 /// Label of pods with `network: none`; the egress policy selects it.
 pub const NETWORK_LABEL: &str = "corral.network";
-/// The policy that denies every sandbox all inbound traffic.
-pub const INGRESS_POLICY: &str = "corral-sandbox-deny-ingress";
+/// The policy that denies every sandbox all inbound traffic but the
+/// controller's to the agent port.
+pub const INGRESS_POLICY: &str = "corral-sandbox-ingress";
+/// The label (and value) of corral's own pods, which the ingress policy
+/// lets reach the agent port.
+pub const CONTROLLER_LABEL: (&str, &str) = ("app.kubernetes.io/name", "corral");
+/// The name of the agent's container port.
+pub const AGENT_PORT_NAME: &str = "corral-agent";
 /// The policy that denies `network: none` sandboxes all outbound traffic.
 pub const EGRESS_POLICY: &str = "corral-network-none-deny-egress";
 /// The uid the init container copies the agent as (nobody).
@@ -50,6 +61,10 @@ pub struct PodParams<'a> {
     pub env: &'a [(String, String)],
     /// The image holding the static agent at `/corral-agent`.
     pub agent_image: &'a str,
+    /// The port the agent listens on for corral.
+    pub agent_port: u16,
+    /// The sandbox's secret, which a connection to the agent must prove.
+    pub secret: &'a Secret,
 }
 
 fn unsupported(field: &str, value: impl std::fmt::Display, why: &str) -> Error {
@@ -312,17 +327,28 @@ pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
         env: Some(
             p.env
                 .iter()
-                .map(|(k, v)| EnvVar {
-                    name: k.clone(),
-                    value: Some(v.clone()),
+                .map(|(k, v)| (k.clone(), v.clone()))
+                // PID 1 takes these out of the environment commands get.
+                .chain([
+                    (agent_auth::LISTEN_ENV.to_string(), p.agent_port.to_string()),
+                    (agent_auth::SECRET_ENV.to_string(), p.secret.to_hex()),
+                ])
+                .map(|(name, value)| EnvVar {
+                    name,
+                    value: Some(value),
                     ..Default::default()
                 })
                 .collect(),
         ),
         working_dir: spec.workdir.clone(),
-        // PID 1's stdin is the control stream, kept open across attaches.
-        stdin: Some(true),
-        stdin_once: Some(false),
+        ports: Some(vec![ContainerPort {
+            name: Some(AGENT_PORT_NAME.into()),
+            container_port: i32::from(p.agent_port),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        // The control stream is a TCP connection, not PID 1's stdin.
+        stdin: Some(false),
         tty: Some(false),
         resources: Some(ResourceRequirements {
             limits: (!limits.is_empty()).then_some(limits),
@@ -415,11 +441,16 @@ pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
 }
 
 /// The namespace's two policies: no sandbox accepts inbound connections
-/// (Docker's bridge without inter-container traffic), and a `network:
-/// none` sandbox sends nothing out. Enforced only where the cluster's
-/// network plugin enforces policies.
-pub fn network_policies() -> [NetworkPolicy; 2] {
-    let policy = |name: &str, selector: LabelSelector, types: &[&str]| NetworkPolicy {
+/// (Docker's bridge without inter-container traffic) but corral's own to
+/// the agent port (from its pods, labelled [`CONTROLLER_LABEL`], or from
+/// `controller_cidrs`), and a `network: none` sandbox sends nothing out.
+/// Enforced only where the cluster's network plugin enforces policies;
+/// the agent's handshake holds either way.
+pub fn network_policies(agent_port: u16, controller_cidrs: &[String]) -> [NetworkPolicy; 2] {
+    let policy = |name: &str,
+                  selector: LabelSelector,
+                  types: &[&str],
+                  ingress: Option<Vec<NetworkPolicyIngressRule>>| NetworkPolicy {
         metadata: ObjectMeta {
             name: Some(name.into()),
             labels: Some(BTreeMap::from([(
@@ -431,10 +462,35 @@ pub fn network_policies() -> [NetworkPolicy; 2] {
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(selector),
             policy_types: Some(types.iter().map(|t| t.to_string()).collect()),
-            // No rules: nothing of these directions is allowed.
-            ingress: None,
+            // No egress rules: nothing goes out where Egress is a type.
+            ingress,
             egress: None,
         }),
+    };
+    let mut from = vec![NetworkPolicyPeer {
+        pod_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                CONTROLLER_LABEL.0.to_string(),
+                CONTROLLER_LABEL.1.to_string(),
+            )])),
+            match_expressions: None,
+        }),
+        ..Default::default()
+    }];
+    from.extend(controller_cidrs.iter().map(|cidr| NetworkPolicyPeer {
+        ip_block: Some(IPBlock {
+            cidr: cidr.clone(),
+            except: None,
+        }),
+        ..Default::default()
+    }));
+    let controller = NetworkPolicyIngressRule {
+        from: Some(from),
+        ports: Some(vec![NetworkPolicyPort {
+            port: Some(IntOrString::Int(i32::from(agent_port))),
+            protocol: Some("TCP".into()),
+            end_port: None,
+        }]),
     };
     [
         policy(
@@ -448,7 +504,10 @@ pub fn network_policies() -> [NetworkPolicy; 2] {
                 match_labels: None,
             },
             &["Ingress"],
+            Some(vec![controller]),
         ),
+        // Policies add up: the controller's rule above still lets corral
+        // in; this one adds no inbound allowance and denies all outbound.
         policy(
             EGRESS_POLICY,
             LabelSelector {
@@ -458,7 +517,8 @@ pub fn network_policies() -> [NetworkPolicy; 2] {
                 )])),
                 match_expressions: None,
             },
-            &["Ingress", "Egress"],
+            &["Egress"],
+            None,
         ),
     ]
 }
@@ -493,6 +553,8 @@ mod tests {
                 labels: &labels,
                 env: &env,
                 agent_image: "corral-agent:9",
+                agent_port: 7150,
+                secret: &Secret::new([0xa5; 32]),
             },
         )
     }
@@ -665,22 +727,31 @@ mod tests {
                 "30000".into()
             ])
         );
+        assert_eq!((c.stdin, c.tty), (Some(false), Some(false)));
+        let port = &c.ports.as_ref().expect("ports")[0];
         assert_eq!(
-            (c.stdin, c.stdin_once, c.tty),
-            (Some(true), Some(false), Some(false))
+            (port.container_port, port.name.as_deref()),
+            (7150, Some(AGENT_PORT_NAME))
         );
         let m = &c.volume_mounts.as_ref().expect("mounts")[0];
         assert_eq!(
             (m.mount_path.as_str(), m.read_only),
             (AGENT_DIR, Some(true))
         );
+        let env: Vec<(String, String)> = c
+            .env
+            .as_ref()
+            .expect("env")
+            .iter()
+            .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+            .collect();
         assert_eq!(
-            c.env.as_ref().expect("env")[0],
-            EnvVar {
-                name: "A".into(),
-                value: Some("1".into()),
-                ..Default::default()
-            }
+            env,
+            vec![
+                ("A".to_string(), "1".to_string()),
+                (agent_auth::LISTEN_ENV.to_string(), "7150".to_string()),
+                (agent_auth::SECRET_ENV.to_string(), "a5".repeat(32)),
+            ]
         );
     }
 
@@ -728,7 +799,7 @@ mod tests {
             pod.metadata.labels.as_ref().expect("labels")[NETWORK_LABEL],
             "none"
         );
-        let [ingress, egress] = network_policies();
+        let [ingress, egress] = network_policies(7150, &["10.0.0.0/8".to_string()]);
         let sel = |p: &NetworkPolicy| {
             p.spec
                 .as_ref()
@@ -746,21 +817,38 @@ mod tests {
             sel(&ingress).match_expressions.expect("exprs")[0].key,
             labels::SANDBOX
         );
-        assert_eq!(
-            types(&egress),
-            vec!["Ingress".to_string(), "Egress".to_string()]
-        );
+        assert_eq!(types(&egress), vec!["Egress".to_string()]);
         assert_eq!(
             sel(&egress).match_labels.expect("labels")[NETWORK_LABEL],
             "none"
         );
-        for p in [&ingress, &egress] {
-            let s = p.spec.as_ref().expect("spec");
-            assert!(
-                s.ingress.is_none() && s.egress.is_none(),
-                "no rule allows anything"
-            );
-        }
+        // Inbound: only corral, only to the agent port.
+        let rules = ingress
+            .spec
+            .as_ref()
+            .and_then(|s| s.ingress.clone())
+            .expect("one ingress rule");
+        assert_eq!(rules.len(), 1);
+        let from = rules[0].from.clone().expect("from");
+        assert_eq!(
+            from[0]
+                .pod_selector
+                .as_ref()
+                .and_then(|s| s.match_labels.clone())
+                .expect("controller selector")[CONTROLLER_LABEL.0],
+            CONTROLLER_LABEL.1
+        );
+        assert_eq!(
+            from[1].ip_block.as_ref().map(|b| b.cidr.as_str()),
+            Some("10.0.0.0/8")
+        );
+        assert!(from[0].namespace_selector.is_none() && from[1].pod_selector.is_none());
+        let ports = rules[0].ports.clone().expect("ports");
+        assert_eq!(ports.len(), 1);
+        assert_eq!(ports[0].port, Some(IntOrString::Int(7150)));
+        // Outbound of network: none: nothing.
+        let e = egress.spec.as_ref().expect("spec");
+        assert!(e.egress.is_none() && e.ingress.is_none());
     }
 
     #[test]

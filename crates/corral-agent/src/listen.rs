@@ -1,0 +1,281 @@
+//! The agent's control stream over TCP, for engines with no attach to PID
+//! 1 (a Kubernetes pod reached over the pod network).
+//!
+//! Anything that can reach the port may connect, a command of the sandbox
+//! itself first of all (on loopback), so a connection is served only after
+//! the handshake of `corral_core::agent_auth` proved it holds the
+//! sandbox's secret. Only an authenticated connection feeds the dead-man
+//! switch; a stranger can neither keep an abandoned sandbox alive nor see
+//! or send a single frame.
+//!
+//! One controller at a time: an authenticated connection takes over from
+//! the one before it (corral reconnecting after its stream broke), whose
+//! session ends first, exactly as a new Hello ends the old session on
+//! stdin. Handshakes run on threads of their own with a deadline, at most
+//! [`MAX_PENDING`] at once, so a connection that sends nothing cannot hold
+//! the port; connections above that are closed at once.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use corral_core::agent_auth::{self, Secret, ANSWER_LEN, LEN, OPENING_LEN};
+
+use crate::control::lock;
+use crate::server::{Conn, Shared};
+use crate::writer::FrameWriter;
+
+/// Longest a connection may take to prove itself.
+const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Handshakes in progress at once.
+pub const MAX_PENDING: usize = 16;
+
+/// Small stacks for the handshake and session threads.
+const THREAD_STACK: usize = 256 * 1024;
+
+/// Where the agent listens and what proves a controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenOptions {
+    /// TCP port, on every address of the sandbox.
+    pub port: u16,
+    /// The sandbox's secret.
+    pub secret: Secret,
+}
+
+/// Reads the listening options from the agent's environment and removes
+/// them from it, so no command inherits the secret. `Ok(None)`: serve
+/// stdin. Must run before any thread exists (the environment is not
+/// thread-safe).
+pub fn take_from_env() -> Result<Option<ListenOptions>, String> {
+    let port = std::env::var(agent_auth::LISTEN_ENV).ok();
+    let secret = std::env::var(agent_auth::SECRET_ENV).ok();
+    std::env::remove_var(agent_auth::LISTEN_ENV);
+    std::env::remove_var(agent_auth::SECRET_ENV);
+    let Some(port) = port else {
+        return Ok(None);
+    };
+    let port = port
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| {
+            format!(
+                "invalid {} '{port}': expected a TCP port from 1 to 65535",
+                agent_auth::LISTEN_ENV
+            )
+        })?;
+    // Never listen without a secret: anyone on the pod network, and every
+    // command of the sandbox, could drive the agent.
+    let secret = secret.ok_or_else(|| {
+        format!(
+            "{} is set but {} is not: refusing to listen unauthenticated",
+            agent_auth::LISTEN_ENV,
+            agent_auth::SECRET_ENV
+        )
+    })?;
+    let secret = Secret::from_hex(&secret)
+        .map_err(|e| format!("invalid {}: {e}", agent_auth::SECRET_ENV))?;
+    Ok(Some(ListenOptions { port, secret }))
+}
+
+/// Binds the port on every address (IPv6 with IPv4 mapped, else IPv4).
+pub fn bind(port: u16) -> io::Result<TcpListener> {
+    TcpListener::bind(("::", port)).or_else(|_| TcpListener::bind(("0.0.0.0", port)))
+}
+
+/// The connection being served and a flag raised once its session ended.
+struct Current {
+    stream: TcpStream,
+    done: Arc<Done>,
+}
+
+#[derive(Default)]
+struct Done {
+    flag: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl Done {
+    fn set(&self) {
+        *lock(&self.flag) = true;
+        self.changed.notify_all();
+    }
+
+    fn wait(&self) {
+        let mut done = lock(&self.flag);
+        while !*done {
+            done = self
+                .changed
+                .wait(done)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+}
+
+struct Server {
+    conn: Conn,
+    writer: Arc<FrameWriter>,
+    secret: Secret,
+    current: Mutex<Option<Current>>,
+    pending: AtomicUsize,
+}
+
+/// Serves controllers connecting to `listener`; never returns unless the
+/// listener fails.
+pub fn serve(shared: Shared, listener: TcpListener, secret: Secret) -> io::Error {
+    // Until the first controller: frames have nowhere to go.
+    let sink = match std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
+    let writer = Arc::new(FrameWriter::new(sink));
+    let server = Arc::new(Server {
+        conn: Conn::new(shared, writer.clone()),
+        writer,
+        secret,
+        current: Mutex::new(None),
+        pending: AtomicUsize::new(0),
+    });
+    loop {
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if is_transient(&e) => continue,
+            Err(e) => return e,
+        };
+        if server.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING {
+            server.pending.fetch_sub(1, Ordering::AcqRel);
+            drop(stream);
+            continue;
+        }
+        let s = server.clone();
+        let spawned = std::thread::Builder::new()
+            .name("conn".into())
+            .stack_size(THREAD_STACK)
+            .spawn(move || s.handle(stream));
+        if spawned.is_err() {
+            server.pending.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Accept errors that concern one connection, not the listener.
+fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ECONNABORTED
+                | libc::EINTR
+                | libc::EMFILE
+                | libc::ENFILE
+                | libc::ENOBUFS
+                | libc::ENOMEM
+                | libc::EPROTO
+                | libc::EPERM
+        )
+    ) || e.kind() == io::ErrorKind::Interrupted
+}
+
+impl Server {
+    fn handle(&self, stream: TcpStream) {
+        let proved = handshake(&stream, &self.secret);
+        self.pending.fetch_sub(1, Ordering::AcqRel);
+        match proved {
+            Ok(true) => {}
+            Ok(false) => {
+                eprintln!("corral-agent: refused a connection that failed the handshake");
+                return;
+            }
+            // Timeouts, resets, strangers hanging up: nothing to say.
+            Err(_) => return,
+        }
+        let _ = stream.set_read_timeout(None);
+        let _ = stream.set_write_timeout(None);
+        let _ = stream.set_nodelay(true);
+        let done = match self.take_over(&stream) {
+            Ok(done) => done,
+            Err(e) => {
+                eprintln!("corral-agent: cannot serve a controller connection: {e}");
+                return;
+            }
+        };
+        self.conn.serve(stream);
+        done.set();
+    }
+
+    /// Makes `stream` the controller's: ends the session of the connection
+    /// before it (waiting until its commands are gone) and points the
+    /// writer at `stream`.
+    fn take_over(&self, stream: &TcpStream) -> io::Result<Arc<Done>> {
+        let mut current = lock(&self.current);
+        if let Some(old) = current.take() {
+            let _ = old.stream.shutdown(Shutdown::Both);
+            old.done.wait();
+        }
+        let out = stream.try_clone()?;
+        let keep = stream.try_clone()?;
+        self.writer
+            .replace_output(std::fs::File::from(OwnedFd::from(out)));
+        let done = Arc::new(Done::default());
+        *current = Some(Current {
+            stream: keep,
+            done: done.clone(),
+        });
+        Ok(done)
+    }
+}
+
+/// Runs the agent's side of the handshake on `stream`: true when the peer
+/// proved it holds `secret`.
+fn handshake(mut stream: &TcpStream, secret: &Secret) -> io::Result<bool> {
+    stream.set_read_timeout(Some(HANDSHAKE_DEADLINE))?;
+    stream.set_write_timeout(Some(HANDSHAKE_DEADLINE))?;
+    let mut opening = [0u8; OPENING_LEN];
+    stream.read_exact(&mut opening)?;
+    let Some(client) = agent_auth::parse_opening(&opening) else {
+        return Ok(false);
+    };
+    let agent = random_nonce()?;
+    let mut answer = [0u8; ANSWER_LEN];
+    answer[..LEN].copy_from_slice(&agent);
+    answer[LEN..].copy_from_slice(&secret.agent_proof(&client, &agent));
+    stream.write_all(&answer)?;
+    let mut proof = [0u8; LEN];
+    stream.read_exact(&mut proof)?;
+    Ok(secret.check_client(&client, &agent, &proof))
+}
+
+/// 32 bytes from the kernel's generator.
+fn random_nonce() -> io::Result<[u8; LEN]> {
+    let mut out = [0u8; LEN];
+    let mut filled = 0;
+    while filled < LEN {
+        // SAFETY: the pointer and length describe the unfilled tail of
+        // `out`, which outlives the call.
+        let n = unsafe { libc::getrandom(out[filled..].as_mut_ptr().cast(), LEN - filled, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        filled += n as usize;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nonces_are_fresh() {
+        let a = random_nonce().expect("getrandom");
+        let b = random_nonce().expect("getrandom");
+        assert_ne!(a, b);
+    }
+}
