@@ -4,6 +4,11 @@
 # against a real `corral serve` / `corral mcp`. Sets up what they need first
 # (a daemon, the offline test images, Podman's service, a Python venv at
 # target/pyenv). Extra arguments go to cargo test.
+#
+# The engine contract (corral_testing::contract) runs against the Docker
+# daemon here; its Kubernetes instantiation runs too when
+# CORRAL_TEST_KUBECONFIG names a cluster (see README, "The engine
+# contract"), and otherwise says each case is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-docker.sh

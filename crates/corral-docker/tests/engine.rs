@@ -1,5 +1,9 @@
-//! The engine against the real daemon: hardened sandboxes, commands through
-//! the agent, typed outcomes, and nothing left behind.
+//! What only the Docker engine has, against the real daemon: the pids
+//! limit, the hardened defaults as mounts and capabilities, spec options
+//! (binds, users, network), the disk limit, `FROM scratch` images, what
+//! `docker kill` and `docker rm -f` leave, gVisor. The engine-neutral
+//! cases (commands, stdin, the output cap, timeouts, OOM, recovery) are
+//! the shared contract in `tests/contract.rs`.
 
 mod common;
 
@@ -14,151 +18,6 @@ fn sh(script: &str) -> CommandSpec {
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).to_string()
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn runs_commands_with_exit_codes_and_separate_streams() {
-    let g = Guard::new("basic");
-    let b = backend().await;
-    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
-    let t = sb.timings();
-    assert!(t.total > t.start && t.first_command.is_none(), "{t:?}");
-    let r = sb.run(&sh("echo out; echo err >&2; exit 3")).await;
-    let first = sb
-        .timings()
-        .first_command
-        .expect("the first command is timed");
-    assert!(first >= r.duration, "{first:?} vs {:?}", r.duration);
-    assert_eq!(r.failure, None);
-    assert_eq!(r.exit_code, Some(3));
-    assert_eq!(text(&r.stdout), "out\n");
-    assert_eq!(text(&r.stderr), "err\n");
-    assert_eq!((r.stdout_total_bytes, r.stderr_total_bytes), (4, 4));
-    assert!(!r.stdout_truncated && !r.stderr_truncated);
-
-    // A genuine non-zero exit is not a failure; the sandbox stays usable.
-    let r = sb.run(&sh("false")).await;
-    assert_eq!((r.exit_code, r.failure), (Some(1), None));
-    let r = sb.run(&CommandSpec::argv(["echo", "direct", "argv"])).await;
-    assert_eq!(text(&r.stdout), "direct argv\n");
-
-    // cwd with ~ and per-command env.
-    let r = sb
-        .run(&sh("pwd; echo $GREETING").cwd("~").env("GREETING", "hi"))
-        .await;
-    assert_eq!(text(&r.stdout), "/root\nhi\n");
-    let r = sb.run(&sh("pwd").cwd("/nonexistent")).await;
-    assert_eq!(
-        r.failure.as_ref().map(|f| f.kind),
-        Some(FailureKind::SpawnFailed),
-        "{r:?}"
-    );
-    assert!(r
-        .failure
-        .as_ref()
-        .is_some_and(|f| f.message.contains("/nonexistent")));
-
-    sb.destroy().await.expect("destroy");
-    g.assert_clean();
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn stdin_is_forwarded_and_absent_stdin_is_eof() {
-    let g = Guard::new("stdin");
-    let b = backend().await;
-    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
-    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
-    let r = sb.run(&sh("cat").stdin(data.clone())).await;
-    assert_eq!(r.failure, None);
-    assert_eq!(r.stdout, data);
-    // No stdin: cat sees EOF at once instead of hanging until the timeout.
-    let r = sb
-        .run(&sh("cat; echo done").timeout(Duration::from_secs(20)))
-        .await;
-    assert_eq!(r.failure, None);
-    assert_eq!(text(&r.stdout), "done\n");
-    sb.destroy().await.expect("destroy");
-    g.assert_clean();
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn output_is_capped_head_and_tail_and_binary_safe() {
-    let g = Guard::new("output");
-    let b = backend().await;
-    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
-    // 50 MB of output against a 1 MiB budget.
-    let r = sb
-        .run(&sh("head -c 50000000 /dev/zero | tr '\\000' a; printf END").max_output(1 << 20))
-        .await;
-    assert_eq!(r.failure, None);
-    assert!(r.stdout_truncated);
-    assert_eq!(r.stdout_total_bytes, 50_000_003);
-    assert_eq!(r.stdout.len(), 1 << 20);
-    assert!(r.stdout.ends_with(b"aaaEND"));
-
-    // Binary, invalid UTF-8, NULs: passed through exactly.
-    let r = sb.run(&sh("printf '\\377\\000\\001\\303('")).await;
-    assert_eq!(r.stdout, [0xff, 0x00, 0x01, 0xc3, 0x28]);
-
-    // Budget 0 keeps nothing but still counts.
-    let r = sb.run(&sh("echo hello").max_output(0)).await;
-    assert!(r.stdout.is_empty() && r.stdout_truncated);
-    assert_eq!(r.stdout_total_bytes, 6);
-    sb.destroy().await.expect("destroy");
-    g.assert_clean();
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn timeout_kills_the_whole_process_tree() {
-    let g = Guard::new("timeout");
-    let b = backend().await;
-    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
-    let cmd = CommandSpec::shell("sleep 300 & (sleep 301 &) ; setsid sleep 302 & sleep 303")
-        .timeout(Duration::from_millis(800));
-    let r = sb.run(&cmd).await;
-    let f = r.failure.expect("timed out");
-    assert_eq!(f.kind, FailureKind::Timeout);
-    assert!(!f.retryable());
-    assert!(f.message.contains(sb.id()), "{}", f.message);
-    // Nothing of the tree survives, not even the setsid'd or double-forked ones.
-    let r = sb
-        .run(&sh(
-            "ps -o pid,comm,args | grep 'sleep 30' | grep -v grep; true",
-        ))
-        .await;
-    assert_eq!(text(&r.stdout), "", "survivors: {}", text(&r.stdout));
-
-    // A background child holding stdout open does not keep the command alive.
-    let r = sb
-        .run(&sh("sleep 100 & echo hi").timeout(Duration::from_secs(30)))
-        .await;
-    assert_eq!(r.failure, None);
-    assert_eq!(text(&r.stdout), "hi\n");
-    sb.destroy().await.expect("destroy");
-    g.assert_clean();
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn oom_kill_is_attributed_to_the_command() {
-    let g = Guard::new("oom");
-    let b = backend().await;
-    let mut spec = g.spec(BUSYBOX);
-    spec.limits.memory = Some(64 << 20);
-    let sb = b.create(&spec).await.expect("create");
-    let r = sb
-        .run(&sh("dd if=/dev/zero of=/dev/null bs=200M count=1"))
-        .await;
-    let f = r.failure.expect("oom");
-    assert_eq!(f.kind, FailureKind::OomKilled, "{f}");
-    assert!(f.message.contains("64m"), "{}", f.message);
-    // The sandbox survives an OOM of one command.
-    let r = sb.run(&sh("echo alive")).await;
-    assert_eq!(text(&r.stdout), "alive\n");
-    // A plain non-zero exit after an OOM is not mistaken for one.
-    let r = sb.run(&sh("exit 137")).await;
-    assert_eq!((r.exit_code, r.failure), (Some(137), None));
-    sb.destroy().await.expect("destroy");
-    g.assert_clean();
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -381,108 +240,46 @@ async fn scratch_images_run_the_agent() {
     g.assert_clean();
 }
 
+/// What `docker kill` and `docker rm -f` leave is told apart in the
+/// failure's state: exited 137, or removed. (The engine-neutral
+/// `container_lost` cases are in the shared contract, `tests/contract.rs`.)
 #[tokio::test(flavor = "multi_thread")]
-async fn commands_multiplex_on_one_sandbox() {
-    let g = Guard::new("multiplex");
-    let b = backend().await;
-    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
-    let runs = (0..24).map(|i| {
-        let sb = sb.clone();
-        async move {
-            (
-                i,
-                sb.run(&sh(&format!("sleep 0.$((RANDOM % 3)); echo {i}")))
-                    .await,
-            )
-        }
-    });
-    for (i, r) in futures_util::future::join_all(runs).await {
-        assert_eq!(r.failure, None);
-        assert_eq!(text(&r.stdout), format!("{i}\n"));
-    }
-    // Short-lived background children are reaped: no zombies accumulate.
-    sb.run(&sh(
-        "for i in 1 2 3 4 5; do (sleep 0.05 &) ; done; sleep 0.01",
-    ))
-    .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let r = sb.run(&sh("ps -o stat,comm | grep '^Z' ; true")).await;
-    assert_eq!(text(&r.stdout), "", "zombies: {}", text(&r.stdout));
-    sb.destroy().await.expect("destroy");
-    g.assert_clean();
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn container_removed_out_of_band_is_container_lost() {
-    let g = Guard::new("removed");
-    let b = backend().await;
-    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
-    let running = {
-        let sb = sb.clone();
-        tokio::spawn(async move { sb.run(&sh("sleep 60")).await })
-    };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    docker(&["rm", "-f", &sb.container_id()]);
-    let r = running.await.expect("join");
-    let f = r.failure.expect("lost");
-    assert_eq!(f.kind, FailureKind::ContainerLost, "{f}");
-    assert!(f.retryable());
-    assert!(f.message.contains(sb.id()), "{}", f.message);
-    assert_eq!(
-        f.container.map(|c| c.status.to_string()),
-        Some("removed".to_string())
-    );
-    // Later commands say the same, at once.
-    let r = sb.run(&sh("true")).await;
-    assert_eq!(r.failure.map(|f| f.kind), Some(FailureKind::ContainerLost));
-    sb.destroy()
-        .await
-        .expect("destroy of a removed container is fine");
-    g.assert_clean();
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn container_killed_out_of_band_reports_its_state() {
+async fn container_killed_or_removed_out_of_band_reports_its_state() {
     let g = Guard::new("killed");
     let b = backend().await;
-    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
-    let running = {
+    let spec = g.spec(BUSYBOX);
+    let (killed, removed) = tokio::join!(b.create(&spec), b.create(&spec));
+    let (killed, removed) = (killed.expect("create"), removed.expect("create"));
+    let running = |sb: &corral::Sandbox| {
         let sb = sb.clone();
         tokio::spawn(async move { sb.run(&sh("sleep 60")).await })
     };
+    let (on_killed, on_removed) = (running(&killed), running(&removed));
     tokio::time::sleep(Duration::from_millis(500)).await;
-    docker(&["kill", &sb.container_id()]);
-    let r = running.await.expect("join");
+    docker(&["kill", &killed.container_id()]);
+    docker(&["rm", "-f", &removed.container_id()]);
+
+    let r = on_killed.await.expect("join");
     let f = r.failure.expect("lost");
     assert_eq!(f.kind, FailureKind::ContainerLost, "{f}");
     let state = f.container.expect("state attached");
     assert_eq!(state.status, "exited");
     assert_eq!(state.exit_code, Some(137));
     assert!(!state.oom_killed);
-    sb.destroy().await.expect("destroy");
-    g.assert_clean();
-}
 
-#[tokio::test(flavor = "multi_thread")]
-async fn pid1_oom_is_reported_as_oom_killed() {
-    let g = Guard::new("pid1oom");
-    let b = backend().await;
-    let mut spec = g.spec(BUSYBOX);
-    spec.limits.memory = Some(48 << 20);
-    let sb = b.create(&spec).await.expect("create");
-    // Commands run at oom_score_adj 500; PID 1 is raised to 1000 and several
-    // allocators, each well under half the limit, exhaust memory together:
-    // the kernel picks PID 1 and the whole sandbox dies.
-    let r = sb
-        .run(&sh("echo 1000 > /proc/1/oom_score_adj; \
-                  for i in 1 2 3 4 5 6; do dd if=/dev/zero of=/dev/null bs=10M count=2000 & done; wait"))
-        .await;
-    let f = r.failure.expect("failure");
-    assert_eq!(f.kind, FailureKind::OomKilled, "{f}");
-    assert!(!f.retryable());
-    let state = f.container.expect("container state attached");
-    assert!(state.oom_killed && state.status == "exited", "{state:?}");
-    sb.destroy().await.expect("destroy");
+    let r = on_removed.await.expect("join");
+    let f = r.failure.expect("lost");
+    assert_eq!(f.kind, FailureKind::ContainerLost, "{f}");
+    assert!(f.message.contains(removed.id()), "{}", f.message);
+    assert_eq!(
+        f.container.map(|c| c.status.to_string()),
+        Some("removed".to_string())
+    );
+    killed.destroy().await.expect("destroy");
+    removed
+        .destroy()
+        .await
+        .expect("destroy of a removed container is fine");
     g.assert_clean();
 }
 

@@ -1,5 +1,7 @@
-//! The provider on the real daemon: session keys, warm pools, LRU and idle
-//! eviction, auto-restart, reuse, shutdown.
+//! The provider on the real daemon: LRU and idle eviction, auto-restart
+//! after `docker rm -f` and `docker kill`, reuse, persistent sessions.
+//! Session keys and warm pools are cases of the shared contract in
+//! `tests/contract.rs`.
 
 mod common;
 
@@ -17,83 +19,6 @@ fn text(b: &[u8]) -> String {
 
 fn sh(script: &str) -> CommandSpec {
     CommandSpec::shell(script).timeout(Duration::from_secs(30))
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn same_key_same_sandbox_until_released() {
-    let g = Guard::new("prov-keys");
-    let p = Provider::new(backend().await, ProviderConfig::default());
-    let spec = g.spec(BUSYBOX);
-    let a1 = p.acquire_spec("episode-1", &spec).await.expect("acquire");
-    a1.run(&sh("echo state > /tmp/s")).await;
-    let id = a1.id().to_string();
-    drop(a1);
-    let a2 = p
-        .acquire_spec("episode-1", &spec)
-        .await
-        .expect("acquire again");
-    assert_eq!(a2.id(), id);
-    assert_eq!(text(&a2.run(&sh("cat /tmp/s")).await.stdout), "state\n");
-    let b = p.acquire_spec("episode-2", &spec).await.expect("other key");
-    assert_ne!(b.id(), id);
-    drop((a2, b));
-    p.release("episode-1").await.expect("release");
-    let a3 = p
-        .acquire_spec("episode-1", &spec)
-        .await
-        .expect("after release");
-    assert_ne!(a3.id(), id, "a released key gets a fresh sandbox");
-    drop(a3);
-    p.release("never-acquired")
-        .await
-        .expect("unknown keys are fine");
-    p.shutdown().await;
-    g.assert_clean();
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn warm_pool_hands_over_started_sandboxes_and_refills() {
-    let g = Guard::new("prov-warm");
-    let cfg = ProviderConfig {
-        pools: BTreeMap::from([(
-            "py".to_string(),
-            PoolConfig {
-                spec: g.spec(BUSYBOX),
-                warm: 2,
-                ..PoolConfig::default()
-            },
-        )]),
-        reap_interval_ms: 100,
-        ..ProviderConfig::default()
-    };
-    let p = Provider::new(backend().await, cfg);
-    assert!(
-        p.wait_warm("py", Duration::from_secs(60)).await,
-        "pool never filled"
-    );
-    let before: Vec<String> = g.remaining();
-    let lease = p.acquire("rollout-1", "py").await.expect("acquire");
-    let cid: String = lease.container_id().chars().take(12).collect();
-    assert!(
-        before.contains(&cid),
-        "the sandbox was started before the acquire"
-    );
-    assert_eq!(text(&lease.run(&sh("echo warm")).await.stdout), "warm\n");
-    let s = p.stats();
-    assert_eq!((s.pool_hits, s.pool_misses), (1, 0));
-    // The pool refills behind the hand-over.
-    assert!(
-        p.wait_warm("py", Duration::from_secs(60)).await,
-        "pool never refilled"
-    );
-    drop(lease);
-    let e = p.acquire("x", "nope").await.err().expect("unknown pool");
-    assert!(
-        e.to_string().contains("nope") && e.to_string().contains("py"),
-        "{e}"
-    );
-    p.shutdown().await;
-    g.assert_clean();
 }
 
 #[tokio::test(flavor = "multi_thread")]

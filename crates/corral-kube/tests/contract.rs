@@ -1,8 +1,9 @@
-//! The engine contract against a real cluster: the cases the Docker
-//! backend passes (echo, exit codes, stdin, a timeout killing a tree, OOM
-//! typed, the output cap, a lost pod under `fail` and `recreate`, files,
-//! shells, refusals, no leaks), run through the runtime over
-//! [`KubeBackend`].
+//! The engine contract against a real cluster: the shared cases of
+//! `corral_testing::contract` (the ones the Docker backend passes: echo,
+//! exit codes, stdin, a timeout killing a tree, OOM typed, the output cap,
+//! a lost pod under `fail` and `recreate`, files, shells, pools, no
+//! leaks), run through the runtime over [`KubeBackend`], and the cases
+//! only Kubernetes has (refusals typed, the backend's own pod life).
 //!
 //! Runs against whatever cluster `CORRAL_TEST_KUBECONFIG` names (a
 //! kubeconfig file), in namespace `CORRAL_TEST_KUBE_NAMESPACE` (default
@@ -17,103 +18,170 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use corral::{FileOptions, Runtime, RuntimeConfig};
+use corral::{Runtime, RuntimeConfig};
 use corral_core::backend::{Backend, OnDeath, StartRequest};
-use corral_core::policy::Recovery;
-use corral_core::{CommandSpec, ContainerStatus, Error, FailureKind, Network, SandboxSpec};
+use corral_core::{ContainerStatus, Error, Network, SandboxSpec};
 use corral_kube::{KubeBackend, KubeConfig};
+use corral_testing::contract::{BoxFuture, Target, TEST_LABEL};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams};
 use kube::Api;
 
-/// The cluster under test, or `None` after saying why it is skipped.
-async fn cluster(test: &str) -> Option<(Runtime, KubeBackend)> {
-    let Some(kubeconfig) = std::env::var("CORRAL_TEST_KUBECONFIG")
-        .ok()
-        .filter(|v| !v.is_empty())
-    else {
-        // Straight to stderr: the test harness captures eprintln!, and a
-        // skip must be seen.
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped {test}: CORRAL_TEST_KUBECONFIG is not set, so there is no cluster to run \
-             the Kubernetes contract against"
-        );
-        return None;
-    };
-    let config = KubeConfig {
-        kubeconfig: Some(kubeconfig),
-        namespace: Some(
-            std::env::var("CORRAL_TEST_KUBE_NAMESPACE").unwrap_or_else(|_| "corral-test".into()),
-        ),
-        agent_image: std::env::var("CORRAL_TEST_KUBE_AGENT_IMAGE")
-            .unwrap_or_else(|_| corral_kube::default_agent_image()),
-        ..KubeConfig::default()
-    };
-    let backend = KubeBackend::connect(&config)
-        .await
-        .expect("CORRAL_TEST_KUBECONFIG names a cluster that answers");
-    let runtime = Runtime::new(
-        Arc::new(backend.clone()),
-        RuntimeConfig {
-            shared_slots: false,
-            reap_orphans: false,
-            ..RuntimeConfig::default()
-        },
-    );
-    Some((runtime, backend))
+/// The cluster under test: a runtime over a [`KubeBackend`], and the
+/// backend itself for what only Kubernetes has.
+struct Kube {
+    runtime: Runtime,
+    backend: KubeBackend,
 }
+
+impl Kube {
+    /// The cluster `CORRAL_TEST_KUBECONFIG` names, or `None` after saying
+    /// why `test` is skipped.
+    async fn connect(test: &str) -> Option<Kube> {
+        let Some(kubeconfig) = std::env::var("CORRAL_TEST_KUBECONFIG")
+            .ok()
+            .filter(|v| !v.is_empty())
+        else {
+            // Straight to stderr: the test harness captures eprintln!, and a
+            // skip must be seen.
+            let _ = writeln!(
+                std::io::stderr(),
+                "skipped {test}: CORRAL_TEST_KUBECONFIG is not set, so there is no cluster to \
+                 run the Kubernetes contract against"
+            );
+            return None;
+        };
+        let config = KubeConfig {
+            kubeconfig: Some(kubeconfig),
+            namespace: Some(
+                std::env::var("CORRAL_TEST_KUBE_NAMESPACE")
+                    .unwrap_or_else(|_| "corral-test".into()),
+            ),
+            agent_image: std::env::var("CORRAL_TEST_KUBE_AGENT_IMAGE")
+                .unwrap_or_else(|_| corral_kube::default_agent_image()),
+            ..KubeConfig::default()
+        };
+        let backend = KubeBackend::connect(&config)
+            .await
+            .expect("CORRAL_TEST_KUBECONFIG names a cluster that answers");
+        let runtime = Runtime::new(
+            Arc::new(backend.clone()),
+            RuntimeConfig {
+                shared_slots: false,
+                reap_orphans: false,
+                ..RuntimeConfig::default()
+            },
+        );
+        Some(Kube { runtime, backend })
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.backend.client().clone(), self.backend.namespace())
+    }
+
+    /// The pods labelled `corraltest=<label>`, being deleted or not.
+    async fn pods_labelled(&self, label: &str) -> Vec<String> {
+        let list = self
+            .pods()
+            .list(&ListParams::default().labels(&format!("{TEST_LABEL}={label}")))
+            .await
+            .expect("list pods");
+        list.items
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect()
+    }
+
+    /// Asserts the test left no pod behind (deletion is asynchronous on a
+    /// cluster: a pod may take a moment to go).
+    async fn assert_clean(&self, test: &str) {
+        let until = Instant::now() + self.removal_grace();
+        loop {
+            let left = self.pods_labelled(test).await;
+            if left.is_empty() {
+                return;
+            }
+            assert!(Instant::now() < until, "test {test} leaked pods: {left:?}");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Deletes a pod out of band, as an operator or the cluster would.
+    async fn delete_pod(&self, name: &str) {
+        self.pods()
+            .delete(
+                name,
+                &DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("delete the pod out of band");
+    }
+}
+
+impl Target for Kube {
+    fn engine(&self) -> &'static str {
+        "Kubernetes"
+    }
+
+    fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// The hardened spec less what a pod cannot express (no per-pod pids
+    /// limit, no tmpfs options).
+    fn base_spec(&self) -> SandboxSpec {
+        let mut spec = SandboxSpec::new(image());
+        spec.limits.pids = None;
+        for t in &mut spec.tmpfs {
+            t.options.clear();
+        }
+        spec
+    }
+
+    fn leftovers<'a>(&'a self, label: &'a str) -> BoxFuture<'a, Vec<String>> {
+        Box::pin(self.pods_labelled(label))
+    }
+
+    fn sweep<'a>(&'a self, label: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            for pod in self.pods_labelled(label).await {
+                let _ = self
+                    .pods()
+                    .delete(
+                        &pod,
+                        &DeleteParams {
+                            grace_period_seconds: Some(0),
+                            ..Default::default()
+                        },
+                    )
+                    .await;
+            }
+        })
+    }
+
+    fn removal_grace(&self) -> Duration {
+        Duration::from_secs(30)
+    }
+}
+
+async fn kube(case: &str) -> Option<Box<dyn Target>> {
+    Some(Box::new(Kube::connect(case).await?))
+}
+
+corral_testing::contract_suite!(kube);
 
 fn image() -> String {
     std::env::var("CORRAL_TEST_KUBE_IMAGE").unwrap_or_else(|_| "corral-test/busybox:latest".into())
 }
 
-/// The hardened spec less what a pod cannot express (no per-pod pids
-/// limit, no tmpfs options), labelled for the test.
-fn spec(test: &str) -> SandboxSpec {
-    let mut spec = SandboxSpec::new(image());
-    spec.limits.pids = None;
-    for t in &mut spec.tmpfs {
-        t.options.clear();
-    }
-    spec.labels.insert("corraltest".into(), test.into());
+/// The base spec labelled for a Kubernetes-only test.
+fn spec(k: &Kube, test: &str) -> SandboxSpec {
+    let mut spec = k.base_spec();
+    spec.labels.insert(TEST_LABEL.into(), test.into());
     spec
-}
-
-fn sh(script: &str) -> CommandSpec {
-    CommandSpec::shell(script).timeout(Duration::from_secs(60))
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).to_string()
-}
-
-/// The pods a test still has.
-async fn remaining(backend: &KubeBackend, test: &str) -> Vec<String> {
-    let pods: Api<Pod> = Api::namespaced(backend.client().clone(), backend.namespace());
-    let list = pods
-        .list(&ListParams::default().labels(&format!("corraltest={test}")))
-        .await
-        .expect("list pods");
-    list.items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter_map(|p| p.metadata.name)
-        .collect()
-}
-
-/// Asserts the test left no pod behind (deletion is asynchronous on a
-/// cluster: a pod may take a moment to go).
-async fn assert_clean(backend: &KubeBackend, test: &str) {
-    let until = Instant::now() + Duration::from_secs(30);
-    loop {
-        let left = remaining(backend, test).await;
-        if left.is_empty() {
-            return;
-        }
-        assert!(Instant::now() < until, "test {test} leaked pods: {left:?}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// The error of a create that must fail; a sandbox made anyway is removed.
@@ -127,235 +195,30 @@ async fn create_err(rt: &Runtime, spec: &SandboxSpec) -> Error {
     }
 }
 
-/// Deletes a pod out of band, as an operator or the cluster would.
-async fn delete_pod(backend: &KubeBackend, name: &str) {
-    let pods: Api<Pod> = Api::namespaced(backend.client().clone(), backend.namespace());
-    pods.delete(
-        name,
-        &DeleteParams {
-            grace_period_seconds: Some(0),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("delete the pod out of band");
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn runs_commands_with_exit_codes_and_separate_streams() {
-    let test = "k-basic";
-    let Some((rt, backend)) = cluster(test).await else {
-        return;
-    };
-    let t = Instant::now();
-    let sb = rt.create(&spec(test)).await.expect("create");
-    eprintln!("{test}: sandbox ready in {:?}", t.elapsed());
-    let r = sb.run(&sh("echo out; echo err >&2; exit 3")).await;
-    assert_eq!(r.failure, None, "{r:?}");
-    assert_eq!(r.exit_code, Some(3));
-    assert_eq!(text(&r.stdout), "out\n");
-    assert_eq!(text(&r.stderr), "err\n");
-    let r = sb.run(&sh("false")).await;
-    assert_eq!((r.exit_code, r.failure), (Some(1), None));
-    let r = sb.run(&CommandSpec::argv(["echo", "direct", "argv"])).await;
-    assert_eq!(text(&r.stdout), "direct argv\n");
-    let r = sb.run(&sh("echo $GREETING").env("GREETING", "hi")).await;
-    assert_eq!(text(&r.stdout), "hi\n");
-    // The agent is PID 1 and its directory is read-only.
-    let r = sb
-        .run(&sh(
-            "cat /proc/1/cmdline | tr '\\0' ' '; touch /.corral/x 2>/dev/null || echo ro",
-        ))
-        .await;
-    assert!(
-        text(&r.stdout).starts_with("/.corral/corral-agent init"),
-        "{r:?}"
-    );
-    assert!(text(&r.stdout).ends_with("ro\n"), "{r:?}");
-    sb.destroy().await.expect("destroy");
-    assert_clean(&backend, test).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn stdin_is_forwarded_and_absent_stdin_is_eof() {
-    let test = "k-stdin";
-    let Some((rt, backend)) = cluster(test).await else {
-        return;
-    };
-    let sb = rt.create(&spec(test)).await.expect("create");
-    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
-    let r = sb.run(&sh("cat").stdin(data.clone())).await;
-    assert_eq!(r.failure, None, "{:?}", r.failure);
-    assert!(
-        r.stdout == data,
-        "stdin came back changed ({} bytes)",
-        r.stdout.len()
-    );
-    let r = sb
-        .run(&sh("cat; echo done").timeout(Duration::from_secs(20)))
-        .await;
-    assert_eq!(r.failure, None);
-    assert_eq!(text(&r.stdout), "done\n");
-    sb.destroy().await.expect("destroy");
-    assert_clean(&backend, test).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn output_is_capped_and_a_timeout_kills_the_tree() {
-    let test = "k-cap";
-    let Some((rt, backend)) = cluster(test).await else {
-        return;
-    };
-    let sb = rt.create(&spec(test)).await.expect("create");
-    let r = sb
-        .run(&sh("head -c 5000000 /dev/zero | tr '\\000' a; printf END").max_output(1 << 20))
-        .await;
-    assert_eq!(r.failure, None);
-    assert!(r.stdout_truncated);
-    assert_eq!(r.stdout_total_bytes, 5_000_003);
-    assert_eq!(r.stdout.len(), 1 << 20);
-    assert!(r.stdout.ends_with(b"aaaEND"));
-
-    let cmd = CommandSpec::shell("sleep 300 & (sleep 301 &) ; setsid sleep 302 & sleep 303")
-        .timeout(Duration::from_millis(800));
-    let r = sb.run(&cmd).await;
-    assert_eq!(r.failure.map(|f| f.kind), Some(FailureKind::Timeout));
-    let r = sb
-        .run(&sh(
-            "ps -o pid,comm,args | grep 'sleep 30' | grep -v grep; true",
-        ))
-        .await;
-    assert_eq!(text(&r.stdout), "", "survivors: {}", text(&r.stdout));
-    sb.destroy().await.expect("destroy");
-    assert_clean(&backend, test).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn oom_kill_is_typed() {
-    let test = "k-oom";
-    let Some((rt, backend)) = cluster(test).await else {
-        return;
-    };
-    let mut s = spec(test);
-    s.limits.memory = Some(64 << 20);
-    let sb = rt.create(&s).await.expect("create");
-    let r = sb
-        .run(&sh("dd if=/dev/zero of=/dev/null bs=200M count=1"))
-        .await;
-    let f = r.failure.expect("oom");
-    assert_eq!(f.kind, FailureKind::OomKilled, "{f}");
-    let r = sb.run(&sh("echo alive")).await;
-    assert_eq!(text(&r.stdout), "alive\n");
-    sb.destroy().await.expect("destroy");
-    assert_clean(&backend, test).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_pod_deleted_out_of_band_is_container_lost_under_fail() {
-    let test = "k-lost";
-    let Some((rt, backend)) = cluster(test).await else {
-        return;
-    };
-    let mut s = spec(test);
-    s.recovery = Recovery::Fail;
-    let sb = rt.create(&s).await.expect("create");
-    let running = {
-        let sb = sb.clone();
-        tokio::spawn(async move { sb.run(&sh("sleep 60")).await })
-    };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    delete_pod(&backend, &sb.container_id()).await;
-    let r = running.await.expect("join");
-    let f = r.failure.expect("lost");
-    assert_eq!(f.kind, FailureKind::ContainerLost, "{f}");
-    assert!(f.retryable());
-    let r = sb.run(&sh("true")).await;
-    assert_eq!(r.failure.map(|f| f.kind), Some(FailureKind::ContainerLost));
-    sb.destroy()
-        .await
-        .expect("destroy of a deleted pod is fine");
-    assert_clean(&backend, test).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_pod_deleted_out_of_band_is_replaced_under_recreate() {
-    let test = "k-recreate";
-    let Some((rt, backend)) = cluster(test).await else {
-        return;
-    };
-    let mut s = spec(test);
-    s.recovery = Recovery::Recreate;
-    let sb = rt.create(&s).await.expect("create");
-    let first = sb.container_id();
-    delete_pod(&backend, &first).await;
-    let r = sb.run(&sh("echo again")).await;
-    assert_eq!(r.failure, None, "{r:?}");
-    assert_eq!(text(&r.stdout), "again\n");
-    assert_ne!(sb.container_id(), first, "a new pod");
-    sb.destroy().await.expect("destroy");
-    assert_clean(&backend, test).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn files_and_shells_work() {
-    let test = "k-files";
-    let Some((rt, backend)) = cluster(test).await else {
-        return;
-    };
-    let sb = rt.create(&spec(test)).await.expect("create");
-    let data: Vec<u8> = (0..70_000u32).map(|i| (i % 256) as u8).collect();
-    let opts = FileOptions::default();
-    sb.write_file("/tmp/data.bin", &data, &opts)
-        .await
-        .expect("write");
-    let back = sb.read_file("/tmp/data.bin", &opts).await.expect("read");
-    assert!(back == data, "read back {} bytes", back.len());
-    let missing = sb.read_file("/tmp/nope", &opts).await.expect_err("missing");
-    assert!(
-        matches!(missing, corral::FileError::NotFound { .. }),
-        "{missing}"
-    );
-
-    let shell = sb.shell("main");
-    let t = Some(Duration::from_secs(30));
-    let r = shell.run("cd /tmp && X=42", t, 1 << 20).await;
-    assert_eq!(r.result.exit_code, Some(0), "{:?}", r.result);
-    let r = shell.run("echo $X $(pwd)", t, 1 << 20).await;
-    assert_eq!(text(&r.result.stdout), "42 /tmp\n");
-    sb.destroy().await.expect("destroy");
-    assert_clean(&backend, test).await;
-}
-
+/// What a pod cannot express, and what no node can hold, is refused
+/// typed, naming the field, and leaves no pod. (A missing image is a
+/// shared contract case.)
 #[tokio::test(flavor = "multi_thread")]
 async fn refusals_are_typed_and_leave_nothing() {
-    let test = "k-refuse";
-    let Some((rt, backend)) = cluster(test).await else {
+    let Some(k) = Kube::connect("refusals_are_typed_and_leave_nothing").await else {
         return;
     };
+    let test = format!("k-refuse-{}", std::process::id());
     // The unmodified hardened default asks for a pids limit.
     let mut s = SandboxSpec::new(image());
-    s.labels.insert("corraltest".into(), test.into());
-    let e = create_err(&rt, &s).await;
+    s.labels.insert(TEST_LABEL.into(), test.clone());
+    let e = create_err(&k.runtime, &s).await;
     assert!(matches!(e, Error::Unsupported { .. }), "{e}");
     assert!(e.to_string().contains("limits.pids"), "{e}");
 
-    let mut s = spec(test);
-    s.image = "corral-test/does-not-exist:1".into();
-    let e = create_err(&rt, &s).await;
-    assert_eq!(e.kind(), FailureKind::ImageNotFound, "{e}");
-    assert!(
-        e.to_string().contains("corral-test/does-not-exist:1"),
-        "{e}"
-    );
-
-    let mut s = spec(test);
+    let mut s = spec(&k, &test);
     s.network = Network::None;
     s.limits.memory = Some(u64::MAX / 2);
     // No node has 4 EiB: the scheduler's refusal, typed and retryable.
-    let e = create_err(&rt, &s).await;
+    let e = create_err(&k.runtime, &s).await;
     assert!(matches!(e, Error::Capacity { .. }), "{e}");
     assert!(e.retryable());
-    assert_clean(&backend, test).await;
+    k.assert_clean(&test).await;
 }
 
 /// The backend's own operations, below the runtime: a pod is made and
@@ -363,11 +226,12 @@ async fn refusals_are_typed_and_leave_nothing() {
 /// watch fires when it is deleted out of band, and removal is final.
 #[tokio::test(flavor = "multi_thread")]
 async fn pods_are_made_run_listed_watched_and_removed() {
-    let test = "k-pod";
-    let Some((rt, backend)) = cluster(test).await else {
+    let Some(k) = Kube::connect("pods_are_made_run_listed_watched_and_removed").await else {
         return;
     };
-    let s = spec(test);
+    let test = format!("k-pod-{}", std::process::id());
+    let (rt, backend) = (&k.runtime, &k.backend);
+    let s = spec(&k, &test);
     let id = format!("sb-{}", std::process::id());
     let owner = rt.owner().clone();
     let labels = [(corral_core::labels::SANDBOX.to_string(), id.clone())]
@@ -409,8 +273,8 @@ async fn pods_are_made_run_listed_watched_and_removed() {
         Some(&"ab".repeat(32))
     );
     assert_eq!(
-        info.labels.get("corraltest").map(String::as_str),
-        Some(test)
+        info.labels.get(TEST_LABEL).map(String::as_str),
+        Some(test.as_str())
     );
     assert_eq!(info.state, ContainerStatus::Running);
 
@@ -419,7 +283,7 @@ async fn pods_are_made_run_listed_watched_and_removed() {
         let _ = tx.send(how);
     });
     backend.watch(&placement, on_death);
-    delete_pod(&backend, placement.id()).await;
+    k.delete_pod(placement.id()).await;
     let how = tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(60)))
         .await
         .expect("join")
@@ -439,5 +303,5 @@ async fn pods_are_made_run_listed_watched_and_removed() {
         .remove(&placement, &id)
         .await
         .expect("removing a pod already gone is success");
-    assert_clean(&backend, test).await;
+    k.assert_clean(&test).await;
 }

@@ -11,10 +11,15 @@
 //! Docker daemon cannot easily give (a control stream cut mid-frame, a
 //! start that hangs, a connect that fails) can be injected ([`Faults`]).
 //!
+//! [`contract`] is the engine contract: one suite of cases run through
+//! the runtime against every real backend (each backend's test file
+//! expands [`contract_suite!`] over a [`contract::Target`]).
+//!
 //! Never use it for untrusted code, and never wire it into a front end:
 //! no production crate depends on this one (it is `publish = false` and
 //! only ever a dev-dependency).
 
+pub mod contract;
 mod local;
 
 pub use local::{Faults, LocalConfig, LocalProcessBackend, UNSAFE_NOT_A_SANDBOX};

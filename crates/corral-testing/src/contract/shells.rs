@@ -1,25 +1,19 @@
-//! Shell sessions on the real daemon: state persists, every command still
-//! gets its own exit code, timeout, cap and typed failure.
-
-mod common;
+//! Contract cases for shell sessions: state persists, every command
+//! still gets its own exit code, timeout, cap and typed failure.
 
 use std::time::Duration;
 
-use common::{backend, Guard, BUSYBOX};
-use corral_core::FailureKind;
+use corral::FailureKind;
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).to_string()
-}
+use super::{text, Case};
 
 const T: Option<Duration> = Some(Duration::from_secs(30));
 const CAP: u64 = 1 << 20;
 
-#[tokio::test(flavor = "multi_thread")]
-async fn state_persists_between_commands() {
-    let g = Guard::new("shell-state");
-    let b = backend().await;
-    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
+/// A shell keeps cwd, variables and functions between commands, and
+/// every command still gets its own exit code and streams.
+pub async fn shell_state_persists_between_commands(c: &Case) {
+    let sb = c.create(&c.spec()).await;
     let sh = sb.shell("main");
     let r = sh
         .run(
@@ -53,14 +47,12 @@ async fn state_persists_between_commands() {
     let r = sh.run("cat; echo after-cat", T, CAP).await;
     assert_eq!(text(&r.result.stdout), "after-cat\n");
     sb.destroy().await.expect("destroy");
-    g.assert_clean();
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn timeouts_interrupt_the_command_and_keep_the_session() {
-    let g = Guard::new("shell-timeout");
-    let b = backend().await;
-    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
+/// A timeout interrupts the command and keeps the session; a command
+/// that ignores SIGINT gets its shell killed and restarted.
+pub async fn shell_timeouts_interrupt_the_command_and_keep_the_session(c: &Case) {
+    let sb = c.create(&c.spec()).await;
     let sh = sb.shell("main");
     sh.run("export KEPT=yes; sleep 300 &", T, CAP).await;
     let r = sh
@@ -101,14 +93,12 @@ async fn timeouts_interrupt_the_command_and_keep_the_session() {
     assert!(r.restarted);
     assert_eq!(text(&r.result.stdout), "lost\n");
     sb.destroy().await.expect("destroy");
-    g.assert_clean();
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn named_sessions_are_independent_and_exit_ends_one() {
-    let g = Guard::new("shell-named");
-    let b = backend().await;
-    let sb = b.create(&g.spec(BUSYBOX)).await.expect("create");
+/// Named sessions are independent, `exit` ends one, output is capped
+/// per command.
+pub async fn shell_named_sessions_are_independent_and_exit_ends_one(c: &Case) {
+    let sb = c.create(&c.spec()).await;
     let (one, two) = (sb.shell("one"), sb.shell("two"));
     one.run("cd /tmp", T, CAP).await;
     assert_eq!(text(&two.run("pwd", T, CAP).await.result.stdout), "/\n");
@@ -132,16 +122,14 @@ async fn named_sessions_are_independent_and_exit_ends_one() {
     sb.close_shell("two").await;
     assert_eq!(sb.shell_names(), ["one"]);
     sb.destroy().await.expect("destroy");
-    g.assert_clean();
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_shell_killed_by_the_oom_killer_is_oom_killed() {
-    let g = Guard::new("shell-oom");
-    let b = backend().await;
-    let mut spec = g.spec(BUSYBOX);
+/// A shell the OOM killer ends is typed `oom_killed`, and the next
+/// command starts a fresh one.
+pub async fn shell_killed_by_the_oom_killer_is_oom_killed(c: &Case) {
+    let mut spec = c.spec();
     spec.limits.memory = Some(32 << 20);
-    let sb = b.create(&spec).await.expect("create");
+    let sb = c.create(&spec).await;
     let sh = sb.shell("main");
     sh.run("export KEEP=1", T, CAP).await;
     // The shell itself holds the bytes, so it is the OOM killer's victim.
@@ -160,5 +148,4 @@ async fn a_shell_killed_by_the_oom_killer_is_oom_killed() {
     assert!(r.restarted);
     assert_eq!(text(&r.result.stdout), "fresh\n");
     sb.destroy().await.expect("destroy");
-    g.assert_clean();
 }
