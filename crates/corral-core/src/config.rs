@@ -100,11 +100,11 @@ pub struct KubernetesConfig {
     /// Default `None`: `corral-agent:<corral's version>`, as
     /// `scripts/build-agent-image.sh` builds it.
     pub agent_image: Option<String>,
-    /// Pod creations and agent attaches per second, on average, across
-    /// this process (a client-side token bucket). Default 20.
+    /// Pod creations and port-forwards per second, on average, across
+    /// this process (a client-side token bucket). Default 10.
     pub qps: f64,
-    /// Creations and attaches allowed at once above `qps` after a quiet
-    /// spell. Default 40.
+    /// Creations and port-forwards allowed at once above `qps` after a quiet
+    /// spell. Default 20.
     pub burst: u32,
     /// Longest wait for a created pod to run (scheduling, image pulls,
     /// the init container), in ms. Default 300000.
@@ -148,8 +148,8 @@ impl Default for KubernetesConfig {
             kubeconfig: None,
             context: None,
             agent_image: None,
-            qps: 20.0,
-            burst: 40,
+            qps: 10.0,
+            burst: 20,
             start_timeout_ms: 300_000,
             control: ControlPath::Auto,
             agent_port: 7150,

@@ -23,7 +23,7 @@ pub const PERMISSIONS: &[(&str, &str, &str, &str)] = &[
     ("", "pods", "", "list"),
     ("", "pods", "", "watch"),
     ("", "pods", "", "delete"),
-    ("", "pods", "attach", "create"),
+    ("", "pods", "portforward", "create"),
     ("networking.k8s.io", "networkpolicies", "", "create"),
     ("networking.k8s.io", "networkpolicies", "", "get"),
 ];

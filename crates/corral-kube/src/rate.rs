@@ -1,5 +1,5 @@
 //! A client-side token bucket in front of the API server's expensive
-//! calls (pod creation, agent attaches), so a burst of rollouts cannot
+//! calls (pod creation, port-forwards to agents), so a burst of rollouts cannot
 //! flood it. kube-rs has no client-side limiter (client-go's QPS and burst
 //! have no counterpart there).
 //!
