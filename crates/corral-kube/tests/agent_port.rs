@@ -2,157 +2,28 @@
 //! attacked from inside real sandboxes.
 //!
 //! No cluster is available in CI, so a test double stands in for the pod
-//! network: [`DockerAsPodNetworkDouble`] is the real Docker backend whose
-//! sandboxes get the agent's listening environment (port and per-sandbox
-//! secret, exactly as `corral_kube::pod` puts them into a pod) and whose
-//! agents are reached at the container's bridge address through
-//! `corral_kube::control`, the Kubernetes backend's own connector. The
-//! agent, the handshake, the runtime and the container are all real; only
-//! "how the address is found" differs from a cluster.
+//! network (`double/mod.rs`, `DockerAsPodNetworkDouble`): real Docker
+//! containers whose agent listens as in a pod, reached at their bridge
+//! address through the Kubernetes backend's own connector. The agent, the
+//! handshake, the runtime and the container are all real; only "how the
+//! address is found" differs from a cluster.
 
-use std::collections::HashMap;
-use std::net::IpAddr;
+mod double;
+
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use corral::{Runtime, RuntimeConfig};
-use corral_core::agent_auth::{self, Secret};
-use corral_core::backend::{
-    AgentStream, Backend, BackendCounters, BoxFuture, OnDeath, Placement, Prepared, SandboxInfo,
-    StartRequest,
-};
+use corral_core::agent_auth;
+use corral_core::backend::Backend;
 use corral_core::protocol::{ExecRequest, Frame, FrameKind, Hello, PROTOCOL_VERSION, SYNC};
-use corral_core::{CommandSpec, ContainerState, Error, SandboxSpec};
+use corral_core::{CommandSpec, SandboxSpec};
 use corral_docker::{DockerBackend, DockerConfig};
 use corral_kube::control::{self, ControlError};
+use double::{container_ip, DockerAsPodNetworkDouble, PORT};
 
-const PORT: u16 = 7150;
 const IMAGE: &str = "corral-test/busybox";
-
-/// TEST DOUBLE for a cluster's pod network: Docker containers whose agent
-/// listens on [`PORT`], reached at their bridge IP.
-struct DockerAsPodNetworkDouble {
-    docker: DockerBackend,
-    secrets: Mutex<HashMap<String, Secret>>,
-}
-
-impl DockerAsPodNetworkDouble {
-    fn secret_of(&self, placement: &Placement) -> Option<Secret> {
-        self.secrets
-            .lock()
-            .expect("lock")
-            .get(placement.id())
-            .cloned()
-    }
-}
-
-/// The container's address on its network.
-fn container_ip(id: &str) -> Option<IpAddr> {
-    let out = Command::new("docker")
-        .args([
-            "inspect",
-            "-f",
-            "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}",
-            id,
-        ])
-        .output()
-        .ok()?;
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .find_map(|a| a.parse().ok())
-}
-
-impl Backend for DockerAsPodNetworkDouble {
-    fn name(&self) -> &'static str {
-        "Docker, as a pod network (test double)"
-    }
-    fn endpoint(&self) -> &str {
-        self.docker.endpoint()
-    }
-    fn ping(&self) -> BoxFuture<'_, Result<(), Error>> {
-        self.docker.ping()
-    }
-    fn prepare<'a>(&'a self, req: &'a StartRequest<'a>) -> BoxFuture<'a, Result<Prepared, Error>> {
-        self.docker.prepare(req)
-    }
-    fn create<'a>(&'a self, req: &'a StartRequest<'a>) -> BoxFuture<'a, Result<Placement, Error>> {
-        Box::pin(async move {
-            let secret = control::new_secret().expect("urandom");
-            let mut env = req.env.clone();
-            env.push((agent_auth::LISTEN_ENV.into(), PORT.to_string()));
-            env.push((agent_auth::SECRET_ENV.into(), secret.to_hex()));
-            let listening = StartRequest { env, ..req.clone() };
-            let placement = self.docker.create(&listening).await?;
-            self.secrets
-                .lock()
-                .expect("lock")
-                .insert(placement.id().to_string(), secret);
-            Ok(placement)
-        })
-    }
-    fn start<'a>(
-        &'a self,
-        req: &'a StartRequest<'a>,
-        placement: &'a Placement,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        self.docker.start(req, placement)
-    }
-    fn connect<'a>(
-        &'a self,
-        placement: &'a Placement,
-        sandbox_id: &'a str,
-    ) -> BoxFuture<'a, Result<AgentStream, Error>> {
-        Box::pin(async move {
-            let agent = |message: String| Error::Agent {
-                sandbox: sandbox_id.to_string(),
-                message,
-            };
-            let secret = self
-                .secret_of(placement)
-                .ok_or_else(|| agent("no secret".into()))?;
-            let ip = container_ip(placement.id()).ok_or_else(|| agent("no IP".into()))?;
-            control::connect_direct(ip, PORT, &secret, Duration::from_secs(5))
-                .await
-                .map_err(|e| agent(e.to_string()))
-        })
-    }
-    fn state<'a>(
-        &'a self,
-        placement: &'a Placement,
-    ) -> BoxFuture<'a, Result<ContainerState, Error>> {
-        self.docker.state(placement)
-    }
-    fn exit_details<'a>(
-        &'a self,
-        placement: &'a Placement,
-        seen: ContainerState,
-    ) -> BoxFuture<'a, ContainerState> {
-        self.docker.exit_details(placement, seen)
-    }
-    fn watch(&self, placement: &Placement, on_death: OnDeath) {
-        self.docker.watch(placement, on_death)
-    }
-    fn unwatch(&self, placement: &Placement) {
-        self.docker.unwatch(placement)
-    }
-    fn remove<'a>(
-        &'a self,
-        placement: &'a Placement,
-        sandbox_id: &'a str,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        self.docker.remove(placement, sandbox_id)
-    }
-    fn list(&self) -> BoxFuture<'_, Result<Vec<SandboxInfo>, Error>> {
-        self.docker.list()
-    }
-    fn image_present<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
-        self.docker.image_present(image)
-    }
-    fn counters(&self) -> BackendCounters {
-        self.docker.counters()
-    }
-}
 
 fn images() {
     let script = concat!(
@@ -206,10 +77,7 @@ async fn runtime() -> (Runtime, Arc<DockerAsPodNetworkDouble>) {
     let docker = DockerBackend::connect(&DockerConfig::default())
         .await
         .expect("these tests need a Docker daemon; see README");
-    let double = Arc::new(DockerAsPodNetworkDouble {
-        docker,
-        secrets: Mutex::new(HashMap::new()),
-    });
+    let double = Arc::new(DockerAsPodNetworkDouble::new(docker));
     let rt = Runtime::new(
         double.clone(),
         RuntimeConfig {
