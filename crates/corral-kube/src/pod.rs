@@ -34,15 +34,16 @@ pub const AGENT_INIT_CONTAINER: &str = "corral-agent";
 pub const AGENT_VOLUME: &str = "corral-agent";
 /// Label of pods with `network: none`; the egress policy selects it.
 pub const NETWORK_LABEL: &str = "corral.network";
-/// The policy that denies every sandbox all inbound traffic but the
-/// controller's to the agent port.
+/// Name stem of the policy that denies every sandbox all inbound traffic
+/// but the controller's to the agent port.
 pub const INGRESS_POLICY: &str = "corral-sandbox-ingress";
 /// The label (and value) of corral's own pods, which the ingress policy
 /// lets reach the agent port.
 pub const CONTROLLER_LABEL: (&str, &str) = ("app.kubernetes.io/name", "corral");
 /// The name of the agent's container port.
 pub const AGENT_PORT_NAME: &str = "corral-agent";
-/// The policy that denies `network: none` sandboxes all outbound traffic.
+/// Name stem of the policy that denies `network: none` sandboxes all
+/// outbound traffic.
 pub const EGRESS_POLICY: &str = "corral-network-none-deny-egress";
 /// The uid the init container copies the agent as (nobody).
 const INIT_UID: i64 = 65534;
@@ -317,6 +318,10 @@ pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
     let sandbox = Container {
         name: SANDBOX_CONTAINER.into(),
         image: Some(spec.image.clone()),
+        // A start must not wait on a registry for an image the node holds
+        // (Kubernetes' default for `:latest` is to ask every time), as on
+        // Docker; a changed image needs a new tag.
+        image_pull_policy: Some("IfNotPresent".into()),
         command: Some(vec![
             AGENT_PATH.to_string(),
             "init".to_string(),
@@ -373,6 +378,7 @@ pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
     let init = Container {
         name: AGENT_INIT_CONTAINER.into(),
         image: Some(p.agent_image.to_string()),
+        image_pull_policy: Some("IfNotPresent".into()),
         command: Some(vec![
             "/corral-agent".to_string(),
             "install".to_string(),
@@ -440,6 +446,19 @@ pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
     })
 }
 
+/// A policy's name: `base` and a digest of its spec. Another version of
+/// corral, or another `agent_port` or `controller_cidrs`, makes policies of
+/// its own beside these instead of finding a name taken by another spec;
+/// policies only ever add allowances, so those of an older spec left in
+/// the namespace widen nothing.
+fn policy_name(base: &str, spec: &NetworkPolicySpec) -> String {
+    use sha2::{Digest, Sha256};
+    let bytes = serde_json::to_vec(spec).unwrap_or_default();
+    let digest = Sha256::digest(&bytes);
+    let hex: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    format!("{base}-{hex}")
+}
+
 /// The namespace's two policies: no sandbox accepts inbound connections
 /// (Docker's bridge without inter-container traffic) but corral's own to
 /// the agent port (from its pods, labelled [`CONTROLLER_LABEL`], or from
@@ -447,25 +466,28 @@ pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
 /// Enforced only where the cluster's network plugin enforces policies;
 /// the agent's handshake holds either way.
 pub fn network_policies(agent_port: u16, controller_cidrs: &[String]) -> [NetworkPolicy; 2] {
-    let policy = |name: &str,
+    let policy = |base: &str,
                   selector: LabelSelector,
                   types: &[&str],
-                  ingress: Option<Vec<NetworkPolicyIngressRule>>| NetworkPolicy {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(BTreeMap::from([(
-                labels::VERSION.to_string(),
-                env!("CARGO_PKG_VERSION").to_string(),
-            )])),
-            ..Default::default()
-        },
-        spec: Some(NetworkPolicySpec {
+                  ingress: Option<Vec<NetworkPolicyIngressRule>>| {
+        let spec = NetworkPolicySpec {
             pod_selector: Some(selector),
             policy_types: Some(types.iter().map(|t| t.to_string()).collect()),
             // No egress rules: nothing goes out where Egress is a type.
             ingress,
             egress: None,
-        }),
+        };
+        NetworkPolicy {
+            metadata: ObjectMeta {
+                name: Some(policy_name(base, &spec)),
+                labels: Some(BTreeMap::from([(
+                    labels::VERSION.to_string(),
+                    env!("CARGO_PKG_VERSION").to_string(),
+                )])),
+                ..Default::default()
+            },
+            spec: Some(spec),
+        }
     };
     let mut from = vec![NetworkPolicyPeer {
         pod_selector: Some(LabelSelector {
@@ -718,6 +740,7 @@ mod tests {
         let c = sandbox(&pod);
         assert_eq!(c.name, SANDBOX_CONTAINER);
         assert_eq!(c.image.as_deref(), Some("busybox:1"));
+        assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
         assert_eq!(
             c.command,
             Some(vec![
@@ -800,6 +823,16 @@ mod tests {
             "none"
         );
         let [ingress, egress] = network_policies(7150, &["10.0.0.0/8".to_string()]);
+        // Named by stem and spec: stable for one spec, new for another.
+        let name = |p: &NetworkPolicy| p.metadata.name.clone().expect("name");
+        assert!(name(&ingress).starts_with(&format!("{INGRESS_POLICY}-")));
+        assert!(name(&egress).starts_with(&format!("{EGRESS_POLICY}-")));
+        assert!(is_dns_label(&name(&ingress)) && is_dns_label(&name(&egress)));
+        let [again, _] = network_policies(7150, &["10.0.0.0/8".to_string()]);
+        assert_eq!(name(&again), name(&ingress));
+        let [other_port, same_egress] = network_policies(7151, &["10.0.0.0/8".to_string()]);
+        assert_ne!(name(&other_port), name(&ingress));
+        assert_eq!(name(&same_egress), name(&egress));
         let sel = |p: &NetworkPolicy| {
             p.spec
                 .as_ref()
