@@ -486,7 +486,8 @@ async fn check_image(s: &AppState, field: &str, image: &str) -> Result<(), ApiEr
         (status = 200, description = "The session key already had this sandbox", body = SandboxInfo),
         (status = 400, description = "Bad request, spec or image", body = ErrorBody),
         (status = 403, description = "Refused: a field the service's policy keeps from clients (host mounts, added capabilities, weakened hardening, runtime, host environment, corral.* labels, persistent, limits removed or above the maxima, an image not allowed), named in `field`; or a browser Origin or a foreign Host", body = ErrorBody),
-        (status = 503, description = "Daemon unavailable (retryable)", body = ErrorBody),
+        (status = 503, description = "Daemon unavailable (`daemon_unavailable`), or no room for the sandbox now (`capacity`, with `Retry-After`); both retryable", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait before trying again, with kind `capacity`"))),
         (status = 401, description = "No or a wrong bearer token", body = ErrorBody),
         (status = 415, description = "A JSON body not sent as application/json", body = ErrorBody),
     )

@@ -646,9 +646,13 @@ impl Runtime {
     }
 
     /// Counts a failed start against the breaker only when the engine is to
-    /// blame (a bad spec says nothing about the engine's health).
+    /// blame (a bad spec says nothing about the engine's health): it does
+    /// not answer, or it has no room (more starts would only queue up).
     fn breaker_record(&self, since: Instant, e: &Error, probe: bool) {
-        let engine_trouble = e.kind() == FailureKind::DaemonUnavailable;
+        let engine_trouble = matches!(
+            e.kind(),
+            FailureKind::DaemonUnavailable | FailureKind::Capacity
+        );
         let mut b = self.inner.breaker.lock().unwrap_or_else(|p| p.into_inner());
         let before = b.times_opened();
         if engine_trouble || probe {
