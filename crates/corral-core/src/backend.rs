@@ -132,6 +132,20 @@ pub struct Check {
     pub detail: String,
 }
 
+/// Whether an engine holds an image, as far as it can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImagePresence {
+    /// Present: a start uses it without pulling.
+    Present,
+    /// Not present: a start would pull it.
+    Absent,
+    /// The engine cannot tell: the machines that run sandboxes pull images
+    /// themselves and nobody it can ask knows which holds what (Kubernetes:
+    /// the API server does not track the nodes' image stores). The caller
+    /// must decide as if the image might be pulled.
+    Unknown,
+}
+
 /// Retry and failure counters a backend keeps about its engine.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BackendCounters {
@@ -219,8 +233,9 @@ pub trait Backend: Send + Sync + 'static {
         Box::pin(async { Ok(Vec::new()) })
     }
 
-    /// Whether `image` is present (nothing is pulled).
-    fn image_present<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<bool, Error>>;
+    /// Whether `image` is present, as far as the engine can tell (nothing
+    /// is pulled).
+    fn image_present<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<ImagePresence, Error>>;
 
     /// Keeps the file system of the sandbox at `placement` as snapshot
     /// `req.name` (replacing one of that name), from which sandboxes can

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use backon::{ExponentialBuilder, Retryable};
 use corral_core::backend::{
-    AgentOutput, AgentStream, Backend, BackendCounters, BoxFuture, OnDeath, Placement, Prepared,
-    SandboxInfo, StartRequest,
+    AgentOutput, AgentStream, Backend, BackendCounters, BoxFuture, ImagePresence, OnDeath,
+    Placement, Prepared, SandboxInfo, StartRequest,
 };
 use corral_core::config::Config;
 use corral_core::labels::{self, Owner, Ownership};
@@ -597,10 +597,14 @@ impl Backend for KubeBackend {
         Box::pin(self.do_list())
     }
 
-    fn image_present<'a>(&'a self, _image: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
-        // The nodes' image stores cannot be asked through the API server;
-        // only an image the policy allows is used without knowing.
-        Box::pin(async { Ok(false) })
+    fn image_present<'a>(&'a self, _image: &'a str) -> BoxFuture<'a, Result<ImagePresence, Error>> {
+        // Each node pulls what its pods need (per the pod's pull policy)
+        // and the API server keeps no record of which node holds which
+        // image (a node's status lists some of its images, truncated, and
+        // a pod may be scheduled on any node): nobody corral can ask
+        // knows. Saying "absent" would be as false as "present"; the
+        // caller decides as if the image might be pulled.
+        Box::pin(async { Ok(ImagePresence::Unknown) })
     }
 
     fn counters(&self) -> BackendCounters {

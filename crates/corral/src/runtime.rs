@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use corral_core::backend::{Backend, Placement, SandboxInfo, StartRequest};
+use corral_core::backend::{Backend, ImagePresence, Placement, SandboxInfo, StartRequest};
 use corral_core::breaker::{Admit, Breaker, BreakerConfig, BreakerState};
 use corral_core::config::Config;
 use corral_core::labels::{self, ownership, Owner, Ownership};
@@ -225,8 +225,9 @@ impl Runtime {
         self.inner.backend.ping().await
     }
 
-    /// Whether `image` is already present (nothing is pulled).
-    pub async fn image_present(&self, image: &str) -> Result<bool, Error> {
+    /// Whether `image` is already present, as far as the backend can tell
+    /// (nothing is pulled).
+    pub async fn image_present(&self, image: &str) -> Result<ImagePresence, Error> {
         self.inner.backend.image_present(image).await
     }
 
