@@ -109,6 +109,20 @@ pub struct KubernetesConfig {
     /// Longest wait for a created pod to run (scheduling, image pulls,
     /// the init container), in ms. Default 300000.
     pub start_timeout_ms: u64,
+    /// How long this process's Lease (`coordination.k8s.io`) lasts
+    /// unrenewed, in seconds; it is renewed every third of that. A corral
+    /// on any host judges a pod's owner gone, and `gc` removes the pod,
+    /// once its Lease has not been renewed for this long (plus 10 s for
+    /// clocks that disagree). Default 60; 10 to 3600.
+    pub lease_duration_seconds: u32,
+    /// Size of a persistent session's volume (a PersistentVolumeClaim
+    /// holding its workspace and home), in bytes; read when the claim is
+    /// made, so a change applies to new sessions. Default 1073741824
+    /// (1 GiB); at least 1048576.
+    pub session_volume_size: u64,
+    /// StorageClass of persistent sessions' claims. Default `None`: the
+    /// cluster's default class.
+    pub session_storage_class: Option<String>,
 }
 
 impl Default for KubernetesConfig {
@@ -121,6 +135,9 @@ impl Default for KubernetesConfig {
             qps: 20.0,
             burst: 40,
             start_timeout_ms: 300_000,
+            lease_duration_seconds: 60,
+            session_volume_size: 1 << 30,
+            session_storage_class: None,
         }
     }
 }
@@ -180,6 +197,31 @@ impl KubernetesConfig {
                 0,
                 "at least 1",
             ));
+        }
+        if !(10..=3600).contains(&self.lease_duration_seconds) {
+            return Err(ConfigError::invalid(
+                "kubernetes.lease_duration_seconds",
+                self.lease_duration_seconds,
+                "from 10 to 3600: shorter leases are renewed too often to survive a slow API \
+                 server, longer ones keep orphans for too long",
+            ));
+        }
+        if self.session_volume_size < 1 << 20 {
+            return Err(ConfigError::invalid(
+                "kubernetes.session_volume_size",
+                self.session_volume_size,
+                "at least 1048576 (1 MiB), in bytes",
+            ));
+        }
+        if let Some(class) = &self.session_storage_class {
+            if !(class.len() <= 253 && class.split('.').all(is_dns_label)) {
+                return Err(ConfigError::invalid(
+                    "kubernetes.session_storage_class",
+                    class,
+                    "a StorageClass name is an RFC 1123 subdomain (lowercase letters, digits, \
+                     '-' and '.'); leave it out for the cluster's default class",
+                ));
+            }
         }
         Ok(())
     }
@@ -1360,6 +1402,18 @@ persistence_root: /srv/corral
         assert_eq!(c.kubernetes.namespace.as_deref(), Some("sandboxes"));
         assert_eq!((c.kubernetes.qps, c.kubernetes.burst), (5.5, 3));
         c.validate(&FakeHost).expect("valid");
+        let c = Config::from_yaml(
+            "kubernetes:\n  lease_duration_seconds: 15\n  session_volume_size: 1048576\n  \
+             session_storage_class: fast.ssd\n",
+        )
+        .expect("parses");
+        assert_eq!(c.kubernetes.lease_duration_seconds, 15);
+        assert_eq!(c.kubernetes.session_volume_size, 1 << 20);
+        assert_eq!(
+            c.kubernetes.session_storage_class.as_deref(),
+            Some("fast.ssd")
+        );
+        c.validate(&FakeHost).expect("valid");
         for (text, path, value) in [
             (
                 "kubernetes: {namespace: Bad_NS}",
@@ -1385,6 +1439,26 @@ persistence_root: /srv/corral
                 "kubernetes: {start_timeout_ms: 0}",
                 "kubernetes.start_timeout_ms",
                 "0",
+            ),
+            (
+                "kubernetes: {lease_duration_seconds: 9}",
+                "kubernetes.lease_duration_seconds",
+                "9",
+            ),
+            (
+                "kubernetes: {lease_duration_seconds: 3601}",
+                "kubernetes.lease_duration_seconds",
+                "3601",
+            ),
+            (
+                "kubernetes: {session_volume_size: 1048575}",
+                "kubernetes.session_volume_size",
+                "1048575",
+            ),
+            (
+                "kubernetes: {session_storage_class: Fast_SSD}",
+                "kubernetes.session_storage_class",
+                "Fast_SSD",
             ),
         ] {
             match invalid(text) {

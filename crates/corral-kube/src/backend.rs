@@ -1,6 +1,11 @@
 //! The Kubernetes backend: a sandbox is a pod whose PID 1 is corral's
 //! agent, reached through the API server's `attach` to PID 1's own stdin
-//! and stdout (as Docker's backend uses the daemon's attach).
+//! and stdout (as Docker's backend uses the daemon's attach). Who owns a
+//! pod is judged by Lease (`backend/owners.rs`); persistent sessions keep
+//! their files in a claim per key (`backend/sessions.rs`).
+
+mod owners;
+mod sessions;
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,10 +16,10 @@ use std::time::{Duration, Instant};
 use backon::{ExponentialBuilder, Retryable};
 use corral_core::backend::{
     AgentOutput, AgentStream, Backend, BackendCounters, BoxFuture, ImagePresence, OnDeath,
-    Placement, Prepared, SandboxInfo, StartRequest,
+    Placement, Prepared, SandboxInfo, SessionStorage, StartRequest,
 };
 use corral_core::config::Config;
-use corral_core::labels::{self, Owner, Ownership};
+use corral_core::labels::{self, Owner};
 use corral_core::{ContainerState, Error, FailureKind, RetryPolicy};
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
@@ -27,8 +32,10 @@ use tokio::sync::OnceCell;
 use tokio_util::io::ReaderStream;
 
 use crate::error::{api, classify, is_not_found, status_code};
+use crate::lease::LeaseKeeper;
 use crate::pod::{self, PodParams, SANDBOX_CONTAINER};
 use crate::rate::RateLimiter;
+use crate::session;
 use crate::state::{self, Progress};
 use crate::watch::PodWatch;
 
@@ -60,6 +67,12 @@ pub struct KubeConfig {
     pub start_timeout: Duration,
     /// Retries of transient API errors.
     pub retry: RetryPolicy,
+    /// How long this process's Lease lasts unrenewed (`owners.rs`).
+    pub lease_duration: Duration,
+    /// Bytes of a persistent session's claim (`sessions.rs`).
+    pub session_volume_size: u64,
+    /// StorageClass of sessions' claims; `None`: the cluster's default.
+    pub session_storage_class: Option<String>,
 }
 
 /// The agent image of this build of corral.
@@ -85,6 +98,9 @@ impl From<&Config> for KubeConfig {
             burst: k.burst,
             start_timeout: Duration::from_millis(k.start_timeout_ms),
             retry: config.daemon.retry.clone(),
+            lease_duration: Duration::from_secs(u64::from(k.lease_duration_seconds)),
+            session_volume_size: k.session_volume_size,
+            session_storage_class: k.session_storage_class.clone(),
         }
     }
 }
@@ -107,6 +123,8 @@ struct Inner {
     created: AtomicU64,
     policies: OnceCell<()>,
     watch: Arc<PodWatch>,
+    /// This process's Lease, made with its first pod (`owners.rs`).
+    lease: OnceCell<LeaseKeeper>,
 }
 
 impl KubeBackend {
@@ -155,6 +173,7 @@ impl KubeBackend {
                 created: AtomicU64::new(0),
                 policies: OnceCell::new(),
                 watch: Arc::new(PodWatch::default()),
+                lease: OnceCell::new(),
             }),
         };
         backend
@@ -214,7 +233,7 @@ impl KubeBackend {
 
     /// A suffix no earlier pod of this process had (uniqueness, not
     /// secrecy: the name is public).
-    fn suffix(&self) -> String {
+    pub(crate) fn suffix(&self) -> String {
         use std::hash::{BuildHasher, Hasher};
         let n = self.inner.created.fetch_add(1, Ordering::Relaxed);
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -267,10 +286,15 @@ impl KubeBackend {
             .map(|_| ())
     }
 
-    async fn do_create(&self, req: &StartRequest<'_>) -> Result<Placement, Error> {
+    /// Creates the pod of `req` (`claim`: the session's claim to mount).
+    async fn do_create(
+        &self,
+        req: &StartRequest<'_>,
+        claim: Option<&str>,
+    ) -> Result<Placement, Error> {
         let (spec, id) = (req.spec, req.sandbox_id);
         let name = pod::pod_name(id, &self.suffix())?;
-        let pod = pod::pod(
+        let mut pod = pod::pod(
             spec,
             &PodParams {
                 sandbox_id: id,
@@ -280,6 +304,9 @@ impl KubeBackend {
                 agent_image: &self.inner.config.agent_image,
             },
         )?;
+        if let Some(claim) = claim {
+            session::mount(&mut pod, claim);
+        }
         self.inner.limiter.acquire().await;
         let pods = &self.inner.pods;
         let what = format!("create pod {name} for sandbox {id}");
@@ -411,7 +438,7 @@ impl KubeBackend {
         Ok(state::container_state(name, pod.as_ref()))
     }
 
-    async fn do_remove(&self, name: &str, sandbox: &str) -> Result<(), Error> {
+    pub(crate) async fn do_remove(&self, name: &str, sandbox: &str) -> Result<(), Error> {
         // No grace: sandboxes hold nothing worth saving (Docker's kill).
         let params = DeleteParams {
             grace_period_seconds: Some(0),
@@ -453,6 +480,8 @@ impl KubeBackend {
             .call("list sandboxes", || pods.list(&params))
             .await
             .map_err(|e| api_err("list sandboxes", e))?;
+        // After the pods: a pod listed was made after its owner's Lease.
+        let judge = self.ownership_judge().await?;
         Ok(list
             .items
             .into_iter()
@@ -486,8 +515,7 @@ impl KubeBackend {
                         .map(|t| t.0.as_second())
                         .unwrap_or_default(),
                     owner: Owner::from_labels(&l),
-                    // The runtime knows the host and judges ownership.
-                    ownership: Ownership::LiveOwner,
+                    ownership: judge.ownership(&l),
                     session: l.get(labels::SESSION).cloned(),
                     labels: l,
                 }
@@ -535,12 +563,14 @@ impl Backend for KubeBackend {
         })
     }
 
-    fn prepare<'a>(&'a self, _req: &'a StartRequest<'a>) -> BoxFuture<'a, Result<Prepared, Error>> {
+    fn prepare<'a>(&'a self, req: &'a StartRequest<'a>) -> BoxFuture<'a, Result<Prepared, Error>> {
         Box::pin(async move {
             // The nodes pull images and the init container brings the
-            // agent: all that is left here is the namespace's policies.
+            // agent: all that is left here is the namespace's policies
+            // and this process's Lease.
             let t = Instant::now();
             self.ensure_policies().await?;
+            self.ensure_lease(req.owner).await?;
             Ok(Prepared {
                 image: Duration::ZERO,
                 agent: t.elapsed(),
@@ -549,7 +579,7 @@ impl Backend for KubeBackend {
     }
 
     fn create<'a>(&'a self, req: &'a StartRequest<'a>) -> BoxFuture<'a, Result<Placement, Error>> {
-        Box::pin(self.do_create(req))
+        Box::pin(self.create_owned(req))
     }
 
     fn start<'a>(
@@ -597,6 +627,27 @@ impl Backend for KubeBackend {
         Box::pin(self.do_list())
     }
 
+    fn judges_ownership(&self) -> bool {
+        // By Lease (`owners.rs`): an owner's host and pid mean nothing to
+        // a corral on another machine of the cluster.
+        true
+    }
+
+    fn session_storage(&self) -> SessionStorage {
+        SessionStorage::Backend
+    }
+
+    fn session_placement<'a>(
+        &'a self,
+        session: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Placement>, Error>> {
+        Box::pin(self.recorded_session_pod(session))
+    }
+
+    fn collect_garbage(&self) -> BoxFuture<'_, Result<Vec<String>, Error>> {
+        Box::pin(self.remove_expired_leases())
+    }
+
     fn image_present<'a>(&'a self, _image: &'a str) -> BoxFuture<'a, Result<ImagePresence, Error>> {
         // Each node pulls what its pods need (per the pod's pull policy)
         // and the API server keeps no record of which node holds which
@@ -605,6 +656,10 @@ impl Backend for KubeBackend {
         // knows. Saying "absent" would be as false as "present"; the
         // caller decides as if the image might be pulled.
         Box::pin(async { Ok(ImagePresence::Unknown) })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.release_lease())
     }
 
     fn counters(&self) -> BackendCounters {

@@ -24,6 +24,14 @@ pub const PERMISSIONS: &[(&str, &str, &str, &str)] = &[
     ("", "pods", "", "watch"),
     ("", "pods", "", "delete"),
     ("", "pods", "attach", "create"),
+    ("", "persistentvolumeclaims", "", "create"),
+    ("", "persistentvolumeclaims", "", "get"),
+    ("", "persistentvolumeclaims", "", "patch"),
+    ("coordination.k8s.io", "leases", "", "create"),
+    ("coordination.k8s.io", "leases", "", "get"),
+    ("coordination.k8s.io", "leases", "", "list"),
+    ("coordination.k8s.io", "leases", "", "update"),
+    ("coordination.k8s.io", "leases", "", "delete"),
     ("networking.k8s.io", "networkpolicies", "", "create"),
     ("networking.k8s.io", "networkpolicies", "", "get"),
 ];
@@ -133,5 +141,56 @@ impl KubeBackend {
             agent_image: self.config().agent_image.clone(),
             checks,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `deploy/kubernetes/rbac.yaml` grants exactly what the backend uses:
+    /// every permission `doctor` checks, and no rule beyond them.
+    #[test]
+    fn the_shipped_role_grants_exactly_the_permissions() {
+        let text = include_str!("../../../deploy/kubernetes/rbac.yaml");
+        let mut granted = Vec::new();
+        for doc in text.split("\n---") {
+            let doc: yaml_serde::Value = yaml_serde::from_str(doc).expect("rbac.yaml parses");
+            if doc["kind"].as_str() != Some("Role") {
+                continue;
+            }
+            let strings = |v: &yaml_serde::Value| -> Vec<String> {
+                v.as_sequence()
+                    .expect("a list")
+                    .iter()
+                    .map(|s| s.as_str().expect("a string").to_string())
+                    .collect()
+            };
+            for rule in doc["rules"].as_sequence().expect("rules") {
+                for group in strings(&rule["apiGroups"]) {
+                    for resource in strings(&rule["resources"]) {
+                        for verb in strings(&rule["verbs"]) {
+                            granted.push((group.clone(), resource.clone(), verb));
+                        }
+                    }
+                }
+            }
+        }
+        let mut wanted: Vec<(String, String, String)> = PERMISSIONS
+            .iter()
+            .map(|(group, resource, sub, verb)| {
+                let resource = if sub.is_empty() {
+                    resource.to_string()
+                } else {
+                    format!("{resource}/{sub}")
+                };
+                (group.to_string(), resource, verb.to_string())
+            })
+            .collect();
+        // Attaching is a websocket upgrade of a GET; the Role grants both.
+        wanted.push(("".into(), "pods/attach".into(), "get".into()));
+        granted.sort();
+        wanted.sort();
+        assert_eq!(granted, wanted);
     }
 }

@@ -221,13 +221,6 @@ pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
              limits.pids to null",
         ));
     }
-    if let Some(key) = &spec.persistent {
-        return Err(unsupported(
-            "persistent",
-            key,
-            "persistent sessions are not available on Kubernetes yet",
-        ));
-    }
     if let Some(runtime) = &spec.runtime {
         if !is_dns_subdomain(runtime) {
             return Err(unsupported(
@@ -804,10 +797,6 @@ mod tests {
         assert!(unsupported_text(&spec).contains("security.user '1:x'"));
         spec.security.user = Some("-1".into());
         assert!(unsupported_text(&spec).contains("security.user '-1'"));
-
-        let mut spec = kube_spec();
-        spec.persistent = Some("key".into());
-        assert!(unsupported_text(&spec).contains("persistent 'key'"));
     }
 
     #[test]

@@ -121,8 +121,9 @@ pub struct GcReport {
     /// Sandboxes kept because their owner is alive, on another host, or
     /// they are persistent.
     pub kept: Vec<SandboxInfo>,
-    /// What the engine kept for sandboxes already gone (per-sandbox
-    /// volumes), removed.
+    /// What the engine kept for sandboxes or owners already gone, removed:
+    /// volume names (Docker's per-sandbox volumes), or `kind/name` for
+    /// anything else (Kubernetes: `lease/NAME`, an expired owner's Lease).
     pub volumes_removed: Vec<String>,
     /// Snapshots whose owner is gone (with `all`, every one that is not
     /// durable), removed.
@@ -272,12 +273,17 @@ impl Runtime {
     }
 
     /// Every sandbox with corral's labels on the backend, running or not,
-    /// with whether its owner is alive.
+    /// with whether its owner is alive: judged here from the owner labels
+    /// (a process on this host), or by the backend when it says it judges
+    /// ownership itself (`Backend::judges_ownership`).
     pub async fn list_sandboxes(&self) -> Result<Vec<SandboxInfo>, Error> {
-        let this_host = &self.inner.owner.host;
-        let mut list = self.inner.backend.list().await?;
-        for info in &mut list {
-            info.ownership = ownership(&info.labels, this_host, host::process_alive);
+        let backend = &self.inner.backend;
+        let mut list = backend.list().await?;
+        if !backend.judges_ownership() {
+            let this_host = &self.inner.owner.host;
+            for info in &mut list {
+                info.ownership = ownership(&info.labels, this_host, host::process_alive);
+            }
         }
         Ok(list)
     }
