@@ -43,6 +43,10 @@ pub const LEASE_LABEL: &str = "corral.lease";
 /// compares it with its own.
 pub const CLOCK_SKEW: Duration = Duration::from_secs(10);
 
+/// The shortest Lease corral holds, whatever it is asked for: renewing
+/// more often than every few seconds only loads the API server.
+pub const MIN_DURATION: Duration = Duration::from_secs(10);
+
 /// The longest a host name may take in a Lease name.
 const HOST_CHARS: usize = 30;
 
@@ -178,16 +182,19 @@ pub struct LeaseKeeper {
 
 impl LeaseKeeper {
     /// Makes Lease `name` for `holder` and starts renewing it every third
-    /// of `duration`. A Lease of that name with another holder is an
-    /// error; one with this holder (a retried create that went through)
-    /// is taken over.
+    /// of `duration` (at least [`MIN_DURATION`]); a failed renewal is
+    /// tried again after a quarter of that, so one slow answer of the API
+    /// server does not cost a third of the Lease. A Lease of that name
+    /// with another holder is an error; one with this holder (a retried
+    /// create that went through) is taken over.
     pub async fn acquire(
         api: Api<Lease>,
         name: String,
         holder: String,
         duration: Duration,
     ) -> Result<Self, Error> {
-        let duration_secs = i32::try_from(duration.as_secs().max(1)).unwrap_or(i32::MAX);
+        let duration = duration.max(MIN_DURATION);
+        let duration_secs = i32::try_from(duration.as_secs()).unwrap_or(i32::MAX);
         let shared = Arc::new(Shared {
             api,
             name,
@@ -200,13 +207,18 @@ impl LeaseKeeper {
         let period = duration / 3;
         let renewer = shared.clone();
         let task = tokio::spawn(async move {
+            let mut wait = period;
             loop {
-                tokio::time::sleep(period).await;
-                if let Err(e) = renewer.renew().await {
-                    tracing::warn!(lease = %renewer.name, error = %e,
-                        "renewing this process's Lease failed; once it expires, other corrals \
-                         may remove its pods as orphans");
-                }
+                tokio::time::sleep(wait).await;
+                wait = match renewer.renew().await {
+                    Ok(()) => period,
+                    Err(e) => {
+                        tracing::warn!(lease = %renewer.name, error = %e,
+                            "renewing this process's Lease failed; once it expires, other \
+                             corrals may remove its pods as orphans");
+                        period / 4
+                    }
+                };
             }
         });
         Ok(LeaseKeeper {
