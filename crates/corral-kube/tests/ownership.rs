@@ -2,8 +2,14 @@
 //! image check, against a real cluster: the cluster named by
 //! `CORRAL_TEST_KUBECONFIG` (namespace `CORRAL_TEST_KUBE_NAMESPACE`,
 //! default `corral-test`; images `CORRAL_TEST_KUBE_IMAGE` and
-//! `CORRAL_TEST_KUBE_AGENT_IMAGE`, as for `tests/contract.rs`). Without
+//! `CORRAL_TEST_KUBE_AGENT_IMAGE`, as for `tests/contract.rs`; on a
+//! cluster without a registry name a sandbox image tagged other than
+//! `latest`, which Kubernetes always pulls). Without
 //! `CORRAL_TEST_KUBECONFIG` every case prints that it was skipped.
+//!
+//! `a_persistent_sessions_files_outlive_its_pods` runs commands, so it
+//! needs a cluster whose `pods/attach` works for corral (see README);
+//! the others need no connection to an agent.
 //!
 //! Two `KubeBackend`s in one test are two corral processes: each holds
 //! its own Lease.
@@ -97,7 +103,7 @@ impl Drop for TempDir {
 }
 
 /// Deletes what a test made even when it fails: its pods (by the test's
-/// label) and the claims named.
+/// label), the claims named, and the backend's Lease (`close`).
 struct Cleanup {
     backend: KubeBackend,
     test: &'static str,
@@ -112,7 +118,9 @@ impl Drop for Cleanup {
             Api::namespaced(self.backend.client().clone(), self.backend.namespace());
         let selector = format!("corraltest={}", self.test);
         let names = std::mem::take(&mut self.claims);
+        let backend = self.backend.clone();
         let cleanup = async move {
+            backend.close().await;
             let now = DeleteParams {
                 grace_period_seconds: Some(0),
                 ..Default::default()
@@ -244,10 +252,10 @@ async fn a_dead_owners_pods_are_orphans_any_corral_collects() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_closed_owners_pods_are_orphans_at_once() {
     let test = "k-lease-close";
-    let Some(a) = backend(test, 600).await else {
+    let Some(a) = backend(test, 60).await else {
         return;
     };
-    let Some(b) = backend(test, 600).await else {
+    let Some(b) = backend(test, 60).await else {
         return;
     };
     let _cleanup = Cleanup {
@@ -345,6 +353,96 @@ async fn a_persistent_sessions_files_outlive_its_pods() {
     p2.shutdown().await;
     assert!(!root.exists(), "no host directory was made");
     b.close().await;
+}
+
+/// Below the runtime (no agent connection needed): a persistent pod gets
+/// its session's claim, mounted, and is recorded on it; it is judged
+/// persistent whatever its Lease; removing it keeps the claim, and `gc`
+/// never deletes one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_persistent_pods_claim_is_made_recorded_and_kept() {
+    let test = "k-claim";
+    let Some(b) = backend(test, 60).await else {
+        return;
+    };
+    let key = format!("corral-test/{}/claim", std::process::id());
+    let claim = corral_kube::session::claim_name(&key);
+    let _cleanup = Cleanup {
+        backend: b.clone(),
+        test,
+        claims: vec![claim.clone()],
+    };
+    let seal = TempDir::new(test);
+    let rt = runtime(&b, &seal.0);
+    let owner = corral::host::this_owner();
+    let mut s = spec(test);
+    s.persistent = Some(key.clone());
+    let id = format!("sb-{test}-{}", std::process::id() % 100_000);
+    let labels = [
+        (labels::SANDBOX.to_string(), id.clone()),
+        (labels::PERSISTENT.to_string(), "true".to_string()),
+        (labels::SESSION.to_string(), key.clone()),
+    ]
+    .into_iter()
+    .chain(owner.labels())
+    .collect();
+    let req = StartRequest {
+        sandbox_id: &id,
+        spec: &s,
+        env: Vec::new(),
+        labels,
+        owner: &owner,
+    };
+    b.prepare(&req).await.expect("prepare");
+    let placement = b.create(&req).await.expect("create");
+
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(b.client().clone(), b.namespace());
+    let made = claims.get(&claim).await.expect("the session's claim");
+    let annotations = made.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(annotations.get(labels::SESSION), Some(&key));
+    assert_eq!(
+        annotations.get(corral_kube::session::CLAIM_POD),
+        Some(&placement.0),
+        "the pod is recorded on its claim"
+    );
+    let pods: Api<Pod> = Api::namespaced(b.client().clone(), b.namespace());
+    let pod = pods.get(placement.id()).await.expect("the pod");
+    let mounted = pod
+        .spec
+        .and_then(|s| s.volumes)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|v| v.persistent_volume_claim)
+        .any(|c| c.claim_name == claim);
+    assert!(mounted, "the pod mounts the claim");
+    assert_eq!(
+        b.session_placement(&key).await.expect("record"),
+        Some(placement.clone())
+    );
+    assert_eq!(
+        b.session_placement("no-such-session").await.expect("none"),
+        None
+    );
+
+    // Persistent whatever its Lease says, and gc keeps it and its claim.
+    b.close().await;
+    let info = find(&rt, &placement).await.expect("listed");
+    assert_eq!(info.ownership, Ownership::Persistent);
+    assert_eq!(info.session.as_deref(), Some(key.as_str()));
+    let report = rt.gc(false).await.expect("gc");
+    assert!(!report.removed.iter().any(|i| i.placement == placement));
+
+    b.remove(&placement, &id).await.expect("remove");
+    assert!(
+        claims.get_opt(&claim).await.expect("read claim").is_some(),
+        "removing the pod kept the claim"
+    );
+    assert_eq!(b.session_placement(&key).await.expect("record"), None);
+    rt.gc(false).await.expect("gc");
+    assert!(
+        claims.get_opt(&claim).await.expect("read claim").is_some(),
+        "gc kept the claim"
+    );
 }
 
 /// `doctor` runs the agent image on the nodes and leaves no pod behind.
