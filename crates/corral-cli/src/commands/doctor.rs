@@ -112,7 +112,7 @@ async fn kubernetes(config: crate::commands::BackendConfig) -> anyhow::Result<Ex
     for c in &r.checks {
         all_ok &= c.ok;
         println!(
-            "  [{}] {:<28} {}",
+            "  [{}] {:<30} {}",
             if c.ok { " ok " } else { "FAIL" },
             c.name,
             c.detail
