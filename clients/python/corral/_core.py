@@ -320,14 +320,45 @@ def raise_for_error(response: httpx.Response, resource: Optional[str] = None) ->
     raise error_from_response(response.status_code, body, resource=resource, text=text)
 
 
+# The longest ``Retry-After`` the clients honour, in seconds: a longer hint
+# is the service's to give, but a client that blocks for minutes is worse
+# than one that raises and lets its caller decide.
+MAX_RETRY_AFTER = 60.0
+
+
 def should_retry_status(response: httpx.Response) -> bool:
-    """A 503 the service marks retryable (daemon unavailable, shutting down)."""
+    """A 503 the service marks retryable (daemon unavailable, no capacity,
+    shutting down)."""
     if response.status_code != 503:
         return False
     body = parse_json(response)
     if isinstance(body, Mapping) and isinstance(body.get("error"), Mapping):
         return bool(body["error"].get("retryable", False))
     return True
+
+
+def retry_after(response: httpx.Response) -> Optional[float]:
+    """The answer's ``Retry-After`` in seconds (the service sends it with
+    ``capacity``), capped at :data:`MAX_RETRY_AFTER`; ``None`` when absent
+    or not a number of seconds."""
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        secs = float(value.strip())
+    except ValueError:
+        return None
+    if secs != secs or secs < 0:  # NaN or negative
+        return None
+    return min(secs, MAX_RETRY_AFTER)
+
+
+def status_retry_delay(policy: "RetryPolicy", attempt: int, response: httpx.Response) -> float:
+    """Seconds to wait before retrying after a retryable 503: the policy's
+    backoff, or the service's ``Retry-After`` when that is longer."""
+    delay = policy.delay(attempt)
+    hint = retry_after(response)
+    return delay if hint is None else max(delay, hint)
 
 
 # Transport errors after which the request surely did not reach the service.

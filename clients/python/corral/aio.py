@@ -99,7 +99,7 @@ class AsyncClient:
                 refreshed = True
                 continue
             if idempotent and attempt < self.retry.attempts and _core.should_retry_status(response):
-                await asyncio.sleep(self.retry.delay(attempt))
+                await asyncio.sleep(_core.status_retry_delay(self.retry, attempt, response))
                 continue
             _core.raise_for_error(response, resource)
             return response

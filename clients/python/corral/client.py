@@ -115,7 +115,7 @@ class Client:
                 refreshed = True
                 continue
             if idempotent and attempt < self.retry.attempts and _core.should_retry_status(response):
-                delay = self.retry.delay(attempt)
+                delay = _core.status_retry_delay(self.retry, attempt, response)
                 log.debug("corral: %s %s answered 503; retrying in %.2fs", method, path, delay)
                 time.sleep(delay)
                 continue

@@ -11,7 +11,7 @@ Two sources produce them:
   command produced before it failed.
 
 ``retryable`` says whether doing the same thing again may succeed (a lost
-container, an unreachable daemon); a timeout, an OOM kill or a bad spec will
+container, an unreachable daemon, a full cluster); a timeout, an OOM kill or a bad spec will
 fail the same way again.
 """
 
@@ -42,6 +42,7 @@ __all__ = [
     "SandboxOOMError",
     "SandboxContainerLostError",
     "DaemonUnavailableError",
+    "CapacityError",
     "SpawnFailedError",
     "AgentError",
     "InternalError",
@@ -254,6 +255,17 @@ class DaemonUnavailableError(CorralError):
     default_retryable = True
 
 
+class CapacityError(DaemonUnavailableError):
+    """The engine has no room for the sandbox now (on Kubernetes: no node
+    can take the pod, e.g. too little memory or CPU, a quota). Retryable
+    later, when sandboxes end or the cluster grows; the service's answer
+    carries ``Retry-After``. A :class:`DaemonUnavailableError`, as the
+    service reported it before it had a kind of its own."""
+
+    default_kind = "capacity"
+    default_retryable = True
+
+
 class SpawnFailedError(CorralError):
     """The command could not be started (no such program, bad cwd, ...)."""
 
@@ -310,6 +322,7 @@ _BY_KIND: Dict[str, Type[CorralError]] = {
     "oom_killed": SandboxOOMError,
     "container_lost": SandboxContainerLostError,
     "daemon_unavailable": DaemonUnavailableError,
+    "capacity": CapacityError,
     "spawn_failed": SpawnFailedError,
     "agent_error": AgentError,
     "protocol_violation": ProtocolViolationError,

@@ -33,9 +33,9 @@ class Failure:
     """Why a command did not complete normally.
 
     ``kind`` is one of ``timeout``, ``oom_killed``, ``container_lost``,
-    ``daemon_unavailable``, ``image_not_found``, ``invalid_spec``,
-    ``unsupported``, ``spawn_failed``, ``agent_error`` (or a kind a newer
-    service added); ``retryable`` says whether running it again may succeed.
+    ``daemon_unavailable``, ``capacity``, ``image_not_found``,
+    ``invalid_spec``, ``unsupported``, ``spawn_failed``, ``agent_error``,
+    ``protocol_violation`` (or a kind a newer service added); ``retryable`` says whether running it again may succeed.
     """
 
     kind: str

@@ -99,6 +99,7 @@ def test_result_parsing_decodes_base64_and_failure():
         (410, "oom_killed", corral.SandboxOOMError, False),
         (413, "too_large", corral.TooLargeError, False),
         (503, "daemon_unavailable", corral.DaemonUnavailableError, True),
+        (503, "capacity", corral.CapacityError, True),
         (503, "shutting_down", corral.ServiceUnavailableError, True),
         (500, "internal", corral.InternalError, False),
         (502, "agent_error", corral.AgentError, True),
@@ -112,6 +113,26 @@ def test_error_bodies_map_to_classes(status, kind, cls, retryable):
     assert type(err) is cls
     assert (err.kind, err.message, err.retryable, err.status) == (kind, "m", retryable, status)
     assert err.field == "spec.limits.memory"
+
+
+def test_capacity_is_a_daemon_unavailable_error_and_honours_retry_after():
+    body = {"error": {"kind": "capacity", "message": "no room for sandbox sb-1", "retryable": True}}
+    err = error_from_response(503, body)
+    # Before capacity had a kind of its own it came as daemon_unavailable:
+    # callers catching DaemonUnavailableError still catch it.
+    assert isinstance(err, corral.DaemonUnavailableError) and err.retryable
+    assert "CapacityError" in corral.__all__
+    policy = corral.RetryPolicy(initial_delay=0.25, max_delay=4.0, jitter=False)
+    full = httpx.Response(503, json=body, headers={"Retry-After": "10"})
+    assert _core.should_retry_status(full)
+    assert _core.status_retry_delay(policy, 1, full) == 10.0
+    # No hint, or one shorter than the backoff: the backoff.
+    assert _core.status_retry_delay(policy, 3, httpx.Response(503, json=body)) == 1.0
+    assert _core.status_retry_delay(policy, 3, httpx.Response(503, headers={"Retry-After": "0"})) == 1.0
+    # Nonsense is ignored; a long hint is capped.
+    assert _core.retry_after(httpx.Response(503, headers={"Retry-After": "soon"})) is None
+    assert _core.retry_after(httpx.Response(503, headers={"Retry-After": "-5"})) is None
+    assert _core.retry_after(httpx.Response(503, headers={"Retry-After": "3600"})) == _core.MAX_RETRY_AFTER
 
 
 def test_not_found_is_narrowed_by_message_and_route():

@@ -11,11 +11,11 @@ pub mod serve;
 pub mod snapshots;
 pub mod workload;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use corral::config::{BackendKind, Config};
-use corral::{Runtime, RuntimeConfig};
+use corral::{Backend, Runtime, RuntimeConfig};
 use corral_docker::{DockerBackend, DockerConfig};
 use corral_kube::{KubeBackend, KubeConfig};
 
@@ -31,6 +31,9 @@ pub struct BackendConfig {
     pub kube: KubeConfig,
     /// Limits, the breaker, orphan reaping, the seal key.
     pub runtime: RuntimeConfig,
+    /// The backends connected with this configuration, closed before the
+    /// process exits.
+    pub opened: Opened,
 }
 
 impl From<&Config> for BackendConfig {
@@ -40,6 +43,40 @@ impl From<&Config> for BackendConfig {
             docker: DockerConfig::from(config),
             kube: KubeConfig::from(config),
             runtime: RuntimeConfig::from(config),
+            opened: Opened::default(),
+        }
+    }
+}
+
+/// Every backend a command connected, so that `main` can close them
+/// (`Backend::close`: the Kubernetes backend gives up its Lease) once the
+/// command is done, however it ended.
+#[derive(Clone, Default)]
+pub struct Opened(Arc<Mutex<Vec<Arc<dyn Backend>>>>);
+
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.lock().map(|v| v.len()).unwrap_or_default();
+        write!(f, "Opened({n} backends)")
+    }
+}
+
+impl Opened {
+    /// Remembers `backend` for [`Opened::close_all`].
+    pub fn push(&self, backend: Arc<dyn Backend>) {
+        if let Ok(mut v) = self.0.lock() {
+            v.push(backend);
+        }
+    }
+
+    /// Closes every backend remembered, once.
+    pub async fn close_all(&self) {
+        let backends = match self.0.lock() {
+            Ok(mut v) => std::mem::take(&mut *v),
+            Err(_) => return,
+        };
+        for backend in backends {
+            backend.close().await;
         }
     }
 }
@@ -50,10 +87,13 @@ pub async fn connect(config: BackendConfig) -> anyhow::Result<Runtime> {
     match config.kind {
         BackendKind::Docker => Ok(connect_docker(config).await?.0),
         BackendKind::Kubernetes => {
-            let kube = KubeBackend::connect(&config.kube)
-                .await
-                .context("cannot reach a Kubernetes cluster")?;
-            Ok(Runtime::new(Arc::new(kube), config.runtime))
+            let kube: Arc<dyn Backend> = Arc::new(
+                KubeBackend::connect(&config.kube)
+                    .await
+                    .context("cannot reach a Kubernetes cluster")?,
+            );
+            config.opened.push(kube.clone());
+            Ok(Runtime::new(kube, config.runtime))
         }
     }
 }
@@ -66,7 +106,9 @@ pub async fn connect_docker(config: BackendConfig) -> anyhow::Result<(Runtime, D
             let docker = DockerBackend::connect(&config.docker)
                 .await
                 .context("cannot reach a container daemon")?;
-            let runtime = Runtime::new(Arc::new(docker.clone()), config.runtime);
+            let backend: Arc<dyn Backend> = Arc::new(docker.clone());
+            config.opened.push(backend.clone());
+            let runtime = Runtime::new(backend, config.runtime);
             Ok((runtime, docker))
         }
         BackendKind::Kubernetes => anyhow::bail!(

@@ -103,8 +103,9 @@ fn main() -> ExitCode {
         }
     };
     let config = commands::BackendConfig::from(&settings);
+    let opened = config.opened.clone();
     let result = runtime.block_on(async move {
-        match command {
+        let result = match command {
             Command::Run(args) => commands::run::run(config, &settings, *args).await,
             Command::Ps(args) => commands::ps::run(config, args).await,
             Command::Gc(args) => commands::gc::run(config, args).await,
@@ -115,7 +116,11 @@ fn main() -> ExitCode {
             Command::Serve(args) => commands::serve::run(config, &settings, args).await,
             Command::Mcp(args) => commands::mcp::run(config, &settings, args).await,
             Command::Config(_) => unreachable!("handled before the runtime starts"),
-        }
+        };
+        // What the backends hold for this process (a Lease) goes now
+        // rather than expiring later.
+        opened.close_all().await;
+        result
     });
     // Don't wait for a blocked stdin reader thread at exit.
     runtime.shutdown_background();

@@ -112,8 +112,9 @@ pub struct SandboxInfo {
     pub created: i64,
     /// The owning corral process, when labelled.
     pub owner: Option<Owner>,
-    /// Whether its owner is alive, gone, elsewhere, or it is persistent
-    /// (filled in by the runtime, which knows the host).
+    /// Whether its owner is alive, gone, elsewhere, or it is persistent:
+    /// filled in by the runtime from the owner labels (it knows the host),
+    /// unless the backend judges it itself ([`Backend::judges_ownership`]).
     pub ownership: Ownership,
     /// The session key of a persistent sandbox.
     pub session: Option<String>,
@@ -131,6 +132,47 @@ pub struct Check {
     /// What was seen.
     pub detail: String,
 }
+
+/// Whether an engine holds an image, as far as it can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImagePresence {
+    /// Present: a start uses it without pulling.
+    Present,
+    /// Not present: a start would pull it.
+    Absent,
+    /// The engine cannot tell: the machines that run sandboxes pull images
+    /// themselves and nobody it can ask knows which holds what (Kubernetes:
+    /// the API server does not track the nodes' image stores). The caller
+    /// must decide as if the image might be pulled.
+    Unknown,
+}
+
+/// Where persistent sessions keep their workspace and home, which a
+/// backend says once for all its sandboxes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SessionStorage {
+    /// Directories on corral's own host, under the persistence root: the
+    /// runtime makes and guards them (private, setuid bits cleared while
+    /// no sandbox of the session runs), records the session's container
+    /// there, and passes them in the spec as `nosuid` mounts at
+    /// [`SESSION_WORKSPACE`] and [`SESSION_HOME`]. For an engine on
+    /// corral's host (Docker).
+    #[default]
+    HostDirectories,
+    /// A volume of the engine's per session key: for a spec whose
+    /// `persistent` is set the backend makes it (or finds it), mounts it
+    /// at [`SESSION_WORKSPACE`] and [`SESSION_HOME`], keeps it when the
+    /// sandbox is removed, and records which sandbox it made for the
+    /// session ([`Backend::session_placement`]). For an engine whose
+    /// sandboxes run on other machines (Kubernetes).
+    Backend,
+}
+
+/// Where a persistent session's workspace is mounted (its working
+/// directory).
+pub const SESSION_WORKSPACE: &str = "/workspace";
+/// Where a persistent session's home is mounted (`$HOME`).
+pub const SESSION_HOME: &str = "/home/corral";
 
 /// Retry and failure counters a backend keeps about its engine.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -213,14 +255,46 @@ pub trait Backend: Send + Sync + 'static {
     /// Every sandbox with corral's labels, running or not.
     fn list(&self) -> BoxFuture<'_, Result<Vec<SandboxInfo>, Error>>;
 
-    /// Removes what the engine keeps for sandboxes that are gone (volumes
-    /// of containers removed out-of-band); returns their names.
+    /// Whether [`Backend::list`] judges each sandbox's
+    /// [`SandboxInfo::ownership`] itself. By default it does not: the
+    /// runtime judges it from the owner labels, which works where every
+    /// owner runs on one host with the engine (a live process on this
+    /// host, or gone; an owner on another host cannot be judged). A
+    /// backend whose owners may run anywhere (Kubernetes: a Lease each
+    /// owner renews) judges it and says so here; it must never call a
+    /// sandbox of a live owner an orphan.
+    fn judges_ownership(&self) -> bool {
+        false
+    }
+
+    /// Where persistent sessions keep their files.
+    fn session_storage(&self) -> SessionStorage {
+        SessionStorage::HostDirectories
+    }
+
+    /// With [`SessionStorage::Backend`]: the sandbox the backend last made
+    /// for persistent session `session`, while it exists as made (never
+    /// one that merely carries the session's labels). `None` when there
+    /// is none, and always with host directories (the runtime keeps that
+    /// record itself).
+    fn session_placement<'a>(
+        &'a self,
+        session: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Placement>, Error>> {
+        let _ = session;
+        Box::pin(async { Ok(None) })
+    }
+
+    /// Removes what the engine keeps for sandboxes or owners that are gone
+    /// (volumes of containers removed out-of-band, expired Leases);
+    /// returns a volume's name, or `kind/name` for anything else.
     fn collect_garbage(&self) -> BoxFuture<'_, Result<Vec<String>, Error>> {
         Box::pin(async { Ok(Vec::new()) })
     }
 
-    /// Whether `image` is present (nothing is pulled).
-    fn image_present<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<bool, Error>>;
+    /// Whether `image` is present, as far as the engine can tell (nothing
+    /// is pulled).
+    fn image_present<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<ImagePresence, Error>>;
 
     /// Keeps the file system of the sandbox at `placement` as snapshot
     /// `req.name` (replacing one of that name), from which sandboxes can
@@ -256,5 +330,15 @@ pub trait Backend: Send + Sync + 'static {
     /// The backend's counters now.
     fn counters(&self) -> BackendCounters {
         BackendCounters::default()
+    }
+
+    /// Gives up what the backend holds for this process (Kubernetes: its
+    /// Lease, so other corrals see at once that its sandboxes are
+    /// orphans) before the process ends; the sandboxes themselves are
+    /// left as they are. Best effort: a backend that is not closed lets
+    /// what it holds expire. Call it once, when nothing else will use the
+    /// backend.
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
     }
 }

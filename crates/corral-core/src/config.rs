@@ -121,6 +121,20 @@ pub struct KubernetesConfig {
     /// policy lets reach the agent port: where corral runs outside the
     /// cluster. Default none.
     pub controller_cidrs: Vec<String>,
+    /// How long this process's Lease (`coordination.k8s.io`) lasts
+    /// unrenewed, in seconds; it is renewed every third of that. A corral
+    /// on any host judges a pod's owner gone, and `gc` removes the pod,
+    /// once its Lease has not been renewed for this long (plus 10 s for
+    /// clocks that disagree). Default 60; 10 to 3600.
+    pub lease_duration_seconds: u32,
+    /// Size of a persistent session's volume (a PersistentVolumeClaim
+    /// holding its workspace and home), in bytes; read when the claim is
+    /// made, so a change applies to new sessions. Default 1073741824
+    /// (1 GiB); at least 1048576.
+    pub session_volume_size: u64,
+    /// StorageClass of persistent sessions' claims. Default `None`: the
+    /// cluster's default class.
+    pub session_storage_class: Option<String>,
 }
 
 /// How corral reaches the agent in a pod. Either way the connection must
@@ -155,6 +169,9 @@ impl Default for KubernetesConfig {
             agent_port: 7150,
             connect_timeout_ms: 3_000,
             controller_cidrs: Vec::new(),
+            lease_duration_seconds: 60,
+            session_volume_size: 1 << 30,
+            session_storage_class: None,
         }
     }
 }
@@ -235,6 +252,31 @@ impl KubernetesConfig {
                     format!("kubernetes.controller_cidrs[{i}]"),
                     cidr,
                     "expected an address block like 10.0.0.0/8 or fd00::/8",
+                ));
+            }
+        }
+        if !(10..=3600).contains(&self.lease_duration_seconds) {
+            return Err(ConfigError::invalid(
+                "kubernetes.lease_duration_seconds",
+                self.lease_duration_seconds,
+                "from 10 to 3600: shorter leases are renewed too often to survive a slow API \
+                 server, longer ones keep orphans for too long",
+            ));
+        }
+        if self.session_volume_size < 1 << 20 {
+            return Err(ConfigError::invalid(
+                "kubernetes.session_volume_size",
+                self.session_volume_size,
+                "at least 1048576 (1 MiB), in bytes",
+            ));
+        }
+        if let Some(class) = &self.session_storage_class {
+            if !(class.len() <= 253 && class.split('.').all(is_dns_label)) {
+                return Err(ConfigError::invalid(
+                    "kubernetes.session_storage_class",
+                    class,
+                    "a StorageClass name is an RFC 1123 subdomain (lowercase letters, digits, \
+                     '-' and '.'); leave it out for the cluster's default class",
                 ));
             }
         }
@@ -1439,6 +1481,18 @@ persistence_root: /srv/corral
         .expect("parses");
         assert_eq!(c.kubernetes.control, ControlPath::PortForward);
         c.validate(&FakeHost).expect("valid");
+        let c = Config::from_yaml(
+            "kubernetes:\n  lease_duration_seconds: 15\n  session_volume_size: 1048576\n  \
+             session_storage_class: fast.ssd\n",
+        )
+        .expect("parses");
+        assert_eq!(c.kubernetes.lease_duration_seconds, 15);
+        assert_eq!(c.kubernetes.session_volume_size, 1 << 20);
+        assert_eq!(
+            c.kubernetes.session_storage_class.as_deref(),
+            Some("fast.ssd")
+        );
+        c.validate(&FakeHost).expect("valid");
         for (text, path, value) in [
             (
                 "kubernetes: {namespace: Bad_NS}",
@@ -1480,6 +1534,26 @@ persistence_root: /srv/corral
                 "kubernetes: {start_timeout_ms: 0}",
                 "kubernetes.start_timeout_ms",
                 "0",
+            ),
+            (
+                "kubernetes: {lease_duration_seconds: 9}",
+                "kubernetes.lease_duration_seconds",
+                "9",
+            ),
+            (
+                "kubernetes: {lease_duration_seconds: 3601}",
+                "kubernetes.lease_duration_seconds",
+                "3601",
+            ),
+            (
+                "kubernetes: {session_volume_size: 1048575}",
+                "kubernetes.session_volume_size",
+                "1048575",
+            ),
+            (
+                "kubernetes: {session_storage_class: Fast_SSD}",
+                "kubernetes.session_storage_class",
+                "Fast_SSD",
             ),
         ] {
             match invalid(text) {

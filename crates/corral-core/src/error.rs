@@ -149,9 +149,8 @@ impl Error {
             Error::Agent { .. } | Error::ShutDown { .. } | Error::Host { .. } => {
                 FailureKind::AgentError
             }
-            Error::SlotTimeout { .. } | Error::NoRoom { .. } | Error::Capacity { .. } => {
-                FailureKind::DaemonUnavailable
-            }
+            Error::SlotTimeout { .. } | Error::NoRoom { .. } => FailureKind::DaemonUnavailable,
+            Error::Capacity { .. } => FailureKind::Capacity,
             Error::Startup { .. } => FailureKind::SpawnFailed,
         }
     }
@@ -203,6 +202,7 @@ mod tests {
             message: "0/3 nodes are available: 3 Insufficient memory".into(),
         };
         assert!(full.retryable());
+        assert_eq!(full.kind(), FailureKind::Capacity);
         assert!(full.to_string().contains("3 Insufficient memory"));
         let shut = Error::ShutDown { key: "k".into() };
         assert_eq!(shut.kind(), FailureKind::AgentError);

@@ -19,6 +19,10 @@ pub enum FailureKind {
     ContainerLost,
     /// The daemon could not be reached or failed to answer.
     DaemonUnavailable,
+    /// The engine has no room for the sandbox now (a pod no node can
+    /// take: too little memory or CPU, a quota): retryable later, when
+    /// sandboxes end or the cluster grows.
+    Capacity,
     /// The image is not present and no registry could supply it.
     ImageNotFound,
     /// The spec or request was rejected before anything ran.
@@ -46,6 +50,7 @@ impl FailureKind {
             FailureKind::OomKilled => "oom_killed",
             FailureKind::ContainerLost => "container_lost",
             FailureKind::DaemonUnavailable => "daemon_unavailable",
+            FailureKind::Capacity => "capacity",
             FailureKind::ImageNotFound => "image_not_found",
             FailureKind::InvalidSpec => "invalid_spec",
             FailureKind::Unsupported => "unsupported",
@@ -55,13 +60,17 @@ impl FailureKind {
         }
     }
 
-    /// Whether running the same thing again may succeed. A lost container or
-    /// an unavailable daemon are conditions of the moment; a timeout, an OOM
-    /// or a bad spec will happen again with the same input.
+    /// Whether running the same thing again may succeed. A lost container,
+    /// an unavailable daemon or a full cluster are conditions of the
+    /// moment; a timeout, an OOM or a bad spec will happen again with the
+    /// same input.
     pub fn retryable(self) -> bool {
         matches!(
             self,
-            FailureKind::ContainerLost | FailureKind::DaemonUnavailable | FailureKind::AgentError
+            FailureKind::ContainerLost
+                | FailureKind::DaemonUnavailable
+                | FailureKind::Capacity
+                | FailureKind::AgentError
         )
     }
 }
@@ -293,6 +302,7 @@ mod tests {
             OomKilled,
             ContainerLost,
             DaemonUnavailable,
+            Capacity,
             ImageNotFound,
             InvalidSpec,
             Unsupported,
@@ -303,7 +313,11 @@ mod tests {
         .into_iter()
         .filter(|k| k.retryable())
         .collect();
-        assert_eq!(retryable, [ContainerLost, DaemonUnavailable, AgentError]);
+        assert_eq!(
+            retryable,
+            [ContainerLost, DaemonUnavailable, Capacity, AgentError]
+        );
+        assert_eq!(Capacity.as_str(), "capacity");
     }
 
     #[test]

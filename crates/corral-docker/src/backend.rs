@@ -13,8 +13,8 @@ use bollard::query_parameters::{
 };
 use bollard::Docker;
 use corral_core::backend::{
-    AgentOutput, AgentStream, Backend, BackendCounters, BoxFuture, OnDeath, Placement, Prepared,
-    SandboxInfo, StartRequest,
+    AgentOutput, AgentStream, Backend, BackendCounters, BoxFuture, ImagePresence, OnDeath,
+    Placement, Prepared, SandboxInfo, StartRequest,
 };
 use corral_core::config::Config;
 use corral_core::outcome::short;
@@ -582,13 +582,13 @@ impl Backend for DockerBackend {
         Box::pin(crate::gc::remove_dangling_volumes(self))
     }
 
-    fn image_present<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+    fn image_present<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<ImagePresence, Error>> {
         Box::pin(async move {
             let docker = &self.inner.docker;
             let what = format!("inspect image {image}");
             match self.call(&what, || docker.inspect_image(image)).await {
-                Ok(_) => Ok(true),
-                Err(e) if is_not_found(&e) => Ok(false),
+                Ok(_) => Ok(ImagePresence::Present),
+                Err(e) if is_not_found(&e) => Ok(ImagePresence::Absent),
                 Err(e) => Err(api(what, e)),
             }
         })

@@ -1,7 +1,12 @@
 //! The Kubernetes backend: a sandbox is a pod whose PID 1 is corral's
 //! agent, reached over TCP on the pod network (or through the API
 //! server's port-forward) after a handshake proving corral holds the
-//! sandbox's secret (`control.rs`).
+//! sandbox's secret (`control.rs`). Who owns a pod is judged by Lease
+//! (`backend/owners.rs`); persistent sessions keep their files in a claim
+//! per key (`backend/sessions.rs`).
+
+mod owners;
+mod sessions;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -12,11 +17,11 @@ use std::time::{Duration, Instant};
 use backon::{ExponentialBuilder, Retryable};
 use corral_core::agent_auth::{self, Secret};
 use corral_core::backend::{
-    AgentStream, Backend, BackendCounters, BoxFuture, OnDeath, Placement, Prepared, SandboxInfo,
-    StartRequest,
+    AgentStream, Backend, BackendCounters, BoxFuture, ImagePresence, OnDeath, Placement, Prepared,
+    SandboxInfo, SessionStorage, StartRequest,
 };
 use corral_core::config::{Config, ControlPath};
-use corral_core::labels::{self, Owner, Ownership};
+use corral_core::labels::{self, Owner};
 use corral_core::{ContainerState, Error, FailureKind, RetryPolicy};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -28,8 +33,10 @@ use tokio::sync::OnceCell;
 
 use crate::control::{self, ControlError};
 use crate::error::{api, classify, is_not_found, status_code};
+use crate::lease::LeaseKeeper;
 use crate::pod::{self, PodParams, SANDBOX_CONTAINER};
 use crate::rate::RateLimiter;
+use crate::session;
 use crate::state::{self, Progress};
 use crate::watch::PodWatch;
 
@@ -66,6 +73,12 @@ pub struct KubeConfig {
     pub controller_cidrs: Vec<String>,
     /// Retries of transient API errors.
     pub retry: RetryPolicy,
+    /// How long this process's Lease lasts unrenewed (`owners.rs`).
+    pub lease_duration: Duration,
+    /// Bytes of a persistent session's claim (`sessions.rs`).
+    pub session_volume_size: u64,
+    /// StorageClass of sessions' claims; `None`: the cluster's default.
+    pub session_storage_class: Option<String>,
 }
 
 /// The agent image of this build of corral.
@@ -95,6 +108,9 @@ impl From<&Config> for KubeConfig {
             connect_timeout: Duration::from_millis(k.connect_timeout_ms),
             controller_cidrs: k.controller_cidrs.clone(),
             retry: config.daemon.retry.clone(),
+            lease_duration: Duration::from_secs(u64::from(k.lease_duration_seconds)),
+            session_volume_size: k.session_volume_size,
+            session_storage_class: k.session_storage_class.clone(),
         }
     }
 }
@@ -123,6 +139,8 @@ struct Inner {
     /// Set once a direct connection could not reach the pod network
     /// under `control: auto`: later connections go through port-forward.
     direct_unreachable: AtomicBool,
+    /// This process's Lease, made with its first pod (`owners.rs`).
+    lease: OnceCell<LeaseKeeper>,
 }
 
 /// How to reach one pod's agent.
@@ -180,6 +198,7 @@ impl KubeBackend {
                 watch: Arc::new(PodWatch::default()),
                 agents: Mutex::new(HashMap::new()),
                 direct_unreachable: AtomicBool::new(false),
+                lease: OnceCell::new(),
             }),
         };
         backend
@@ -239,7 +258,7 @@ impl KubeBackend {
 
     /// A suffix no earlier pod of this process had (uniqueness, not
     /// secrecy: the name is public).
-    fn suffix(&self) -> String {
+    pub(crate) fn suffix(&self) -> String {
         use std::hash::{BuildHasher, Hasher};
         let n = self.inner.created.fetch_add(1, Ordering::Relaxed);
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -295,14 +314,19 @@ impl KubeBackend {
             .map(|_| ())
     }
 
-    async fn do_create(&self, req: &StartRequest<'_>) -> Result<Placement, Error> {
+    /// Creates the pod of `req` (`claim`: the session's claim to mount).
+    async fn do_create(
+        &self,
+        req: &StartRequest<'_>,
+        claim: Option<&str>,
+    ) -> Result<Placement, Error> {
         let (spec, id) = (req.spec, req.sandbox_id);
         let name = pod::pod_name(id, &self.suffix())?;
         let secret = control::new_secret().map_err(|e| Error::Agent {
             sandbox: id.to_string(),
             message: format!("cannot make the agent's secret: {e}"),
         })?;
-        let pod = pod::pod(
+        let mut pod = pod::pod(
             spec,
             &PodParams {
                 sandbox_id: id,
@@ -315,6 +339,9 @@ impl KubeBackend {
             },
         )?;
         self.remember(&name, AgentEndpoint { secret, ip: None });
+        if let Some(claim) = claim {
+            session::mount(&mut pod, claim);
+        }
         self.inner.limiter.acquire().await;
         let pods = &self.inner.pods;
         let what = format!("create pod {name} for sandbox {id}");
@@ -518,7 +545,7 @@ impl KubeBackend {
         Ok(state::container_state(name, pod.as_ref()))
     }
 
-    async fn do_remove(&self, name: &str, sandbox: &str) -> Result<(), Error> {
+    pub(crate) async fn do_remove(&self, name: &str, sandbox: &str) -> Result<(), Error> {
         // No grace: sandboxes hold nothing worth saving (Docker's kill).
         let params = DeleteParams {
             grace_period_seconds: Some(0),
@@ -561,6 +588,8 @@ impl KubeBackend {
             .call("list sandboxes", || pods.list(&params))
             .await
             .map_err(|e| api_err("list sandboxes", e))?;
+        // After the pods: a pod listed was made after its owner's Lease.
+        let judge = self.ownership_judge().await?;
         Ok(list
             .items
             .into_iter()
@@ -594,8 +623,7 @@ impl KubeBackend {
                         .map(|t| t.0.as_second())
                         .unwrap_or_default(),
                     owner: Owner::from_labels(&l),
-                    // The runtime knows the host and judges ownership.
-                    ownership: Ownership::LiveOwner,
+                    ownership: judge.ownership(&l),
                     session: l.get(labels::SESSION).cloned(),
                     labels: l,
                 }
@@ -653,12 +681,14 @@ impl Backend for KubeBackend {
         })
     }
 
-    fn prepare<'a>(&'a self, _req: &'a StartRequest<'a>) -> BoxFuture<'a, Result<Prepared, Error>> {
+    fn prepare<'a>(&'a self, req: &'a StartRequest<'a>) -> BoxFuture<'a, Result<Prepared, Error>> {
         Box::pin(async move {
             // The nodes pull images and the init container brings the
-            // agent: all that is left here is the namespace's policies.
+            // agent: all that is left here is the namespace's policies
+            // and this process's Lease.
             let t = Instant::now();
             self.ensure_policies().await?;
+            self.ensure_lease(req.owner).await?;
             Ok(Prepared {
                 image: Duration::ZERO,
                 agent: t.elapsed(),
@@ -667,7 +697,7 @@ impl Backend for KubeBackend {
     }
 
     fn create<'a>(&'a self, req: &'a StartRequest<'a>) -> BoxFuture<'a, Result<Placement, Error>> {
-        Box::pin(self.do_create(req))
+        Box::pin(self.create_owned(req))
     }
 
     fn start<'a>(
@@ -715,10 +745,39 @@ impl Backend for KubeBackend {
         Box::pin(self.do_list())
     }
 
-    fn image_present<'a>(&'a self, _image: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
-        // The nodes' image stores cannot be asked through the API server;
-        // only an image the policy allows is used without knowing.
-        Box::pin(async { Ok(false) })
+    fn judges_ownership(&self) -> bool {
+        // By Lease (`owners.rs`): an owner's host and pid mean nothing to
+        // a corral on another machine of the cluster.
+        true
+    }
+
+    fn session_storage(&self) -> SessionStorage {
+        SessionStorage::Backend
+    }
+
+    fn session_placement<'a>(
+        &'a self,
+        session: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Placement>, Error>> {
+        Box::pin(self.recorded_session_pod(session))
+    }
+
+    fn collect_garbage(&self) -> BoxFuture<'_, Result<Vec<String>, Error>> {
+        Box::pin(self.remove_expired_leases())
+    }
+
+    fn image_present<'a>(&'a self, _image: &'a str) -> BoxFuture<'a, Result<ImagePresence, Error>> {
+        // Each node pulls what its pods need (per the pod's pull policy)
+        // and the API server keeps no record of which node holds which
+        // image (a node's status lists some of its images, truncated, and
+        // a pod may be scheduled on any node): nobody corral can ask
+        // knows. Saying "absent" would be as false as "present"; the
+        // caller decides as if the image might be pulled.
+        Box::pin(async { Ok(ImagePresence::Unknown) })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.release_lease())
     }
 
     fn counters(&self) -> BackendCounters {

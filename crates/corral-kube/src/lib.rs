@@ -13,8 +13,10 @@ mod backend;
 pub mod control;
 pub mod doctor;
 pub mod error;
+pub mod lease;
 pub mod pod;
 mod rate;
+pub mod session;
 pub mod state;
 mod watch;
 

@@ -237,13 +237,6 @@ pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
              limits.pids to null",
         ));
     }
-    if let Some(key) = &spec.persistent {
-        return Err(unsupported(
-            "persistent",
-            key,
-            "persistent sessions are not available on Kubernetes yet",
-        ));
-    }
     if let Some(runtime) = &spec.runtime {
         if !is_dns_subdomain(runtime) {
             return Err(unsupported(
@@ -375,46 +368,12 @@ pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
         volume_mounts: Some(mounts),
         ..Default::default()
     };
-    let init = Container {
-        name: AGENT_INIT_CONTAINER.into(),
-        image: Some(p.agent_image.to_string()),
-        image_pull_policy: Some("IfNotPresent".into()),
-        command: Some(vec![
-            "/corral-agent".to_string(),
-            "install".to_string(),
-            AGENT_DIR.to_string(),
-        ]),
-        resources: Some(ResourceRequirements {
-            limits: Some(BTreeMap::from([
-                ("cpu".to_string(), Quantity("250m".into())),
-                ("memory".to_string(), Quantity("64Mi".into())),
-            ])),
-            ..Default::default()
-        }),
-        security_context: Some(SecurityContext {
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                add: None,
-            }),
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_user: Some(INIT_UID),
-            run_as_group: Some(INIT_UID),
-            run_as_non_root: Some(true),
-            privileged: Some(false),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        volume_mounts: Some(vec![VolumeMount {
-            name: AGENT_VOLUME.into(),
-            mount_path: AGENT_DIR.into(),
-            ..Default::default()
-        }]),
+    let mut init = agent_container(p.agent_image, &["/corral-agent", "install", AGENT_DIR]);
+    init.volume_mounts = Some(vec![VolumeMount {
+        name: AGENT_VOLUME.into(),
+        mount_path: AGENT_DIR.into(),
         ..Default::default()
-    };
+    }]);
     Ok(Pod {
         metadata: ObjectMeta {
             name: Some(p.name.to_string()),
@@ -457,6 +416,43 @@ fn policy_name(base: &str, spec: &NetworkPolicySpec) -> String {
     let digest = Sha256::digest(&bytes);
     let hex: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
     format!("{base}-{hex}")
+}
+
+/// A container running `command` from the agent's image as the init
+/// container does: as nobody, every capability dropped, read-only, small
+/// limits (the sandbox's init container; `doctor`'s version check).
+pub fn agent_container(agent_image: &str, command: &[&str]) -> Container {
+    Container {
+        name: AGENT_INIT_CONTAINER.into(),
+        image: Some(agent_image.to_string()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        command: Some(command.iter().map(|c| c.to_string()).collect()),
+        resources: Some(ResourceRequirements {
+            limits: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("250m".into())),
+                ("memory".to_string(), Quantity("64Mi".into())),
+            ])),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: None,
+            }),
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_user: Some(INIT_UID),
+            run_as_group: Some(INIT_UID),
+            run_as_non_root: Some(true),
+            privileged: Some(false),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 /// The namespace's two policies: no sandbox accepts inbound connections
@@ -925,10 +921,6 @@ mod tests {
         assert!(unsupported_text(&spec).contains("security.user '1:x'"));
         spec.security.user = Some("-1".into());
         assert!(unsupported_text(&spec).contains("security.user '-1'"));
-
-        let mut spec = kube_spec();
-        spec.persistent = Some("key".into());
-        assert!(unsupported_text(&spec).contains("persistent 'key'"));
     }
 
     #[test]

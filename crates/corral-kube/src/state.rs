@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{ContainerStatus as K8sContainerStatus, Pod};
 use crate::pod::{AGENT_INIT_CONTAINER, SANDBOX_CONTAINER};
 
 /// Waiting reasons that mean the image cannot be had.
-const IMAGE_REASONS: [&str; 5] = [
+pub(crate) const IMAGE_REASONS: [&str; 5] = [
     "ErrImagePull",
     "ImagePullBackOff",
     "InvalidImageName",

@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine;
 use corral::{FileOptions, Lease, OutputStream, Provider, Runtime};
+use corral_core::backend::ImagePresence;
 use corral_core::client_policy::ImageRule;
 use corral_core::config::Config;
 use corral_core::{CommandSpec, Failure, FailureKind, SandboxSpec};
@@ -459,22 +460,43 @@ async fn check_image(s: &AppState, field: &str, image: &str) -> Result<(), ApiEr
     if rule == ImageRule::Listed {
         return Ok(());
     }
-    match s.inner.runtime.image_present(image).await {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(ApiError::forbidden(
-            field,
-            format!(
-                "{field} '{image}' is not allowed: it is not on the daemon, and this service \
-                 runs only images already there for its clients (server.policy.images lists \
-                 images they may name, which are then pulled when missing)"
-            ),
-        )),
+    let runtime = &s.inner.runtime;
+    match runtime.image_present(image).await {
+        Ok(presence) => unlisted_image(field, image, runtime.backend().name(), presence),
         Err(e) => {
             let mut err = ApiError::runtime(&e, "");
             err.detail.field = Some(field.to_string());
             Err(err)
         }
     }
+}
+
+/// Whether an image the allow-list does not name may run: only when the
+/// engine (`engine`, for the message) knows it holds it. An engine that
+/// cannot tell (Kubernetes: the nodes pull images themselves) might pull
+/// it, which is what this rule keeps clients from doing.
+fn unlisted_image(
+    field: &str,
+    image: &str,
+    engine: &str,
+    presence: ImagePresence,
+) -> Result<(), ApiError> {
+    let why = match presence {
+        ImagePresence::Present => return Ok(()),
+        ImagePresence::Absent => "it is not on the daemon".to_string(),
+        ImagePresence::Unknown => format!(
+            "the {engine} backend cannot tell whether the machines running sandboxes hold it \
+             (they pull images themselves)"
+        ),
+    };
+    Err(ApiError::forbidden(
+        field,
+        format!(
+            "{field} '{image}' is not allowed: {why}, and this service runs only images already \
+             there for its clients (server.policy.images lists images they may name, which are \
+             then pulled when missing)"
+        ),
+    ))
 }
 
 /// Create a sandbox, or return the one bound to the session key.
@@ -486,7 +508,8 @@ async fn check_image(s: &AppState, field: &str, image: &str) -> Result<(), ApiEr
         (status = 200, description = "The session key already had this sandbox", body = SandboxInfo),
         (status = 400, description = "Bad request, spec or image", body = ErrorBody),
         (status = 403, description = "Refused: a field the service's policy keeps from clients (host mounts, added capabilities, weakened hardening, runtime, host environment, corral.* labels, persistent, limits removed or above the maxima, an image not allowed), named in `field`; or a browser Origin or a foreign Host", body = ErrorBody),
-        (status = 503, description = "Daemon unavailable (retryable)", body = ErrorBody),
+        (status = 503, description = "Daemon unavailable (`daemon_unavailable`), or no room for the sandbox now (`capacity`, with `Retry-After`); both retryable", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait before trying again, with kind `capacity`"))),
         (status = 401, description = "No or a wrong bearer token", body = ErrorBody),
         (status = 415, description = "A JSON body not sent as application/json", body = ErrorBody),
     )
@@ -1152,6 +1175,32 @@ pub fn router(state: AppState) -> axum::Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unlisted_image_runs_only_when_the_engine_knows_it_holds_it() {
+        assert!(unlisted_image("image", "alpine:3", "Docker", ImagePresence::Present).is_ok());
+        let absent = unlisted_image("image", "alpine:3", "Docker", ImagePresence::Absent)
+            .expect_err("refused");
+        assert_eq!(absent.status, StatusCode::FORBIDDEN);
+        assert_eq!(absent.detail.field.as_deref(), Some("image"));
+        assert!(absent.detail.message.contains("not on the daemon"));
+        let unknown = unlisted_image(
+            "spec.image",
+            "alpine:3",
+            "Kubernetes",
+            ImagePresence::Unknown,
+        )
+        .expect_err("refused: the nodes might pull it");
+        assert_eq!(unknown.status, StatusCode::FORBIDDEN);
+        assert_eq!(unknown.detail.field.as_deref(), Some("spec.image"));
+        let text = &unknown.detail.message;
+        assert!(
+            text.contains("spec.image 'alpine:3'")
+                && text.contains("Kubernetes backend cannot tell")
+                && text.contains("server.policy.images"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn exec_requests_are_checked_field_by_field() {

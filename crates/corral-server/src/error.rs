@@ -1,13 +1,19 @@
 //! Errors of the HTTP API: a status and a JSON body naming the field at
-//! fault, with `retryable` for daemon trouble.
+//! fault, with `retryable` for daemon trouble (and a `Retry-After` header
+//! when the engine said it has no room).
 
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use corral::{Error, FileError};
 use corral_core::{Failure, FailureKind};
 
 use crate::wire::{ErrorBody, ErrorDetail};
+
+/// Seconds a client is asked to wait (`Retry-After`) before trying again
+/// after a `capacity` failure: room comes back as sandboxes end or the
+/// cluster grows, not within the client's usual sub-second backoff.
+pub const CAPACITY_RETRY_AFTER_SECS: u64 = 10;
 
 /// An error answer.
 #[derive(Debug, Clone)]
@@ -16,6 +22,8 @@ pub struct ApiError {
     pub status: StatusCode,
     /// What the body says.
     pub detail: ErrorDetail,
+    /// `Retry-After` in seconds, when the service can tell.
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -28,6 +36,7 @@ impl ApiError {
                 field: None,
                 retryable: false,
             },
+            retry_after: None,
         }
     }
 
@@ -95,10 +104,14 @@ impl ApiError {
         e
     }
 
-    /// The answer for a typed failure.
+    /// The answer for a typed failure. Retryable trouble of the engine is a
+    /// 503 (`capacity` with `Retry-After`), as when the service itself is
+    /// shutting down.
     pub fn failure(f: &Failure) -> Self {
         let status = match f.kind {
-            FailureKind::DaemonUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            FailureKind::DaemonUnavailable | FailureKind::Capacity => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             FailureKind::ContainerLost | FailureKind::OomKilled => StatusCode::GONE,
             FailureKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
             FailureKind::InvalidSpec | FailureKind::ImageNotFound | FailureKind::Unsupported => {
@@ -109,6 +122,9 @@ impl ApiError {
         };
         let mut e = ApiError::new(status, f.kind.as_str(), f.message.clone());
         e.detail.retryable = f.retryable();
+        if f.kind == FailureKind::Capacity {
+            e.retry_after = Some(CAPACITY_RETRY_AFTER_SECS);
+        }
         e
     }
 
@@ -161,7 +177,13 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(ErrorBody { error: self.detail })).into_response()
+        let mut response = (self.status, Json(ErrorBody { error: self.detail })).into_response();
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
     }
 }
 
@@ -184,5 +206,32 @@ mod tests {
         assert_eq!(e.detail.kind, "invalid_spec");
         assert_eq!(e.detail.field.as_deref(), Some("spec.limits.memory"));
         assert!(!e.detail.retryable);
+        assert_eq!(e.retry_after, None);
+    }
+
+    #[test]
+    fn a_full_cluster_is_a_retryable_503_with_retry_after() {
+        let full = Error::Capacity {
+            sandbox: "sb-1".into(),
+            message: "0/3 nodes are available: 3 Insufficient memory.".into(),
+        };
+        let e = ApiError::runtime(&full, "");
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.detail.kind, "capacity");
+        assert!(e.detail.retryable);
+        assert!(e.detail.message.contains("3 Insufficient memory"));
+        assert_eq!(e.retry_after, Some(CAPACITY_RETRY_AFTER_SECS));
+        let response = e.into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            response.headers().get(header::RETRY_AFTER),
+            Some(&HeaderValue::from(CAPACITY_RETRY_AFTER_SECS))
+        );
+        let down = ApiError::failure(&Failure::new(FailureKind::DaemonUnavailable, "down"));
+        assert!(down
+            .into_response()
+            .headers()
+            .get(header::RETRY_AFTER)
+            .is_none());
     }
 }

@@ -165,7 +165,8 @@ pub struct ContainerStateBody {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct FailureBody {
     /// `timeout`, `oom_killed`, `container_lost`, `daemon_unavailable`,
-    /// `image_not_found`, `invalid_spec`, `spawn_failed`, `agent_error`, ...
+    /// `capacity`, `image_not_found`, `invalid_spec`, `unsupported`,
+    /// `spawn_failed`, `agent_error` or `protocol_violation`.
     pub kind: String,
     /// Whether running it again may succeed.
     pub retryable: bool,
@@ -328,7 +329,7 @@ pub struct ErrorBody {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ErrorDetail {
     /// `invalid_request`, `not_found`, `unauthorized`, `too_large`, or a
-    /// failure kind (`daemon_unavailable`, `invalid_spec`, ...).
+    /// failure kind (`daemon_unavailable`, `capacity`, `invalid_spec`, ...).
     pub kind: String,
     /// Human-readable, naming the field and value where one is at fault.
     pub message: String,

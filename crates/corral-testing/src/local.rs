@@ -36,8 +36,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use corral_core::backend::{
-    AgentOutput, AgentStream, Backend, BoxFuture, OnDeath, Placement, Prepared, SandboxInfo,
-    StartRequest,
+    AgentOutput, AgentStream, Backend, BoxFuture, ImagePresence, OnDeath, Placement, Prepared,
+    SandboxInfo, StartRequest,
 };
 use corral_core::labels::{self, Owner, Ownership};
 use corral_core::protocol::AGENT_DIR;
@@ -812,8 +812,8 @@ impl Backend for LocalProcessBackend {
         })
     }
 
-    fn image_present<'a>(&'a self, _image: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+    fn image_present<'a>(&'a self, _image: &'a str) -> BoxFuture<'a, Result<ImagePresence, Error>> {
         // There is no image: every command runs on the host.
-        Box::pin(async { Ok(true) })
+        Box::pin(async { Ok(ImagePresence::Present) })
     }
 }

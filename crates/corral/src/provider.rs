@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use corral_core::backend::SessionStorage;
 use corral_core::pool::{expired, lru_victim, Candidate, ProviderConfig};
 use corral_core::{CommandSpec, FailureKind, Recovery, SandboxSpec};
 use tokio::sync::Notify;
@@ -334,22 +335,24 @@ impl Provider {
 
     /// A persistent session's sandbox: its workspace (`/workspace`, the
     /// working directory) and home (`/home/corral`, `$HOME`) live in host
-    /// directories under the persistence root, keyed by session, so they
-    /// survive container loss and corral restarts. The container itself
-    /// outlives this process and is adopted, not duplicated, by the next
-    /// corral asking for the same key, but only when its seal proves this
-    /// user's corral made it for this key from this spec and it is the
-    /// container recorded in the session's directory; any other container
-    /// labelled with the key is never attached to (nothing runs in it) and,
-    /// unless provably ours, never removed. Releasing or evicting the
-    /// session removes the container, keeps the directories and clears
-    /// setuid/setgid bits in them.
+    /// directories under the persistence root, keyed by session (or, when
+    /// the backend keeps sessions' files itself, `SessionStorage::Backend`,
+    /// in its volume for the key), so they survive container loss and
+    /// corral restarts. The container itself outlives this process and is
+    /// adopted, not duplicated, by the next corral asking for the same key,
+    /// but only when its seal proves this user's corral made it for this
+    /// key from this spec and it is the container recorded for the session
+    /// (in its directory, or by the backend); any other container labelled
+    /// with the key is never attached to (nothing runs in it) and, unless
+    /// provably ours, never removed. Releasing or evicting the session
+    /// removes the container and keeps the files (clearing setuid/setgid
+    /// bits in host directories).
     pub async fn acquire_persistent(&self, key: &str, spec: &SandboxSpec) -> Result<Lease, Error> {
         let session_lock = self.session_lock(key);
         let _serial = session_lock.lock().await;
         let (spec, dirs) = self.persistent_spec(key, spec)?;
         if !lock(&self.inner.state).sessions.contains_key(key) {
-            match self.adopt_persistent(key, &spec, &dirs).await? {
+            match self.adopt_persistent(key, &spec, dirs.as_ref()).await? {
                 Some(sb) => {
                     let now = self.inner.now_ms();
                     let mut st = lock(&self.inner.state);
@@ -368,18 +371,31 @@ impl Provider {
                     }
                 }
                 // No container of the session runs: safe to walk its trees.
-                None => strip_in_blocking(dirs.clone(), key.to_string()).await,
+                None => {
+                    if let Some(dirs) = &dirs {
+                        strip_in_blocking(dirs.clone(), key.to_string()).await;
+                    }
+                }
             }
         }
         let lease = self.acquire_inner(key, None, &spec).await?;
-        let cid = lease.container_id();
-        if workspace::recorded_container(&dirs).as_deref() != Some(cid.as_str()) {
-            if let Err(e) = workspace::record_container(&dirs, &cid) {
-                // Only costs the next corral an adoption: it replaces instead.
-                tracing::warn!(session = key, error = %e, "recording a persistent session's container failed");
+        // A backend keeping the session's files records its sandbox itself.
+        if let Some(dirs) = &dirs {
+            let cid = lease.container_id();
+            if workspace::recorded_container(dirs).as_deref() != Some(cid.as_str()) {
+                if let Err(e) = workspace::record_container(dirs, &cid) {
+                    // Only costs the next corral an adoption: it replaces instead.
+                    tracing::warn!(session = key, error = %e, "recording a persistent session's container failed");
+                }
             }
         }
         Ok(lease)
+    }
+
+    /// Whether the backend keeps persistent sessions' files in host
+    /// directories the provider looks after.
+    fn host_directories(&self) -> bool {
+        self.inner.runtime.backend().session_storage() == SessionStorage::HostDirectories
     }
 
     fn session_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -392,28 +408,34 @@ impl Provider {
         locks.entry(key.to_string()).or_default().clone()
     }
 
-    /// The session's spec (its directories mounted `nosuid,nodev`, `$HOME`,
-    /// working directory, key) and its host directories, created private
-    /// (or checked and fixed) and migrated from the earlier naming.
+    /// The session's spec (`$HOME`, working directory, key; with host
+    /// directories also them, mounted `nosuid,nodev`) and its host
+    /// directories, created private (or checked and fixed) and migrated
+    /// from the earlier naming; `None` when the backend keeps the files.
     fn persistent_spec(
         &self,
         key: &str,
         base: &SandboxSpec,
-    ) -> Result<(SandboxSpec, SessionDirs), Error> {
-        let dirs = workspace::prepare(&self.inner.persistence_root, key)?;
+    ) -> Result<(SandboxSpec, Option<SessionDirs>), Error> {
         let mut spec = base.clone();
-        for (host, target) in [
-            (&dirs.workspace, workspace::WORKSPACE),
-            (&dirs.home, workspace::HOME),
-        ] {
-            spec.mounts.retain(|m| m.container != target);
-            spec.mounts.push(corral_core::Mount {
-                host: host.display().to_string(),
-                container: target.to_string(),
-                read_only: false,
-                nosuid: true,
-            });
-        }
+        let dirs = if self.host_directories() {
+            let dirs = workspace::prepare(&self.inner.persistence_root, key)?;
+            for (host, target) in [
+                (&dirs.workspace, workspace::WORKSPACE),
+                (&dirs.home, workspace::HOME),
+            ] {
+                spec.mounts.retain(|m| m.container != target);
+                spec.mounts.push(corral_core::Mount {
+                    host: host.display().to_string(),
+                    container: target.to_string(),
+                    read_only: false,
+                    nosuid: true,
+                });
+            }
+            Some(dirs)
+        } else {
+            None
+        };
         spec.env
             .retain(|v| !matches!(v, corral_core::EnvVar::Set { name, .. } if name == "HOME"));
         spec.env.push(corral_core::EnvVar::Set {
@@ -436,12 +458,15 @@ impl Provider {
         &self,
         key: &str,
         spec: &SandboxSpec,
-        dirs: &SessionDirs,
+        dirs: Option<&SessionDirs>,
     ) -> Result<Option<Sandbox>, Error> {
         let runtime = &self.inner.runtime;
         let seal_key = runtime.seal_key().await?;
         let digest = seal::spec_digest(spec);
-        let recorded = workspace::recorded_container(dirs);
+        let recorded = match dirs {
+            Some(dirs) => workspace::recorded_container(dirs),
+            None => runtime.backend().session_placement(key).await?.map(|p| p.0),
+        };
         let mine: Vec<_> = runtime
             .list_sandboxes()
             .await?
@@ -876,7 +901,7 @@ impl Provider {
             .sessions
             .get(&key)
             .is_some_and(|e| e.sandbox.id() != sb.id());
-        if destroyed.is_ok() && !newer {
+        if destroyed.is_ok() && !newer && self.host_directories() {
             let dirs = SessionDirs::new(&self.inner.persistence_root, &key);
             strip_in_blocking(dirs, key).await;
         }

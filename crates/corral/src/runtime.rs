@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use corral_core::backend::{Backend, Placement, SandboxInfo, StartRequest};
+use corral_core::backend::{Backend, ImagePresence, Placement, SandboxInfo, StartRequest};
 use corral_core::breaker::{Admit, Breaker, BreakerConfig, BreakerState};
 use corral_core::config::Config;
 use corral_core::labels::{self, ownership, Owner, Ownership};
@@ -121,8 +121,9 @@ pub struct GcReport {
     /// Sandboxes kept because their owner is alive, on another host, or
     /// they are persistent.
     pub kept: Vec<SandboxInfo>,
-    /// What the engine kept for sandboxes already gone (per-sandbox
-    /// volumes), removed.
+    /// What the engine kept for sandboxes or owners already gone, removed:
+    /// volume names (Docker's per-sandbox volumes), or `kind/name` for
+    /// anything else (Kubernetes: `lease/NAME`, an expired owner's Lease).
     pub volumes_removed: Vec<String>,
     /// Snapshots whose owner is gone (with `all`, every one that is not
     /// durable), removed.
@@ -225,8 +226,9 @@ impl Runtime {
         self.inner.backend.ping().await
     }
 
-    /// Whether `image` is already present (nothing is pulled).
-    pub async fn image_present(&self, image: &str) -> Result<bool, Error> {
+    /// Whether `image` is already present, as far as the backend can tell
+    /// (nothing is pulled).
+    pub async fn image_present(&self, image: &str) -> Result<ImagePresence, Error> {
         self.inner.backend.image_present(image).await
     }
 
@@ -271,12 +273,17 @@ impl Runtime {
     }
 
     /// Every sandbox with corral's labels on the backend, running or not,
-    /// with whether its owner is alive.
+    /// with whether its owner is alive: judged here from the owner labels
+    /// (a process on this host), or by the backend when it says it judges
+    /// ownership itself (`Backend::judges_ownership`).
     pub async fn list_sandboxes(&self) -> Result<Vec<SandboxInfo>, Error> {
-        let this_host = &self.inner.owner.host;
-        let mut list = self.inner.backend.list().await?;
-        for info in &mut list {
-            info.ownership = ownership(&info.labels, this_host, host::process_alive);
+        let backend = &self.inner.backend;
+        let mut list = backend.list().await?;
+        if !backend.judges_ownership() {
+            let this_host = &self.inner.owner.host;
+            for info in &mut list {
+                info.ownership = ownership(&info.labels, this_host, host::process_alive);
+            }
         }
         Ok(list)
     }
@@ -646,9 +653,13 @@ impl Runtime {
     }
 
     /// Counts a failed start against the breaker only when the engine is to
-    /// blame (a bad spec says nothing about the engine's health).
+    /// blame (a bad spec says nothing about the engine's health): it does
+    /// not answer, or it has no room (more starts would only queue up).
     fn breaker_record(&self, since: Instant, e: &Error, probe: bool) {
-        let engine_trouble = e.kind() == FailureKind::DaemonUnavailable;
+        let engine_trouble = matches!(
+            e.kind(),
+            FailureKind::DaemonUnavailable | FailureKind::Capacity
+        );
         let mut b = self.inner.breaker.lock().unwrap_or_else(|p| p.into_inner());
         let before = b.times_opened();
         if engine_trouble || probe {

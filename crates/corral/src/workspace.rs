@@ -29,9 +29,9 @@ use std::path::{Path, PathBuf};
 use corral_core::SpecError;
 
 /// Container path of a persistent session's workspace.
-pub const WORKSPACE: &str = "/workspace";
+pub const WORKSPACE: &str = corral_core::backend::SESSION_WORKSPACE;
 /// Container path of a persistent session's home (`$HOME`).
-pub const HOME: &str = "/home/corral";
+pub const HOME: &str = corral_core::backend::SESSION_HOME;
 
 /// The effective uid of this process.
 pub fn euid() -> u32 {

@@ -98,12 +98,13 @@ async fn kubernetes(config: crate::commands::BackendConfig) -> anyhow::Result<Ex
     let backend = corral_kube::KubeBackend::connect(&config.kube)
         .await
         .context("cannot reach a Kubernetes cluster")?;
-    let r = backend.doctor().await?;
+    config.opened.push(std::sync::Arc::new(backend.clone()));
+    let r = backend.doctor(&corral::host::this_owner()).await?;
     println!("api server    {} (reachable)", r.endpoint);
     println!("version       {}", r.server_version);
     println!("namespace     {}", r.namespace);
     println!(
-        "agent image   {} (pulled by the nodes at the first start)",
+        "agent image   {} (pulled by the nodes; checked below)",
         r.agent_image
     );
     println!("checks:");
@@ -111,7 +112,7 @@ async fn kubernetes(config: crate::commands::BackendConfig) -> anyhow::Result<Ex
     for c in &r.checks {
         all_ok &= c.ok;
         println!(
-            "  [{}] {:<28} {}",
+            "  [{}] {:<30} {}",
             if c.ok { " ok " } else { "FAIL" },
             c.name,
             c.detail

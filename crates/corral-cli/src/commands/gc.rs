@@ -8,7 +8,10 @@ use corral_core::outcome::short;
 /// Remove orphans: corral containers whose owning corral process is gone
 /// (killed, crashed), per-sandbox volumes no container uses any more, and
 /// snapshots whose owner is gone. Containers of live corral processes, of
-/// other hosts and persistent ones are kept, as are durable snapshots.
+/// other hosts and persistent ones are kept, as are durable snapshots. On
+/// Kubernetes an owner is alive while its Lease is renewed, whatever host
+/// it runs on: pods whose Lease expired are removed, and so are expired
+/// Leases; persistent sessions' volumes are never removed.
 #[derive(Args, Debug)]
 pub struct GcArgs {
     /// Also remove sandboxes and snapshots whose owner is alive or on
@@ -30,7 +33,11 @@ pub async fn run(config: crate::commands::BackendConfig, args: GcArgs) -> anyhow
         );
     }
     for v in &report.volumes_removed {
-        println!("removed volume {}", short(v));
+        // `kind/name` for what is not a volume (a Kubernetes `lease/NAME`).
+        match v.split_once('/') {
+            Some((kind, name)) => println!("removed {kind} {name}"),
+            None => println!("removed volume {}", short(v)),
+        }
     }
     for name in &report.snapshots_removed {
         println!("removed snapshot {name}");

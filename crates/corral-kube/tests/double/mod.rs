@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use corral_core::agent_auth::{self, Secret};
 use corral_core::backend::{
-    AgentStream, Backend, BackendCounters, BoxFuture, OnDeath, Placement, Prepared, SandboxInfo,
-    StartRequest,
+    AgentStream, Backend, BackendCounters, BoxFuture, ImagePresence, OnDeath, Placement, Prepared,
+    SandboxInfo, StartRequest,
 };
 use corral_core::{ContainerState, Error};
 use corral_docker::DockerBackend;
@@ -150,7 +150,7 @@ impl Backend for DockerAsPodNetworkDouble {
     fn list(&self) -> BoxFuture<'_, Result<Vec<SandboxInfo>, Error>> {
         self.docker.list()
     }
-    fn image_present<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+    fn image_present<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<ImagePresence, Error>> {
         self.docker.image_present(image)
     }
     fn counters(&self) -> BackendCounters {

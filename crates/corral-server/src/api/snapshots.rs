@@ -167,7 +167,8 @@ pub(super) async fn delete_snapshot(
         (status = 403, description = "Refused: the snapshot's spec has a field the service's policy keeps from clients, named in `field`; or a browser Origin or a foreign Host", body = ErrorBody),
         (status = 404, body = ErrorBody),
         (status = 409, description = "A session key of the forks is taken", body = ErrorBody),
-        (status = 503, description = "Daemon unavailable (retryable)", body = ErrorBody),
+        (status = 503, description = "Daemon unavailable (`daemon_unavailable`), or no room for the sandbox now (`capacity`, with `Retry-After`); both retryable", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait before trying again, with kind `capacity`"))),
         (status = 401, description = "No or a wrong bearer token", body = ErrorBody),
         (status = 415, description = "A JSON body not sent as application/json", body = ErrorBody),
     )

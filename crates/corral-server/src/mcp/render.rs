@@ -368,6 +368,19 @@ mod tests {
     }
 
     #[test]
+    fn a_full_cluster_reads_as_a_retryable_capacity_failure() {
+        let full = corral::Error::Capacity {
+            sandbox: "sb-1".into(),
+            message: "0/3 nodes are available: 3 Insufficient memory.".into(),
+        };
+        assert_eq!(
+            failure_line("sandbox", &full.failure()),
+            "sandbox: capacity (retryable): no room for sandbox sb-1: 0/3 nodes are available: \
+             3 Insufficient memory."
+        );
+    }
+
+    #[test]
     fn a_cut_stream_marks_the_cut() {
         let r = CommandResult {
             exit_code: Some(0),
