@@ -546,9 +546,16 @@ impl KubeBackend {
     }
 
     pub(crate) async fn do_remove(&self, name: &str, sandbox: &str) -> Result<(), Error> {
-        // No grace: sandboxes hold nothing worth saving (Docker's kill).
+        // The shortest graceful deletion, not a forced one: sandboxes hold
+        // nothing worth saving, but a forced deletion (grace 0) removes the
+        // object at once and leaves the kubelet to kill the containers
+        // later, so the sandbox would go on running (and answering on its
+        // control stream) after `remove` returned. With a grace the object
+        // goes only once the kubelet has killed them (SIGTERM, which the
+        // agent forwards, then SIGKILL a second later), and the wait below
+        // makes `remove` mean what Docker's `rm -f` means.
         let params = DeleteParams {
-            grace_period_seconds: Some(0),
+            grace_period_seconds: Some(1),
             ..Default::default()
         };
         let pods = &self.inner.pods;
