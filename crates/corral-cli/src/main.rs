@@ -110,7 +110,7 @@ fn main() -> ExitCode {
             Command::Ps(args) => commands::ps::run(config, args).await,
             Command::Gc(args) => commands::gc::run(config, args).await,
             Command::Snapshots(args) => commands::snapshots::run(config, args).await,
-            Command::Doctor(args) => commands::doctor::run(config, args).await,
+            Command::Doctor(args) => commands::doctor::run(config, &settings, args).await,
             Command::Workload(args) => commands::workload::run(config, args).await,
             Command::Bench(args) => commands::bench::run(config, args).await,
             Command::Serve(args) => commands::serve::run(config, &settings, args).await,

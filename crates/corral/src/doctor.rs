@@ -18,11 +18,12 @@ echo "memsw.max: $(cat /sys/fs/cgroup/memory/memory.memsw.limit_in_bytes 2>/dev/
 grep -E '^[^ ]+ /(tmp|var/tmp|run) tmpfs ' /proc/mounts | sed 's/^/mount: /'
 "#;
 
-/// Starts a default sandbox from `image` (it needs `/bin/sh`), reads what
-/// holds inside it, removes it, and judges what it read.
-pub async fn probe(runtime: &Runtime, image: &str) -> Result<Vec<Check>, Error> {
-    let spec = SandboxSpec::new(image);
-    let sandbox = runtime.create(&spec).await?;
+/// Starts a sandbox of `spec` (its image needs `/bin/sh`; Docker's doctor
+/// probes the hardened default, Kubernetes' the configured defaults, which
+/// a pod can express), reads what holds inside it, removes it, and judges
+/// what it read against `spec`.
+pub async fn probe(runtime: &Runtime, spec: &SandboxSpec) -> Result<Vec<Check>, Error> {
+    let sandbox = runtime.create(spec).await?;
     let result = sandbox
         .run(&CommandSpec::shell(PROBE_SCRIPT).timeout(Duration::from_secs(30)))
         .await;
@@ -36,7 +37,7 @@ pub async fn probe(runtime: &Runtime, image: &str) -> Result<Vec<Check>, Error> 
             detail: f.to_string(),
         }]);
     }
-    Ok(evaluate(&spec, &String::from_utf8_lossy(&result.stdout)))
+    Ok(evaluate(spec, &String::from_utf8_lossy(&result.stdout)))
 }
 
 fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
@@ -104,16 +105,20 @@ pub fn evaluate(spec: &SandboxSpec, out: &str) -> Vec<Check> {
         format!("NoNewPrivs={}", nnp.unwrap_or("?")),
     );
     let pids = field(out, "pids.max:").unwrap_or("");
-    let want_pids = spec
-        .limits
-        .pids
-        .map(|p| p.to_string())
-        .unwrap_or_else(|| "max".into());
-    push(
-        "pids limit",
-        pids == want_pids,
-        format!("pids.max={pids}, wanted {want_pids}"),
-    );
+    match spec.limits.pids {
+        Some(want) => push(
+            "pids limit",
+            pids == want.to_string(),
+            format!("pids.max={pids}, wanted {want}"),
+        ),
+        // None asked (on Kubernetes the node's podPidsLimit decides):
+        // say what holds.
+        None => push(
+            "pids limit",
+            true,
+            format!("none asked; pids.max={pids} (the engine's or node's setting)"),
+        ),
+    }
     let mem = field(out, "memory.max:").and_then(|m| m.parse::<u64>().ok());
     push(
         "memory limit",

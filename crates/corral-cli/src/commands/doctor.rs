@@ -8,8 +8,9 @@ use clap::Args;
 /// storage-opt support, corral's sandbox network (isolated bridge), and
 /// (with an image that has /bin/sh) which protections are actually in force
 /// inside a default sandbox. With `backend: kubernetes`: the API server,
-/// corral's permissions in its namespace, RuntimeClasses. Exits 1 when a
-/// protection or permission does not hold.
+/// corral's permissions in its namespace, RuntimeClasses, the agent image,
+/// and what holds inside a probe pod of the config's `defaults`. Exits 1
+/// when a protection or permission does not hold.
 #[derive(Args, Debug)]
 pub struct DoctorArgs {
     /// Image for the probe sandbox [default: $CORRAL_IMAGE or corral-test/busybox].
@@ -22,16 +23,17 @@ pub struct DoctorArgs {
 
 pub async fn run(
     config: crate::commands::BackendConfig,
+    settings: &corral::config::Config,
     args: DoctorArgs,
 ) -> anyhow::Result<ExitCode> {
     if config.kind == corral::config::BackendKind::Kubernetes {
-        return kubernetes(config).await;
+        return kubernetes(config, settings, args).await;
     }
     let (runtime, backend) = super::connect_docker(config).await?;
     let image = (!args.no_probe).then(|| args.image.clone().unwrap_or_else(super::default_image));
     let r = backend.doctor(image.as_deref(), runtime.owner()).await?;
     let protections = match &image {
-        Some(image) => corral::doctor::probe(&runtime, image).await?,
+        Some(image) => corral::doctor::probe(&runtime, &corral::SandboxSpec::new(image)).await?,
         None => Vec::new(),
     };
     println!("daemon        {} (reachable)", r.endpoint);
@@ -92,13 +94,19 @@ pub async fn run(
 }
 
 /// The Kubernetes report: the API server, corral's permissions in its
-/// namespace, RuntimeClasses, and what the API cannot tell.
-async fn kubernetes(config: crate::commands::BackendConfig) -> anyhow::Result<ExitCode> {
+/// namespace, RuntimeClasses, what the API cannot tell, and (unless
+/// `--no-probe`) what holds inside a pod of the configured defaults.
+async fn kubernetes(
+    config: crate::commands::BackendConfig,
+    settings: &corral::config::Config,
+    args: DoctorArgs,
+) -> anyhow::Result<ExitCode> {
     use anyhow::Context;
     let backend = corral_kube::KubeBackend::connect(&config.kube)
         .await
         .context("cannot reach a Kubernetes cluster")?;
-    config.opened.push(std::sync::Arc::new(backend.clone()));
+    let shared: std::sync::Arc<dyn corral::backend::Backend> = std::sync::Arc::new(backend.clone());
+    config.opened.push(shared.clone());
     let r = backend.doctor(&corral::host::this_owner()).await?;
     println!("api server    {} (reachable)", r.endpoint);
     println!("version       {}", r.server_version);
@@ -118,7 +126,38 @@ async fn kubernetes(config: crate::commands::BackendConfig) -> anyhow::Result<Ex
             c.detail
         );
     }
-    println!("probe sandbox not run on Kubernetes yet");
+    if !args.no_probe {
+        let mut spec = settings.defaults.clone();
+        if let Some(image) = args.image {
+            spec.image = image;
+        } else if spec.image.is_empty() {
+            spec.image = super::default_image();
+        }
+        let runtime = corral::Runtime::new(shared, config.runtime);
+        println!(
+            "protections in force (probe pod of the configured defaults, from {}):",
+            spec.image
+        );
+        let protections = match corral::doctor::probe(&runtime, &spec).await {
+            Ok(checks) => checks,
+            // A spec a pod cannot express (the hardened default's pids
+            // limit, say) is a finding, not a crash.
+            Err(e) => vec![corral::backend::Check {
+                name: "probe sandbox".into(),
+                ok: false,
+                detail: e.to_string(),
+            }],
+        };
+        for c in &protections {
+            all_ok &= c.ok;
+            println!(
+                "  [{}] {:<24} {}",
+                if c.ok { " ok " } else { "FAIL" },
+                c.name,
+                c.detail
+            );
+        }
+    }
     Ok(if all_ok {
         ExitCode::SUCCESS
     } else {
