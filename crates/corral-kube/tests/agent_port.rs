@@ -10,13 +10,14 @@
 
 mod double;
 
+use std::collections::HashMap;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use corral::{Runtime, RuntimeConfig};
 use corral_core::agent_auth;
-use corral_core::backend::Backend;
+use corral_core::backend::{Backend, StartRequest};
 use corral_core::protocol::{ExecRequest, Frame, FrameKind, Hello, PROTOCOL_VERSION, SYNC};
 use corral_core::{CommandSpec, SandboxSpec};
 use corral_docker::{DockerBackend, DockerConfig};
@@ -263,6 +264,116 @@ async fn a_reconnecting_controller_takes_over_and_old_commands_end() {
     let r = sb.run(&sh("echo back")).await;
     assert_eq!(text(&r.stdout), "back\n", "{r:?}");
     sb.destroy().await.expect("destroy");
+    assert!(
+        guard.remaining().is_empty(),
+        "left: {:?}",
+        guard.remaining()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bytes_from_inside_cannot_keep_an_abandoned_sandbox_alive() {
+    let test = "agent-port-deadman";
+    let guard = Guard(test);
+    images();
+    let docker = DockerBackend::connect(&DockerConfig::default())
+        .await
+        .expect("these tests need a Docker daemon; see README");
+    let double = DockerAsPodNetworkDouble::new(docker);
+    // Straight on the backend, with no runtime: nothing pings the agent
+    // but what this test sends.
+    let mut spec = spec(test);
+    spec.agent_grace_ms = 2_000;
+    let owner = corral::host::this_owner();
+    let id = format!("sb-deadman-{}", std::process::id());
+    let req = StartRequest {
+        sandbox_id: &id,
+        spec: &spec,
+        env: Vec::new(),
+        labels: HashMap::from([(corral_core::labels::SANDBOX.to_string(), id.clone())]),
+        owner: &owner,
+    };
+    double.prepare(&req).await.expect("prepare");
+    let placement = double.create(&req).await.expect("create");
+    double.start(&req, &placement).await.expect("start");
+
+    // The controller starts a process that keeps connecting to the agent's
+    // port from inside and sending bytes, then goes away for good.
+    // One connection first, checked: a stranger that never reached the
+    // port would prove nothing.
+    let stranger = "printf xxxxxxxx | nc -w 1 127.0.0.1 7150 && { \
+                    setsid sh -c 'while :; do printf xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx \
+                    | nc -w 1 127.0.0.1 7150; done' </dev/null >/dev/null 2>&1 & echo started; }";
+    let mut session = SYNC.to_vec();
+    Frame::json(
+        FrameKind::Hello,
+        1,
+        &Hello {
+            protocol: PROTOCOL_VERSION,
+            session: "deadman".into(),
+        },
+    )
+    .encode_into(&mut session);
+    Frame::json(
+        FrameKind::Exec,
+        2,
+        &ExecRequest {
+            argv: vec!["sh".into(), "-c".into(), stranger.into()],
+            cwd: None,
+            env: Vec::new(),
+            stdin: false,
+            timeout_ms: None,
+            max_output: 1 << 20,
+            exclusive: false,
+            wait_for_output: false,
+        },
+    )
+    .encode_into(&mut session);
+    let mut stream = double
+        .connect(&placement, &id)
+        .await
+        .expect("the controller connects");
+    {
+        use futures_util::StreamExt;
+        use tokio::io::AsyncWriteExt;
+        stream.input.write_all(&session).await.expect("send");
+        stream.input.flush().await.expect("flush");
+        // Read until the command said "started" (or the stream ended).
+        let mut seen = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(Ok(corral_core::backend::AgentOutput::Control(b))) =
+                stream.output.next().await
+            {
+                seen.extend_from_slice(&b);
+                if seen.windows(7).any(|w| w == b"started") {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(read.is_ok(), "the stranger loop was not started");
+    }
+    drop(stream);
+
+    // Abandoned: the switch fires after its 2 s grace, whatever the
+    // stranger sends, and the agent's exit stops the container.
+    let mut running = true;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let out = Command::new("docker")
+            .args(["inspect", "-f", "{{.State.Running}}", placement.id()])
+            .output()
+            .expect("docker inspect");
+        if String::from_utf8_lossy(&out.stdout).trim() == "false" {
+            running = false;
+            break;
+        }
+    }
+    double.remove(&placement, &id).await.expect("remove");
+    assert!(
+        !running,
+        "the sandbox outlived its dead-man grace by 8 s with a stranger sending bytes"
+    );
     assert!(
         guard.remaining().is_empty(),
         "left: {:?}",
