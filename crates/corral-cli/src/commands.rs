@@ -1,5 +1,6 @@
 //! One module per subcommand, plus what they share.
 
+pub mod agent_image;
 pub mod bench;
 pub mod config;
 pub mod doctor;

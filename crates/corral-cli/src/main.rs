@@ -63,6 +63,7 @@ enum Command {
     Config(commands::config::ConfigArgs),
     Serve(commands::serve::ServeArgs),
     Mcp(commands::mcp::McpArgs),
+    AgentImage(commands::agent_image::AgentImageArgs),
 }
 
 fn main() -> ExitCode {
@@ -115,6 +116,7 @@ fn main() -> ExitCode {
             Command::Bench(args) => commands::bench::run(config, args).await,
             Command::Serve(args) => commands::serve::run(config, &settings, args).await,
             Command::Mcp(args) => commands::mcp::run(config, &settings, args).await,
+            Command::AgentImage(args) => commands::agent_image::run(&settings, args),
             Command::Config(_) => unreachable!("handled before the runtime starts"),
         };
         // What the backends hold for this process (a Lease) goes now
