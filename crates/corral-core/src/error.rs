@@ -49,7 +49,7 @@ pub enum Error {
     #[error(transparent)]
     InvalidSpec(#[from] SpecError),
     /// The engine cannot do what the spec asks.
-    #[error("unsupported by this daemon: {what}")]
+    #[error("unsupported by this engine: {what}")]
     Unsupported {
         /// What is unsupported, and why.
         what: String,

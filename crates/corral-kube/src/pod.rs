@@ -219,23 +219,50 @@ fn cpu_quantity(cpus: f64) -> Quantity {
     Quantity(format!("{}m", (cpus * 1000.0).round().max(1.0) as u64))
 }
 
-/// The pod for `spec`.
-pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
-    if let Some(m) = spec.mounts.first() {
-        return Err(unsupported(
-            "mounts[0].host",
+/// What of `spec` a pod cannot express, each naming the field and value:
+/// all of it at once, so a spec (the hardened default has a pids limit and
+/// tmpfs options) is fixed in one go rather than one refusal at a time.
+pub fn inexpressible(spec: &SandboxSpec) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut say = |field: &str, value: &dyn std::fmt::Display, why: &str| {
+        out.push(format!("{field} '{value}' on Kubernetes: {why}"));
+    };
+    for (i, m) in spec.mounts.iter().enumerate() {
+        say(
+            &format!("mounts[{i}].host"),
             &m.host,
             "a pod cannot bind-mount a directory of corral's host; move files in with the \
              file commands instead",
-        ));
+        );
     }
     if let Some(pids) = spec.limits.pids {
-        return Err(unsupported(
+        say(
             "limits.pids",
-            pids,
+            &pids,
             "a pids limit is a node setting (the kubelet's podPidsLimit), not a pod's; set \
              limits.pids to null",
-        ));
+        );
+    }
+    for (i, t) in spec.tmpfs.iter().enumerate() {
+        if !t.options.trim().is_empty() {
+            say(
+                &format!("tmpfs[{i}].options"),
+                &t.options,
+                "a memory-backed emptyDir takes no mount options (noexec, nosuid, nodev); \
+                 set options to ''",
+            );
+        }
+    }
+    out
+}
+
+/// The pod for `spec`.
+pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
+    let refused = inexpressible(spec);
+    if !refused.is_empty() {
+        return Err(Error::Unsupported {
+            what: refused.join("; "),
+        });
     }
     if let Some(runtime) = &spec.runtime {
         if !is_dns_subdomain(runtime) {
@@ -268,14 +295,6 @@ pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
         ..Default::default()
     }];
     for (i, t) in spec.tmpfs.iter().enumerate() {
-        if !t.options.trim().is_empty() {
-            return Err(unsupported(
-                &format!("tmpfs[{i}].options"),
-                &t.options,
-                "a memory-backed emptyDir takes no mount options (noexec, nosuid, nodev); \
-                 set options to ''",
-            ));
-        }
         let name = format!("tmpfs-{i}");
         volumes.push(Volume {
             name: name.clone(),
@@ -898,8 +917,13 @@ mod tests {
 
     #[test]
     fn what_cannot_map_is_refused_by_name() {
+        // The hardened default: every field at once.
         let text = unsupported_text(&SandboxSpec::new("busybox:1"));
         assert!(text.contains("limits.pids '256'"), "{text}");
+        assert!(text.contains("tmpfs[0].options 'nosuid,nodev'"), "{text}");
+        assert!(text.contains("tmpfs[2].options"), "{text}");
+        assert_eq!(inexpressible(&SandboxSpec::new("busybox:1")).len(), 4);
+        assert!(inexpressible(&kube_spec()).is_empty());
 
         let mut spec = kube_spec();
         spec.tmpfs[1].options = "noexec".into();
