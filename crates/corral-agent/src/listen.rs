@@ -13,10 +13,14 @@
 //! session ends first, exactly as a new Hello ends the old session on
 //! stdin. Handshakes run on threads of their own with a deadline, at most
 //! [`MAX_PENDING`] at once, so a connection that sends nothing cannot hold
-//! the port; connections above that are closed at once.
+//! the port; connections above that are closed at once. Connections from
+//! inside the pod (loopback, or the pod's own address: its commands, and
+//! the kubelet's port-forward) and from outside it (corral on the pod
+//! network) count against separate budgets, so a command flooding the port
+//! cannot keep the controller from reconnecting directly.
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -121,7 +125,8 @@ struct Server {
     writer: Arc<FrameWriter>,
     secret: Secret,
     current: Mutex<Option<Current>>,
-    pending: AtomicUsize,
+    /// Handshakes in progress from inside the pod, and from outside.
+    pending: [AtomicUsize; 2],
 }
 
 /// Serves controllers connecting to `listener`; never returns unless the
@@ -138,16 +143,17 @@ pub fn serve(shared: Shared, listener: TcpListener, secret: Secret) -> io::Error
         writer,
         secret,
         current: Mutex::new(None),
-        pending: AtomicUsize::new(0),
+        pending: [AtomicUsize::new(0), AtomicUsize::new(0)],
     });
     loop {
-        let stream = match listener.accept() {
-            Ok((s, _)) => s,
+        let (stream, peer) = match listener.accept() {
+            Ok(accepted) => accepted,
             Err(e) if is_transient(&e) => continue,
             Err(e) => return e,
         };
-        if server.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING {
-            server.pending.fetch_sub(1, Ordering::AcqRel);
+        let budget = usize::from(!from_inside(&stream, peer.ip()));
+        if server.pending[budget].fetch_add(1, Ordering::AcqRel) >= MAX_PENDING {
+            server.pending[budget].fetch_sub(1, Ordering::AcqRel);
             drop(stream);
             continue;
         }
@@ -155,11 +161,21 @@ pub fn serve(shared: Shared, listener: TcpListener, secret: Secret) -> io::Error
         let spawned = std::thread::Builder::new()
             .name("conn".into())
             .stack_size(THREAD_STACK)
-            .spawn(move || s.handle(stream));
+            .spawn(move || s.handle(stream, budget));
         if spawned.is_err() {
-            server.pending.fetch_sub(1, Ordering::AcqRel);
+            server.pending[budget].fetch_sub(1, Ordering::AcqRel);
         }
     }
+}
+
+/// Whether a connection comes from inside the pod: loopback, or the
+/// address it was made to (a process of the pod dialling its own IP).
+fn from_inside(stream: &TcpStream, peer: IpAddr) -> bool {
+    let peer = peer.to_canonical();
+    peer.is_loopback()
+        || stream
+            .local_addr()
+            .is_ok_and(|local| local.ip().to_canonical() == peer)
 }
 
 /// Accept errors that concern one connection, not the listener.
@@ -180,9 +196,9 @@ fn is_transient(e: &io::Error) -> bool {
 }
 
 impl Server {
-    fn handle(&self, stream: TcpStream) {
+    fn handle(&self, stream: TcpStream, budget: usize) {
         let proved = handshake(&stream, &self.secret);
-        self.pending.fetch_sub(1, Ordering::AcqRel);
+        self.pending[budget].fetch_sub(1, Ordering::AcqRel);
         match proved {
             Ok(true) => {}
             Ok(false) => {

@@ -220,6 +220,33 @@ async fn commands_run_over_the_agent_port_and_nothing_inside_can_use_it() {
     let r = sb.run(&sh("echo after")).await;
     assert_eq!(text(&r.stdout), "after\n", "{r:?}");
 
+    // A command holding many idle connections to the port (more than the
+    // agent handshakes at once) cannot keep corral from connecting from
+    // outside the pod.
+    let r = sb
+        .run(&sh(&format!(
+            "for i in $(seq 40); do (sleep 10 | nc 127.0.0.1 {PORT} >/dev/null 2>&1 &); done; \
+             sleep 1; echo flooding"
+        )))
+        .await;
+    assert_eq!(text(&r.stdout), "flooding\n", "{r:?}");
+    let during = control::connect_direct(ip, PORT, &secret, Duration::from_secs(3)).await;
+    assert!(
+        during.is_ok(),
+        "corral could not connect while a command flooded the port: {:?}",
+        during.err()
+    );
+    drop(during);
+    // That connection took the agent over from the runtime, whose next
+    // command may meet the ended stream (a typed agent error) before it
+    // reconnects.
+    let mut r = sb.run(&sh("echo after the flood")).await;
+    if let Some(f) = &r.failure {
+        assert!(f.message.contains("control stream"), "{f}");
+        r = sb.run(&sh("echo after the flood")).await;
+    }
+    assert_eq!(text(&r.stdout), "after the flood\n", "{r:?}");
+
     sb.destroy().await.expect("destroy");
     assert!(
         guard.remaining().is_empty(),
