@@ -10,7 +10,7 @@ mod sessions;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,10 @@ use crate::watch::PodWatch;
 
 /// The engine's name in messages.
 const ENGINE: &str = "Kubernetes";
+
+/// How long `control: auto` goes through port-forward after the pod
+/// network proved unreachable before it tries the direct path again.
+const DIRECT_RETRY: Duration = Duration::from_secs(60);
 
 /// How long a removal waits for the pod object to be gone.
 const REMOVE_WAIT: Duration = Duration::from_secs(30);
@@ -136,9 +140,10 @@ struct Inner {
     /// Where each pod's agent is and its secret, by pod name, as this
     /// process made or last read them.
     agents: Mutex<HashMap<String, AgentEndpoint>>,
-    /// Set once a direct connection could not reach the pod network
-    /// under `control: auto`: later connections go through port-forward.
-    direct_unreachable: AtomicBool,
+    /// When a direct connection last failed to reach the pod network
+    /// under `control: auto`: connections go through port-forward until
+    /// [`DIRECT_RETRY`] has passed, then the direct path is tried again.
+    direct_unreachable: Mutex<Option<Instant>>,
     /// This process's Lease, made with its first pod (`owners.rs`).
     lease: OnceCell<LeaseKeeper>,
 }
@@ -197,7 +202,7 @@ impl KubeBackend {
                 policies: OnceCell::new(),
                 watch: Arc::new(PodWatch::default()),
                 agents: Mutex::new(HashMap::new()),
-                direct_unreachable: AtomicBool::new(false),
+                direct_unreachable: Mutex::new(None),
                 lease: OnceCell::new(),
             }),
         };
@@ -489,7 +494,8 @@ impl KubeBackend {
         let direct = match config.control {
             ControlPath::Direct => true,
             ControlPath::PortForward => false,
-            ControlPath::Auto => !self.inner.direct_unreachable.load(Ordering::Relaxed),
+            ControlPath::Auto => lock(&self.inner.direct_unreachable)
+                .is_none_or(|failed| failed.elapsed() >= DIRECT_RETRY),
         };
         if direct {
             let Some(ip) = endpoint.ip else {
@@ -506,13 +512,25 @@ impl KubeBackend {
             )
             .await
             {
-                Ok(stream) => return Ok(stream),
+                Ok(stream) => {
+                    if lock(&self.inner.direct_unreachable).take().is_some() {
+                        tracing::info!(
+                            pod = name,
+                            sandbox,
+                            "the pod network is reachable again; reaching agents directly"
+                        );
+                    }
+                    return Ok(stream);
+                }
                 Err(e @ ControlError::Unreachable { .. })
                     if config.control == ControlPath::Auto =>
                 {
-                    // Say so once: from here on this process goes through
-                    // the API server.
-                    if !self.inner.direct_unreachable.swap(true, Ordering::Relaxed) {
+                    // Say so when it starts: for a while this process goes
+                    // through the API server.
+                    if lock(&self.inner.direct_unreachable)
+                        .replace(Instant::now())
+                        .is_none()
+                    {
                         tracing::warn!(pod = name, sandbox, error = %e,
                             "the pod network is not reachable from here; \
                              reaching agents through the API server's port-forward");
