@@ -104,16 +104,16 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// What a command inside would send to take over the agent: a Hello and
-/// an Exec that leaves a mark.
-fn forged_session() -> Vec<u8> {
+/// The bytes that open session `session` and run `argv`: the sync bytes,
+/// a Hello and an Exec.
+fn session_running(session: &str, argv: &[&str]) -> Vec<u8> {
     let mut out = SYNC.to_vec();
     Frame::json(
         FrameKind::Hello,
         1,
         &Hello {
             protocol: PROTOCOL_VERSION,
-            session: "forged".into(),
+            session: session.into(),
         },
     )
     .encode_into(&mut out);
@@ -121,7 +121,7 @@ fn forged_session() -> Vec<u8> {
         FrameKind::Exec,
         2,
         &ExecRequest {
-            argv: vec!["touch".into(), "/tmp/pwned".into()],
+            argv: argv.iter().map(|a| a.to_string()).collect(),
             cwd: None,
             env: Vec::new(),
             stdin: false,
@@ -133,6 +133,12 @@ fn forged_session() -> Vec<u8> {
     )
     .encode_into(&mut out);
     out
+}
+
+/// What a command inside would send to take over the agent: a session
+/// whose command leaves a mark.
+fn forged_session() -> Vec<u8> {
+    session_running("forged", &["touch", "/tmp/pwned"])
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -331,31 +337,7 @@ async fn bytes_from_inside_cannot_keep_an_abandoned_sandbox_alive() {
     let stranger = "printf xxxxxxxx | nc -w 1 127.0.0.1 7150 && { \
                     setsid sh -c 'while :; do printf xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx \
                     | nc -w 1 127.0.0.1 7150; done' </dev/null >/dev/null 2>&1 & echo started; }";
-    let mut session = SYNC.to_vec();
-    Frame::json(
-        FrameKind::Hello,
-        1,
-        &Hello {
-            protocol: PROTOCOL_VERSION,
-            session: "deadman".into(),
-        },
-    )
-    .encode_into(&mut session);
-    Frame::json(
-        FrameKind::Exec,
-        2,
-        &ExecRequest {
-            argv: vec!["sh".into(), "-c".into(), stranger.into()],
-            cwd: None,
-            env: Vec::new(),
-            stdin: false,
-            timeout_ms: None,
-            max_output: 1 << 20,
-            exclusive: false,
-            wait_for_output: false,
-        },
-    )
-    .encode_into(&mut session);
+    let session = session_running("deadman", &["sh", "-c", stranger]);
     let mut stream = double
         .connect(&placement, &id)
         .await

@@ -76,15 +76,7 @@ pub async fn run(
     );
     if let Some(image) = image {
         println!("protections in force (probe sandbox from {image}):");
-        for c in &protections {
-            all_ok &= c.ok;
-            println!(
-                "  [{}] {:<24} {}",
-                if c.ok { " ok " } else { "FAIL" },
-                c.name,
-                c.detail
-            );
-        }
+        all_ok &= print_protections(&protections);
     }
     Ok(if all_ok {
         ExitCode::SUCCESS
@@ -148,19 +140,24 @@ async fn kubernetes(
                 detail: e.to_string(),
             }],
         };
-        for c in &protections {
-            all_ok &= c.ok;
-            println!(
-                "  [{}] {:<24} {}",
-                if c.ok { " ok " } else { "FAIL" },
-                c.name,
-                c.detail
-            );
-        }
+        all_ok &= print_protections(&protections);
     }
     Ok(if all_ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     })
+}
+
+/// Prints what the probe sandbox found; true when every protection holds.
+fn print_protections(checks: &[corral::backend::Check]) -> bool {
+    for c in checks {
+        println!(
+            "  [{}] {:<24} {}",
+            if c.ok { " ok " } else { "FAIL" },
+            c.name,
+            c.detail
+        );
+    }
+    checks.iter().all(|c| c.ok)
 }
