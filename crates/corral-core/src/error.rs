@@ -149,8 +149,8 @@ impl Error {
             Error::Agent { .. } | Error::ShutDown { .. } | Error::Host { .. } => {
                 FailureKind::AgentError
             }
-            Error::SlotTimeout { .. } | Error::NoRoom { .. } => FailureKind::DaemonUnavailable,
-            Error::Capacity { .. } => FailureKind::Capacity,
+            Error::SlotTimeout { .. } => FailureKind::DaemonUnavailable,
+            Error::NoRoom { .. } | Error::Capacity { .. } => FailureKind::Capacity,
             Error::Startup { .. } => FailureKind::SpawnFailed,
         }
     }
@@ -196,6 +196,7 @@ mod tests {
             waited: Duration::from_secs(60),
         };
         assert!(no_room.retryable());
+        assert_eq!(no_room.kind(), FailureKind::Capacity);
         assert!(no_room.to_string().contains("provider.max_live"));
         let full = Error::Capacity {
             sandbox: "sb".into(),

@@ -19,9 +19,10 @@ pub enum FailureKind {
     ContainerLost,
     /// The daemon could not be reached or failed to answer.
     DaemonUnavailable,
-    /// The engine has no room for the sandbox now (a pod no node can
-    /// take: too little memory or CPU, a quota): retryable later, when
-    /// sandboxes end or the cluster grows.
+    /// There is no room for the sandbox now: a pod no node can take (too
+    /// little memory or CPU, a quota), or every one of the provider's
+    /// `max_live` sandboxes in use: retryable later, when sandboxes end or
+    /// the cluster grows.
     Capacity,
     /// The image is not present and no registry could supply it.
     ImageNotFound,
