@@ -19,9 +19,10 @@ use corral::{Runtime, RuntimeConfig};
 use corral_core::agent_auth;
 use corral_core::backend::{Backend, StartRequest};
 use corral_core::protocol::{ExecRequest, Frame, FrameKind, Hello, PROTOCOL_VERSION, SYNC};
-use corral_core::{CommandSpec, SandboxSpec};
+use corral_core::SandboxSpec;
 use corral_docker::{DockerBackend, DockerConfig};
 use corral_kube::control::{self, ControlError};
+use corral_testing::contract::{sh, text};
 use double::{container_ip, DockerAsPodNetworkDouble, PORT};
 
 const IMAGE: &str = "corral-test/busybox";
@@ -94,14 +95,6 @@ fn spec(test: &str) -> SandboxSpec {
     let mut spec = SandboxSpec::new(IMAGE);
     spec.labels.insert("corraltest".into(), test.into());
     spec
-}
-
-fn sh(script: &str) -> CommandSpec {
-    CommandSpec::argv(["sh", "-c", script])
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 /// The bytes that open session `session` and run `argv`: the sync bytes,
