@@ -315,6 +315,21 @@ pub struct ServerConfig {
     /// `None`: with `auth: token`, `corral serve` generates one at start
     /// and writes it to a file in `runtime_dir` for local clients.
     pub token: Option<String>,
+    /// Bearer token that makes a request the operator's: it may see and
+    /// act on every tenant's sandboxes and snapshots, as the CLI on the
+    /// host does. Default `None`: over HTTP only the owner of
+    /// `unix_socket` is the operator.
+    pub admin_token: Option<String>,
+    /// Tenants besides `default` (whose token is `token`), by name: each
+    /// has its own token, sandboxes, session keys and snapshots, and
+    /// quotas. `default` may be listed without a token to give it quotas.
+    pub tenants: BTreeMap<String, TenantConfig>,
+    /// The operator's snapshots (by name) every tenant may see and fork,
+    /// read-only. Default none: a tenant sees only its own.
+    pub shared_snapshots: Vec<String>,
+    /// The operator's snapshots (by name) every MCP session may restore,
+    /// read-only. Default none: a session sees only the snapshots it took.
+    pub mcp_snapshots: Vec<String>,
     /// Directory (made 0700) of the files that hand a generated token to
     /// local clients, one per listen address, removed at shutdown. Default
     /// `None`: `$XDG_RUNTIME_DIR/corral/servers`, else
@@ -338,6 +353,34 @@ pub struct ServerConfig {
     pub mcp_profile: Option<String>,
     /// What API clients may ask for in a sandbox spec.
     pub policy: ClientPolicy,
+}
+
+/// One tenant of the service (`server.tenants.NAME`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Its bearer token (required but for `default`, whose token is
+    /// `server.token`); every token of the service must differ.
+    pub token: Option<String>,
+    /// Most live sandboxes at once (its MCP sessions' included); `None`:
+    /// no limit beyond `provider.max_live`.
+    pub max_sandboxes: Option<u64>,
+    /// Most snapshots kept; `None`: no limit.
+    pub max_snapshots: Option<u64>,
+    /// Most bytes its snapshots hold beyond their base images; `None`: no
+    /// limit.
+    pub max_snapshot_bytes: Option<u64>,
+}
+
+impl TenantConfig {
+    /// Its quotas.
+    pub fn quota(&self) -> crate::principal::Quota {
+        crate::principal::Quota {
+            max_sandboxes: self.max_sandboxes,
+            max_snapshots: self.max_snapshots,
+            max_snapshot_bytes: self.max_snapshot_bytes,
+        }
+    }
 }
 
 /// Which engine runs sandboxes.
@@ -371,6 +414,10 @@ impl Default for ServerConfig {
             unix_socket: None,
             auth: AuthMode::Token,
             token: None,
+            admin_token: None,
+            tenants: BTreeMap::new(),
+            shared_snapshots: Vec::new(),
+            mcp_snapshots: Vec::new(),
             runtime_dir: None,
             allowed_origins: Vec::new(),
             allowed_hosts: Vec::new(),
@@ -406,13 +453,14 @@ impl ServerConfig {
                     "contradicts server.token (or CORRAL_TOKEN): remove one",
                 ));
             }
-        } else if !addr.ip().is_loopback() {
+        } else if !addr.ip().is_loopback() && !self.has_tokens() {
             return Err(ConfigError::invalid(
                 "server.listen",
                 &self.listen,
                 "listening beyond loopback needs server.token (or CORRAL_TOKEN)",
             ));
         }
+        self.validate_tenants()?;
         if let Some(dir) = &self.runtime_dir {
             if !Path::new(dir).is_absolute() {
                 return Err(ConfigError::invalid(
@@ -470,6 +518,142 @@ impl ServerConfig {
             }
         }
         self.validate_policy()
+    }
+
+    /// Tenants, their tokens (each distinct from every other token of the
+    /// service) and the shared snapshots' names.
+    fn validate_tenants(&self) -> Result<(), ConfigError> {
+        let bad_token = |t: &str| t.trim().is_empty() || t.chars().any(char::is_whitespace);
+        let mut tokens: Vec<(String, &str)> = Vec::new();
+        if let Some(t) = &self.token {
+            tokens.push(("server.token".into(), t));
+        }
+        if let Some(t) = &self.admin_token {
+            if bad_token(t) {
+                return Err(ConfigError::invalid(
+                    "server.admin_token",
+                    "(hidden)",
+                    "must be non-empty and without whitespace",
+                ));
+            }
+            tokens.push(("server.admin_token".into(), t));
+        }
+        for (name, tenant) in &self.tenants {
+            let path = format!("server.tenants.{name}");
+            crate::principal::validate_tenant(name)
+                .map_err(|reason| ConfigError::invalid("server.tenants", name, reason))?;
+            match &tenant.token {
+                Some(t) if bad_token(t) => {
+                    return Err(ConfigError::invalid(
+                        format!("{path}.token"),
+                        "(hidden)",
+                        "must be non-empty and without whitespace",
+                    ))
+                }
+                Some(_) if name == crate::principal::DEFAULT_TENANT && self.token.is_some() => {
+                    return Err(ConfigError::invalid(
+                        format!("{path}.token"),
+                        "(hidden)",
+                        "tenant default's token is server.token (or CORRAL_TOKEN): give one of the two",
+                    ))
+                }
+                Some(t) => tokens.push((format!("{path}.token"), t)),
+                None if name == crate::principal::DEFAULT_TENANT => {}
+                None => {
+                    return Err(ConfigError::invalid(
+                        format!("{path}.token"),
+                        "(none)",
+                        "every tenant but default needs its own token",
+                    ))
+                }
+            }
+            for (key, v) in [
+                ("max_sandboxes", tenant.max_sandboxes),
+                ("max_snapshots", tenant.max_snapshots),
+            ] {
+                if v == Some(0) {
+                    return Err(ConfigError::invalid(
+                        format!("{path}.{key}"),
+                        0,
+                        "at least 1 (leave it out for no limit)",
+                    ));
+                }
+            }
+        }
+        if (!self.tenants.is_empty() || self.admin_token.is_some()) && self.auth == AuthMode::None {
+            return Err(ConfigError::invalid(
+                "server.auth",
+                "none",
+                "tenants and an admin token need authentication: remove server.auth: none",
+            ));
+        }
+        for (i, (path, t)) in tokens.iter().enumerate() {
+            if let Some((other, _)) = tokens[..i].iter().find(|(_, u)| u == t) {
+                return Err(ConfigError::invalid(
+                    path.as_str(),
+                    "(hidden)",
+                    format!("the same token as {other}: every principal needs its own"),
+                ));
+            }
+        }
+        for (key, names) in [
+            ("shared_snapshots", &self.shared_snapshots),
+            ("mcp_snapshots", &self.mcp_snapshots),
+        ] {
+            for (i, name) in names.iter().enumerate() {
+                crate::snapshot::validate_name(name).map_err(|e| {
+                    ConfigError::invalid(format!("server.{key}[{i}]"), name, e.reason)
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The principal a bearer token stands for, compared in constant time
+    /// against every configured token.
+    pub fn principal_of_token(&self, given: &str) -> Option<crate::principal::Principal> {
+        use crate::principal::{Principal, DEFAULT_TENANT};
+        let mut found = None;
+        let mut consider = |token: Option<&String>, p: Principal| {
+            if let Some(t) = token {
+                if same_bytes(given.as_bytes(), t.as_bytes()) && found.is_none() {
+                    found = Some(p);
+                }
+            }
+        };
+        consider(self.admin_token.as_ref(), Principal::Operator);
+        consider(
+            self.token.as_ref(),
+            Principal::Tenant(DEFAULT_TENANT.to_string()),
+        );
+        for (name, tenant) in &self.tenants {
+            consider(tenant.token.as_ref(), Principal::Tenant(name.clone()));
+        }
+        found
+    }
+
+    /// Whether any token is configured (else, with `auth: token`, every
+    /// request is refused).
+    pub fn has_tokens(&self) -> bool {
+        self.token.is_some()
+            || self.admin_token.is_some()
+            || self.tenants.values().any(|t| t.token.is_some())
+    }
+
+    /// The quotas of `tenant` (none configured: no limits).
+    pub fn quota(&self, tenant: &str) -> crate::principal::Quota {
+        self.tenants
+            .get(tenant)
+            .map(TenantConfig::quota)
+            .unwrap_or_default()
+    }
+
+    /// The operator's snapshots it shares read-only.
+    pub fn sharing(&self) -> crate::principal::Sharing {
+        crate::principal::Sharing {
+            tenants: self.shared_snapshots.clone(),
+            mcp: self.mcp_snapshots.clone(),
+        }
     }
 
     fn validate_policy(&self) -> Result<(), ConfigError> {
@@ -626,6 +810,11 @@ pub enum ConfigError {
     /// The configuration could not be written as YAML.
     #[error("cannot write the configuration as YAML: {0}")]
     Serialize(String),
+}
+
+/// Compares without an early exit on the first differing byte.
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn prefix(path: &str) -> String {

@@ -18,6 +18,7 @@ pub mod outcome;
 pub mod output;
 pub mod paths;
 pub mod policy;
+pub mod principal;
 pub mod pool;
 pub mod protocol;
 pub mod snapshot;

@@ -7,6 +7,15 @@
 //! its image is the snapshot, and its start-up commands are not run again
 //! (their effect is in the snapshot).
 //!
+//! A snapshot never carries secret values: the spec it records has its
+//! environment's values taken out, and the names of the variables the
+//! sandbox set are recorded instead (`corral.snapshot.env`). A fork takes
+//! their values from whoever forks ([`SnapshotInfo::fork_spec_with`]).
+//!
+//! A snapshot belongs to a principal's namespace
+//! (`corral.snapshot.namespace`, none for the operator's; see
+//! [`crate::principal`]); names are unique within a namespace.
+//!
 //! Ownership is recorded under keys of the snapshot's own
 //! (`corral.snapshot.owner.*`): a backend may pass its labels on to the
 //! sandboxes started from it, which must not look owned by the snapshot's
@@ -17,7 +26,8 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::labels::{Owner, Ownership, OWNER_HOST, OWNER_PID, OWNER_START, PERSISTENT};
-use crate::{SandboxSpec, SpecError};
+use crate::principal::QualifiedName;
+use crate::{EnvVar, SandboxSpec, SpecError};
 
 /// The snapshot's name.
 pub const NAME: &str = "corral.snapshot";
@@ -27,6 +37,12 @@ pub const SPEC: &str = "corral.snapshot.spec";
 pub const SOURCE: &str = "corral.snapshot.source";
 /// `true` for a durable snapshot (kept until deleted).
 pub const DURABLE: &str = "corral.snapshot.durable";
+/// The namespace of the principal it belongs to; absent for the
+/// operator's.
+pub const NAMESPACE: &str = "corral.snapshot.namespace";
+/// Names of the variables the source sandbox set, as a JSON list (their
+/// values are not kept).
+pub const ENV_NAMES: &str = "corral.snapshot.env";
 /// Owner of a snapshot that is not durable: host, pid, start.
 pub const OWNER_PREFIX: &str = "corral.snapshot.owner.";
 
@@ -63,6 +79,8 @@ pub fn validate_name(name: &str) -> Result<(), SpecError> {
 pub struct SnapshotRequest<'a> {
     /// Its name.
     pub name: &'a str,
+    /// The namespace it goes in (`None`: the operator's).
+    pub namespace: Option<&'a str>,
     /// The sandbox it is taken from.
     pub sandbox_id: &'a str,
     /// That sandbox's spec.
@@ -76,15 +94,23 @@ pub struct SnapshotRequest<'a> {
 impl SnapshotRequest<'_> {
     /// The labels the backend puts on the snapshot.
     pub fn labels(&self) -> HashMap<String, String> {
+        let (spec, env_names) = without_values(self.spec);
         let mut l = HashMap::from([
             (NAME.to_string(), self.name.to_string()),
             (SOURCE.to_string(), self.sandbox_id.to_string()),
             (
                 SPEC.to_string(),
-                serde_json::to_string(self.spec).unwrap_or_default(),
+                serde_json::to_string(&spec).unwrap_or_default(),
+            ),
+            (
+                ENV_NAMES.to_string(),
+                serde_json::to_string(&env_names).unwrap_or_default(),
             ),
             (DURABLE.to_string(), self.durable.to_string()),
         ]);
+        if let Some(ns) = self.namespace {
+            l.insert(NAMESPACE.to_string(), ns.to_string());
+        }
         if !self.durable {
             for (k, v) in self.owner.labels() {
                 let key = k.strip_prefix("corral.owner.").unwrap_or(&k);
@@ -100,13 +126,19 @@ impl SnapshotRequest<'_> {
 pub struct SnapshotInfo {
     /// Its name.
     pub name: String,
+    /// The namespace it belongs to (`None`: the operator's).
+    pub namespace: Option<String>,
     /// The engine's reference to start a sandbox from it (an image for
     /// Docker).
     pub image: String,
     /// The sandbox it was taken from.
     pub source_sandbox: String,
-    /// The spec of that sandbox.
+    /// The spec of that sandbox, without the values of the variables it
+    /// set.
     pub spec: SandboxSpec,
+    /// The names of the variables that sandbox set (a fork takes their
+    /// values from whoever forks).
+    pub env_names: Vec<String>,
     /// Creation time, seconds since the epoch.
     pub created: i64,
     /// Bytes it holds beyond what it shares with its base.
@@ -131,13 +163,27 @@ impl SnapshotInfo {
         size: i64,
     ) -> Option<SnapshotInfo> {
         let name = labels.get(NAME)?.clone();
-        let spec: SandboxSpec = serde_json::from_str(labels.get(SPEC)?).ok()?;
+        let recorded: SandboxSpec = serde_json::from_str(labels.get(SPEC)?).ok()?;
+        // Snapshots taken before values were left out still hold them in
+        // their labels: they are dropped here all the same.
+        let (spec, mut env_names) = without_values(&recorded);
+        if let Some(names) = labels.get(ENV_NAMES) {
+            let listed: Vec<String> = serde_json::from_str(names).ok()?;
+            for n in listed {
+                if !env_names.contains(&n) {
+                    env_names.push(n);
+                }
+            }
+        }
+        let namespace = labels.get(NAMESPACE).filter(|n| !n.is_empty()).cloned();
         let durable = labels.get(DURABLE).map(String::as_str) == Some("true");
         Some(SnapshotInfo {
             name,
+            namespace,
             image,
             source_sandbox: labels.get(SOURCE).cloned().unwrap_or_default(),
             spec,
+            env_names,
             created,
             size,
             durable,
@@ -161,16 +207,65 @@ impl SnapshotInfo {
         crate::labels::ownership(&l, this_host, alive)
     }
 
-    /// The spec a sandbox forked from it starts with: the source's, with
-    /// the snapshot as its image and no start-up commands (their effect is
-    /// in the snapshot).
+    /// Its name with its namespace.
+    pub fn qualified(&self) -> QualifiedName {
+        QualifiedName {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
+    }
+
+    /// The spec a sandbox forked from it starts with when no values are
+    /// given: the source's, with the snapshot as its image, no start-up
+    /// commands (their effect is in the snapshot) and none of the
+    /// variables the source set.
     pub fn fork_spec(&self) -> SandboxSpec {
+        self.fork_spec_with(&[])
+    }
+
+    /// [`SnapshotInfo::fork_spec`] with the forking principal's variables:
+    /// `env` (its request's, then its defaults'; the first of a name wins,
+    /// a forwarded one is resolved where the fork starts) gives the values
+    /// of the variables the source set, and a variable `env` has that the
+    /// source did not set is added. A variable of the source that `env`
+    /// does not give stays unset.
+    pub fn fork_spec_with(&self, env: &[EnvVar]) -> SandboxSpec {
         let mut spec = self.spec.clone();
         spec.image = self.image.clone();
         spec.startup.clear();
         spec.persistent = None;
+        let name_of = |v: &EnvVar| match v {
+            EnvVar::Set { name, .. } => name.clone(),
+            EnvVar::Forward { forward } => forward.clone(),
+        };
+        let mut given: Vec<EnvVar> = Vec::new();
+        for var in env {
+            let name = name_of(var);
+            if given.iter().any(|v| name_of(v) == name) {
+                continue;
+            }
+            given.push(var.clone());
+        }
+        spec.env.retain(|v| !given.iter().any(|g| name_of(g) == name_of(v)));
+        spec.env.extend(given);
         spec
     }
+}
+
+/// `spec` without the values of the variables it sets, and their names.
+fn without_values(spec: &SandboxSpec) -> (SandboxSpec, Vec<String>) {
+    let mut stripped = spec.clone();
+    let mut names = Vec::new();
+    stripped.env.retain(|v| match v {
+        EnvVar::Set { name, .. } => {
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+            false
+        }
+        EnvVar::Forward { .. } => true,
+    });
+    (stripped, names)
 }
 
 /// The snapshot's owner labels under the standard keys.
@@ -212,6 +307,7 @@ mod tests {
         spec.persistent = None;
         let req = SnapshotRequest {
             name: "prepared",
+            namespace: None,
             sandbox_id: "sb-1",
             spec: &spec,
             owner: &owner,
@@ -248,5 +344,71 @@ mod tests {
             Ownership::Persistent
         );
         assert!(SnapshotInfo::from_labels(&HashMap::new(), "i".into(), 0, 0).is_none());
+    }
+
+    #[test]
+    fn snapshots_keep_variable_names_never_values() {
+        let owner = Owner {
+            host: "h".into(),
+            pid: 1,
+            start: 1,
+        };
+        let mut spec = SandboxSpec::new("img");
+        spec.env = vec![
+            EnvVar::Set {
+                name: "API_KEY".into(),
+                value: "s3cret".into(),
+            },
+            EnvVar::Forward {
+                forward: "HOME".into(),
+            },
+            EnvVar::Set {
+                name: "MODE".into(),
+                value: "train".into(),
+            },
+        ];
+        let req = SnapshotRequest {
+            name: "repo-ready",
+            namespace: Some("alice"),
+            sandbox_id: "sb-1",
+            spec: &spec,
+            owner: &owner,
+            durable: true,
+        };
+        let labels = req.labels();
+        for (k, v) in &labels {
+            assert!(!v.contains("s3cret") && !v.contains("train"), "{k}={v}");
+        }
+        let info = SnapshotInfo::from_labels(&labels, "i".into(), 1, 2).expect("a snapshot");
+        assert_eq!(info.env_names, ["API_KEY", "MODE"]);
+        assert_eq!(info.namespace.as_deref(), Some("alice"));
+        assert_eq!(info.qualified().to_string(), "alice/repo-ready");
+        assert_eq!(
+            info.fork_spec().env,
+            [EnvVar::Forward {
+                forward: "HOME".into()
+            }]
+        );
+        let mine = [
+            EnvVar::Set {
+                name: "API_KEY".into(),
+                value: "mine".into(),
+            },
+            EnvVar::Set {
+                name: "API_KEY".into(),
+                value: "default".into(),
+            },
+        ];
+        let fork = info.fork_spec_with(&mine);
+        assert_eq!(fork.env.len(), 2);
+        assert_eq!(fork.env[1], mine[0]);
+
+        // A snapshot taken before values were left out: dropped on reading.
+        let mut old = labels.clone();
+        old.insert(SPEC.into(), serde_json::to_string(&spec).expect("json"));
+        old.remove(ENV_NAMES);
+        let info = SnapshotInfo::from_labels(&old, "i".into(), 1, 2).expect("a snapshot");
+        assert_eq!(info.env_names, ["API_KEY", "MODE"]);
+        assert_eq!(info.fork_spec().env.len(), 1);
     }
 }

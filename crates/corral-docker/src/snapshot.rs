@@ -16,6 +16,7 @@ use bollard::query_parameters::{
     CommitContainerOptionsBuilder, ListImagesOptionsBuilder, RemoveImageOptionsBuilder,
 };
 use corral_core::backend::{LabelledSnapshot, Placement};
+use corral_core::principal::QualifiedName;
 use corral_core::snapshot::{self, SnapshotInfo, SnapshotRequest};
 use corral_core::{Error, SpecError};
 
@@ -25,9 +26,24 @@ use crate::DockerBackend;
 /// The repository every snapshot image is tagged in.
 pub const REPOSITORY: &str = "corral-snapshot";
 
-/// The image reference of snapshot `name`.
+/// The image reference of snapshot `name` in the operator's namespace.
 pub fn image_ref(name: &str) -> String {
     format!("{REPOSITORY}:{name}")
+}
+
+/// The repository of a namespace's snapshots: the operator's is
+/// [`REPOSITORY`], a principal's `corral-snapshot/<namespace>`, so names
+/// never meet across namespaces.
+fn repository(namespace: Option<&str>) -> String {
+    match namespace {
+        None => REPOSITORY.to_string(),
+        Some(ns) => format!("{REPOSITORY}/{ns}"),
+    }
+}
+
+/// The image reference of snapshot `q`.
+pub fn qualified_ref(q: &QualifiedName) -> String {
+    format!("{}:{}", repository(q.namespace.as_deref()), q.name)
 }
 
 fn no_such(name: &str) -> Error {
@@ -45,6 +61,10 @@ impl DockerBackend {
         req: &SnapshotRequest<'_>,
     ) -> Result<SnapshotInfo, Error> {
         snapshot::validate_name(req.name)?;
+        let wanted = QualifiedName {
+            namespace: req.namespace.map(str::to_string),
+            name: req.name.to_string(),
+        };
         let docker = self.docker();
         let container = placement.id();
         let what = format!("snapshot sandbox {} as '{}'", req.sandbox_id, req.name);
@@ -81,7 +101,7 @@ impl DockerBackend {
         };
         let options = CommitContainerOptionsBuilder::default()
             .container(container)
-            .repo(REPOSITORY)
+            .repo(&repository(req.namespace))
             .tag(req.name)
             .comment(&format!("corral snapshot of sandbox {}", req.sandbox_id))
             .pause(true)
@@ -94,12 +114,12 @@ impl DockerBackend {
             .await?
             .into_iter()
             .map(|(info, _)| info)
-            .find(|info| info.name == req.name)
+            .find(|info| info.qualified() == wanted)
             .ok_or_else(|| Error::Agent {
                 sandbox: req.sandbox_id.to_string(),
                 message: format!(
                     "the committed image {} is not listed as a snapshot",
-                    image_ref(req.name)
+                    qualified_ref(&wanted)
                 ),
             })
     }
@@ -120,7 +140,14 @@ impl DockerBackend {
             let Some(name) = image.labels.get(snapshot::NAME) else {
                 continue;
             };
-            let reference = image_ref(name);
+            let namespace = image.labels.get(snapshot::NAMESPACE).filter(|n| !n.is_empty());
+            let Ok(q) = QualifiedName::parse(&match namespace {
+                Some(ns) => format!("{ns}/{name}"),
+                None => name.clone(),
+            }) else {
+                continue;
+            };
+            let reference = qualified_ref(&q);
             // Only the image the name's tag points at now (a replaced
             // snapshot's old image may linger untagged while in use).
             if !image.repo_tags.contains(&reference) {
@@ -133,13 +160,13 @@ impl DockerBackend {
                 out.push((info, labels));
             }
         }
-        out.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        out.sort_by_key(|a| a.0.qualified());
         Ok(out)
     }
 
     pub(crate) async fn remove_snapshot(&self, name: &str) -> Result<(), Error> {
-        snapshot::validate_name(name)?;
-        let reference = image_ref(name);
+        let q = QualifiedName::parse(name)?;
+        let reference = qualified_ref(&q);
         let docker = self.docker();
         match docker.inspect_image(&reference).await {
             Ok(i)
@@ -172,5 +199,7 @@ mod tests {
     #[test]
     fn snapshots_are_tagged_in_one_repository() {
         assert_eq!(image_ref("base"), "corral-snapshot:base");
+        let q = QualifiedName::parse("alice.mcp-0a/base").expect("name");
+        assert_eq!(qualified_ref(&q), "corral-snapshot/alice.mcp-0a:base");
     }
 }

@@ -30,7 +30,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::ApiError;
-use crate::guard::require_json;
+use crate::guard::{require_json, Caller};
+use crate::tenancy::Tenancy;
+use corral_core::principal::Principal;
 use crate::metrics::Metrics;
 use crate::wire::*;
 
@@ -53,14 +55,20 @@ struct Shared {
     runtime: Runtime,
     config: Config,
     default_image: String,
-    /// Sessions created through this service, by key.
+    /// Sessions created through this service, by provider key (the
+    /// owner's namespace and the client's key, see
+    /// [`Principal::session_key`]).
     sessions: Mutex<BTreeMap<String, Meta>>,
+    /// Owners of every sandbox the service hands out, and quotas.
+    tenancy: Tenancy,
     metrics: Metrics,
     closing: AtomicBool,
 }
 
 #[derive(Clone)]
 struct Meta {
+    /// Who created it: only it (and the operator) may see or touch it.
+    owner: Principal,
     profile: Option<String>,
     persistent: bool,
     /// Set once the sandbox's container is lost under the `fail` policy:
@@ -84,8 +92,10 @@ impl AppState {
         default_image: String,
     ) -> AppState {
         let metrics = Metrics::new(provider.clone(), runtime.clone());
+        let tenancy = Tenancy::new(&config.server, provider.clone());
         AppState {
             inner: Arc::new(Shared {
+                tenancy,
                 provider,
                 runtime,
                 config,
@@ -105,6 +115,12 @@ impl AppState {
     /// The provider.
     pub fn provider(&self) -> &Provider {
         &self.inner.provider
+    }
+
+    /// The owners of the service's sandboxes and the tenants' quotas
+    /// (shared with the MCP endpoint).
+    pub fn tenancy(&self) -> &Tenancy {
+        &self.inner.tenancy
     }
 
     /// Refuses new work from now on (requests in flight go on).
@@ -128,16 +144,21 @@ impl AppState {
         Ok(())
     }
 
-    /// The sandbox `id`: its lease, or the failure that ended it (its
-    /// container lost under the `fail` policy); 404 when there is no such
-    /// sandbox or the provider evicted it.
-    async fn leased(&self, id: &str) -> Result<Leased, ApiError> {
+    /// The sandbox `id` as `caller` names it: its lease, or the failure
+    /// that ended it (its container lost under the `fail` policy); 404
+    /// when there is no such sandbox, `caller` may not see it, or the
+    /// provider evicted it.
+    async fn leased(&self, caller: &Principal, id: &str) -> Result<Leased, ApiError> {
         self.refuse_when_closing()?;
-        match self.sessions().get(id) {
+        let key = caller.session_key(id);
+        match self.sessions().get(&key) {
             None => return Err(no_sandbox(id)),
+            // Another's is answered as absent.
+            Some(meta) if !caller.may_session(&meta.owner) => return Err(no_sandbox(id)),
             Some(Meta { lost: Some(f), .. }) => return Ok(Leased::Lost(f.clone())),
             Some(_) => {}
         }
+        let id = key.as_str();
         match self.inner.provider.lease(id).await {
             Some(Ok(lease)) => Ok(Leased::Live(lease)),
             Some(Err(e)) => {
@@ -154,8 +175,9 @@ impl AppState {
             None => {
                 self.sessions().remove(id);
                 let mut e = ApiError::not_found(format!(
-                    "sandbox '{id}' is gone: the provider evicted it (idle timeout, maximum \
-                     lifetime, or room for another sandbox)"
+                    "sandbox '{}' is gone: the provider evicted it (idle timeout, maximum \
+                     lifetime, or room for another sandbox)",
+                    caller.display_key(id)
                 ));
                 e.detail.field = Some("id".into());
                 Err(e)
@@ -164,23 +186,27 @@ impl AppState {
     }
 
     /// The live lease of sandbox `id`; a lost one is an error (410).
-    async fn lease(&self, id: &str) -> Result<Lease, ApiError> {
-        match self.leased(id).await? {
+    async fn lease(&self, caller: &Principal, id: &str) -> Result<Lease, ApiError> {
+        match self.leased(caller, id).await? {
             Leased::Live(lease) => Ok(lease),
             Leased::Lost(f) => Err(ApiError::failure(&f)),
         }
     }
 
-    fn info(&self, id: &str, lease: &Lease) -> SandboxInfo {
-        let meta = self.sessions().get(id).cloned().unwrap_or(Meta {
+    /// Sandbox `key` (a provider key) as `caller` sees it.
+    fn info(&self, caller: &Principal, key: &str, lease: &Lease) -> SandboxInfo {
+        let meta = self.sessions().get(key).cloned().unwrap_or(Meta {
+            owner: caller.clone(),
             profile: None,
             persistent: false,
             lost: None,
         });
         let reset_unavailable_reason = lease.resets_in_place().err();
+        let id = caller.display_key(key);
         SandboxInfo {
-            id: id.to_string(),
-            session: id.to_string(),
+            id: id.clone(),
+            session: id,
+            owner: meta.owner.id(),
             sandbox_id: lease.id().to_string(),
             container_id: lease.container_id(),
             image: lease.spec().image.clone(),
@@ -508,7 +534,8 @@ fn unlisted_image(
         (status = 200, description = "The session key already had this sandbox", body = SandboxInfo),
         (status = 400, description = "Bad request, spec or image", body = ErrorBody),
         (status = 403, description = "Refused: a field the service's policy keeps from clients (host mounts, added capabilities, weakened hardening, runtime, host environment, corral.* labels, persistent, limits removed or above the maxima, an image not allowed), named in `field`; or a browser Origin or a foreign Host", body = ErrorBody),
-        (status = 503, description = "Daemon unavailable (`daemon_unavailable`), or no room for the sandbox now (`capacity`, with `Retry-After`); both retryable", body = ErrorBody,
+        (status = 409, description = "The session key is taken by the operator (which shares tenant `default`'s namespace)", body = ErrorBody),
+        (status = 503, description = "Daemon unavailable (`daemon_unavailable`), or no room for the sandbox now (`capacity`, with `Retry-After`: the engine is full, or the tenant's `max_sandboxes` quota is spent, named in `field`); both retryable", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait before trying again, with kind `capacity`"))),
         (status = 401, description = "No or a wrong bearer token", body = ErrorBody),
         (status = 415, description = "A JSON body not sent as application/json", body = ErrorBody),
@@ -516,27 +543,43 @@ fn unlisted_image(
 )]
 async fn create_sandbox(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     JsonBody(req): JsonBody<CreateSandbox>,
 ) -> Result<(StatusCode, Json<SandboxInfo>), ApiError> {
     s.refuse_when_closing()?;
-    let key = match &req.session {
+    let client_key = match &req.session {
         Some(k) => {
             check_name("session", k)?;
             k.clone()
         }
         None => format!("sb-{}", corral::host::random_hex(16)),
     };
+    // The caller's namespace: two tenants' `ep-1` are two sessions.
+    let key = caller.session_key(&client_key);
     // Checked before anything else: a refused request is refused even for
     // a key that already has a sandbox.
     let (spec, profile, chosen_image) = spec_of(&s, &req)?;
-    if s.sessions().contains_key(&key) {
-        if let Ok(lease) = s.lease(&key).await {
-            return Ok((StatusCode::OK, Json(s.info(&key, &lease))));
+    let existing = s.sessions().get(&key).map(|m| m.owner.clone());
+    if let Some(owner) = existing {
+        if !caller.may_session(&owner) {
+            // Only the operator and tenant `default` share a namespace.
+            return Err(snapshots::conflict(
+                "session",
+                format!("session key '{client_key}' is taken by the operator"),
+            ));
+        }
+        if let Ok(lease) = s.lease(&caller, &client_key).await {
+            return Ok((StatusCode::OK, Json(s.info(&caller, &key, &lease))));
         }
     }
     if let Some(field) = chosen_image {
         check_image(&s, field, &spec.image).await?;
     }
+    let reservation = s
+        .inner
+        .tenancy
+        .reserve(&caller, std::slice::from_ref(&key))
+        .map_err(|e| ApiError::quota(&e))?;
     let provider = &s.inner.provider;
     let lease = if req.persistent {
         provider.acquire_persistent(&key, &spec).await
@@ -562,15 +605,17 @@ async fn create_sandbox(
         }
         err
     })?;
+    reservation.commit();
     s.sessions().insert(
         key.clone(),
         Meta {
+            owner: caller.clone(),
             profile,
             persistent: req.persistent,
             lost: None,
         },
     );
-    Ok((StatusCode::CREATED, Json(s.info(&key, &lease))))
+    Ok((StatusCode::CREATED, Json(s.info(&caller, &key, &lease))))
 }
 
 /// List the service's sandboxes.
@@ -578,15 +623,26 @@ async fn create_sandbox(
     get, path = "/v1/sandboxes", tag = "sandboxes",
     responses((status = 200, body = SandboxList), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
 )]
-async fn list_sandboxes(State(s): State<AppState>) -> Result<Json<SandboxList>, ApiError> {
-    let keys: Vec<String> = s.sessions().keys().cloned().collect();
+async fn list_sandboxes(
+    State(s): State<AppState>,
+    Caller(caller): Caller,
+) -> Result<Json<SandboxList>, ApiError> {
+    // Only what the caller may see: another's is not listed at all.
+    let keys: Vec<(String, Principal)> = s
+        .sessions()
+        .iter()
+        .filter(|(_, m)| caller.may_session(&m.owner))
+        .map(|(k, m)| (k.clone(), m.owner.clone()))
+        .collect();
     let mut sandboxes = Vec::new();
-    for key in keys {
-        match s.leased(&key).await {
-            Ok(Leased::Live(lease)) => sandboxes.push(s.info(&key, &lease)),
+    for (key, owner) in keys {
+        let id = caller.display_key(&key);
+        match s.leased(&caller, &id).await {
+            Ok(Leased::Live(lease)) => sandboxes.push(s.info(&caller, &key, &lease)),
             Ok(Leased::Lost(f)) => sandboxes.push(SandboxInfo {
-                id: key.clone(),
-                session: key.clone(),
+                id: id.clone(),
+                session: id.clone(),
+                owner: owner.id(),
                 sandbox_id: String::new(),
                 container_id: f.container.map(|c| c.id).unwrap_or_default(),
                 image: String::new(),
@@ -611,10 +667,11 @@ async fn list_sandboxes(State(s): State<AppState>) -> Result<Json<SandboxList>, 
 )]
 async fn get_sandbox(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<SandboxInfo>, ApiError> {
-    let lease = s.lease(&id).await?;
-    Ok(Json(s.info(&id, &lease)))
+    let lease = s.lease(&caller, &id).await?;
+    Ok(Json(s.info(&caller, &caller.session_key(&id), &lease)))
 }
 
 /// Release a sandbox: destroyed, unless persistent (then its container is
@@ -626,12 +683,22 @@ async fn get_sandbox(
 )]
 async fn delete_sandbox(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let Some(meta) = s.sessions().remove(&id) else {
+    let key = caller.session_key(&id);
+    let meta = {
+        let mut sessions = s.sessions();
+        match sessions.get(&key) {
+            Some(m) if caller.may_session(&m.owner) => sessions.remove(&key),
+            _ => None,
+        }
+    };
+    let Some(meta) = meta else {
         return Err(no_sandbox(&id));
     };
-    if let Err(e) = s.inner.provider.release_and_wait(&id).await {
+    s.inner.tenancy.forget(&key);
+    if let Err(e) = s.inner.provider.release_and_wait(&key).await {
         // A lost sandbox may already be gone from the provider.
         if meta.lost.is_none() {
             return Err(ApiError::runtime(&e, ""));
@@ -660,9 +727,10 @@ async fn delete_sandbox(
 )]
 async fn reset_sandbox(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<ResetBody>, ApiError> {
-    let lease = s.lease(&id).await?;
+    let lease = s.lease(&caller, &id).await?;
     let outcome = lease.reset().await.map_err(|e| ApiError::runtime(&e, ""))?;
     Ok(Json(ResetBody::from(&outcome)))
 }
@@ -681,11 +749,12 @@ async fn reset_sandbox(
 )]
 async fn exec(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> Result<Json<CommandOutcome>, ApiError> {
     let cmd = command(req)?;
-    let (result, sandbox_id) = match s.leased(&id).await? {
+    let (result, sandbox_id) = match s.leased(&caller, &id).await? {
         Leased::Live(lease) => (lease.run(&cmd).await, Some(lease.id().to_string())),
         Leased::Lost(f) => (lost(f), None),
     };
@@ -709,11 +778,12 @@ async fn exec(
 )]
 async fn exec_stream(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> Result<Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let cmd = command(req)?;
-    let lease = match s.leased(&id).await? {
+    let lease = match s.leased(&caller, &id).await? {
         Leased::Live(lease) => lease,
         Leased::Lost(f) => {
             let result = lost(f);
@@ -789,13 +859,14 @@ async fn exec_stream(
 )]
 async fn shell_exec(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     Path((id, name)): Path<(String, String)>,
     JsonBody(req): JsonBody<ShellExecRequest>,
 ) -> Result<Json<ShellOutcome>, ApiError> {
     check_name("name", &name)?;
     let timeout = duration_ms("timeout_ms", req.timeout_ms)?;
     let cap = max_output(req.max_output)?;
-    let (r, sandbox_id) = match s.leased(&id).await? {
+    let (r, sandbox_id) = match s.leased(&caller, &id).await? {
         Leased::Live(lease) => (
             lease.shell(&name).run(&req.command, timeout, cap).await,
             Some(lease.id().to_string()),
@@ -829,9 +900,10 @@ async fn shell_exec(
 )]
 async fn list_shells(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<ShellList>, ApiError> {
-    let lease = s.lease(&id).await?;
+    let lease = s.lease(&caller, &id).await?;
     Ok(Json(ShellList {
         shells: lease.shell_names(),
     }))
@@ -848,9 +920,10 @@ async fn list_shells(
 )]
 async fn close_shell(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     Path((id, name)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    let lease = s.lease(&id).await?;
+    let lease = s.lease(&caller, &id).await?;
     if !lease.shell_names().contains(&name) {
         let mut e = ApiError::not_found(format!("sandbox '{id}' has no shell session '{name}'"));
         e.detail.field = Some("name".into());
@@ -893,12 +966,13 @@ type QueryResult = Result<Query<FileQuery>, axum::extract::rejection::QueryRejec
 /// A file operation's query, options and sandbox, each checked.
 async fn file_call(
     s: &AppState,
+    caller: &Principal,
     id: &str,
     q: QueryResult,
 ) -> Result<(FileQuery, FileOptions, Lease), ApiError> {
     let q = file_query(q)?;
     let opts = q.options(s)?;
-    let lease = s.lease(id).await?;
+    let lease = s.lease(caller, id).await?;
     Ok((q, opts, lease))
 }
 
@@ -941,11 +1015,12 @@ impl FileQuery {
 )]
 async fn write_file(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     q: QueryResult,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let (q, opts, lease) = file_call(&s, &id, q).await?;
+    let (q, opts, lease) = file_call(&s, &caller, &id, q).await?;
     lease
         .write_file(&q.path, &body, &opts)
         .await
@@ -965,10 +1040,11 @@ async fn write_file(
 )]
 async fn read_file(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     q: QueryResult,
 ) -> Result<Response, ApiError> {
-    let (q, opts, lease) = file_call(&s, &id, q).await?;
+    let (q, opts, lease) = file_call(&s, &caller, &id, q).await?;
     let bytes = lease
         .read_file(&q.path, &opts)
         .await
@@ -984,10 +1060,11 @@ async fn read_file(
 )]
 async fn list_files(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     q: QueryResult,
 ) -> Result<Json<DirListing>, ApiError> {
-    let (q, opts, lease) = file_call(&s, &id, q).await?;
+    let (q, opts, lease) = file_call(&s, &caller, &id, q).await?;
     let entries = lease
         .list_dir(&q.path, &opts)
         .await
@@ -1008,11 +1085,12 @@ async fn list_files(
 )]
 async fn upload_archive(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     q: QueryResult,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let (q, opts, lease) = file_call(&s, &id, q).await?;
+    let (q, opts, lease) = file_call(&s, &caller, &id, q).await?;
     lease
         .upload_tar(&q.path, &body, &opts)
         .await
@@ -1032,10 +1110,11 @@ async fn upload_archive(
 )]
 async fn download_archive(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     q: QueryResult,
 ) -> Result<Response, ApiError> {
-    let (q, opts, lease) = file_call(&s, &id, q).await?;
+    let (q, opts, lease) = file_call(&s, &caller, &id, q).await?;
     let bytes = lease
         .download_tar(&q.path, &opts)
         .await
@@ -1074,6 +1153,27 @@ async fn health(State(s): State<AppState>) -> (StatusCode, Json<Health>) {
     )
 }
 
+/// Who the request acts as (its token's principal) and its quotas.
+#[utoipa::path(
+    get, path = "/v1/whoami", tag = "service",
+    responses((status = 200, body = WhoAmI), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
+)]
+async fn whoami(State(s): State<AppState>, Caller(caller): Caller) -> Json<WhoAmI> {
+    let quota = s
+        .inner
+        .tenancy
+        .quota(&caller)
+        .map(|(_, q)| q)
+        .unwrap_or_default();
+    Json(WhoAmI {
+        principal: caller.id(),
+        tenant: caller.tenant().map(str::to_string),
+        max_sandboxes: quota.max_sandboxes,
+        max_snapshots: quota.max_snapshots,
+        max_snapshot_bytes: quota.max_snapshot_bytes,
+    })
+}
+
 /// Prometheus metrics.
 #[utoipa::path(
     get, path = "/metrics", tag = "service",
@@ -1099,7 +1199,12 @@ session key, commands with typed outcomes, shell sessions, files. Errors are JSO
 `{\"error\": {kind, message, field, retryable}}`. Every route but /v1/health needs \
 `Authorization: Bearer TOKEN` (a local service without a configured token generates one and \
 writes it to `server-IP-PORT.json` in its runtime directory; on its Unix socket the socket's \
-owner needs none). Requests with a browser `Origin` not in `server.allowed_origins`, or a `Host` \
+owner needs none). The token decides who the request acts as: the operator \
+(`server.admin_token`, or the Unix socket's owner) sees everything; a tenant (`server.token` is \
+tenant `default`, `server.tenants` name more) sees only its own sandboxes, session keys and \
+snapshots (plus the operator's `server.shared_snapshots`, read-only): anything else is answered \
+404, as if absent, and a spent quota is a retryable 503 `capacity` with `Retry-After` \
+(`GET /v1/whoami` says who you are). Requests with a browser `Origin` not in `server.allowed_origins`, or a `Host` \
 that is not the service's, are refused (403); JSON bodies must be sent as `application/json` \
 (415). What a client may put in a sandbox spec is limited by the service's policy: a refused \
 field is a 403 naming it.",
@@ -1134,6 +1239,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(snapshots::get_snapshot, snapshots::delete_snapshot))
         .routes(routes!(snapshots::fork))
         .routes(routes!(health))
+        .routes(routes!(whoami))
         .routes(routes!(metrics))
 }
 

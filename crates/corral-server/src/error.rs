@@ -128,6 +128,15 @@ impl ApiError {
         e
     }
 
+    /// 503 `capacity` (retryable, `Retry-After`): a tenant's quota is
+    /// spent; room comes back as its sandboxes or snapshots go. `field`
+    /// names the quota (`max_sandboxes`, ...).
+    pub fn quota(q: &corral_core::principal::QuotaExceeded) -> Self {
+        let mut e = ApiError::failure(&Failure::new(FailureKind::Capacity, q.to_string()));
+        e.detail.field = Some(q.what.to_string());
+        e
+    }
+
     /// The answer for a backend error; a bad spec names its field under
     /// `field_prefix` (e.g. `spec`).
     pub fn runtime(err: &Error, field_prefix: &str) -> Self {

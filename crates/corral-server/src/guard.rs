@@ -12,8 +12,13 @@
 //!    `text/plain` POST to loopback without a CORS preflight; this is what
 //!    makes that harmless even with `auth: none`.
 //! 3. Authentication (all but `/v1/health`): the bearer token, compared in
-//!    constant time; on the Unix socket, a connection whose peer (as the
-//!    kernel reports it, `SO_PEERCRED`) is the socket's owner needs none.
+//!    constant time with every configured token, decides the request's
+//!    [`Principal`] (`server.admin_token`: the operator; `server.token`:
+//!    tenant `default`; `server.tenants.NAME.token`: tenant `NAME`); on the
+//!    Unix socket, a connection whose peer (as the kernel reports it,
+//!    `SO_PEERCRED`) is the socket's owner needs none and is the operator.
+//!    With `auth: none` every request is tenant `default`. The principal
+//!    goes into the request's extensions for the routes ([`Caller`]).
 //! 4. MCP POSTs must be `application/json` (the REST routes check theirs
 //!    where they read JSON, in `api::JsonBody`).
 //!
@@ -30,6 +35,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::serve::IncomingStream;
 use corral_core::config::{AuthMode, ServerConfig};
+use corral_core::principal::{Principal, DEFAULT_TENANT};
 
 use crate::error::ApiError;
 
@@ -63,12 +69,32 @@ impl Connected<IncomingStream<'_, tokio::net::UnixListener>> for PeerUid {
 /// How requests are authenticated.
 #[derive(Clone)]
 enum Auth {
-    /// This bearer token.
-    Token(Arc<str>),
+    /// The bearer tokens of the service's principals.
+    Tokens(Arc<ServerConfig>),
     /// `auth: token` but no token was given: refuse everything (fail closed).
     Missing,
     /// `auth: none`.
     Off,
+}
+
+/// Who a request acts as, put in its extensions by the [`Guard`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller(pub Principal);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, ApiError> {
+        // Fail closed: a route reached without the guard acts as no one.
+        parts
+            .extensions
+            .get::<Caller>()
+            .cloned()
+            .ok_or_else(|| ApiError::unauthorized("this request was not authenticated"))
+    }
 }
 
 /// The checks of one listener, built from the configuration.
@@ -85,10 +111,10 @@ impl Guard {
     /// generated if need be, when `auth` is `token`: without one every
     /// request but the health check is refused).
     pub fn new(server: &ServerConfig, listener: Listener) -> Guard {
-        let auth = match (server.auth, &server.token) {
-            (AuthMode::None, _) => Auth::Off,
-            (AuthMode::Token, Some(t)) => Auth::Token(Arc::from(t.as_str())),
-            (AuthMode::Token, None) => Auth::Missing,
+        let auth = match server.auth {
+            AuthMode::None => Auth::Off,
+            AuthMode::Token if server.has_tokens() => Auth::Tokens(Arc::new(server.clone())),
+            AuthMode::Token => Auth::Missing,
         };
         Guard {
             listener,
@@ -179,9 +205,11 @@ impl Guard {
         Ok(())
     }
 
-    fn check_auth(&self, req: &Request) -> Result<(), ApiError> {
+    /// Who the request acts as, or why it is refused. `/v1/health` needs
+    /// no token and acts as no one.
+    fn check_auth(&self, req: &Request) -> Result<Option<Principal>, ApiError> {
         if req.uri().path() == HEALTH {
-            return Ok(());
+            return Ok(None);
         }
         if let Listener::Unix { owner } = self.listener {
             let peer = req
@@ -189,18 +217,18 @@ impl Guard {
                 .get::<ConnectInfo<PeerUid>>()
                 .and_then(|c| c.0 .0);
             if peer == Some(owner) {
-                return Ok(());
+                return Ok(Some(Principal::Operator));
             }
         }
-        let token = match &self.auth {
-            Auth::Off => return Ok(()),
+        let server = match &self.auth {
+            Auth::Off => return Ok(Some(Principal::Tenant(DEFAULT_TENANT.into()))),
             Auth::Missing => {
                 return Err(ApiError::unauthorized(
                     "this service has no token to check (server.auth is token but no \
                      server.token was set or generated): every request is refused",
                 ))
             }
-            Auth::Token(t) => t,
+            Auth::Tokens(server) => server,
         };
         let given = req
             .headers()
@@ -209,11 +237,13 @@ impl Guard {
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
         match given {
-            Some(g) if same(g.as_bytes(), token.as_bytes()) => Ok(()),
-            Some(_) => Err(ApiError::unauthorized(
-                "the bearer token is wrong (a service that generated its token writes it to \
-                 a file in its runtime directory; see `corral serve --help`)",
-            )),
+            Some(g) => match server.principal_of_token(g) {
+                Some(p) => Ok(Some(p)),
+                None => Err(ApiError::unauthorized(
+                    "the bearer token is wrong (a service that generated its token writes it to \
+                     a file in its runtime directory; see `corral serve --help`)",
+                )),
+            },
             None => Err(ApiError::unauthorized(
                 "this service requires 'Authorization: Bearer TOKEN' (the Python client finds \
                  the token of a local service by itself; else set CORRAL_TOKEN)",
@@ -223,14 +253,21 @@ impl Guard {
 }
 
 /// The middleware: the four checks in order, then the route.
-async fn check(State(guard): State<Guard>, req: Request, next: Next) -> Response {
+async fn check(State(guard): State<Guard>, mut req: Request, next: Next) -> Response {
     let checked = guard
         .check_host(&req)
         .and_then(|()| guard.check_browser(req.headers()))
         .and_then(|()| guard.check_auth(&req))
-        .and_then(|()| check_mcp_content_type(&req));
+        .and_then(|p| check_mcp_content_type(&req).map(|()| p));
     match checked {
-        Ok(()) => next.run(req).await,
+        Ok(principal) => {
+            // Set here only: a client cannot put it in by a header.
+            req.extensions_mut().remove::<Caller>();
+            if let Some(p) = principal {
+                req.extensions_mut().insert(Caller(p));
+            }
+            next.run(req).await
+        }
         Err(e) => {
             // A 403 is a browser or a rebinding page at the door; a 401 or
             // 415 is more likely a misconfigured client.
@@ -358,11 +395,6 @@ fn split_host(host: &str) -> (&str, Option<u16>) {
     }
 }
 
-/// Compares without an early exit on the first differing byte.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -424,9 +456,25 @@ mod tests {
     }
 
     #[test]
-    fn tokens_compare_whole() {
-        assert!(same(b"secret", b"secret"));
-        assert!(!same(b"secret", b"secreT"));
-        assert!(!same(b"secret", b"secret2"));
+    fn tokens_name_their_principals_and_compare_whole() {
+        let mut server = ServerConfig {
+            token: Some("secret".into()),
+            admin_token: Some("admin".into()),
+            ..ServerConfig::default()
+        };
+        server.tenants.insert(
+            "alice".into(),
+            corral_core::config::TenantConfig {
+                token: Some("alice-t".into()),
+                ..Default::default()
+            },
+        );
+        let p = |t: &str| server.principal_of_token(t);
+        assert_eq!(p("secret"), Some(Principal::Tenant(DEFAULT_TENANT.into())));
+        assert_eq!(p("admin"), Some(Principal::Operator));
+        assert_eq!(p("alice-t"), Some(Principal::Tenant("alice".into())));
+        for wrong in ["secreT", "secret2", "", "alice"] {
+            assert_eq!(p(wrong), None, "{wrong}");
+        }
     }
 }

@@ -16,6 +16,7 @@ pub mod guard;
 pub mod mcp;
 pub mod metrics;
 pub mod runtime_file;
+pub mod tenancy;
 pub mod wire;
 
 use std::net::SocketAddr;
@@ -117,6 +118,9 @@ pub async fn serve(
     let mcp = mcp::McpContext {
         provider: provider.clone(),
         spec: mcp_spec,
+        // Each session acts for the principal of the request that opened it.
+        principal: None,
+        tenancy: state.tenancy().clone(),
     };
     let routes = routes(state.clone(), Some((mcp, mcp_cancel.clone())));
 

@@ -18,15 +18,26 @@
 //! rendered in `render.rs`: text for the model, with `isError` set on a
 //! failure or a non-zero exit, and the REST API's JSON as structured
 //! content.
+//!
+//! A session is a principal of its own (`corral_core::principal`): it acts
+//! for the tenant whose token opened it (on stdio, for the operator), on
+//! its own sandbox and the snapshots it took (its namespace), plus the
+//! operator's snapshots `server.mcp_snapshots` shares read-only. Its
+//! sandbox counts against its tenant's quota. Over HTTP the session is
+//! bound to the principal of its first request: a request naming its
+//! `Mcp-Session-Id` with another principal's token is answered 404, as if
+//! the session did not exist.
 
 mod args;
 mod render;
 mod session;
 
-use std::sync::{Arc, Weak};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use corral::{FileError, FileOptions, Lease, Provider};
+use corral_core::principal::{Principal, SnapshotAccess};
 use corral_core::{CommandSpec, SandboxSpec};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{CallToolResult, Implementation, JsonObject, ServerCapabilities, ServerInfo};
@@ -39,6 +50,9 @@ use tokio_util::sync::CancellationToken;
 
 use args::schema;
 use session::{LeaseError, Session};
+
+use crate::guard::Caller;
+use crate::tenancy::Tenancy;
 
 /// Bytes of each output stream a tool result keeps (head and tail).
 const MAX_OUTPUT: u64 = 64 * 1024;
@@ -65,6 +79,27 @@ pub struct McpContext {
     pub provider: Provider,
     /// The spec of each session's sandbox (its image must be set).
     pub spec: SandboxSpec,
+    /// Who opens the sessions when a request does not say (stdio: the
+    /// operator; the endpoint used without the service's guard). `None`:
+    /// each session acts for the principal the guard found on its first
+    /// request, and a session without one is refused.
+    pub principal: Option<Principal>,
+    /// Owners, quotas and shared snapshots (the service shares its own with
+    /// the REST API).
+    pub tenancy: Tenancy,
+}
+
+impl McpContext {
+    /// Sessions of `principal` with `spec`, no quotas and nothing shared.
+    pub fn new(provider: Provider, spec: SandboxSpec, principal: Option<Principal>) -> McpContext {
+        let tenancy = Tenancy::new(&Default::default(), provider.clone());
+        McpContext {
+            provider,
+            spec,
+            principal,
+            tenancy,
+        }
+    }
 }
 
 /// How the streamable HTTP endpoint treats requests and sessions.
@@ -160,9 +195,71 @@ pub fn http_service_with(
     axum::Router::new()
         .route_service("/", service)
         .layer(axum::middleware::from_fn_with_state(
+            SessionOwners::default(),
+            bind_sessions,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
             options.max_body_bytes,
             limit_body,
         ))
+}
+
+/// Which principal opened each HTTP MCP session, by `Mcp-Session-Id`.
+#[derive(Clone, Default)]
+struct SessionOwners(Arc<Mutex<HashMap<String, Principal>>>);
+
+impl SessionOwners {
+    fn book(&self) -> std::sync::MutexGuard<'_, HashMap<String, Principal>> {
+        // Plain map updates: a panic cannot leave one half-done.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// Binds a session to the principal whose request opened it and answers
+/// any other principal's request for it 404, as if it did not exist: a
+/// session id is a handle on a sandbox and its snapshots, not a credential.
+async fn bind_sessions(
+    axum::extract::State(owners): axum::extract::State<SessionOwners>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let caller = req.extensions().get::<Caller>().map(|c| c.0.clone());
+    let sid = req
+        .headers()
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let deleting = req.method() == axum::http::Method::DELETE;
+    if let Some(sid) = &sid {
+        let owner = owners.book().get(sid).cloned();
+        if owner.is_some() && owner != caller {
+            return (
+                axum::http::StatusCode::NOT_FOUND,
+                "no such MCP session (Mcp-Session-Id)",
+            )
+                .into_response();
+        }
+    }
+    let response = next.run(req).await;
+    match (&sid, &caller) {
+        (None, Some(caller)) => {
+            if let Some(new) = response
+                .headers()
+                .get(SESSION_HEADER)
+                .and_then(|v| v.to_str().ok())
+            {
+                owners.book().insert(new.to_string(), caller.clone());
+            }
+        }
+        (Some(sid), _) if deleting && response.status().is_success() => {
+            owners.book().remove(sid);
+        }
+        _ => {}
+    }
+    response
 }
 
 /// Refuses a request body above `max` bytes with 413 before rmcp, which
@@ -217,8 +314,13 @@ impl Handler {
         let info = ServerInfo::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("corral", env!("CARGO_PKG_VERSION")))
             .with_instructions(instructions(&ctx.spec));
+        let fallback = ctx.principal.clone();
+        let session = Arc::new(Session::new(ctx, closing));
+        if let Some(p) = fallback {
+            session.bind(&p);
+        }
         Handler {
-            session: Arc::new(Session::new(ctx, closing)),
+            session,
             info,
             tool_router: Self::tool_router(),
         }
@@ -489,8 +591,14 @@ impl Handler {
             Ok(l) => l,
             Err(r) => return Ok(r),
         };
+        let Some(principal) = self.session.principal() else {
+            return Ok(render::error(UNBOUND));
+        };
         let opts = corral::SnapshotOptions {
             durable: a.durable.unwrap_or(false),
+            // Its own namespace: another's snapshot of this name is not
+            // touched.
+            namespace: principal.snapshot_namespace(),
         };
         match lease.snapshot(&a.name, opts).await {
             Ok(info) => Ok(with_notes(
@@ -518,12 +626,32 @@ impl Handler {
         const TOOL: &str = "restore";
         let a: args::Restore = args::parse(TOOL, params)?;
         args::snapshot_name(TOOL, &a.name)?;
+        let Some(principal) = self.session.principal() else {
+            return Ok(render::error(UNBOUND));
+        };
         let runtime = self.session.provider().runtime().clone();
-        let info = match runtime.snapshot_info(&a.name).await {
-            Ok(info) => info,
+        let all = match runtime.snapshots().await {
+            Ok(all) => all,
             Err(e) => return Ok(render::error(format!("cannot restore '{}': {e}", a.name))),
         };
-        let spec = info.fork_spec();
+        // Its own snapshot of that name, else one the operator shares with
+        // MCP sessions; anything else is as if absent.
+        let sharing = self.session.tenancy().sharing();
+        let candidates = principal.snapshot_candidates(&a.name).unwrap_or_default();
+        let found = candidates.iter().find_map(|q| {
+            all.iter()
+                .find(|i| &i.qualified() == q)
+                .filter(|_| principal.may_snapshot(SnapshotAccess::Read, q, sharing))
+        });
+        let Some(info) = found else {
+            return Ok(render::error(format!(
+                "cannot restore '{}': no such snapshot (a session restores the snapshots it \
+                 took and those the operator shares with MCP sessions)",
+                a.name
+            )));
+        };
+        // Its variables' values come from the session's own spec.
+        let spec = info.fork_spec_with(&self.session.base_spec().env);
         // The session's spec is the operator's and a client chooses none:
         // a snapshot restores only if its spec gives nothing more.
         if let Err(r) = corral_core::client_policy::ClientPolicy::no_raise()
@@ -623,10 +751,38 @@ impl Handler {
     }
 }
 
+/// What a tool says when its session has no principal (the HTTP endpoint
+/// used without the service's guard and no fallback principal).
+const UNBOUND: &str = "this MCP session is not authenticated: it may not act on snapshots";
+
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Handler {
     fn get_info(&self) -> ServerInfo {
         self.info.clone()
+    }
+
+    /// Binds the session to the principal the service's guard found on
+    /// the request that opened it (over HTTP), then answers as rmcp does.
+    async fn initialize(
+        &self,
+        request: rmcp::model::InitializeRequestParams,
+        context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::InitializeResult, ErrorData> {
+        let caller = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Caller>())
+            .map(|c| c.0.clone());
+        if let Some(caller) = caller {
+            self.session.bind(&caller);
+        }
+        context.peer.set_peer_info(request.clone());
+        let mut info = self.get_info();
+        // rmcp's own negotiation: the client's version when known.
+        if rmcp::model::ProtocolVersion::KNOWN_VERSIONS.contains(&request.protocol_version) {
+            info.protocol_version = request.protocol_version;
+        }
+        Ok(info)
     }
 }
 

@@ -62,6 +62,9 @@ pub struct SandboxInfo {
     /// corral's id of the sandbox (label `corral.sandbox` of its container);
     /// changes when a lost container is replaced.
     pub sandbox_id: String,
+    /// Who owns it: `tenant:NAME` (the single `server.token` is tenant
+    /// `default`), `operator`, or `mcp:TENANT:SESSION`.
+    pub owner: String,
     /// The Docker container id.
     pub container_id: String,
     /// The image.
@@ -388,8 +391,18 @@ pub struct CreateSnapshot {
 /// sandboxes from.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct SnapshotBody {
-    /// Its name.
+    /// Its name as the caller names it: bare for its own (and, for the
+    /// operator, the operator's), `NAMESPACE/NAME` for another's.
     pub name: String,
+    /// Who owns it: `tenant:NAME`, `operator`, or `mcp:TENANT:SESSION`.
+    pub owner: String,
+    /// Whether the caller may only read it (fork, inspect): an operator's
+    /// snapshot shared with tenants or with MCP sessions.
+    pub read_only: bool,
+    /// Names of the variables the sandbox it was taken from set. Their
+    /// values are not kept: a fork takes them from its request's `env`
+    /// and the service's defaults, else leaves them unset.
+    pub env_names: Vec<String>,
     /// The engine's image holding it (`corral-snapshot:<name>` on Docker).
     pub image: String,
     /// corral's id of the sandbox it was taken from.
@@ -404,10 +417,19 @@ pub struct SnapshotBody {
     pub durable: bool,
 }
 
-impl From<&corral_core::snapshot::SnapshotInfo> for SnapshotBody {
-    fn from(s: &corral_core::snapshot::SnapshotInfo) -> Self {
+impl SnapshotBody {
+    /// `s` as `caller` sees it (`read_only` when it may not write it).
+    pub fn new(
+        s: &corral_core::snapshot::SnapshotInfo,
+        caller: &corral_core::principal::Principal,
+        read_only: bool,
+    ) -> Self {
+        let q = s.qualified();
         SnapshotBody {
-            name: s.name.clone(),
+            name: caller.display_snapshot(&q),
+            owner: q.owner().id(),
+            read_only,
+            env_names: s.env_names.clone(),
             image: s.image.clone(),
             source_sandbox: s.source_sandbox.clone(),
             base_image: s.spec.image.clone(),
@@ -434,6 +456,27 @@ pub struct ForkRequest {
     /// Session keys of the forks are `<session_prefix>-<i>`, i from 0
     /// (letters, digits, `.`, `_`, `-`); default: new random keys.
     pub session_prefix: Option<String>,
+    /// Values of environment variables for the forks: a snapshot keeps the
+    /// names of its source's variables, not their values, so each comes
+    /// from here, else from the service's `defaults`, else stays unset.
+    /// Other variables given here are added.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// Body of `GET /v1/whoami`: the principal the request acts as.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WhoAmI {
+    /// `operator`, `tenant:NAME`.
+    pub principal: String,
+    /// The tenant whose quotas it spends; null for the operator.
+    pub tenant: Option<String>,
+    /// Its quotas (null: no limit).
+    pub max_sandboxes: Option<u64>,
+    /// Most snapshots it may keep.
+    pub max_snapshots: Option<u64>,
+    /// Most bytes its snapshots may hold.
+    pub max_snapshot_bytes: Option<u64>,
 }
 
 fn b64(bytes: &[u8]) -> String {

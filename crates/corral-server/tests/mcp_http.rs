@@ -11,6 +11,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use corral::{Provider, RuntimeConfig};
 use corral_core::SandboxSpec;
+use corral_core::principal::Principal;
 use corral_server::mcp::{http_service, http_service_with, HttpOptions, McpContext};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -39,10 +40,8 @@ async fn mounted(label: &str) -> (axum::Router, Provider, CancellationToken) {
     let mut spec = SandboxSpec::new(BUSYBOX);
     spec.labels.insert("corraltest".into(), label.into());
     let cancel = CancellationToken::new();
-    let ctx = McpContext {
-        provider: provider.clone(),
-        spec,
-    };
+    // No guard in front here: the sessions act for tenant `default`.
+    let ctx = McpContext::new(provider.clone(), spec, Some(Principal::Tenant("default".into())));
     let app = axum::Router::new().nest("/mcp", http_service(ctx, cancel.clone()));
     (app, provider, cancel)
 }
@@ -272,10 +271,7 @@ async fn a_body_above_the_limit_is_refused() {
     images();
     let backend = common::service::runtime(RuntimeConfig::default()).await;
     let provider = Provider::new(backend, Default::default());
-    let ctx = McpContext {
-        provider: provider.clone(),
-        spec: SandboxSpec::new(BUSYBOX),
-    };
+    let ctx = McpContext::new(provider.clone(), SandboxSpec::new(BUSYBOX), None);
     let options = HttpOptions {
         max_body_bytes: 1024,
         ..HttpOptions::default()

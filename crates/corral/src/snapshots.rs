@@ -11,6 +11,7 @@
 //! on as it was.
 
 use corral_core::labels::Ownership;
+use corral_core::principal::QualifiedName;
 use corral_core::snapshot::{self, SnapshotInfo, SnapshotRequest};
 use corral_core::{Error, SpecError};
 
@@ -19,12 +20,16 @@ use crate::runtime::Runtime;
 use crate::sandbox::Sandbox;
 
 /// How a snapshot is kept.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SnapshotOptions {
     /// Keep it until it is deleted, whatever becomes of the process that
     /// took it; otherwise `gc` and the orphan reaper remove it once its
     /// owner is gone, as they do its sandboxes.
     pub durable: bool,
+    /// The namespace of the principal it belongs to
+    /// ([`corral_core::principal::Principal::snapshot_namespace`]); `None`
+    /// for the operator's.
+    pub namespace: Option<String>,
 }
 
 impl Sandbox {
@@ -32,6 +37,9 @@ impl Sandbox {
     /// earlier one of that name).
     pub async fn snapshot(&self, name: &str, opts: SnapshotOptions) -> Result<SnapshotInfo, Error> {
         snapshot::validate_name(name)?;
+        if let Some(ns) = &opts.namespace {
+            QualifiedName::parse(&format!("{ns}/{name}"))?;
+        }
         if self.spec().persistent.is_some() {
             return Err(Error::InvalidSpec(SpecError {
                 field: "persistent".into(),
@@ -55,6 +63,7 @@ impl Sandbox {
         let runtime = self.runtime();
         let req = SnapshotRequest {
             name,
+            namespace: opts.namespace.as_deref(),
             sandbox_id: self.id(),
             spec: self.spec(),
             owner: runtime.owner(),
@@ -86,13 +95,14 @@ impl Runtime {
             .collect())
     }
 
-    /// Snapshot `name`, or an error naming it.
+    /// Snapshot `name` (`namespace/name` for one of a principal's, see
+    /// [`QualifiedName`]), or an error naming it.
     pub async fn snapshot_info(&self, name: &str) -> Result<SnapshotInfo, Error> {
-        snapshot::validate_name(name)?;
+        let wanted = QualifiedName::parse(name)?;
         self.snapshots()
             .await?
             .into_iter()
-            .find(|s| s.name == name)
+            .find(|s| s.qualified() == wanted)
             .ok_or_else(|| {
                 Error::InvalidSpec(SpecError {
                     field: "snapshot".into(),
@@ -102,8 +112,10 @@ impl Runtime {
             })
     }
 
-    /// Deletes snapshot `name`.
+    /// Deletes snapshot `name` (`namespace/name` for one of a
+    /// principal's).
     pub async fn delete_snapshot(&self, name: &str) -> Result<(), Error> {
+        QualifiedName::parse(name)?;
         self.backend().delete_snapshot(name).await
     }
 
@@ -112,8 +124,20 @@ impl Runtime {
     /// spec (start-up commands are not run again). All or nothing: if one
     /// fails, the others are destroyed and the first error returned.
     pub async fn fork(&self, name: &str, n: usize) -> Result<Vec<Sandbox>, Error> {
+        self.fork_with(name, n, &[]).await
+    }
+
+    /// [`Runtime::fork`] with the forker's variables: the snapshot keeps
+    /// only the names of those its source set, and `env` gives their
+    /// values ([`SnapshotInfo::fork_spec_with`]).
+    pub async fn fork_with(
+        &self,
+        name: &str,
+        n: usize,
+        env: &[corral_core::EnvVar],
+    ) -> Result<Vec<Sandbox>, Error> {
         let info = self.snapshot_info(name).await?;
-        let spec = info.fork_spec();
+        let spec = info.fork_spec_with(env);
         let starts = (0..n).map(|_| self.create(&spec));
         let results = futures_util::future::join_all(starts).await;
         let mut made = Vec::with_capacity(n);
@@ -151,8 +175,9 @@ impl Runtime {
             if !remove {
                 continue;
             }
-            match self.delete_snapshot(&info.name).await {
-                Ok(()) => removed.push(info.name),
+            let name = info.qualified().to_string();
+            match self.delete_snapshot(&name).await {
+                Ok(()) => removed.push(name),
                 // In use by sandboxes (its forks): removed by a later gc.
                 Err(e) => tracing::info!(snapshot = %info.name, error = %e, "gc kept a snapshot"),
             }

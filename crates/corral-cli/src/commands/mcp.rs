@@ -73,9 +73,13 @@ pub async fn run(
         settings.provider.clone(),
         settings.persistence_root(&RealHost),
     );
+    // The CLI on the host is the operator; its session still reaches only
+    // its own snapshots and those server.mcp_snapshots shares.
     let ctx = McpContext {
+        tenancy: corral_server::tenancy::Tenancy::new(&settings.server, provider.clone()),
         provider: provider.clone(),
         spec,
+        principal: Some(corral_core::principal::Principal::Operator),
     };
     let served = tokio::select! {
         r = serve_stdio(ctx) => r,

@@ -116,11 +116,15 @@ pub struct RunArgs {
     json: bool,
     /// After COMMAND exits 0, keep the sandbox's root file system as the
     /// durable snapshot NAME (replacing one of that name), for
-    /// --from-snapshot; see `corral snapshots`.
+    /// --from-snapshot; see `corral snapshots`. The snapshot records the
+    /// names of the sandbox's variables, never their values.
     #[arg(long, value_name = "NAME")]
     snapshot: Option<String>,
-    /// Start from snapshot NAME: its file system and the spec of the
-    /// sandbox it was taken from (its start-up commands are not run again).
+    /// Start from snapshot NAME (TENANT/NAME for a tenant's of `corral
+    /// serve`): its file system and the spec of the sandbox it was taken
+    /// from (its start-up commands are not run again); the variables that
+    /// sandbox set take their values from --env and the configured
+    /// defaults, and stay unset otherwise.
     #[arg(long, value_name = "NAME", conflicts_with_all = ["image", "profile", "startup"])]
     from_snapshot: Option<String>,
     /// The command, run by /bin/sh -c (several words are joined with spaces).
@@ -299,7 +303,12 @@ pub async fn run(
         Err(e) => return finish_early(&args, FailureKind::DaemonUnavailable, format!("{e:#}")),
     };
     let created = match &args.from_snapshot {
-        Some(name) => backend.fork(name, 1).await.map(|mut v| v.remove(0)),
+        // The snapshot keeps its variables' names, not their values: they
+        // come from this run's --env flags and the configured defaults.
+        Some(name) => backend
+            .fork_with(name, 1, &spec.env)
+            .await
+            .map(|mut v| v.remove(0)),
         None => backend.create(&spec).await,
     };
     let sandbox = match created {
@@ -317,7 +326,10 @@ pub async fn run(
     let mut snapshot_failed = false;
     if let (Some(name), Some(r)) = (&args.snapshot, &result) {
         if r.success() {
-            let opts = corral::SnapshotOptions { durable: true };
+            let opts = corral::SnapshotOptions {
+                durable: true,
+                ..Default::default()
+            };
             match sandbox.snapshot(name, opts).await {
                 Ok(info) => eprintln!("corral: kept snapshot {} ({})", info.name, info.image),
                 Err(e) => {

@@ -10,9 +10,12 @@ use super::ps::ownership_name;
 /// List snapshots (`corral run --snapshot NAME` keeps one; the API and the
 /// library take them too), or delete them.
 ///
-/// A snapshot is a sandbox's root file system and spec, kept by the
-/// backend (Docker: the image corral-snapshot:NAME). Durable ones are kept
-/// until deleted; others go with the process that took them (`corral gc`).
+/// A snapshot is a sandbox's root file system and spec (its variables'
+/// names, not their values), kept by the backend (Docker: the image
+/// corral-snapshot:NAME). Durable ones are kept until deleted; others go
+/// with the process that took them (`corral gc`). The CLI is the operator:
+/// it lists every principal's snapshots; those of `corral serve`'s tenants
+/// and MCP sessions are named NAMESPACE/NAME (OWNER says whose).
 #[derive(Args, Debug)]
 pub struct SnapshotsArgs {
     #[command(subcommand)]
@@ -26,7 +29,7 @@ pub struct SnapshotsArgs {
 enum Action {
     /// Delete snapshots (refused while sandboxes started from one exist).
     Rm {
-        /// Snapshot names.
+        /// Snapshot names (NAMESPACE/NAME for a tenant's or an MCP session's).
         #[arg(required = true)]
         names: Vec<String>,
     },
@@ -60,7 +63,8 @@ pub async fn run(
             println!(
                 "{}",
                 json!({
-                    "name": s.name,
+                    "name": s.qualified().to_string(),
+                    "owner": s.qualified().owner().id(),
                     "image": s.image,
                     "source_sandbox": s.source_sandbox,
                     "base_image": s.spec.image,
@@ -74,8 +78,8 @@ pub async fn run(
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:<28} {:<28} {:>10} {:<8} SOURCE",
-        "NAME", "BASE IMAGE", "SIZE", "KEPT"
+        "{:<28} {:<16} {:<28} {:>10} {:<8} SOURCE",
+        "NAME", "OWNER", "BASE IMAGE", "SIZE", "KEPT"
     );
     for s in &list {
         let kept = if s.durable {
@@ -83,9 +87,11 @@ pub async fn run(
         } else {
             ownership_name(s.ownership)
         };
+        let owner = s.qualified().owner().id();
         println!(
-            "{:<28} {:<28} {:>10} {:<8} {}",
-            s.name,
+            "{:<28} {:<16} {:<28} {:>10} {:<8} {}",
+            s.qualified().to_string(),
+            owner.split(':').take(2).collect::<Vec<_>>().join(":"),
             s.spec.image,
             format!("{:.1}M", s.size as f64 / 1e6),
             kept,

@@ -11,15 +11,24 @@
 //! not checked against `server.policy.images`: it is the runtime's own,
 //! found by name among the snapshots it lists (a client never names it).
 //! A client naming a snapshot's image in a create gets no such exemption.
+//!
+//! Snapshots are the caller's own: each principal's live in its namespace
+//! (`corral_core::principal`), a name is looked up there first and then
+//! among the operator's snapshots shared with the caller (read-only), and
+//! whatever the caller may not see is answered 404 as if absent. A fork's
+//! variables take their values from the fork request and the service's
+//! defaults: the snapshot keeps only their names.
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use corral::SnapshotOptions;
-use corral_core::snapshot::{self, SnapshotInfo};
-use corral_core::Error;
+use corral_core::principal::{Principal, SnapshotAccess};
+use corral_core::snapshot::SnapshotInfo;
+use corral_core::{EnvVar, Error};
 
 use super::{check_name, AppState, JsonBody, Meta, MAX_NAME};
+use crate::guard::Caller;
 use crate::error::ApiError;
 use crate::wire::{
     CreateSnapshot, ErrorBody, ForkRequest, SandboxList, SnapshotBody, SnapshotList,
@@ -30,16 +39,19 @@ use crate::wire::{
 const MAX_FORKS_UNLIMITED: usize = 64;
 
 /// 409: the request conflicts with what exists.
-fn conflict(field: &str, message: impl Into<String>) -> ApiError {
+pub(super) fn conflict(field: &str, message: impl Into<String>) -> ApiError {
     let mut e = ApiError::invalid(field, message);
     e.status = StatusCode::CONFLICT;
     e.detail.kind = "conflict".into();
     e
 }
 
-/// 400 naming `name` when it is not a snapshot name.
+/// 400 naming `name` when it is not a snapshot name (`name` or
+/// `namespace/name`).
 fn check_snapshot_name(name: &str) -> Result<(), ApiError> {
-    snapshot::validate_name(name).map_err(|e| ApiError::invalid("name", e.to_string()))
+    corral_core::principal::QualifiedName::parse(name)
+        .map(|_| ())
+        .map_err(|e| ApiError::invalid("name", e.to_string()))
 }
 
 /// 404 naming `name`.
@@ -49,15 +61,83 @@ fn no_snapshot(name: &str) -> ApiError {
     e
 }
 
-/// Snapshot `name`, or 404 / 400 / the daemon's trouble.
-async fn find(s: &AppState, name: &str) -> Result<SnapshotInfo, ApiError> {
-    check_snapshot_name(name)?;
-    match s.inner.runtime.snapshot_info(name).await {
-        Ok(info) => Ok(info),
-        // The runtime's "no such snapshot" (a bad name was refused above).
-        Err(Error::InvalidSpec(e)) if e.field == "snapshot" => Err(no_snapshot(name)),
-        Err(e) => Err(ApiError::runtime(&e, "")),
+/// Snapshot `name` as `caller` names it, for `access`, and whether the
+/// caller may only read it: 404 when there is none it may see, 403 when it
+/// may see it but not write it (an operator's shared snapshot), 400 for a
+/// bad name, or the daemon's trouble.
+async fn find(
+    s: &AppState,
+    caller: &Principal,
+    name: &str,
+    access: SnapshotAccess,
+) -> Result<(SnapshotInfo, bool), ApiError> {
+    let candidates = caller
+        .snapshot_candidates(name)
+        .map_err(|e| ApiError::invalid("name", e.to_string()))?;
+    let all = s
+        .inner
+        .runtime
+        .snapshots()
+        .await
+        .map_err(|e| ApiError::runtime(&e, ""))?;
+    let sharing = s.inner.tenancy.sharing();
+    for q in candidates {
+        let Some(info) = all.iter().find(|i| i.qualified() == q) else {
+            continue;
+        };
+        let writable = caller.may_snapshot(SnapshotAccess::Write, &q, sharing);
+        if access == SnapshotAccess::Write && !writable {
+            if caller.may_snapshot(SnapshotAccess::Read, &q, sharing) {
+                return Err(ApiError::forbidden(
+                    "name",
+                    format!("snapshot '{name}' is the operator's, shared with you read-only"),
+                ));
+            }
+            continue;
+        }
+        if writable || caller.may_snapshot(SnapshotAccess::Read, &q, sharing) {
+            return Ok((info.clone(), !writable));
+        }
     }
+    Err(no_snapshot(name))
+}
+
+/// Refuses one more snapshot of `caller`'s tenant (replacing `replacing`
+/// does not count) when its quota is spent.
+async fn check_snapshot_quota(
+    s: &AppState,
+    caller: &Principal,
+    replacing: &corral_core::principal::QualifiedName,
+) -> Result<(), ApiError> {
+    let Some((tenant, quota)) = s.inner.tenancy.quota(caller) else {
+        return Ok(());
+    };
+    let (kept, bytes) = tenant_snapshots(s, &tenant, Some(replacing)).await?;
+    quota
+        .snapshots(&tenant, kept, bytes)
+        .map_err(|e| ApiError::quota(&e))
+}
+
+/// How many snapshots `tenant` (with its MCP sessions) keeps, and their
+/// bytes, leaving out `except`.
+async fn tenant_snapshots(
+    s: &AppState,
+    tenant: &str,
+    except: Option<&corral_core::principal::QualifiedName>,
+) -> Result<(u64, u64), ApiError> {
+    let all = s
+        .inner
+        .runtime
+        .snapshots()
+        .await
+        .map_err(|e| ApiError::runtime(&e, ""))?;
+    let mine = all.iter().filter(|i| {
+        let q = i.qualified();
+        q.owner().tenant() == Some(tenant) && Some(&q) != except
+    });
+    Ok(mine.fold((0, 0), |(n, b), i| {
+        (n + 1, b + u64::try_from(i.size).unwrap_or(0))
+    }))
 }
 
 /// Keep a sandbox's file system as a named snapshot (replacing one of that
@@ -77,19 +157,48 @@ async fn find(s: &AppState, name: &str) -> Result<SnapshotInfo, ApiError> {
 )]
 pub(super) async fn take_snapshot(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<CreateSnapshot>,
 ) -> Result<(StatusCode, Json<SnapshotBody>), ApiError> {
-    check_snapshot_name(&req.name)?;
-    let lease = s.lease(&id).await?;
+    let target = caller
+        .own_snapshot(&req.name)
+        .map_err(|e| ApiError::invalid("name", e.to_string()))?;
+    if !caller.may_snapshot(SnapshotAccess::Write, &target, s.inner.tenancy.sharing()) {
+        return Err(ApiError::forbidden(
+            "name",
+            format!(
+                "snapshot '{}' is not in your namespace: a snapshot is taken under a name of \
+                 your own",
+                req.name
+            ),
+        ));
+    }
+    let lease = s.lease(&caller, &id).await?;
+    check_snapshot_quota(&s, &caller, &target).await?;
     let opts = SnapshotOptions {
         durable: req.durable,
+        namespace: target.namespace.clone(),
     };
     let info = lease
-        .snapshot(&req.name, opts)
+        .snapshot(&target.name, opts)
         .await
         .map_err(|e| ApiError::runtime(&e, ""))?;
-    Ok((StatusCode::CREATED, Json(SnapshotBody::from(&info))))
+    // Its size is known only now: one that takes the tenant over its byte
+    // quota is not kept.
+    if let Some((tenant, quota)) = s.inner.tenancy.quota(&caller) {
+        let (_, bytes) = tenant_snapshots(&s, &tenant, None).await?;
+        if let Err(e) = quota.snapshot_bytes(&tenant, bytes) {
+            if let Err(d) = s.inner.runtime.delete_snapshot(&target.to_string()).await {
+                tracing::warn!(snapshot = %target, error = %d, "removing a snapshot over quota failed");
+            }
+            return Err(ApiError::quota(&e));
+        }
+    }
+    Ok((
+        StatusCode::CREATED,
+        Json(SnapshotBody::new(&info, &caller, false)),
+    ))
 }
 
 /// Every snapshot on the daemon (those of the CLI and other services too).
@@ -99,6 +208,7 @@ pub(super) async fn take_snapshot(
 )]
 pub(super) async fn list_snapshots(
     State(s): State<AppState>,
+    Caller(caller): Caller,
 ) -> Result<Json<SnapshotList>, ApiError> {
     let all = s
         .inner
@@ -106,9 +216,16 @@ pub(super) async fn list_snapshots(
         .snapshots()
         .await
         .map_err(|e| ApiError::runtime(&e, ""))?;
-    Ok(Json(SnapshotList {
-        snapshots: all.iter().map(SnapshotBody::from).collect(),
-    }))
+    let sharing = s.inner.tenancy.sharing();
+    let snapshots = all
+        .iter()
+        .filter(|i| caller.may_snapshot(SnapshotAccess::Read, &i.qualified(), sharing))
+        .map(|i| {
+            let writable = caller.may_snapshot(SnapshotAccess::Write, &i.qualified(), sharing);
+            SnapshotBody::new(i, &caller, !writable)
+        })
+        .collect();
+    Ok(Json(SnapshotList { snapshots }))
 }
 
 /// One snapshot.
@@ -119,10 +236,11 @@ pub(super) async fn list_snapshots(
 )]
 pub(super) async fn get_snapshot(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     Path(name): Path<String>,
 ) -> Result<Json<SnapshotBody>, ApiError> {
-    let info = find(&s, &name).await?;
-    Ok(Json(SnapshotBody::from(&info)))
+    let (info, read_only) = find(&s, &caller, &name, SnapshotAccess::Read).await?;
+    Ok(Json(SnapshotBody::new(&info, &caller, read_only)))
 }
 
 /// Delete a snapshot; refused (409) while sandboxes forked from it exist.
@@ -133,15 +251,17 @@ pub(super) async fn get_snapshot(
 )]
 pub(super) async fn delete_snapshot(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     s.refuse_when_closing()?;
-    find(&s, &name).await?;
-    match s.inner.runtime.delete_snapshot(&name).await {
+    let (info, _) = find(&s, &caller, &name, SnapshotAccess::Write).await?;
+    let qualified = info.qualified().to_string();
+    match s.inner.runtime.delete_snapshot(&qualified).await {
         Ok(()) => Ok(StatusCode::NO_CONTENT),
         Err(Error::InvalidSpec(e)) if e.field == "snapshot" => {
             // It existed a moment ago: in use, unless it just went away.
-            find(&s, &name).await?;
+            find(&s, &caller, &name, SnapshotAccess::Write).await?;
             Err(conflict(
                 "name",
                 format!("snapshot '{name}' is not deleted: {}", e.reason),
@@ -175,6 +295,7 @@ pub(super) async fn delete_snapshot(
 )]
 pub(super) async fn fork(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     Path(name): Path<String>,
     JsonBody(req): JsonBody<ForkRequest>,
 ) -> Result<(StatusCode, Json<SandboxList>), ApiError> {
@@ -195,22 +316,42 @@ pub(super) async fn fork(
             ),
         ));
     }
-    let keys = fork_keys(req.session_prefix.as_deref(), count)?;
-    for key in &keys {
+    let client_keys = fork_keys(req.session_prefix.as_deref(), count)?;
+    let keys: Vec<String> = client_keys.iter().map(|k| caller.session_key(k)).collect();
+    for (key, client_key) in keys.iter().zip(&client_keys) {
         if s.sessions().contains_key(key) || provider.has_session(key) {
             return Err(conflict(
                 "session_prefix",
-                format!("session key '{key}' already has a sandbox"),
+                format!("session key '{client_key}' already has a sandbox"),
             ));
         }
     }
-    let info = find(&s, &name).await?;
-    let spec = info.fork_spec();
+    for name in req.env.keys() {
+        if name.is_empty() || name.contains('=') || name.contains('\0') {
+            return Err(ApiError::invalid(
+                format!("env.{name}"),
+                format!("environment variable name '{name}' is empty or holds '=' or NUL"),
+            ));
+        }
+    }
+    let (info, _) = find(&s, &caller, &name, SnapshotAccess::Read).await?;
     let config = &s.inner.config;
     let mut base = config.defaults.clone();
     if base.image.is_empty() {
         base.image = s.inner.default_image.clone();
     }
+    // The values come from the request, then the defaults; the snapshot
+    // kept only the names.
+    let mut env: Vec<EnvVar> = req
+        .env
+        .iter()
+        .map(|(name, value)| EnvVar::Set {
+            name: name.clone(),
+            value: value.clone(),
+        })
+        .collect();
+    env.extend(base.env.iter().cloned());
+    let spec = info.fork_spec_with(&env);
     config.server.policy.check_fork(&base, &spec).map_err(|r| {
         let mut e = ApiError::refused(&r, "spec");
         e.detail.message = format!(
@@ -220,6 +361,11 @@ pub(super) async fn fork(
         e
     })?;
 
+    let reservation = s
+        .inner
+        .tenancy
+        .reserve(&caller, &keys)
+        .map_err(|e| ApiError::quota(&e))?;
     let starts = keys.iter().map(|k| provider.acquire_spec(k, &spec));
     let results = futures_util::future::join_all(starts).await;
     let mut failed = None;
@@ -242,17 +388,19 @@ pub(super) async fn fork(
         }
         return Err(ApiError::runtime(&e, "spec"));
     }
+    reservation.commit();
     let mut sandboxes = Vec::with_capacity(count);
     for (key, lease) in &made {
         s.sessions().insert(
             key.clone(),
             Meta {
+                owner: caller.clone(),
                 profile: None,
                 persistent: false,
                 lost: None,
             },
         );
-        sandboxes.push(s.info(key, lease));
+        sandboxes.push(s.info(&caller, key, lease));
     }
     Ok((StatusCode::CREATED, Json(SandboxList { sandboxes })))
 }

@@ -11,6 +11,11 @@
 //! for an acquire in flight and then frees what it made, and no acquire
 //! starts after a release, so no sandbox outlives its session.
 //!
+//! The session is a principal of its own, bound once ([`Session::bind`]) to
+//! the principal that opened it: it acts for that principal's tenant,
+//! whose `max_sandboxes` its sandbox counts against (a start is reserved
+//! in the service's books first, `crate::tenancy`).
+//!
 //! A restore ([`Session::replace`]) releases the session's sandbox and
 //! starts a fork of a snapshot under the same key, under the same gate; the
 //! session's later sandboxes (after a loss or an eviction) are made from
@@ -18,11 +23,14 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use corral::{Lease, Provider};
+use corral_core::principal::Principal;
 use corral_core::{CommandSpec, Failure, FailureKind, SandboxSpec};
+
+use crate::tenancy::Tenancy;
 use tokio_util::sync::CancellationToken;
 
 use super::McpContext;
@@ -46,6 +54,8 @@ pub(super) struct Session {
     /// The spec of a snapshot the session restored, used in place of the
     /// context's from then on.
     restored: Mutex<Option<SandboxSpec>>,
+    /// The session as a principal, once bound.
+    principal: OnceLock<Principal>,
 }
 
 /// What the session remembers of its current sandbox.
@@ -80,7 +90,47 @@ impl Session {
             closing,
             books: Mutex::new(Books::default()),
             restored: Mutex::new(None),
+            principal: OnceLock::new(),
         }
+    }
+
+    /// Binds the session to `opener`, the principal whose request opened
+    /// it: from then on it acts as `opener`'s MCP session. Only the first
+    /// binding counts.
+    pub(super) fn bind(&self, opener: &Principal) {
+        let own = opener.mcp_session(&self.key);
+        if self.principal.set(own).is_err() {
+            tracing::debug!(session = %self.key, "MCP session already bound");
+        }
+    }
+
+    /// The session as a principal, once bound.
+    pub(super) fn principal(&self) -> Option<&Principal> {
+        self.principal.get()
+    }
+
+    /// The service's books (owners, quotas, shared snapshots).
+    pub(super) fn tenancy(&self) -> &Tenancy {
+        &self.ctx.tenancy
+    }
+
+    /// Reserves the session's key against its tenant's quota when no
+    /// sandbox holds it now.
+    fn reserve(&self) -> Result<Option<crate::tenancy::Reservation>, LeaseError> {
+        let Some(principal) = self.principal() else {
+            return Err(LeaseError::Failed(Failure::new(
+                FailureKind::InvalidSpec,
+                "this MCP session is not authenticated: it has no principal to act for",
+            )));
+        };
+        if self.ctx.provider.has_session(&self.key) {
+            return Ok(None);
+        }
+        self.ctx
+            .tenancy
+            .reserve(principal, std::slice::from_ref(&self.key))
+            .map(Some)
+            .map_err(|e| LeaseError::Failed(Failure::new(FailureKind::Capacity, e.to_string())))
     }
 
     /// The provider's key of this session's sandbox.
@@ -106,6 +156,7 @@ impl Session {
         if self.released.load(Ordering::Acquire) || self.closing.is_cancelled() {
             return Err(LeaseError::Ended);
         }
+        let reservation = self.reserve()?;
         self.used.store(true, Ordering::Release);
         let provider = self.ctx.provider.clone();
         let key = self.key.clone();
@@ -120,7 +171,12 @@ impl Session {
         })
         .await;
         let lease = match acquired {
-            Ok(Ok(lease)) => lease,
+            Ok(Ok(lease)) => {
+                if let Some(r) = reservation {
+                    r.commit();
+                }
+                lease
+            }
             Ok(Err(e)) => return Err(LeaseError::Failed(e.failure())),
             Err(e) => {
                 return Err(LeaseError::Failed(Failure::new(
@@ -178,6 +234,7 @@ impl Session {
         if self.used.swap(true, Ordering::AcqRel) {
             release_key(&self.ctx.provider, &self.key).await;
         }
+        let reservation = self.reserve()?;
         *self.restored.lock().unwrap_or_else(|p| p.into_inner()) = Some(spec.clone());
         let provider = self.ctx.provider.clone();
         let key = self.key.clone();
@@ -190,6 +247,9 @@ impl Session {
         .await;
         let failure = match acquired {
             Ok(Ok(lease)) => {
+                if let Some(r) = reservation {
+                    r.commit();
+                }
                 *self.books() = Books {
                     sandbox: Some(lease.id().to_string()),
                     ..Books::default()
@@ -275,6 +335,7 @@ impl Session {
         if self.used() {
             release_key(&self.ctx.provider, &self.key).await;
         }
+        self.ctx.tenancy.forget(&self.key);
     }
 }
 
@@ -296,6 +357,7 @@ impl Drop for Session {
         // acquire task may still be, and holds the gate until it is done.
         let provider = self.ctx.provider.clone();
         let key = std::mem::take(&mut self.key);
+        self.ctx.tenancy.forget(&key);
         let gate = self.gate.clone();
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
