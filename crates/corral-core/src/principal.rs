@@ -285,13 +285,23 @@ impl Principal {
 
     /// Whether it may `access` snapshot `q`. Refusals are answered as if
     /// the snapshot did not exist.
-    pub fn may_snapshot(&self, access: SnapshotAccess, q: &QualifiedName, sharing: &Sharing) -> bool {
+    pub fn may_snapshot(
+        &self,
+        access: SnapshotAccess,
+        q: &QualifiedName,
+        sharing: &Sharing,
+    ) -> bool {
         let ns = q.namespace.as_deref();
         match self {
             Principal::Operator => true,
             Principal::Tenant(t) => match ns {
                 // Its own, and its MCP sessions' (they spend its quota).
-                Some(ns) => ns == t || ns.strip_prefix(t.as_str()).is_some_and(|r| r.starts_with(".mcp-")),
+                Some(ns) => {
+                    ns == t
+                        || ns
+                            .strip_prefix(t.as_str())
+                            .is_some_and(|r| r.starts_with(".mcp-"))
+                }
                 None => access == SnapshotAccess::Read && sharing.tenants.contains(&q.name),
             },
             Principal::Mcp { .. } => match ns {
@@ -447,7 +457,17 @@ mod tests {
         for ok in ["alice", "team-7", "a", "default"] {
             assert!(validate_tenant(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "Alice", "-a", "a-", "a.b", "a:b", "a/b", "operator", &"x".repeat(33)] {
+        for bad in [
+            "",
+            "Alice",
+            "-a",
+            "a-",
+            "a.b",
+            "a:b",
+            "a/b",
+            "operator",
+            &"x".repeat(33),
+        ] {
             assert!(validate_tenant(bad).is_err(), "{bad}");
         }
     }
@@ -468,7 +488,17 @@ mod tests {
             }
         );
         assert_eq!(q("operator.mcp-ff/x").owner().tenant(), None);
-        for bad in ["", "/x", "Alice/x", "alice/", "alice/B", "a/b/c", "operator/x", "alice.evil/x", "alice.mcp-/x"] {
+        for bad in [
+            "",
+            "/x",
+            "Alice/x",
+            "alice/",
+            "alice/B",
+            "a/b/c",
+            "operator/x",
+            "alice.evil/x",
+            "alice.mcp-/x",
+        ] {
             let e = QualifiedName::parse(bad).expect_err(bad);
             assert_eq!(e.field, "name", "{bad}");
             assert_eq!(e.value, bad);
@@ -515,7 +545,10 @@ mod tests {
         assert!(model.may_snapshot(SnapshotAccess::Read, &q("task"), &sharing));
         assert!(!model.may_snapshot(SnapshotAccess::Write, &q("task"), &sharing));
         let stdio = Principal::Operator.mcp_session("mcp-03");
-        assert_eq!(stdio.snapshot_namespace().as_deref(), Some("operator.mcp-03"));
+        assert_eq!(
+            stdio.snapshot_namespace().as_deref(),
+            Some("operator.mcp-03")
+        );
         assert!(!stdio.may_snapshot(SnapshotAccess::Read, &q("repo-ready"), &sharing));
         assert_eq!(
             model.snapshot_candidates("task").expect("name"),
@@ -556,8 +589,14 @@ mod tests {
         assert_eq!((e.what, e.limit, e.used), ("max_sandboxes", 2, 1));
         assert!(e.to_string().contains("tenant 'a'"), "{e}");
         assert!(quota.snapshots("a", 0, 0).is_ok());
-        assert_eq!(quota.snapshots("a", 1, 0).expect_err("count").what, "max_snapshots");
-        assert_eq!(quota.snapshots("a", 0, 100).expect_err("bytes").what, "max_snapshot_bytes");
+        assert_eq!(
+            quota.snapshots("a", 1, 0).expect_err("count").what,
+            "max_snapshots"
+        );
+        assert_eq!(
+            quota.snapshots("a", 0, 100).expect_err("bytes").what,
+            "max_snapshot_bytes"
+        );
         assert!(quota.snapshot_bytes("a", 100).is_ok());
         assert!(quota.snapshot_bytes("a", 101).is_err());
         assert!(Quota::default().sandboxes("a", 1000, 1000).is_ok());

@@ -228,7 +228,7 @@ impl SnapshotInfo {
     /// a forwarded one is resolved where the fork starts) gives the values
     /// of the variables the source set, and a variable `env` has that the
     /// source did not set is added. A variable of the source that `env`
-    /// does not give stays unset.
+    /// does not give is left to the image (a Docker snapshot records it empty, never with its value).
     pub fn fork_spec_with(&self, env: &[EnvVar]) -> SandboxSpec {
         let mut spec = self.spec.clone();
         spec.image = self.image.clone();
@@ -246,7 +246,8 @@ impl SnapshotInfo {
             }
             given.push(var.clone());
         }
-        spec.env.retain(|v| !given.iter().any(|g| name_of(g) == name_of(v)));
+        spec.env
+            .retain(|v| !given.iter().any(|g| name_of(g) == name_of(v)));
         spec.env.extend(given);
         spec
     }

@@ -140,7 +140,10 @@ impl DockerBackend {
             let Some(name) = image.labels.get(snapshot::NAME) else {
                 continue;
             };
-            let namespace = image.labels.get(snapshot::NAMESPACE).filter(|n| !n.is_empty());
+            let namespace = image
+                .labels
+                .get(snapshot::NAMESPACE)
+                .filter(|n| !n.is_empty());
             let Ok(q) = QualifiedName::parse(&match namespace {
                 Some(ns) => format!("{ns}/{name}"),
                 None => name.clone(),

@@ -150,7 +150,13 @@ async fn a_snapshot_of_a_running_sandbox_keeps_it_running() {
     let expected = out(&source, CHECK).await;
     let name = unique("plain");
     let snap = source
-        .snapshot(&name, SnapshotOptions { durable: true, ..Default::default() })
+        .snapshot(
+            &name,
+            SnapshotOptions {
+                durable: true,
+                ..Default::default()
+            },
+        )
         .await
         .expect("snapshot");
     assert!(snap.durable);

@@ -31,10 +31,10 @@ use utoipa_axum::routes;
 
 use crate::error::ApiError;
 use crate::guard::{require_json, Caller};
-use crate::tenancy::Tenancy;
-use corral_core::principal::Principal;
 use crate::metrics::Metrics;
+use crate::tenancy::Tenancy;
 use crate::wire::*;
+use corral_core::principal::Principal;
 
 mod snapshots;
 

@@ -88,7 +88,11 @@ impl Tenancy {
     /// Reserves `keys` for sandboxes `owner` is about to start, refused
     /// when its tenant would exceed `max_sandboxes`. A key already held
     /// (an existing session) is not counted twice.
-    pub fn reserve(&self, owner: &Principal, keys: &[String]) -> Result<Reservation, QuotaExceeded> {
+    pub fn reserve(
+        &self,
+        owner: &Principal,
+        keys: &[String],
+    ) -> Result<Reservation, QuotaExceeded> {
         let provider = &self.inner.provider;
         let mut owners = self.owners();
         owners.retain(|k, o| o.pending || provider.has_session(k));

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use corral::{Provider, RuntimeConfig};
-use corral_core::SandboxSpec;
 use corral_core::principal::Principal;
+use corral_core::SandboxSpec;
 use corral_server::mcp::{http_service, http_service_with, HttpOptions, McpContext};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -41,7 +41,11 @@ async fn mounted(label: &str) -> (axum::Router, Provider, CancellationToken) {
     spec.labels.insert("corraltest".into(), label.into());
     let cancel = CancellationToken::new();
     // No guard in front here: the sessions act for tenant `default`.
-    let ctx = McpContext::new(provider.clone(), spec, Some(Principal::Tenant("default".into())));
+    let ctx = McpContext::new(
+        provider.clone(),
+        spec,
+        Some(Principal::Tenant("default".into())),
+    );
     let app = axum::Router::new().nest("/mcp", http_service(ctx, cancel.clone()));
     (app, provider, cancel)
 }

@@ -27,10 +27,14 @@ struct Snapshots(Vec<String>);
 
 impl Drop for Snapshots {
     fn drop(&mut self) {
+        // The operator's, and tenant `default`'s (the clients here).
         for name in &self.0 {
-            let _ = Command::new("docker")
-                .args(["rmi", &format!("corral-snapshot:{name}")])
-                .output();
+            for image in [
+                format!("corral-snapshot:{name}"),
+                format!("corral-snapshot/default:{name}"),
+            ] {
+                let _ = Command::new("docker").args(["rmi", &image]).output();
+            }
         }
     }
 }
@@ -142,7 +146,10 @@ async fn forks_see_the_snapshot_and_hold_it_until_deleted() {
     assert_eq!(snap["name"], name.as_str());
     assert_eq!(snap["base_image"], BUSYBOX);
     assert_eq!(snap["durable"], false);
-    assert_eq!(snap["image"], format!("corral-snapshot:{name}"));
+    // In the client's namespace (tenant `default`: the service's one token).
+    assert_eq!(snap["image"], format!("corral-snapshot/default:{name}"));
+    assert_eq!(snap["owner"], "tenant:default");
+    assert_eq!(snap["read_only"], false);
     assert!(
         snap.get("spec").is_none(),
         "the spec (env values) stays private: {snap}"
@@ -197,7 +204,7 @@ async fn forks_see_the_snapshot_and_hold_it_until_deleted() {
     for (i, f) in forks.iter().enumerate() {
         let id = f["id"].as_str().expect("id");
         assert_eq!(id, format!("{prefix}-{i}"));
-        assert_eq!(f["image"], format!("corral-snapshot:{name}"));
+        assert_eq!(f["image"], format!("corral-snapshot/default:{name}"));
         let seen = exec(&app, id, "cat /srv/p/README; ls /srv/p").await;
         assert_eq!(seen, "prepared\nREADME\n");
     }
@@ -248,6 +255,10 @@ async fn a_client_cannot_fork_an_operators_snapshot_with_a_host_mount() {
     // An allow-list that does not list snapshots: forks of a client's own
     // snapshot still start, a client naming a snapshot image does not.
     c.server.policy.images = vec![format!("{BUSYBOX}*")];
+    let op_name = unique("operator");
+    // Shared with tenants, so the fork reaches the policy (unshared, it is
+    // not there for them at all: see tests/tenants.rs).
+    c.server.shared_snapshots = vec![op_name.clone()];
     let (app, provider, runtime) = service(c.clone()).await;
 
     // The operator (the library, a CLI, a profile) snapshots a sandbox
@@ -262,7 +273,6 @@ async fn a_client_cannot_fork_an_operators_snapshot_with_a_host_mount() {
         nosuid: false,
     });
     let operators = runtime.create(&spec).await.expect("the operator's sandbox");
-    let op_name = unique("operator");
     snaps.0.push(op_name.clone());
     operators
         .snapshot(&op_name, SnapshotOptions::default())

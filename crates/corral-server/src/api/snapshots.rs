@@ -28,8 +28,8 @@ use corral_core::snapshot::SnapshotInfo;
 use corral_core::{EnvVar, Error};
 
 use super::{check_name, AppState, JsonBody, Meta, MAX_NAME};
-use crate::guard::Caller;
 use crate::error::ApiError;
+use crate::guard::Caller;
 use crate::wire::{
     CreateSnapshot, ErrorBody, ForkRequest, SandboxList, SnapshotBody, SnapshotList,
 };
