@@ -47,6 +47,14 @@ const CHECK: &str =
     "md5sum /srv/repo/blob | cut -c1-32; cat /srv/repo/README; ls /etc/group 2>&1 | wc -l; \
      stat -c %a /home/user; cat /etc/startup-marker; echo \"$SECRET\"";
 
+/// What a fork is given for the variable the snapshot names.
+fn secret() -> Vec<EnvVar> {
+    vec![EnvVar::Set {
+        name: "SECRET".into(),
+        value: "s3cr3t-value".into(),
+    }]
+}
+
 fn spec(g: &Guard, pristine: bool) -> SandboxSpec {
     let mut spec = g.spec(BUSYBOX);
     spec.pristine = pristine;
@@ -101,7 +109,21 @@ async fn forks_of_a_pristine_sandbox_start_from_its_snapshot_and_reset_to_it() {
     ]);
     assert!(!image_env.contains("s3cr3t"), "{image_env}");
 
-    let forks = rt.fork(&name, 3).await.expect("fork");
+    // The snapshot kept the variable's name, not its value: a plain fork
+    // has it empty, a fork given the value has it.
+    assert!(!docker(&[
+        "image",
+        "inspect",
+        "-f",
+        "{{json .Config.Labels}}",
+        &snap.image
+    ])
+    .contains("s3cr3t"));
+    assert_eq!(snap.env_names, ["SECRET"]);
+    let plain = rt.fork(&name, 1).await.expect("fork");
+    assert!(out(&plain[0], CHECK).await.ends_with("from-startup\n\n"));
+    plain[0].destroy().await.expect("destroy");
+    let forks = rt.fork_with(&name, 3, &secret()).await.expect("fork");
     assert_eq!(forks.len(), 3);
     for f in &forks {
         assert_eq!(out(f, CHECK).await, expected, "fork {}", f.id());
@@ -164,7 +186,7 @@ async fn a_snapshot_of_a_running_sandbox_keeps_it_running() {
         out(&source, "ps -o args | grep -c '[s]leep 1000' || true").await,
         "1\n"
     );
-    let forks = rt.fork(&name, 2).await.expect("fork");
+    let forks = rt.fork_with(&name, 2, &secret()).await.expect("fork");
     for f in &forks {
         assert_eq!(out(f, CHECK).await, expected);
         assert_eq!(

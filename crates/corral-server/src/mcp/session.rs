@@ -116,9 +116,9 @@ impl Session {
 
     /// Reserves the session's key against its tenant's quota when no
     /// sandbox holds it now.
-    fn reserve(&self) -> Result<Option<crate::tenancy::Reservation>, LeaseError> {
+    fn reserve(&self) -> Result<Option<crate::tenancy::Reservation>, Box<Failure>> {
         let Some(principal) = self.principal() else {
-            return Err(LeaseError::Failed(Failure::new(
+            return Err(Box::new(Failure::new(
                 FailureKind::InvalidSpec,
                 "this MCP session is not authenticated: it has no principal to act for",
             )));
@@ -130,7 +130,7 @@ impl Session {
             .tenancy
             .reserve(principal, std::slice::from_ref(&self.key))
             .map(Some)
-            .map_err(|e| LeaseError::Failed(Failure::new(FailureKind::Capacity, e.to_string())))
+            .map_err(|e| Box::new(Failure::new(FailureKind::Capacity, e.to_string())))
     }
 
     /// The provider's key of this session's sandbox.
@@ -156,7 +156,7 @@ impl Session {
         if self.released.load(Ordering::Acquire) || self.closing.is_cancelled() {
             return Err(LeaseError::Ended);
         }
-        let reservation = self.reserve()?;
+        let reservation = self.reserve().map_err(|f| LeaseError::Failed(*f))?;
         self.used.store(true, Ordering::Release);
         let provider = self.ctx.provider.clone();
         let key = self.key.clone();
@@ -234,7 +234,7 @@ impl Session {
         if self.used.swap(true, Ordering::AcqRel) {
             release_key(&self.ctx.provider, &self.key).await;
         }
-        let reservation = self.reserve()?;
+        let reservation = self.reserve().map_err(|f| LeaseError::Failed(*f))?;
         *self.restored.lock().unwrap_or_else(|p| p.into_inner()) = Some(spec.clone());
         let provider = self.ctx.provider.clone();
         let key = self.key.clone();
