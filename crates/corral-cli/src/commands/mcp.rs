@@ -20,6 +20,11 @@ use corral_server::mcp::{serve_stdio, McpContext};
 /// first tool call and removed when the client disconnects (or on
 /// SIGINT/SIGTERM).
 ///
+/// The session is the model's, not the operator's: `restore` finds only
+/// the snapshots it took itself (kept apart from everyone else's) and
+/// those the config's `server.mcp_snapshots` shares read-only; `snapshot`
+/// never replaces another's.
+///
 /// Register it with an MCP client as the command `corral mcp`. Logs go to
 /// stderr ($CORRAL_LOG); stdout carries only the protocol.
 #[derive(Args, Debug)]

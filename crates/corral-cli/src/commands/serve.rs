@@ -22,6 +22,15 @@ use tokio_util::sync::CancellationToken;
 /// `server.runtime_dir`, else $XDG_RUNTIME_DIR/corral/servers, else
 /// ~/.local/share/corral/runtime), where the Python client finds it. On the
 /// Unix socket (made 0600) the socket owner's connections need no token.
+///
+/// The token names who a request acts as: `server.admin_token` (and the
+/// Unix socket's owner) is the operator, who sees everything; `server.token`
+/// is tenant `default`; each `server.tenants.NAME.token` is tenant NAME,
+/// with its own sandboxes, session keys and snapshots (another's are
+/// answered 404) and quotas (a spent one is a retryable 503 `capacity`).
+/// An MCP session at /mcp acts for the tenant whose token opened it, on its
+/// own sandbox and snapshots only (plus `server.mcp_snapshots`).
+///
 /// Requests from web pages (an Origin not in `server.allowed_origins`) and
 /// for other host names (a Host not the listen address or in
 /// `server.allowed_hosts`) are refused, JSON must be sent as
