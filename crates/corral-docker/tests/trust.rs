@@ -423,3 +423,37 @@ async fn a_stopped_child_cannot_hold_the_agent() {
     sb.destroy().await.expect("destroy");
     g.assert_clean();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exit_137_after_a_helpers_oom_is_the_commands_own_result() {
+    let g = Guard::new("trust-oom-verdict");
+    let b = backend().await;
+    let mut spec = g.spec(BUSYBOX);
+    spec.limits.memory = Some(64 << 20);
+    let sb = b.create(&spec).await.expect("create");
+    // A helper (a subshell's `dd`) is OOM-killed; the command itself goes
+    // on, says so, and exits 137 on its own: a genuine exit, not a failure.
+    let r = sb
+        .run(&sh(
+            "(dd if=/dev/zero of=/dev/null bs=200M count=1 2>/dev/null); echo \"helper $?\"; exit 137",
+        ))
+        .await;
+    assert_eq!(
+        text(&r.stdout),
+        "helper 137\n",
+        "the helper was not OOM-killed: {r:?}"
+    );
+    assert_eq!(
+        (r.exit_code, r.signal, r.failure.as_ref().map(|f| f.kind)),
+        (Some(137), None, None),
+        "an exit was reported as a failure: {r:?}"
+    );
+    // The main process itself OOM-killed stays `oom_killed`.
+    let r = sb
+        .run(&sh("dd if=/dev/zero of=/dev/null bs=200M count=1"))
+        .await;
+    let f = r.failure.expect("the main process was OOM-killed");
+    assert_eq!(f.kind, FailureKind::OomKilled, "{f}");
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}
