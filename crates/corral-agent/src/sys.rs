@@ -378,12 +378,13 @@ struct CapData {
 }
 
 /// Drops the capabilities `caps` (numbers) from the calling, forked and
-/// not yet exec'd child for good: from its bounding set (so exec as root
-/// does not give them back; CAP_SETPCAP, needed for that, must come last
-/// in `caps`), from its effective, permitted and inheritable sets, and
-/// clears the ambient set. Only raw system calls: async-signal-safe.
-pub fn drop_caps_in_child(caps: &[u32]) -> io::Result<()> {
-    for &cap in caps {
+/// not yet exec'd child for good: when `bounding`, from its bounding set
+/// (so exec as root does not give them back; CAP_SETPCAP, needed for that,
+/// must come last in `caps`), from its effective, permitted and inheritable
+/// sets, and clears the ambient set. Only raw system calls:
+/// async-signal-safe.
+pub fn drop_caps_in_child(caps: &[u32], bounding: bool) -> io::Result<()> {
+    for &cap in caps.iter().filter(|_| bounding) {
         // SAFETY: prctl with integer arguments.
         cvt(unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) })?;
     }
