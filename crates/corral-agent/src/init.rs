@@ -79,6 +79,8 @@ pub fn run(opts: &InitOptions) -> i32 {
         None => crate::pristine::Pristine::off(),
     };
     crate::caps::init(&opts.agent_caps, pristine.holds_extra_caps());
+    // Before any command can change them.
+    crate::tunables::record();
     if let Err(e) = sys::block_signals(&sys::FORWARDED) {
         eprintln!("corral-agent: cannot block signals: {e}");
         return 1;

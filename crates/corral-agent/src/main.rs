@@ -31,6 +31,7 @@ mod supervise;
 mod sys;
 mod tarball;
 mod tree;
+mod tunables;
 mod watchdog;
 mod writer;
 

@@ -590,3 +590,24 @@ pub fn ipc_remove(kind: Ipc, id: i32) -> io::Result<()> {
     };
     cvt(ret).map(drop)
 }
+
+/// Sets the access and modification times (seconds, nanoseconds) of
+/// `path`, not following a final symlink and without opening it (a device
+/// node such as `/dev/pts/ptmx` must not be opened).
+pub fn set_times(path: &CStr, times: [(i64, i64); 2]) -> io::Result<()> {
+    let ts = times.map(|(sec, nsec)| libc::timespec {
+        tv_sec: sec as libc::time_t,
+        tv_nsec: nsec as libc::c_long,
+    });
+    // SAFETY: path is NUL-terminated; `ts` holds the two timespecs
+    // utimensat reads.
+    cvt(unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            ts.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+    .map(drop)
+}

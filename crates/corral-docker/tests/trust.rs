@@ -388,6 +388,12 @@ async fn an_exclusive_grader_cannot_be_tampered_with_by_leftovers() {
         !ps.contains("planted") && !ps.contains("sleep 0.05"),
         "a leftover survived the exclusive grader: {ps}"
     );
+    // Nor does a rollout's change to PID 1 (an OOM score that would make
+    // the agent the victim of the grader's allocations) reach the grader.
+    let r = sb.run(&sh("echo 1000 > /proc/1/oom_score_adj")).await;
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let r = sb.run(&sh("cat /proc/1/oom_score_adj").exclusive()).await;
+    assert_eq!(text(&r.stdout), "0\n", "{r:?}");
     sb.destroy().await.expect("destroy");
     g.assert_clean();
 }
