@@ -57,7 +57,8 @@ pub fn expand_cwd(cwd: &str, home: Option<&OsStr>) -> PathBuf {
 
 /// Starts `req` and registers it with `reaper`, whose status then goes to
 /// `ctl`. In a sandbox started for in-place reset the command enters the
-/// current world of `pristine` and loses the agent's extra capabilities.
+/// current world of `pristine`; it always loses the capabilities the agent
+/// holds for itself (`caps`).
 /// `Err` is the SpawnFailed message.
 pub fn spawn(
     reaper: &Reaper,
@@ -109,7 +110,8 @@ pub fn spawn(
     }
 
     let filters = crate::confine::filters();
-    let drop_caps = pristine.holds_extra_caps();
+    // The agent's own capabilities (the reset's, CAP_KILL with setuid_caps).
+    let own = crate::caps::agent_only();
     // SAFETY: the closure runs between fork and exec and only makes
     // async-signal-safe calls (open/write/close, sigemptyset, pthread_sigmask,
     // signal, prctl, setns, chdir, capget/capset, seccomp); it does not
@@ -123,8 +125,8 @@ pub fn spawn(
                 sys::setns_mount(*ns)?;
                 sys::chdir(dir)?;
             }
-            if drop_caps {
-                sys::drop_caps_in_child(&crate::pristine::EXTRA_CAPS)?;
+            if !own.caps.is_empty() {
+                sys::drop_caps_in_child(&own.caps, own.bounding)?;
             }
             for f in filters.into_iter().flatten() {
                 seccompiler::apply_filter(f).map_err(|_| std::io::Error::last_os_error())?;

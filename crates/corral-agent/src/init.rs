@@ -27,6 +27,9 @@ pub struct InitOptions {
     /// Started for in-place reset (`--pristine`), with this `size=` for
     /// the tmpfs holding the changes (`--pristine-size`).
     pub pristine: Option<Option<u64>>,
+    /// Capabilities the container holds for PID 1 alone
+    /// (`--agent-caps`): every command drops them.
+    pub agent_caps: Vec<u32>,
 }
 
 /// Default grace of the dead-man switch.
@@ -75,6 +78,9 @@ pub fn run(opts: &InitOptions) -> i32 {
         Some(size) => crate::pristine::init(size, filtered),
         None => crate::pristine::Pristine::off(),
     };
+    crate::caps::init(&opts.agent_caps, pristine.holds_extra_caps());
+    // Before any command can change them.
+    crate::tunables::record();
     if let Err(e) = sys::block_signals(&sys::FORWARDED) {
         eprintln!("corral-agent: cannot block signals: {e}");
         return 1;

@@ -12,6 +12,7 @@
 //! `file-list`, `tar-extract` and `tar-create` make it corral's file tool
 //! inside the sandbox (see `files.rs`).
 
+mod caps;
 mod command;
 mod confine;
 mod control;
@@ -30,6 +31,7 @@ mod supervise;
 mod sys;
 mod tarball;
 mod tree;
+mod tunables;
 mod watchdog;
 mod writer;
 
@@ -38,7 +40,7 @@ use std::time::Duration;
 use files::{FileRequest, Op};
 use init::{InitOptions, DEFAULT_GRACE_MS};
 
-const USAGE: &str = "usage: corral-agent init [--grace-ms N] [--pristine [--pristine-size BYTES]]
+const USAGE: &str = "usage: corral-agent init [--grace-ms N] [--agent-caps KILL,SETPCAP] [--pristine [--pristine-size BYTES]]
        corral-agent install DIR
        corral-agent file-write PATH [--root DIR] [--mode OCTAL] [--mkdirs] [--max BYTES]
        corral-agent file-read PATH [--root DIR] [--max BYTES]
@@ -46,6 +48,9 @@ const USAGE: &str = "usage: corral-agent init [--grace-ms N] [--pristine [--pris
        corral-agent tar-create PATH [--root DIR] [--max BYTES]
        corral-agent file-list DIR [--root DIR] [--max BYTES]
        corral-agent --version
+
+--agent-caps names capabilities the container holds for PID 1 alone: every
+command drops them before it runs.
 
 init serves corral on its stdin and stdout; with CORRAL_AGENT_LISTEN=PORT and
 CORRAL_AGENT_SECRET=<64 hex digits> in its environment it serves TCP port
@@ -164,10 +169,21 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
         "init" => {
             let mut grace_ms = DEFAULT_GRACE_MS;
             let mut pristine = None;
+            let mut agent_caps = Vec::new();
             let mut it = rest.iter();
             while let Some(arg) = it.next() {
                 if arg == "--pristine" {
                     pristine.get_or_insert(None);
+                    continue;
+                }
+                if arg == "--agent-caps" || arg.starts_with("--agent-caps=") {
+                    let value = match arg.strip_prefix("--agent-caps=") {
+                        Some(v) => v,
+                        None => it
+                            .next()
+                            .ok_or_else(|| format!("missing value for '{arg}'"))?,
+                    };
+                    agent_caps = caps::parse_list(value)?;
                     continue;
                 }
                 let (flag, value) = if arg == "--grace-ms" || arg == "--pristine-size" {
@@ -201,6 +217,7 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
             Ok(Mode::Init(InitOptions {
                 grace: Duration::from_millis(grace_ms),
                 pristine,
+                agent_caps,
             }))
         }
         "install" => match rest {
@@ -262,11 +279,13 @@ mod tests {
         let default = Mode::Init(InitOptions {
             grace: Duration::from_millis(DEFAULT_GRACE_MS),
             pristine: None,
+            agent_caps: Vec::new(),
         });
         assert_eq!(parse(&["init"]), Ok(default));
         let pristine = Mode::Init(InitOptions {
             grace: Duration::from_millis(DEFAULT_GRACE_MS),
             pristine: Some(Some(1 << 20)),
+            agent_caps: Vec::new(),
         });
         assert_eq!(
             parse(&["init", "--pristine", "--pristine-size", "1048576"]),
@@ -280,8 +299,19 @@ mod tests {
         let short = Mode::Init(InitOptions {
             grace: Duration::from_millis(1500),
             pristine: None,
+            agent_caps: Vec::new(),
         });
         assert_eq!(parse(&["init", "--grace-ms", "1500"]), Ok(short));
+        let kill = Mode::Init(InitOptions {
+            grace: Duration::from_millis(DEFAULT_GRACE_MS),
+            pristine: None,
+            agent_caps: vec![caps::CAP_KILL, caps::CAP_SETPCAP],
+        });
+        assert_eq!(parse(&["init", "--agent-caps", "KILL,SETPCAP"]), Ok(kill));
+        assert!(parse(&["init", "--agent-caps=KILL"]).is_ok());
+        let e = parse(&["init", "--agent-caps", "ALL"]).expect_err("unknown cap");
+        assert!(e.contains("'--agent-caps'") && e.contains("'ALL'"), "{e}");
+        assert!(parse(&["init", "--agent-caps"]).is_err());
         assert!(matches!(
             parse(&["init", "--grace-ms=0"]),
             Ok(Mode::Init(_))

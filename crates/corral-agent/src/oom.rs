@@ -3,7 +3,8 @@
 //! A process killed by the kernel's OOM killer just dies of SIGKILL; nothing
 //! in its exit status says why. The container's memory cgroup counts OOM
 //! kills, so the agent reads that counter before a command starts and after it
-//! ends: if it rose and the command died of SIGKILL, the OOM killer did it.
+//! ends: if it rose and the command's main process died of SIGKILL, the OOM
+//! killer did it. A main process that exited (whatever its code) was not.
 
 use std::path::Path;
 
@@ -67,19 +68,21 @@ pub fn parse_oom_kill(text: &str) -> Option<u64> {
     })
 }
 
-/// The OOM verdict: the counter rose while the command ran, it died the way
-/// OOM victims die (SIGKILL, or a shell reporting its child's SIGKILL as
-/// 137), and it was not us killing it for a timeout.
+/// The OOM verdict: the counter rose while the command ran, its main
+/// process itself died the way OOM victims die (SIGKILL), and it was not us
+/// killing it for a timeout.
+///
+/// An exit code of 137 is never taken for one: a shell that reports a
+/// helper's SIGKILL as 137, or a command that simply runs `exit 137` after
+/// a helper was OOM-killed, exited, and its exit code is its result.
 pub fn oom_killed(
     before: Option<u64>,
     after: Option<u64>,
     signal: Option<i32>,
-    exit_code: Option<i32>,
     timed_out: bool,
 ) -> bool {
     let rose = matches!((before, after), (Some(b), Some(a)) if a > b);
-    let killed = signal == Some(libc::SIGKILL) || exit_code == Some(137);
-    rose && killed && !timed_out
+    rose && signal == Some(libc::SIGKILL) && !timed_out
 }
 
 #[cfg(test)]
@@ -99,11 +102,12 @@ mod tests {
 
     #[test]
     fn verdict_needs_rise_and_sigkill_and_no_timeout() {
-        assert!(oom_killed(Some(0), Some(1), Some(9), None, false));
-        assert!(oom_killed(Some(0), Some(1), None, Some(137), false));
-        assert!(!oom_killed(Some(1), Some(1), Some(9), None, false));
-        assert!(!oom_killed(Some(0), Some(1), Some(15), None, false));
-        assert!(!oom_killed(Some(0), Some(1), Some(9), None, true));
-        assert!(!oom_killed(None, None, Some(9), None, false));
+        assert!(oom_killed(Some(0), Some(1), Some(9), false));
+        assert!(!oom_killed(Some(1), Some(1), Some(9), false));
+        assert!(!oom_killed(Some(0), Some(1), Some(15), false));
+        assert!(!oom_killed(Some(0), Some(1), Some(9), true));
+        assert!(!oom_killed(None, None, Some(9), false));
+        // An exit, even with 137, is the command's own result.
+        assert!(!oom_killed(Some(0), Some(1), None, false));
     }
 }

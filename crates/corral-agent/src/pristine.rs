@@ -24,6 +24,18 @@
 //! throws the world away: everything commands did to the file system is
 //! gone with its upper layer.
 //!
+//! What worlds share must not carry anything from one episode to the next
+//! either. The engine's tmpfs mounts under `/sys` and `/proc` (the writable
+//! `/sys/fs/cgroup` of cgroup v1, the masks over `/proc/keys`, ...) and the
+//! device nodes of `/dev` are bound read-only: a device still reads and
+//! writes, but no file, mode, owner or time can be left on them. The
+//! pseudo file systems commands must be able to write through (`/proc`,
+//! `/dev/pts`, `/dev/mqueue`) keep their one instance; the mode, owner and
+//! times of their roots (and of `/dev/pts/ptmx`) as the first reset found
+//! them are put back at every reset, and the mqueue and System V IPC
+//! objects are removed. PID 1's own tunables a command can write through
+//! `/proc/1` are put back too (`tunables`).
+//!
 //! A reset that keeps the changes applies the upper layer to the
 //! container's own root file system first (whiteouts become deletions,
 //! opaque directories replace what was there), so later resets, and a
@@ -125,7 +137,42 @@ struct Entry {
     /// Mount point.
     path: PathBuf,
     read_only: bool,
+    /// `nosuid`/`nodev`/`noexec` (and `ro`), kept when bound read-only.
+    flags: libc::c_ulong,
     carry: Carry,
+}
+
+/// Mode, owner and times of a path every world shares, as the first reset
+/// found them.
+#[derive(Debug, Clone)]
+struct Meta {
+    path: PathBuf,
+    mode: u32,
+    owner: (u32, u32),
+    /// Access and modification times: seconds and nanoseconds.
+    times: [(i64, i64); 2],
+}
+
+impl Meta {
+    fn of(path: PathBuf) -> Result<Meta, String> {
+        let m = fs::symlink_metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Meta {
+            mode: m.mode() & 0o7777,
+            owner: (m.uid(), m.gid()),
+            times: [(m.atime(), m.atime_nsec()), (m.mtime(), m.mtime_nsec())],
+            path,
+        })
+    }
+
+    /// Puts it back, always (not only when it differs), so that even the
+    /// change time says nothing but when the last reset ran.
+    fn restore(&self) -> Result<(), String> {
+        let err = |e: io::Error| format!("cannot restore {}: {e}", self.path.display());
+        std::os::unix::fs::lchown(&self.path, Some(self.owner.0), Some(self.owner.1))
+            .map_err(err)?;
+        fs::set_permissions(&self.path, fs::Permissions::from_mode(self.mode)).map_err(err)?;
+        sys::set_times(&cpath(&self.path)?, self.times).map_err(err)
+    }
 }
 
 /// What the first reset recorded: the state every world starts from.
@@ -138,6 +185,8 @@ struct Base {
     /// upper layer.
     root_mode: u32,
     root_owner: (u32, u32),
+    /// Shared pseudo file system roots, put back at every reset.
+    shared: Vec<Meta>,
 }
 
 /// The namespace commands run in now.
@@ -317,6 +366,11 @@ impl Pristine {
             return report;
         }
         clear_ipc();
+        // What the last episode wrote to PID 1 through /proc/1.
+        if let Err(e) = crate::tunables::restore() {
+            report.error = Some(format!("{e}; the sandbox is not pristine"));
+            return report;
+        }
         // Nothing runs in the old world now; dropping its descriptors
         // releases its mounts.
         let old = world.take();
@@ -339,8 +393,13 @@ impl Pristine {
         keep: bool,
         reaper: &Reaper,
     ) -> Result<(World, u64), String> {
-        if state.base.is_none() {
-            state.base = Some(self.record_base()?);
+        match &state.base {
+            None => state.base = Some(self.record_base()?),
+            Some(base) => {
+                for meta in &base.shared {
+                    meta.restore()?;
+                }
+            }
         }
         let previous = state.generation;
         let mut kept = 0;
@@ -363,10 +422,23 @@ impl Pristine {
         let root = fs::metadata("/").map_err(|e| format!("cannot stat /: {e}"))?;
         let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
         let mut entries = Vec::new();
+        let mut shared = Vec::new();
         for m in parse_mountinfo(&info) {
             if m.path == Path::new("/") || m.path.starts_with(STATE) {
                 continue;
             }
+            if !m.read_only && ["proc", "devpts", "mqueue"].contains(&m.fstype.as_str()) {
+                shared.push(Meta::of(m.path.clone())?);
+                let ptmx = m.path.join("ptmx");
+                if m.fstype == "devpts" && fs::symlink_metadata(&ptmx).is_ok() {
+                    shared.push(Meta::of(ptmx)?);
+                }
+            }
+            // The engine's tmpfs under /proc and /sys (cgroup v1's
+            // writable /sys/fs/cgroup, the masks over /proc/keys, ...):
+            // shared by every world, so read-only in each.
+            let engine_tmpfs =
+                m.fstype == "tmpfs" && m.path != Path::new("/dev") && !fresh_tmpfs(&m.path);
             let carry = if m.fstype == "tmpfs" && m.path == Path::new("/dev") {
                 Carry::Dev {
                     flags: m.flags,
@@ -386,7 +458,8 @@ impl Pristine {
             };
             entries.push(Entry {
                 path: m.path,
-                read_only: m.read_only,
+                read_only: m.read_only || engine_tmpfs,
+                flags: m.flags,
                 carry,
             });
         }
@@ -424,6 +497,7 @@ impl Pristine {
             cwd,
             root_mode: root.mode() & 0o7777,
             root_owner: (root.uid(), root.gid()),
+            shared,
         })
     }
 }
@@ -746,7 +820,7 @@ fn build(base: &Base, generation: u64, reaper: &Reaper) -> Result<World, String>
                 Step::Bind {
                     src: cpath(&e.path)?,
                     dst,
-                    remount: e.read_only.then_some(libc::MS_RDONLY),
+                    remount: e.read_only.then_some(e.flags | libc::MS_RDONLY),
                 },
                 label,
             )),
@@ -801,11 +875,15 @@ fn build(base: &Base, generation: u64, reaper: &Reaper) -> Result<World, String>
                             let dst = inside(p)?;
                             let label = p.display().to_string();
                             steps.push((Step::Touch { dst: dst.clone() }, label.clone()));
+                            // Every world binds the same node: read-only,
+                            // so its mode, owner and times stay as they
+                            // are (reading and writing the device is not
+                            // refused on a read-only mount).
                             steps.push((
                                 Step::Bind {
                                     src: cpath(p)?,
                                     dst,
-                                    remount: None,
+                                    remount: Some(*flags | libc::MS_RDONLY),
                                 },
                                 label,
                             ));

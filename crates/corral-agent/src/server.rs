@@ -303,11 +303,18 @@ impl Conn {
                 .error(id, format!("command id {id} is already running"));
             return;
         }
-        if req.exclusive && !tree::kill_all_others(EXCLUSIVE_WAIT) {
-            return self.spawn_failed(
-                id,
-                format!("exclusive: other processes survived {EXCLUSIVE_WAIT:?} of SIGKILL"),
-            );
+        if req.exclusive {
+            if !tree::kill_all_others(EXCLUSIVE_WAIT) {
+                return self.spawn_failed(
+                    id,
+                    format!("exclusive: other processes survived {EXCLUSIVE_WAIT:?} of SIGKILL"),
+                );
+            }
+            // Nor does what they did to PID 1 (an OOM score that makes it
+            // the victim of the command's allocations, say) outlive them.
+            if let Err(e) = crate::tunables::restore() {
+                eprintln!("corral-agent: exclusive: {e}");
+            }
         }
         let ctl = match Control::new(req.stdin) {
             Ok(c) => Arc::new(c),

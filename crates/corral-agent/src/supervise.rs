@@ -294,8 +294,7 @@ impl Job {
             ExitStatus::Code(c) => (Some(c), None),
             ExitStatus::Signal(s) => (None, Some(s)),
         };
-        let oom_killed =
-            oom::oom_killed(oom_before, oom_counter.read(), signal, exit_code, timed_out);
+        let oom_killed = oom::oom_killed(oom_before, oom_counter.read(), signal, timed_out);
         let report = ExitReport {
             exit_code,
             signal,

@@ -378,12 +378,13 @@ struct CapData {
 }
 
 /// Drops the capabilities `caps` (numbers) from the calling, forked and
-/// not yet exec'd child for good: from its bounding set (so exec as root
-/// does not give them back; CAP_SETPCAP, needed for that, must come last
-/// in `caps`), from its effective, permitted and inheritable sets, and
-/// clears the ambient set. Only raw system calls: async-signal-safe.
-pub fn drop_caps_in_child(caps: &[u32]) -> io::Result<()> {
-    for &cap in caps {
+/// not yet exec'd child for good: when `bounding`, from its bounding set
+/// (so exec as root does not give them back; CAP_SETPCAP, needed for that,
+/// must come last in `caps`), from its effective, permitted and inheritable
+/// sets, and clears the ambient set. Only raw system calls:
+/// async-signal-safe.
+pub fn drop_caps_in_child(caps: &[u32], bounding: bool) -> io::Result<()> {
+    for &cap in caps.iter().filter(|_| bounding) {
         // SAFETY: prctl with integer arguments.
         cvt(unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) })?;
     }
@@ -588,4 +589,25 @@ pub fn ipc_remove(kind: Ipc, id: i32) -> io::Result<()> {
         }
     };
     cvt(ret).map(drop)
+}
+
+/// Sets the access and modification times (seconds, nanoseconds) of
+/// `path`, not following a final symlink and without opening it (a device
+/// node such as `/dev/pts/ptmx` must not be opened).
+pub fn set_times(path: &CStr, times: [(i64, i64); 2]) -> io::Result<()> {
+    let ts = times.map(|(sec, nsec)| libc::timespec {
+        tv_sec: sec as libc::time_t,
+        tv_nsec: nsec as libc::c_long,
+    });
+    // SAFETY: path is NUL-terminated; `ts` holds the two timespecs
+    // utimensat reads.
+    cvt(unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            ts.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+    .map(drop)
 }

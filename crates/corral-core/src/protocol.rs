@@ -537,8 +537,9 @@ pub struct ExitReport {
     pub signal: Option<i32>,
     /// The agent killed the process tree because the timeout passed.
     pub timed_out: bool,
-    /// The kernel's OOM killer killed the command (cgroup counter rose while it
-    /// ran and it died of SIGKILL).
+    /// The kernel's OOM killer killed the command's main process (the cgroup
+    /// counter rose while it ran and the main process itself died of SIGKILL;
+    /// an exit, even with code 137, never counts).
     pub oom_killed: bool,
     /// Wall time from spawn to the end of the command (the main process's
     /// exit, or with `wait_for_output` the streams' close), in microseconds.

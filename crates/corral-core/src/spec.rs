@@ -230,6 +230,42 @@ impl Security {
         caps.dedup();
         caps
     }
+
+    /// Capabilities the container gets for its agent (PID 1) alone: every
+    /// command drops them from all its sets and its bounding set before it
+    /// runs. With SETUID a command can switch to another uid, and a
+    /// process of another uid can be signalled only with CAP_KILL: the
+    /// agent keeps it so that it can still end what commands started (a
+    /// timeout, an exclusive command, a reset), and CAP_SETPCAP to take it
+    /// out of each command's bounding set. Empty when commands cannot
+    /// switch uid, already hold CAP_KILL, or keep the engine's default set
+    /// (which has it).
+    pub fn agent_only_caps(&self) -> Vec<String> {
+        if !self.drop_all_caps {
+            return Vec::new();
+        }
+        let caps = self.effective_cap_add();
+        let has = |cap: &str| caps.iter().any(|c| c == cap || c == "ALL");
+        if !has("SETUID") || has("KILL") {
+            return Vec::new();
+        }
+        ["KILL", "SETPCAP"]
+            .into_iter()
+            .filter(|c| !has(c))
+            .map(String::from)
+            .collect()
+    }
+
+    /// Every capability the container is given after dropping all: the
+    /// commands' ([`Security::effective_cap_add`]) and the agent's own
+    /// ([`Security::agent_only_caps`]), sorted.
+    pub fn container_caps(&self) -> Vec<String> {
+        let mut caps = self.effective_cap_add();
+        caps.extend(self.agent_only_caps());
+        caps.sort();
+        caps.dedup();
+        caps
+    }
 }
 
 /// A capability's name as Docker spells it: upper case, no `CAP_` prefix.
@@ -684,6 +720,45 @@ mod tests {
             s.effective_cap_add(),
             ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID"]
         );
+    }
+
+    #[test]
+    fn the_agent_keeps_kill_only_where_commands_can_switch_uid() {
+        let mut s = Security::default();
+        assert!(s.agent_only_caps().is_empty());
+        assert_eq!(s.container_caps(), s.effective_cap_add());
+        s.setuid_caps = true;
+        assert_eq!(s.agent_only_caps(), ["KILL", "SETPCAP"]);
+        assert_eq!(
+            s.container_caps(),
+            [
+                "CHOWN",
+                "DAC_OVERRIDE",
+                "FOWNER",
+                "KILL",
+                "SETGID",
+                "SETPCAP",
+                "SETUID"
+            ]
+        );
+        // SETUID from a profile's list counts the same.
+        let mut p = Security::default();
+        p.cap_add.push("cap_setuid".into());
+        assert_eq!(p.agent_only_caps(), ["KILL", "SETPCAP"]);
+        // Commands given SETPCAP keep it; the agent only adds KILL.
+        s.cap_add.push("SETPCAP".into());
+        assert_eq!(s.agent_only_caps(), ["KILL"]);
+        // Commands that may kill anyway, or keep the default set: nothing.
+        s.cap_add.push("KILL".into());
+        assert!(s.agent_only_caps().is_empty());
+        s.cap_add = vec!["ALL".into()];
+        assert!(s.agent_only_caps().is_empty());
+        let d = Security {
+            drop_all_caps: false,
+            setuid_caps: true,
+            ..Security::default()
+        };
+        assert!(d.agent_only_caps().is_empty());
     }
 
     #[test]

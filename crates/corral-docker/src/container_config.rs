@@ -113,6 +113,10 @@ fn entrypoint(spec: &SandboxSpec, pristine: bool) -> Vec<String> {
         // A persistent sandbox outlives its owner: no dead-man switch.
         spec.effective_grace_ms().to_string(),
     ];
+    let own = spec.security.agent_only_caps();
+    if !own.is_empty() {
+        args.extend(["--agent-caps".into(), own.join(",")]);
+    }
     if pristine {
         args.push("--pristine".into());
         // The changes live in memory: the disk limit bounds them, else the
@@ -203,7 +207,9 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
         pids_limit: spec.limits.pids,
         cap_drop: sec.drop_all_caps.then(|| vec!["ALL".to_string()]),
         cap_add: sec.drop_all_caps.then(|| {
-            let mut caps = sec.effective_cap_add();
+            // Commands' and the agent's own (which commands drop:
+            // `--agent-caps`, corral-agent's `caps`).
+            let mut caps = sec.container_caps();
             if pristine {
                 // The agent's alone: commands drop them (corral-agent's
                 // `pristine` and `confine`).
@@ -322,6 +328,33 @@ mod tests {
             .entrypoint
             .expect("entrypoint")
             .contains(&"--pristine".to_string()));
+    }
+
+    #[test]
+    fn with_setuid_caps_the_agent_alone_keeps_kill() {
+        let owner = owner_labels(&Owner {
+            host: "h".into(),
+            pid: 1,
+            start: 2,
+        });
+        let mut spec = SandboxSpec::new("img");
+        let plain = create_body(&spec, &params(&owner));
+        assert!(!plain
+            .entrypoint
+            .expect("entrypoint")
+            .contains(&"--agent-caps".to_string()));
+        spec.security.setuid_caps = true;
+        let body = create_body(&spec, &params(&owner));
+        let caps = body.host_config.and_then(|h| h.cap_add).expect("caps");
+        for cap in ["KILL", "SETPCAP", "SETUID", "SETGID"] {
+            assert!(caps.contains(&cap.to_string()), "{caps:?}");
+        }
+        let entry = body.entrypoint.expect("entrypoint");
+        let at = entry
+            .iter()
+            .position(|a| a == "--agent-caps")
+            .expect("--agent-caps");
+        assert_eq!(entry[at + 1], "KILL,SETPCAP");
     }
 
     #[test]

@@ -376,3 +376,66 @@ async fn a_spec_that_cannot_reset_in_place_is_replaced_and_says_why() {
     sb.destroy().await.expect("destroy");
     g.assert_clean();
 }
+
+/// What a command can read of PID 1's tunables and of the engine's
+/// writable mounts under /sys.
+const TUNABLES: &str = "cat /proc/1/oom_score_adj /proc/1/coredump_filter; \
+    sed 's/-[0-9]*//' /proc/1/autogroup; ls -a /sys/fs/cgroup; \
+    stat -c '%n %a %u:%g %Y' /proc /dev/pts /dev/pts/ptmx /dev/mqueue /dev/null /proc/keys";
+
+/// Writes what a command can to the same: a file (and a directory) on the
+/// tmpfs Docker mounts at /sys/fs/cgroup on cgroup v1; PID 1's OOM score,
+/// core-dump filter and autogroup niceness (root with DAC_OVERRIDE may,
+/// PID 1 running as the same uid); and the mode, owner or times of what
+/// every world shares (the roots of /proc, /dev/pts and /dev/mqueue, the
+/// device nodes, the mask over /proc/keys). Each write is tried and its
+/// outcome printed; the autogroup's is retried (the kernel refuses more
+/// than one change per 100 ms host-wide).
+const CHANNEL: &str = r#"
+w() { if eval "$1" 2>/dev/null; then echo "$2 written"; else echo "$2 refused"; fi; }
+w 'echo episode-1 > /sys/fs/cgroup/leak' cgroup-file
+w 'mkdir /sys/fs/cgroup/leakdir' cgroup-dir
+w 'echo 1000 > /proc/1/oom_score_adj' oom_score_adj
+w 'echo 0x7f > /proc/1/coredump_filter' coredump_filter
+w 'chmod 700 /proc' proc-mode
+w 'chown 1000 /dev/pts && chmod 600 /dev/pts/ptmx' pts
+w 'chmod 777 /dev/mqueue && touch -d "2001-01-01 00:00" /dev/mqueue' mqueue
+w 'chmod 600 /dev/null' dev-null
+w 'chmod 600 /proc/keys' proc-keys
+i=0; until echo 19 > /proc/1/autogroup 2>/dev/null || [ $i -ge 50 ]; do i=$((i+1)); sleep 0.05; done
+grep -q 'nice 19' /proc/1/autogroup && echo 'autogroup written' || echo 'autogroup refused'
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nothing_an_episode_writes_to_sys_or_pid1_survives_a_reset() {
+    let g = Guard::new("pristine-channel");
+    let b = backend().await;
+    let mut spec = g.spec(BUSYBOX);
+    spec.pristine = true;
+    let sb = b.create(&spec).await.expect("create");
+    sb.resets_in_place().expect("in place");
+    let fresh = out(&sb, TUNABLES).await;
+    let tried = out(&sb, CHANNEL).await;
+    // The episode got through where the kernel lets it: PID 1's tunables
+    // change (the agent takes them back at the reset).
+    assert!(tried.contains("oom_score_adj written"), "{tried}");
+    assert!(tried.contains("autogroup written"), "{tried}");
+    assert!(tried.contains("proc-mode written"), "{tried}");
+    assert!(tried.contains("mqueue written"), "{tried}");
+    let messy = out(&sb, TUNABLES).await;
+    assert!(messy != fresh, "the episode changed nothing: {tried}");
+
+    let outcome = sb.reset().await.expect("reset");
+    assert_eq!(outcome.mode, ResetMode::InPlace, "{outcome:?}");
+    let after = out(&sb, TUNABLES).await;
+    assert!(
+        after == fresh,
+        "the next episode reads what the last one wrote ({tried}): {}",
+        diff(&fresh, &after)
+    );
+    // The agent's own OOM score is the one it started with, so commands
+    // (at 500) remain the OOM killer's choice.
+    assert_eq!(fresh.lines().next(), Some("0"), "{fresh}");
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}

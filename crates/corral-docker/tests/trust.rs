@@ -388,6 +388,12 @@ async fn an_exclusive_grader_cannot_be_tampered_with_by_leftovers() {
         !ps.contains("planted") && !ps.contains("sleep 0.05"),
         "a leftover survived the exclusive grader: {ps}"
     );
+    // Nor does a rollout's change to PID 1 (an OOM score that would make
+    // the agent the victim of the grader's allocations) reach the grader.
+    let r = sb.run(&sh("echo 1000 > /proc/1/oom_score_adj")).await;
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let r = sb.run(&sh("cat /proc/1/oom_score_adj").exclusive()).await;
+    assert_eq!(text(&r.stdout), "0\n", "{r:?}");
     sb.destroy().await.expect("destroy");
     g.assert_clean();
 }
@@ -420,6 +426,158 @@ async fn a_stopped_child_cannot_hold_the_agent() {
         }
     }
     eprintln!("spawns held up by the leftover and unstuck: {held}");
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exit_137_after_a_helpers_oom_is_the_commands_own_result() {
+    let g = Guard::new("trust-oom-verdict");
+    let b = backend().await;
+    let mut spec = g.spec(BUSYBOX);
+    spec.limits.memory = Some(64 << 20);
+    let sb = b.create(&spec).await.expect("create");
+    // A helper (a subshell's `dd`) is OOM-killed; the command itself goes
+    // on, says so, and exits 137 on its own: a genuine exit, not a failure.
+    let r = sb
+        .run(&sh(
+            "(dd if=/dev/zero of=/dev/null bs=200M count=1 2>/dev/null); echo \"helper $?\"; exit 137",
+        ))
+        .await;
+    assert_eq!(
+        text(&r.stdout),
+        "helper 137\n",
+        "the helper was not OOM-killed: {r:?}"
+    );
+    assert_eq!(
+        (r.exit_code, r.signal, r.failure.as_ref().map(|f| f.kind)),
+        (Some(137), None, None),
+        "an exit was reported as a failure: {r:?}"
+    );
+    // The main process itself OOM-killed stays `oom_killed`.
+    let r = sb
+        .run(&sh("dd if=/dev/zero of=/dev/null bs=200M count=1"))
+        .await;
+    let f = r.failure.expect("the main process was OOM-killed");
+    assert_eq!(f.kind, FailureKind::OomKilled, "{f}");
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}
+
+/// The bits of `field` (`CapEff`, `CapBnd`, ...) in a `/proc/PID/status`.
+fn cap_bits(status: &str, field: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("no {field} in {status}"))
+}
+
+const CAP_KILL: u64 = 1 << 5;
+const CAP_SETUID: u64 = 1 << 7;
+
+/// `sleep 1000` processes of user nobody, as `ps` shows them.
+async fn nobody_sleepers(sb: &corral::Sandbox) -> String {
+    let r = sb
+        .run(&sh("ps -o user,args | grep '[s]leep 1000' || true"))
+        .await;
+    assert_eq!(r.failure, None, "{r:?}");
+    text(&r.stdout)
+}
+
+/// Leaves a `sleep 1000` of user nobody running (a command switching uid
+/// with its CAP_SETUID) and returns its pid.
+async fn plant_nobody(sb: &corral::Sandbox) -> String {
+    let r = sb
+        .run(&sh(
+            "su -s /bin/sh nobody -c 'exec sleep 1000' </dev/null >/dev/null 2>&1 & echo $!",
+        ))
+        .await;
+    assert_eq!((r.failure.as_ref(), r.exit_code), (None, Some(0)), "{r:?}");
+    let pid = text(&r.stdout).trim().to_string();
+    let who = sb
+        .run(&sh(&format!(
+            "while [ \"$(stat -c %U /proc/{pid})\" != nobody ]; do sleep 0.05; done; stat -c %U /proc/{pid}"
+        )))
+        .await;
+    assert_eq!(
+        text(&who.stdout),
+        "nobody\n",
+        "the leftover did not switch uid: {who:?}"
+    );
+    pid
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_setuid_caps_the_agent_still_ends_what_commands_start() {
+    let g = Guard::new("trust-setuid-kill");
+    let b = backend().await;
+    let mut spec = g.spec(BUSYBOX);
+    spec.security.setuid_caps = true;
+    let sb = b.create(&spec).await.expect("create");
+
+    // A command that switched uid and hangs times out as any other: its
+    // process is killed, the failure is `timeout` (not a retryable
+    // agent_error).
+    let r = sb
+        .run(
+            &CommandSpec::shell("exec su -s /bin/sh nobody -c 'exec sleep 1000'")
+                .timeout(Duration::from_secs(2)),
+        )
+        .await;
+    assert_eq!(
+        r.failure.as_ref().map(|f| f.kind),
+        Some(FailureKind::Timeout),
+        "{r:?}"
+    );
+    assert_eq!(
+        nobody_sleepers(&sb).await,
+        "",
+        "the timed-out process lives on"
+    );
+
+    // The agent holds CAP_KILL; commands can switch uid but hold no
+    // CAP_KILL, not even in their bounding set, and so cannot kill another
+    // user's process.
+    let agent = text(&sb.run(&sh("cat /proc/1/status")).await.stdout);
+    assert_ne!(cap_bits(&agent, "CapEff") & CAP_KILL, 0, "{agent}");
+    let own = text(&sb.run(&sh("cat /proc/self/status")).await.stdout);
+    assert_ne!(cap_bits(&own, "CapEff") & CAP_SETUID, 0, "{own}");
+    for field in ["CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb"] {
+        assert_eq!(cap_bits(&own, field) & CAP_KILL, 0, "{field}: {own}");
+    }
+    let pid = plant_nobody(&sb).await;
+    let r = sb.run(&sh(&format!("kill -9 {pid}"))).await;
+    assert_ne!(
+        r.exit_code,
+        Some(0),
+        "a command killed another user's process: {r:?}"
+    );
+    assert!(nobody_sleepers(&sb).await.contains("nobody"));
+
+    // An exclusive grader runs after the uid-switched leftover is killed.
+    let r = sb.run(&sh("echo graded").exclusive()).await;
+    assert_eq!(r.failure, None, "{r:?}");
+    assert_eq!(text(&r.stdout), "graded\n");
+    assert_eq!(
+        nobody_sleepers(&sb).await,
+        "",
+        "the leftover survived exclusive"
+    );
+    sb.destroy().await.expect("destroy");
+
+    // A pristine sandbox resets in place with such a leftover.
+    spec.pristine = true;
+    let sb = b.create(&spec).await.expect("create pristine");
+    sb.resets_in_place().expect("in place");
+    plant_nobody(&sb).await;
+    let outcome = sb.reset().await.expect("reset");
+    assert_eq!(outcome.mode, corral::ResetMode::InPlace, "{outcome:?}");
+    assert_eq!(
+        nobody_sleepers(&sb).await,
+        "",
+        "the leftover survived the reset"
+    );
     sb.destroy().await.expect("destroy");
     g.assert_clean();
 }

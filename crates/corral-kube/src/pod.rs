@@ -325,8 +325,19 @@ pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
 
     let capabilities = sec.drop_all_caps.then(|| Capabilities {
         drop: Some(vec!["ALL".into()]),
-        add: Some(sec.effective_cap_add()),
+        // Commands' and the agent's own, which commands drop (`--agent-caps`).
+        add: Some(sec.container_caps()),
     });
+    let mut command = vec![
+        AGENT_PATH.to_string(),
+        "init".to_string(),
+        "--grace-ms".to_string(),
+        spec.effective_grace_ms().to_string(),
+    ];
+    let own = sec.agent_only_caps();
+    if !own.is_empty() {
+        command.extend(["--agent-caps".to_string(), own.join(",")]);
+    }
     let sandbox = Container {
         name: SANDBOX_CONTAINER.into(),
         image: Some(spec.image.clone()),
@@ -334,12 +345,7 @@ pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
         // (Kubernetes' default for `:latest` is to ask every time), as on
         // Docker; a changed image needs a new tag.
         image_pull_policy: Some("IfNotPresent".into()),
-        command: Some(vec![
-            AGENT_PATH.to_string(),
-            "init".to_string(),
-            "--grace-ms".to_string(),
-            spec.effective_grace_ms().to_string(),
-        ]),
+        command: Some(command),
         args: Some(Vec::new()),
         env: Some(
             p.env
@@ -646,9 +652,21 @@ mod tests {
         s2.security.user = Some("1000:2000".into());
         let pod = run(&s2).expect("maps");
         let s = sec(&pod);
+        // The agent keeps KILL (and SETPCAP to take it from commands).
         assert_eq!(
             s.capabilities.as_ref().and_then(|c| c.add.clone()),
-            Some(vec!["NET_RAW".into(), "SETGID".into(), "SETUID".into()])
+            Some(vec![
+                "KILL".into(),
+                "NET_RAW".into(),
+                "SETGID".into(),
+                "SETPCAP".into(),
+                "SETUID".into()
+            ])
+        );
+        let command = sandbox(&pod).command.clone().unwrap_or_default();
+        assert_eq!(
+            command[command.len() - 2..],
+            ["--agent-caps", "KILL,SETPCAP"]
         );
         assert_eq!(s.allow_privilege_escalation, Some(true));
         assert_eq!(s.read_only_root_filesystem, Some(true));
