@@ -48,7 +48,7 @@ from .errors import (
     TooLargeError,
     UnsupportedError,
 )
-from .models import CommandResult, Failure, FileEntry, Health, ResetResult, SandboxInfo, Snapshot, StreamEvent
+from .models import CommandResult, Failure, FileEntry, Health, ResetResult, SandboxInfo, Snapshot, StreamEvent, WhoAmI
 
 __all__ = [
     "__version__",
@@ -70,6 +70,7 @@ __all__ = [
     "ResetResult",
     "Snapshot",
     "StreamEvent",
+    "WhoAmI",
     "CorralError",
     "ServiceUnavailableError",
     "AuthenticationError",

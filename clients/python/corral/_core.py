@@ -199,6 +199,20 @@ def create_body(
     return body
 
 
+def fork_body(n: int, *, session_prefix: Optional[str], env: Optional[Mapping[str, str]]) -> Dict[str, Any]:
+    """Body of ``POST /v1/snapshots/{name}/fork``. ``env`` is sent only when
+    given: it carries the values of the snapshot's variables (it keeps
+    their names only)."""
+    body: Dict[str, Any] = {"count": n}
+    if session_prefix is not None:
+        body["session_prefix"] = session_prefix
+    if env is not None:
+        if isinstance(env, (str, bytes)) or not isinstance(env, Mapping):
+            raise TypeError(f"env must be a mapping of variable names to values, got {type(env).__name__}")
+        body["env"] = {str(k): str(v) for k, v in env.items()}
+    return body
+
+
 def file_mode(mode: Union[int, str, None]) -> Optional[str]:
     """A mode as the service's octal digits: 0o644 and "644" both give "644"."""
     if mode is None:

@@ -24,7 +24,7 @@ from ._discovery import TokenSource
 from ._sse import SSEDecoder
 from .client import _finish, _to_event
 from .errors import CorralError, NotFoundError, SandboxNotFoundError, ServiceUnavailableError
-from .models import CommandResult, FileEntry, Health, ResetResult, SandboxInfo, Snapshot, StreamEvent
+from .models import CommandResult, FileEntry, Health, ResetResult, SandboxInfo, Snapshot, StreamEvent, WhoAmI
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncShell", "AsyncCommandStream"]
 
@@ -127,6 +127,11 @@ class AsyncClient:
         r = await self.request("GET", "/v1/health", idempotent=True)
         return Health.from_json(r.json())
 
+    async def whoami(self) -> WhoAmI:
+        """As :meth:`corral.Client.whoami`."""
+        r = await self.request("GET", "/v1/whoami", idempotent=True)
+        return WhoAmI.from_json(r.json())
+
     def sandbox(
         self,
         *,
@@ -188,13 +193,17 @@ class AsyncClient:
                 raise
 
     async def fork(
-        self, snapshot: Union[str, Snapshot], n: int = 1, *, session_prefix: Optional[str] = None
+        self,
+        snapshot: Union[str, Snapshot],
+        n: int = 1,
+        *,
+        session_prefix: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
     ) -> List["AsyncSandbox"]:
-        """As :meth:`corral.Client.fork`."""
+        """As :meth:`corral.Client.fork` (``env``: values of the snapshot's
+        variables, which it keeps by name only)."""
         name = snapshot.name if isinstance(snapshot, Snapshot) else snapshot
-        body: Dict[str, Any] = {"count": n}
-        if session_prefix is not None:
-            body["session_prefix"] = session_prefix
+        body = _core.fork_body(n, session_prefix=session_prefix, env=env)
         r = await self.request(
             "POST",
             f"/v1/snapshots/{seg(name)}/fork",

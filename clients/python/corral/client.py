@@ -16,7 +16,7 @@ from ._core import Command, RetryPolicy, Stdin, seg
 from ._discovery import TokenSource
 from ._sse import SSEDecoder
 from .errors import CorralError, NotFoundError, SandboxNotFoundError, ServiceUnavailableError, error_from_response
-from .models import CommandResult, FileEntry, Health, ResetResult, SandboxInfo, Snapshot, StreamEvent
+from .models import CommandResult, FileEntry, Health, ResetResult, SandboxInfo, Snapshot, StreamEvent, WhoAmI
 
 __all__ = ["Client", "Sandbox", "Shell", "CommandStream"]
 
@@ -145,6 +145,11 @@ class Client:
         """``GET /v1/health`` (needs no token)."""
         return Health.from_json(self.request("GET", "/v1/health", idempotent=True).json())
 
+    def whoami(self) -> WhoAmI:
+        """``GET /v1/whoami``: the principal this client's token acts as
+        (the operator or a tenant) and its tenant's quotas."""
+        return WhoAmI.from_json(self.request("GET", "/v1/whoami", idempotent=True).json())
+
     # -- sandboxes ---------------------------------------------------------
 
     def create_sandbox(
@@ -176,6 +181,8 @@ class Client:
         return SandboxInfo.from_json(r.json())
 
     def list_sandboxes(self) -> List[SandboxInfo]:
+        """The caller's sandboxes (every principal's for the operator); a
+        tenant never sees another's."""
         r = self.request("GET", "/v1/sandboxes", idempotent=True)
         return [SandboxInfo.from_json(s) for s in r.json().get("sandboxes", [])]
 
@@ -190,19 +197,25 @@ class Client:
     # -- snapshots ---------------------------------------------------------
 
     def snapshots(self) -> List[Snapshot]:
-        """Every snapshot on the service's daemon (``GET /v1/snapshots``)."""
+        """The snapshots the caller may see (``GET /v1/snapshots``): its own
+        and the operator's shared with it (``read_only``); the operator
+        sees every principal's, another's named ``NAMESPACE/NAME``."""
         r = self.request("GET", "/v1/snapshots", idempotent=True)
         return [Snapshot.from_json(s) for s in r.json().get("snapshots", [])]
 
     def snapshot_info(self, name: str) -> Snapshot:
-        """Snapshot ``name`` (raises :class:`SnapshotNotFoundError`)."""
+        """Snapshot ``name`` (raises :class:`SnapshotNotFoundError`, also for
+        another principal's: what the caller may not see is answered as
+        absent)."""
         r = self.request("GET", f"/v1/snapshots/{seg(name)}", idempotent=True, resource="snapshot")
         return Snapshot.from_json(r.json())
 
     def delete_snapshot(self, name: Union[str, Snapshot], *, missing_ok: bool = False) -> None:
         """Delete a snapshot. Raises :class:`ConflictError` while sandboxes
-        forked from it exist, :class:`SnapshotNotFoundError` for an unknown
-        one (unless ``missing_ok``)."""
+        forked from it exist, :class:`ForbiddenError` (``field`` ``name``)
+        for an operator's snapshot shared with the caller read-only,
+        :class:`SnapshotNotFoundError` for an unknown one or another
+        principal's (unless ``missing_ok``)."""
         name = name.name if isinstance(name, Snapshot) else name
         try:
             self.request("DELETE", f"/v1/snapshots/{seg(name)}", idempotent=True, resource="snapshot")
@@ -210,19 +223,33 @@ class Client:
             if not missing_ok:
                 raise
 
-    def fork(self, snapshot: Union[str, Snapshot], n: int = 1, *, session_prefix: Optional[str] = None) -> List["Sandbox"]:
+    def fork(
+        self,
+        snapshot: Union[str, Snapshot],
+        n: int = 1,
+        *,
+        session_prefix: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+    ) -> List["Sandbox"]:
         """Start ``n`` sandboxes from a snapshot, all or nothing: each has its
         file system and the spec of the sandbox it was taken from. Their
-        session keys are ``<session_prefix>-<i>`` (default: random). A
-        snapshot of a sandbox with settings the service keeps from clients
-        (a host mount, say) raises :class:`ForbiddenError` naming the field;
-        ``n`` above the service's ``max_live`` raises
-        :class:`InvalidRequestError` naming ``count``. Delete the sandboxes
-        (or use each as a context manager) when done."""
+        session keys are ``<session_prefix>-<i>`` (default: random).
+
+        A snapshot keeps the names of its sandbox's variables
+        (``Snapshot.env_names``), never their values: each fork takes them
+        from ``env``, else from the service's defaults, else leaves them
+        unset; other variables in ``env`` are added.
+
+        An unknown snapshot, or another principal's, raises
+        :class:`SnapshotNotFoundError`. A snapshot of a sandbox with
+        settings the service keeps from clients (a host mount, say) raises
+        :class:`ForbiddenError` naming the field; ``n`` above the service's
+        ``max_live`` raises :class:`InvalidRequestError` naming ``count``;
+        ``n`` past the tenant's ``max_sandboxes`` raises
+        :class:`CapacityError` naming it. Delete the sandboxes (or use each
+        as a context manager) when done."""
         name = snapshot.name if isinstance(snapshot, Snapshot) else snapshot
-        body: Dict[str, Any] = {"count": n}
-        if session_prefix is not None:
-            body["session_prefix"] = session_prefix
+        body = _core.fork_body(n, session_prefix=session_prefix, env=env)
         r = self.request(
             "POST",
             f"/v1/snapshots/{seg(name)}/fork",
@@ -524,9 +551,13 @@ class Sandbox:
     def snapshot(self, name: str, durable: bool = False) -> Snapshot:
         """Keep this sandbox's file system as snapshot ``name`` (replacing
         one of that name), to fork sandboxes from with
-        :meth:`Client.fork`. ``durable`` keeps it until deleted; otherwise
-        it goes with the service. A bad name raises
-        :class:`InvalidRequestError` naming ``name``."""
+        :meth:`Client.fork`. It lands in the caller's own namespace: another
+        principal's snapshot of the same name is not touched. It records
+        the names of the sandbox's variables, not their values.
+        ``durable`` keeps it until deleted; otherwise it goes with the
+        service. A bad name raises :class:`InvalidRequestError` naming
+        ``name``; a tenant past its ``max_snapshots`` or
+        ``max_snapshot_bytes`` gets :class:`CapacityError` naming it."""
         r = self.client.request(
             "POST",
             self._path("snapshot"),

@@ -16,6 +16,7 @@ __all__ = [
     "StreamEvent",
     "Health",
     "Snapshot",
+    "WhoAmI",
 ]
 
 
@@ -173,11 +174,14 @@ class SandboxInfo:
     container incarnation; ``container_id`` the Docker container.
     ``resets_in_place`` says whether :meth:`Sandbox.reset` resets it in
     place (in milliseconds); when not, ``reset_unavailable_reason`` says why
-    (a reset then replaces its container)."""
+    (a reset then replaces its container). ``owner`` is the principal it
+    belongs to: ``tenant:NAME``, ``operator`` or ``mcp:TENANT:SESSION``
+    (``None`` from a service without principals)."""
 
     id: str
     session: Optional[str] = None
     sandbox_id: Optional[str] = None
+    owner: Optional[str] = None
     container_id: Optional[str] = None
     image: Optional[str] = None
     profile: Optional[str] = None
@@ -194,6 +198,7 @@ class SandboxInfo:
             id=str(data["id"]),
             session=data.get("session", data.get("id")),
             sandbox_id=data.get("sandbox_id"),
+            owner=data.get("owner"),
             container_id=data.get("container_id"),
             image=data.get("image"),
             profile=data.get("profile"),
@@ -322,11 +327,20 @@ class Health:
 @dataclass(frozen=True)
 class Snapshot:
     """A snapshot: a sandbox's file system kept under ``name``, to fork
-    sandboxes from (:meth:`Client.fork`). ``image`` is the engine's image
-    holding it, ``base_image`` the image its sandbox started from,
-    ``source_sandbox`` corral's id of that sandbox, ``created`` seconds
-    since the epoch, ``size`` the bytes it adds to its base, ``durable``
-    whether it is kept until deleted (otherwise it goes with the service)."""
+    sandboxes from (:meth:`Client.fork`). ``name`` is as the caller names
+    it: bare for its own (and the operator's shared with it),
+    ``NAMESPACE/NAME`` for another principal's (only the operator sees
+    those). ``owner`` is the principal it belongs to (``tenant:NAME``,
+    ``operator``, ``mcp:TENANT:SESSION``); ``read_only`` says the caller
+    may fork it but not replace or delete it (an operator's snapshot
+    shared with tenants). ``env_names`` are the variables its sandbox set:
+    their values are not kept, a fork takes them from its ``env`` (else
+    the service's defaults, else they are unset). ``image`` is the
+    engine's image holding it, ``base_image`` the image its sandbox
+    started from, ``source_sandbox`` corral's id of that sandbox,
+    ``created`` seconds since the epoch, ``size`` the bytes it adds to its
+    base, ``durable`` whether it is kept until deleted (otherwise it goes
+    with the service)."""
 
     name: str
     image: str = ""
@@ -335,6 +349,9 @@ class Snapshot:
     created: int = 0
     size: int = 0
     durable: bool = False
+    owner: Optional[str] = None
+    read_only: bool = False
+    env_names: List[str] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -347,5 +364,50 @@ class Snapshot:
             created=int(data.get("created") or 0),
             size=int(data.get("size") or 0),
             durable=bool(data.get("durable", False)),
+            owner=data.get("owner"),
+            read_only=bool(data.get("read_only", False)),
+            env_names=[str(n) for n in data.get("env_names") or []],
             raw=dict(data),
         )
+
+
+@dataclass(frozen=True)
+class WhoAmI:
+    """``GET /v1/whoami``: the principal the client's token acts as.
+
+    ``principal`` is ``operator`` (the service's admin token, the owner of
+    its Unix socket) or ``tenant:NAME`` (``server.token`` is tenant
+    ``default``); ``tenant`` is that tenant's name (``None`` for the
+    operator). ``max_sandboxes``, ``max_snapshots`` and
+    ``max_snapshot_bytes`` are its tenant's quotas (``None``: no limit);
+    past one the service answers :class:`~corral.CapacityError` with
+    ``field`` naming the quota."""
+
+    principal: str
+    tenant: Optional[str] = None
+    max_sandboxes: Optional[int] = None
+    max_snapshots: Optional[int] = None
+    max_snapshot_bytes: Optional[int] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "WhoAmI":
+        def count(key: str) -> Optional[int]:
+            value = data.get(key)
+            return int(value) if value is not None else None
+
+        tenant = data.get("tenant")
+        return cls(
+            principal=str(data.get("principal") or ""),
+            tenant=str(tenant) if tenant is not None else None,
+            max_sandboxes=count("max_sandboxes"),
+            max_snapshots=count("max_snapshots"),
+            max_snapshot_bytes=count("max_snapshot_bytes"),
+            raw=dict(data),
+        )
+
+    @property
+    def is_operator(self) -> bool:
+        """The token is the operator's: it sees and acts on every tenant's
+        sandboxes and snapshots."""
+        return self.principal == "operator"

@@ -12,6 +12,10 @@ container daemon, no mocks.
 * ``corral_sandbox``: a fresh sandbox, deleted after the test.
 * ``corral_spec``: builds a sandbox spec that names the test image and
   labels (a spec is merged over the server's ``defaults`` anyway).
+
+``remove_snapshot_images(name)`` removes every principal's snapshot of a
+name (found by label: an MCP session's or a tenant's lives under an image
+of its own namespace, ``corral-snapshot/NAMESPACE:NAME``).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator
+from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 
@@ -60,6 +64,27 @@ def assert_no_leaks(wait: float = 15.0) -> None:
     if left:
         subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
         pytest.fail(f"containers labelled {LABEL} left behind (now removed): {left}")
+
+
+def snapshot_images(name: str) -> List[str]:
+    """Ids of the snapshot images of ``name``, whoever's namespace they are
+    in (label ``corral.snapshot``)."""
+    out = subprocess.run(
+        ["docker", "images", "-q", "--no-trunc", "--filter", f"label=corral.snapshot={name}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return sorted(set(out.stdout.split()))
+
+
+def remove_snapshot_images(name: str) -> None:
+    """Removes every principal's snapshot of ``name`` (a test's cleanup:
+    names are unique to the test)."""
+    ids = snapshot_images(name)
+    if ids:
+        subprocess.run(["docker", "rmi", "-f", *ids], capture_output=True, timeout=120)
 
 
 def pytest_configure(config: pytest.Config) -> None:

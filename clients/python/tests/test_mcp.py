@@ -33,6 +33,7 @@ import anyio
 import pytest
 
 import corral
+from conftest import remove_snapshot_images
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -67,7 +68,8 @@ EXPECTED_TOOLS = {
     "restore",
 }
 
-# Snapshots the tests took, removed at the end of the module.
+# Snapshots the tests took, removed at the end of the module (by name:
+# each lives in its MCP session's own namespace).
 SNAPSHOTS: list[str] = []
 
 
@@ -75,7 +77,7 @@ SNAPSHOTS: list[str] = []
 def _remove_snapshots() -> Iterator[None]:
     yield
     for name in SNAPSHOTS:
-        subprocess.run(["docker", "rmi", f"corral-snapshot:{name}"], capture_output=True)
+        remove_snapshot_images(name)
 
 
 # Longest any one step may take: a sandbox start, a command, a teardown.

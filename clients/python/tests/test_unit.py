@@ -323,3 +323,80 @@ def test_clients_send_the_token_they_find(tmp_path, monkeypatch):
     with corral.Client("http://127.0.0.1:7070", token="given", transport=httpx.MockTransport(handler)) as c:
         c.list_sandboxes()
     assert seen == ["Bearer found", "Bearer from-env", "Bearer given"]
+
+
+# -- principals ------------------------------------------------------------
+
+
+def test_owners_env_names_and_whoami_parse():
+    snap = corral.Snapshot.from_json(
+        {
+            "name": "alice/repo-ready",
+            "owner": "tenant:alice",
+            "read_only": True,
+            "env_names": ["API_KEY", "MODE"],
+            "image": "corral-snapshot/alice:repo-ready",
+            "durable": True,
+        }
+    )
+    assert (snap.name, snap.owner, snap.read_only, snap.env_names) == (
+        "alice/repo-ready", "tenant:alice", True, ["API_KEY", "MODE"]
+    )
+    # An older service's answer: no owner, nothing read-only, no names.
+    old = corral.Snapshot.from_json({"name": "s", "image": "corral-snapshot:s"})
+    assert (old.owner, old.read_only, old.env_names) == (None, False, [])
+    info = corral.SandboxInfo.from_json({"id": "ep-1", "owner": "mcp:alice:mcp-0a"})
+    assert info.owner == "mcp:alice:mcp-0a"
+    assert corral.SandboxInfo.from_json({"id": "ep-1"}).owner is None
+
+    me = corral.WhoAmI.from_json(
+        {"principal": "tenant:bob", "tenant": "bob", "max_sandboxes": 1, "max_snapshots": None,
+         "max_snapshot_bytes": 1073741824}
+    )
+    assert (me.principal, me.tenant, me.max_sandboxes, me.max_snapshots, me.max_snapshot_bytes) == (
+        "tenant:bob", "bob", 1, None, 1 << 30
+    )
+    assert not me.is_operator
+    op = corral.WhoAmI.from_json({"principal": "operator", "tenant": None})
+    assert op.is_operator and op.tenant is None and op.max_sandboxes is None
+    assert "WhoAmI" in corral.__all__
+
+
+def test_fork_sends_env_only_when_given_and_whoami_is_a_get():
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path, json.loads(request.content) if request.content else None))
+        if request.url.path == "/v1/whoami":
+            return httpx.Response(200, json={"principal": "tenant:default", "tenant": "default"})
+        return httpx.Response(201, json={"sandboxes": [{"id": "f-0"}]})
+
+    with corral.Client("http://corral.test", transport=httpx.MockTransport(handler), retry=FAST) as c:
+        assert c.whoami().tenant == "default"
+        (fork,) = c.fork("snap", env={"API_KEY": "x", "N": 1})
+        assert fork.id == "f-0"
+        c.fork("snap", 2, session_prefix="ep")
+        with pytest.raises(TypeError):
+            c.fork("snap", env="API_KEY=x")  # type: ignore[arg-type]
+    assert seen == [
+        ("GET", "/v1/whoami", None),
+        ("POST", "/v1/snapshots/snap/fork", {"count": 1, "env": {"API_KEY": "x", "N": "1"}}),
+        ("POST", "/v1/snapshots/snap/fork", {"count": 2, "session_prefix": "ep"}),
+    ]
+
+
+@pytest.mark.asyncio
+async def test_async_fork_sends_env_and_whoami_parses():
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, json.loads(request.content) if request.content else None))
+        if request.url.path == "/v1/whoami":
+            return httpx.Response(200, json={"principal": "operator", "tenant": None})
+        return httpx.Response(201, json={"sandboxes": [{"id": "f-0"}]})
+
+    async with corral.AsyncClient("http://corral.test", transport=httpx.MockTransport(handler)) as c:
+        assert (await c.whoami()).is_operator
+        (fork,) = await c.fork("snap", env={"API_KEY": "x"})
+        assert fork.id == "f-0"
+    assert seen == [("/v1/whoami", None), ("/v1/snapshots/snap/fork", {"count": 1, "env": {"API_KEY": "x"}})]

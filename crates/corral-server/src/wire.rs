@@ -443,7 +443,7 @@ impl SnapshotBody {
 /// Body of `GET /v1/snapshots`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct SnapshotList {
-    /// Every snapshot on the daemon, by name.
+    /// The snapshots the caller may see, by name.
     pub snapshots: Vec<SnapshotBody>,
 }
 

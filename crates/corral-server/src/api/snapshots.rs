@@ -201,7 +201,8 @@ pub(super) async fn take_snapshot(
     ))
 }
 
-/// Every snapshot on the daemon (those of the CLI and other services too).
+/// The caller's snapshots and the operator's shared with it (read-only); the
+/// operator sees every principal's, named `NAMESPACE/NAME`.
 #[utoipa::path(
     get, path = "/v1/snapshots", tag = "snapshots",
     responses((status = 200, body = SnapshotList), (status = 503, description = "Daemon unavailable (retryable)", body = ErrorBody), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
