@@ -20,6 +20,7 @@ pub mod paths;
 pub mod policy;
 pub mod pool;
 pub mod protocol;
+pub mod server_limits;
 pub mod snapshot;
 pub mod spec;
 pub mod units;
