@@ -86,8 +86,9 @@ impl AppState {
         config: Config,
         default_image: String,
     ) -> AppState {
-        let metrics = Metrics::new(provider.clone(), runtime.clone());
+        let mut metrics = Metrics::new(provider.clone(), runtime.clone());
         let ceilings = Ceilings::new(&config.server.limits, config.server.max_body_bytes);
+        metrics.watch_ceilings(ceilings.clone());
         AppState {
             inner: Arc::new(Shared {
                 provider,

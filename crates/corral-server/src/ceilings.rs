@@ -32,6 +32,7 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -71,7 +72,28 @@ struct Inner {
     limits: ServerLimits,
     max_body: u64,
     budget: Arc<Semaphore>,
+    /// Permits `budget` started with.
+    budget_permits: usize,
     slots: Arc<Semaphore>,
+    /// Requests refused because the budget was full.
+    refused_budget: AtomicU64,
+    /// Requests refused because every slot was taken.
+    refused_slots: AtomicU64,
+}
+
+/// What the ceilings hold now, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// Bytes reserved by requests in flight (whole KiB).
+    pub reserved_bytes: u64,
+    /// The budget (`server.limits.buffer_bytes`).
+    pub budget_bytes: u64,
+    /// Commands, file operations and tool calls in flight.
+    pub in_flight: u64,
+    /// Requests refused since start because the budget was full.
+    pub refused_budget: u64,
+    /// Requests refused since start because every slot was taken.
+    pub refused_slots: u64,
 }
 
 /// A request field above its ceiling.
@@ -152,7 +174,10 @@ impl Ceilings {
     /// The ceilings of `limits`, for request bodies of up to `max_body`
     /// bytes (`server.max_body_bytes`).
     pub fn new(limits: &ServerLimits, max_body: u64) -> Ceilings {
-        let permits = usize::try_from(limits.buffer_bytes / PERMIT_BYTES)
+        // Rounded up, plus one: a request's body and its own reservation
+        // are each rounded up to whole KiB, and a request at the ceilings
+        // that `ServerLimits::validate` found to fit must fit here too.
+        let permits = usize::try_from(limits.buffer_bytes.div_ceil(PERMIT_BYTES) + 1)
             .unwrap_or(usize::MAX)
             .min(Semaphore::MAX_PERMITS);
         let slots = usize::try_from(limits.max_concurrent)
@@ -163,7 +188,10 @@ impl Ceilings {
                 limits: limits.clone(),
                 max_body,
                 budget: Arc::new(Semaphore::new(permits)),
+                budget_permits: permits,
                 slots: Arc::new(Semaphore::new(slots)),
+                refused_budget: AtomicU64::new(0),
+                refused_slots: AtomicU64::new(0),
             }),
         }
     }
@@ -171,6 +199,21 @@ impl Ceilings {
     /// The ceilings.
     pub fn limits(&self) -> &ServerLimits {
         &self.inner.limits
+    }
+
+    /// What is reserved now, and how often requests were refused.
+    pub fn usage(&self) -> Usage {
+        let inner = &self.inner;
+        let free = inner.budget.available_permits();
+        let slots = usize::try_from(inner.limits.max_concurrent).unwrap_or(usize::MAX);
+        let taken = slots.saturating_sub(inner.slots.available_permits());
+        Usage {
+            reserved_bytes: (inner.budget_permits.saturating_sub(free) as u64) * PERMIT_BYTES,
+            budget_bytes: inner.limits.buffer_bytes,
+            in_flight: taken as u64,
+            refused_budget: inner.refused_budget.load(Ordering::Relaxed),
+            refused_slots: inner.refused_slots.load(Ordering::Relaxed),
+        }
     }
 
     /// `max_output` (request field `field`): `default` (at most the
@@ -282,21 +325,21 @@ impl Ceilings {
     fn reserve(&self, bytes: u64, slot: bool) -> Result<Reservation, Busy> {
         let inner = &self.inner;
         let slot = if slot {
-            Some(
-                inner
-                    .slots
-                    .clone()
-                    .try_acquire_owned()
-                    .map_err(|_| Busy::Slots {
-                        max: inner.limits.max_concurrent,
-                    })?,
-            )
+            Some(inner.slots.clone().try_acquire_owned().map_err(|_| {
+                inner.refused_slots.fetch_add(1, Ordering::Relaxed);
+                Busy::Slots {
+                    max: inner.limits.max_concurrent,
+                }
+            })?)
         } else {
             None
         };
-        let busy = || Busy::Budget {
-            needed: bytes,
-            budget: inner.limits.buffer_bytes,
+        let busy = || {
+            inner.refused_budget.fetch_add(1, Ordering::Relaxed);
+            Busy::Budget {
+                needed: bytes,
+                budget: inner.limits.buffer_bytes,
+            }
         };
         let permits = bytes.div_ceil(PERMIT_BYTES);
         let bytes = if permits == 0 {
@@ -532,6 +575,26 @@ mod tests {
     }
 
     #[test]
+    fn a_request_at_the_ceilings_fits_the_smallest_valid_budget() {
+        // Sizes that are not whole KiB, so every reservation rounds up.
+        let mut limits = ServerLimits {
+            max_output: 1000,
+            max_stdin_bytes: 1001,
+            max_read_bytes: 10,
+            ..ServerLimits::default()
+        };
+        let max_body = 1003;
+        limits.buffer_bytes = limits.largest_request(max_body);
+        limits.validate(max_body).expect("valid");
+        let c = Ceilings::new(&limits, max_body);
+        let body = c.reserve(max_body, false).expect("the body");
+        let _command = c
+            .command(1000, 1001, true)
+            .expect("the largest command beside its body");
+        drop(body);
+    }
+
+    #[test]
     fn the_budget_and_the_slots_refuse_what_does_not_fit_and_come_back() {
         let limits = ServerLimits {
             max_concurrent: 2,
@@ -545,8 +608,12 @@ mod tests {
         let b = c.file(10 << 10).expect("fits");
         let e = c.command(1, 0, false).err().expect("no slot left");
         assert_eq!(e, Busy::Slots { max: 2 });
+        let now = c.usage();
+        assert_eq!((now.reserved_bytes, now.in_flight), (94 << 10, 2));
+        assert_eq!((now.refused_slots, now.refused_budget), (1, 0));
         drop(b);
-        // 4 x 21 KiB streamed: 84 KiB, more than the 80 left.
+        // 4 x 21 KiB streamed: 84 KiB, more than the 80 (and one of
+        // rounding slack) left.
         let e = c.command(21 << 10, 0, true).err().expect("over the budget");
         assert_eq!(
             e,
@@ -572,5 +639,48 @@ mod tests {
         drop(kept);
         c.command(21 << 10, 0, true)
             .expect("the budget is free again");
+    }
+
+    #[tokio::test]
+    async fn a_response_holds_its_reservation_until_its_last_piece_is_taken() {
+        use http_body_util::BodyExt;
+        let limits = ServerLimits {
+            buffer_bytes: 100 << 10,
+            ..ServerLimits::default()
+        };
+        let c = Ceilings::new(&limits, 1024);
+        let answer = vec![7u8; 3 * CHUNK + 10];
+        let mut body = HeldBody {
+            inner: Body::from(answer.clone()),
+            pending: None,
+            held: Some(c.command(40 << 10, 0, false).expect("80 KiB")),
+        };
+        assert_eq!(body.size_hint().exact(), Some(answer.len() as u64));
+        let mut got = Vec::new();
+        while got.len() < 3 * CHUNK {
+            let frame = body.frame().await.expect("a frame").expect("data");
+            let data = frame.into_data().expect("data");
+            assert!(data.len() <= CHUNK);
+            got.extend_from_slice(&data);
+            // A slow reader has not taken the rest: still reserved.
+            assert!(c.command(40 << 10, 0, false).is_err());
+        }
+        let last = body.frame().await.expect("the last piece").expect("data");
+        got.extend_from_slice(&last.into_data().expect("data"));
+        assert_eq!(got, answer);
+        assert!(body.is_end_stream());
+        let again = c
+            .command(40 << 10, 0, false)
+            .expect("released with the last piece");
+        // A client that goes away mid-answer releases it too.
+        let dropped = HeldBody {
+            inner: Body::from(answer),
+            pending: None,
+            held: Some(again),
+        };
+        assert!(c.command(40 << 10, 0, false).is_err());
+        drop(dropped);
+        c.command(40 << 10, 0, false)
+            .expect("released with the body");
     }
 }

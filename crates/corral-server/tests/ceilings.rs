@@ -176,6 +176,15 @@ async fn commands_past_the_buffer_budget_are_refused_typed_and_room_comes_back()
             "{head}"
         );
     }
+    // The operator sees it: the refusals, and what is held.
+    let m = svc.send(svc.req("GET", "/metrics")).await;
+    assert!(
+        m.text
+            .contains("corral_server_overloaded_total{limit=\"buffer_bytes\"} 2\n")
+            && m.text.contains("corral_server_in_flight 2"),
+        "{}",
+        m.text
+    );
     // A command that fits beside them runs; nothing of the refused ones did.
     let r = svc
         .send(exec(
