@@ -27,6 +27,7 @@ __all__ = [
     "ConflictError",
     "SnapshotNotFoundError",
     "ServiceUnavailableError",
+    "ServiceOverloadedError",
     "AuthenticationError",
     "InvalidRequestError",
     "InvalidSpecError",
@@ -113,6 +114,17 @@ class ServiceUnavailableError(CorralError):
     timed out) or is shutting down. Retryable."""
 
     default_kind = "service_unavailable"
+    default_retryable = True
+
+
+class ServiceOverloadedError(ServiceUnavailableError):
+    """503 ``overloaded``: the service's own ceilings on work in flight
+    (``server.limits``: its buffer budget or its concurrent commands) are
+    reached, and nothing of the request ran, so sending it again is safe.
+    Retryable once requests in flight finish; the answer carries
+    ``Retry-After``."""
+
+    default_kind = "overloaded"
     default_retryable = True
 
 
@@ -328,6 +340,7 @@ _BY_KIND: Dict[str, Type[CorralError]] = {
     "protocol_violation": ProtocolViolationError,
     "internal": InternalError,
     "shutting_down": ServiceUnavailableError,
+    "overloaded": ServiceOverloadedError,
     "service_unavailable": ServiceUnavailableError,
 }
 

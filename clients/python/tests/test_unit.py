@@ -101,6 +101,7 @@ def test_result_parsing_decodes_base64_and_failure():
         (503, "daemon_unavailable", corral.DaemonUnavailableError, True),
         (503, "capacity", corral.CapacityError, True),
         (503, "shutting_down", corral.ServiceUnavailableError, True),
+        (503, "overloaded", corral.ServiceOverloadedError, True),
         (500, "internal", corral.InternalError, False),
         (502, "agent_error", corral.AgentError, True),
         (502, "protocol_violation", corral.ProtocolViolationError, False),

@@ -27,6 +27,7 @@ use crate::breaker::BreakerConfig;
 use crate::client_policy::ClientPolicy;
 use crate::policy::{Recovery, RetryPolicy};
 use crate::pool::ProviderConfig;
+use crate::server_limits::ServerLimits;
 use crate::spec::{HostView, SandboxSpec, SpecError};
 
 /// The example configuration shipped at `examples/corral.yaml`: every key
@@ -353,6 +354,9 @@ pub struct ServerConfig {
     pub mcp_profile: Option<String>,
     /// What API clients may ask for in a sandbox spec.
     pub policy: ClientPolicy,
+    /// Ceilings on what one request may ask for, and the bytes all
+    /// requests in flight may hold together.
+    pub limits: ServerLimits,
 }
 
 /// One tenant of the service (`server.tenants.NAME`).
@@ -425,6 +429,7 @@ impl Default for ServerConfig {
             max_body_bytes: 64 << 20,
             mcp_profile: None,
             policy: ClientPolicy::default(),
+            limits: ServerLimits::default(),
         }
     }
 }
@@ -517,6 +522,9 @@ impl ServerConfig {
                 ));
             }
         }
+        self.limits.validate(self.max_body_bytes).map_err(|e| {
+            ConfigError::invalid(format!("server.limits.{}", e.key), e.value, e.reason)
+        })?;
         self.validate_policy()
     }
 

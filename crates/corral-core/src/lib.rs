@@ -21,6 +21,7 @@ pub mod policy;
 pub mod pool;
 pub mod principal;
 pub mod protocol;
+pub mod server_limits;
 pub mod snapshot;
 pub mod spec;
 pub mod units;

@@ -29,6 +29,7 @@ use utoipa::{IntoParams, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::ceilings::{Ceilings, Reservation, TimeUnit};
 use crate::error::ApiError;
 use crate::guard::{require_json, Caller};
 use crate::metrics::Metrics;
@@ -63,6 +64,8 @@ struct Shared {
     tenancy: Tenancy,
     metrics: Metrics,
     closing: AtomicBool,
+    /// `server.limits`: what one request may ask for, and the budget.
+    ceilings: Ceilings,
 }
 
 #[derive(Clone)]
@@ -91,7 +94,9 @@ impl AppState {
         config: Config,
         default_image: String,
     ) -> AppState {
-        let metrics = Metrics::new(provider.clone(), runtime.clone());
+        let mut metrics = Metrics::new(provider.clone(), runtime.clone());
+        let ceilings = Ceilings::new(&config.server.limits, config.server.max_body_bytes);
+        metrics.watch_ceilings(ceilings.clone());
         let tenancy = Tenancy::new(&config.server, provider.clone());
         AppState {
             inner: Arc::new(Shared {
@@ -103,6 +108,7 @@ impl AppState {
                 sessions: Mutex::new(BTreeMap::new()),
                 metrics,
                 closing: AtomicBool::new(false),
+                ceilings,
             }),
         }
     }
@@ -121,6 +127,11 @@ impl AppState {
     /// (shared with the MCP endpoint).
     pub fn tenancy(&self) -> &Tenancy {
         &self.inner.tenancy
+    }
+
+    /// The ceilings and budget every request goes through (MCP's too).
+    pub fn ceilings(&self) -> &Ceilings {
+        &self.inner.ceilings
     }
 
     /// Refuses new work from now on (requests in flight go on).
@@ -286,15 +297,20 @@ fn duration_ms(field: &str, ms: Option<u64>) -> Result<Option<Duration>, ApiErro
     }
 }
 
-fn max_output(v: Option<u64>) -> Result<u64, ApiError> {
+fn max_output(c: &Ceilings, v: Option<u64>) -> Result<u64, ApiError> {
     match v {
         Some(0) => Err(ApiError::invalid(
             "max_output",
             "max_output 0 must be at least 1",
         )),
-        Some(n) => Ok(n),
-        None => Ok(corral_core::command::DEFAULT_MAX_OUTPUT),
+        v => Ok(c.max_output("max_output", v, corral_core::command::DEFAULT_MAX_OUTPUT)?),
     }
+}
+
+/// `timeout_ms` within the ceiling; none takes the ceiling.
+fn timeout_ms(c: &Ceilings, ms: Option<u64>) -> Result<Duration, ApiError> {
+    let asked = duration_ms("timeout_ms", ms)?;
+    Ok(c.timeout("timeout_ms", asked, None, TimeUnit::Millis)?)
 }
 
 /// The outcome of a command sent to a sandbox whose container was lost.
@@ -314,8 +330,8 @@ fn merge(base: &mut serde_json::Value, patch: serde_json::Value) {
     }
 }
 
-/// The command of an exec request, validated.
-fn command(req: ExecRequest) -> Result<CommandSpec, ApiError> {
+/// The command of an exec request, validated and within the ceilings.
+fn command(req: ExecRequest, c: &Ceilings) -> Result<CommandSpec, ApiError> {
     let mut cmd = match (req.command, req.argv) {
         (Some(c), None) => CommandSpec::shell(c),
         (None, Some(argv)) if !argv.is_empty() => CommandSpec::argv(argv),
@@ -333,8 +349,8 @@ fn command(req: ExecRequest) -> Result<CommandSpec, ApiError> {
             ))
         }
     };
-    cmd.timeout = duration_ms("timeout_ms", req.timeout_ms)?;
-    cmd.max_output = max_output(req.max_output)?;
+    cmd.timeout = Some(timeout_ms(c, req.timeout_ms)?);
+    cmd.max_output = max_output(c, req.max_output)?;
     cmd.cwd = req.cwd;
     cmd.exclusive = req.exclusive;
     cmd.wait_for_output = req.wait_for_output;
@@ -347,6 +363,7 @@ fn command(req: ExecRequest) -> Result<CommandSpec, ApiError> {
         }
         cmd.env.push((name, value));
     }
+    let stdin_base64 = req.stdin_base64.is_some();
     cmd.stdin = match (req.stdin, req.stdin_base64) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
@@ -364,6 +381,14 @@ fn command(req: ExecRequest) -> Result<CommandSpec, ApiError> {
         ),
         (None, None) => None,
     };
+    if let Some(stdin) = &cmd.stdin {
+        let field = if stdin_base64 {
+            "stdin_base64"
+        } else {
+            "stdin"
+        };
+        c.stdin(field, stdin.len() as u64)?;
+    }
     Ok(cmd)
 }
 
@@ -743,7 +768,8 @@ async fn reset_sandbox(
     request_body = ExecRequest,
     responses(
         (status = 200, body = CommandOutcome),
-        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 400, description = "A bad field, or one above the service's ceiling (`server.limits`): named in `field`, with its value and the ceiling in `message`", body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 503, description = "Overloaded: the service's ceilings on work in flight (`server.limits.buffer_bytes`, `max_concurrent`) are reached and nothing ran (`overloaded`, retryable, with `Retry-After`); or shutting down", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait before trying again, with kind `overloaded`"))),
         (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody), (status = 415, description = "A JSON body not sent as application/json", body = ErrorBody),
     )
 )]
@@ -752,14 +778,18 @@ async fn exec(
     Caller(caller): Caller,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<ExecRequest>,
-) -> Result<Json<CommandOutcome>, ApiError> {
-    let cmd = command(req)?;
+) -> Result<(Reservation, Json<CommandOutcome>), ApiError> {
+    let cmd = command(req, s.ceilings())?;
+    let held = s.ceilings().exec(&cmd, false)?;
     let (result, sandbox_id) = match s.leased(&caller, &id).await? {
         Leased::Live(lease) => (lease.run(&cmd).await, Some(lease.id().to_string())),
         Leased::Lost(f) => (lost(f), None),
     };
     s.inner.metrics.command("exec", &result);
-    Ok(Json(CommandOutcome::new(&result, sandbox_id.as_deref())))
+    Ok((
+        held,
+        Json(CommandOutcome::new(&result, sandbox_id.as_deref())),
+    ))
 }
 
 /// Run a command and stream its output as server-sent events: `stdout` and
@@ -772,7 +802,8 @@ async fn exec(
     request_body = ExecRequest,
     responses(
         (status = 200, content_type = "text/event-stream", description = "Events `stdout`/`stderr` (OutputChunk), then `result` (CommandOutcome)"),
-        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 400, description = "A bad field, or one above the service's ceiling (`server.limits`): named in `field`, with its value and the ceiling in `message`", body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 503, description = "Overloaded: the service's ceilings on work in flight (`server.limits.buffer_bytes`, `max_concurrent`) are reached and nothing ran (`overloaded`, retryable, with `Retry-After`); or shutting down", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait before trying again, with kind `overloaded`"))),
         (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody), (status = 415, description = "A JSON body not sent as application/json", body = ErrorBody),
     )
 )]
@@ -781,8 +812,17 @@ async fn exec_stream(
     Caller(caller): Caller,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<ExecRequest>,
-) -> Result<Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let cmd = command(req)?;
+) -> Result<
+    (
+        Reservation,
+        Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>>,
+    ),
+    ApiError,
+> {
+    let cmd = command(req, s.ceilings())?;
+    // Held by the response body (chunks a slow reader has not taken) and
+    // by the task below (the output it gathers), until both are done.
+    let held = s.ceilings().exec(&cmd, true)?;
     let lease = match s.leased(&caller, &id).await? {
         Leased::Live(lease) => lease,
         Leased::Lost(f) => {
@@ -794,9 +834,13 @@ async fn exec_stream(
                 .map_err(|e| ApiError::invalid("body", e.to_string()))?;
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             let _ = tx.send(Ok(event));
-            return Ok(Sse::new(UnboundedReceiverStream::new(rx)).keep_alive(KeepAlive::default()));
+            return Ok((
+                held,
+                Sse::new(UnboundedReceiverStream::new(rx)).keep_alive(KeepAlive::default()),
+            ));
         }
     };
+    let task_held = held.clone();
     // Output is capped by the agent, so this channel holds at most about
     // twice max_output.
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<Event, Infallible>>();
@@ -837,6 +881,8 @@ async fn exec_stream(
             }
         };
         s.inner.metrics.command("stream", &result);
+        // The output is in the result now; the response body's hold covers it.
+        drop(task_held);
         if let Ok(event) = Event::default()
             .event("result")
             .json_data(CommandOutcome::new(&result, Some(sandbox_id.as_str())))
@@ -844,7 +890,10 @@ async fn exec_stream(
             let _ = tx.send(Ok(event));
         }
     });
-    Ok(Sse::new(UnboundedReceiverStream::new(rx)).keep_alive(KeepAlive::default()))
+    Ok((
+        held,
+        Sse::new(UnboundedReceiverStream::new(rx)).keep_alive(KeepAlive::default()),
+    ))
 }
 
 /// Run a command in a stateful shell session (created on first use).
@@ -855,20 +904,24 @@ async fn exec_stream(
         ("name" = String, Path, description = "Session name, e.g. main"),
     ),
     request_body = ShellExecRequest,
-    responses((status = 200, body = ShellOutcome), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody), (status = 415, description = "A JSON body not sent as application/json", body = ErrorBody))
+    responses((status = 200, body = ShellOutcome), (status = 400, description = "A bad field, or one above the service's ceiling (`server.limits`): named in `field`, with its value and the ceiling in `message`", body = ErrorBody), (status = 404, body = ErrorBody), (status = 503, description = "Overloaded: the service's ceilings on work in flight (`server.limits.buffer_bytes`, `max_concurrent`) are reached and nothing ran (`overloaded`, retryable, with `Retry-After`); or shutting down", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait before trying again, with kind `overloaded`"))), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody), (status = 415, description = "A JSON body not sent as application/json", body = ErrorBody))
 )]
 async fn shell_exec(
     State(s): State<AppState>,
     Caller(caller): Caller,
     Path((id, name)): Path<(String, String)>,
     JsonBody(req): JsonBody<ShellExecRequest>,
-) -> Result<Json<ShellOutcome>, ApiError> {
+) -> Result<(Reservation, Json<ShellOutcome>), ApiError> {
     check_name("name", &name)?;
-    let timeout = duration_ms("timeout_ms", req.timeout_ms)?;
-    let cap = max_output(req.max_output)?;
+    let timeout = timeout_ms(s.ceilings(), req.timeout_ms)?;
+    let cap = max_output(s.ceilings(), req.max_output)?;
+    let held = s.ceilings().command(cap, 0, false)?;
     let (r, sandbox_id) = match s.leased(&caller, &id).await? {
         Leased::Live(lease) => (
-            lease.shell(&name).run(&req.command, timeout, cap).await,
+            lease
+                .shell(&name)
+                .run(&req.command, Some(timeout), cap)
+                .await,
             Some(lease.id().to_string()),
         ),
         Leased::Lost(f) => (
@@ -883,13 +936,14 @@ async fn shell_exec(
         ),
     };
     s.inner.metrics.command("shell", &r.result);
-    Ok(Json(ShellOutcome {
+    let outcome = ShellOutcome {
         result: CommandOutcome::new(&r.result, sandbox_id.as_deref()),
         restarted: r.restarted,
         ended: r.ended,
         dropped_between_bytes: r.dropped_between_bytes,
         trusted: r.trusted,
-    }))
+    };
+    Ok((held, Json(outcome)))
 }
 
 /// Open shell sessions.
@@ -946,7 +1000,8 @@ struct FileQuery {
     /// Create missing parent directories.
     #[serde(default)]
     mkdirs: bool,
-    /// Largest file or archive read, in bytes (default 64 MiB).
+    /// Largest file or archive read, in bytes (default 64 MiB, at most
+    /// the service's `server.limits.max_read_bytes`).
     max_bytes: Option<u64>,
 }
 
@@ -964,16 +1019,21 @@ fn file_query(q: QueryResult) -> Result<FileQuery, ApiError> {
 type QueryResult = Result<Query<FileQuery>, axum::extract::rejection::QueryRejection>;
 
 /// A file operation's query, options and sandbox, each checked.
+/// A write passes the `written` bytes of its body; a read reserves its
+/// `max_bytes`.
 async fn file_call(
     s: &AppState,
     caller: &Principal,
     id: &str,
     q: QueryResult,
-) -> Result<(FileQuery, FileOptions, Lease), ApiError> {
+    written: Option<usize>,
+) -> Result<(FileQuery, FileOptions, Lease, Reservation), ApiError> {
     let q = file_query(q)?;
     let opts = q.options(s)?;
+    let payload = written.map_or(opts.max_bytes, |n| n as u64);
+    let held = s.ceilings().file(payload)?;
     let lease = s.lease(caller, id).await?;
-    Ok((q, opts, lease))
+    Ok((q, opts, lease, held))
 }
 
 impl FileQuery {
@@ -994,8 +1054,11 @@ impl FileQuery {
                     "max_bytes 0 must be at least 1",
                 ))
             }
-            Some(n) => n,
-            None => DEFAULT_READ_CAP.max(s.inner.config.server.max_body_bytes),
+            asked => s.ceilings().read_bytes(
+                "max_bytes",
+                asked,
+                DEFAULT_READ_CAP.max(s.inner.config.server.max_body_bytes),
+            )?,
         };
         Ok(FileOptions {
             mode,
@@ -1011,7 +1074,7 @@ impl FileQuery {
     put, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), FileQuery),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    responses((status = 204, description = "Written"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
+    responses((status = 204, description = "Written"), (status = 400, description = "A bad field, or one above the service's ceiling (`server.limits`): named in `field`, with its value and the ceiling in `message`", body = ErrorBody), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody), (status = 503, description = "Overloaded: the service's ceilings on work in flight (`server.limits.buffer_bytes`, `max_concurrent`) are reached and nothing ran (`overloaded`, retryable, with `Retry-After`); or shutting down", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait before trying again, with kind `overloaded`"))), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
 )]
 async fn write_file(
     State(s): State<AppState>,
@@ -1020,7 +1083,7 @@ async fn write_file(
     q: QueryResult,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let (q, opts, lease) = file_call(&s, &caller, &id, q).await?;
+    let (q, opts, lease, _held) = file_call(&s, &caller, &id, q, Some(body.len())).await?;
     lease
         .write_file(&q.path, &body, &opts)
         .await
@@ -1034,7 +1097,8 @@ async fn write_file(
     params(("id" = String, Path, description = "Sandbox id"), FileQuery),
     responses(
         (status = 200, content_type = "application/octet-stream", body = Vec<u8>),
-        (status = 404, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 400, description = "A bad field, or one above the service's ceiling (`server.limits`): named in `field`, with its value and the ceiling in `message`", body = ErrorBody), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 503, description = "Overloaded: the service's ceilings on work in flight (`server.limits.buffer_bytes`, `max_concurrent`) are reached and nothing ran (`overloaded`, retryable, with `Retry-After`); or shutting down", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait before trying again, with kind `overloaded`"))),
         (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody),
     )
 )]
@@ -1044,35 +1108,41 @@ async fn read_file(
     Path(id): Path<String>,
     q: QueryResult,
 ) -> Result<Response, ApiError> {
-    let (q, opts, lease) = file_call(&s, &caller, &id, q).await?;
+    let (q, opts, lease, held) = file_call(&s, &caller, &id, q, None).await?;
     let bytes = lease
         .read_file(&q.path, &opts)
         .await
         .map_err(|e| ApiError::file(&e))?;
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+    Ok((
+        held,
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        bytes,
+    )
+        .into_response())
 }
 
 /// List a directory: entries sorted by name, symlinks not followed.
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), FileQuery),
-    responses((status = 200, body = DirListing), (status = 404, body = ErrorBody), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
+    responses((status = 200, body = DirListing), (status = 400, description = "A bad field, or one above the service's ceiling (`server.limits`): named in `field`, with its value and the ceiling in `message`", body = ErrorBody), (status = 404, body = ErrorBody), (status = 503, description = "Overloaded: the service's ceilings on work in flight (`server.limits.buffer_bytes`, `max_concurrent`) are reached and nothing ran (`overloaded`, retryable, with `Retry-After`); or shutting down", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait before trying again, with kind `overloaded`"))), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
 )]
 async fn list_files(
     State(s): State<AppState>,
     Caller(caller): Caller,
     Path(id): Path<String>,
     q: QueryResult,
-) -> Result<Json<DirListing>, ApiError> {
-    let (q, opts, lease) = file_call(&s, &caller, &id, q).await?;
+) -> Result<(Reservation, Json<DirListing>), ApiError> {
+    let (q, opts, lease, held) = file_call(&s, &caller, &id, q, None).await?;
     let entries = lease
         .list_dir(&q.path, &opts)
         .await
         .map_err(|e| ApiError::file(&e))?;
-    Ok(Json(DirListing {
+    let listing = DirListing {
         path: q.path,
         entries: entries.iter().map(DirEntryBody::from).collect(),
-    }))
+    };
+    Ok((held, Json(listing)))
 }
 
 /// Extract a tar archive under a directory (created if missing). Entries
@@ -1081,7 +1151,7 @@ async fn list_files(
     put, path = "/v1/sandboxes/{id}/archive", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), FileQuery),
     request_body(content = Vec<u8>, content_type = "application/x-tar"),
-    responses((status = 204, description = "Extracted"), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
+    responses((status = 204, description = "Extracted"), (status = 400, description = "A bad field, or one above the service's ceiling (`server.limits`): named in `field`, with its value and the ceiling in `message`", body = ErrorBody), (status = 413, body = ErrorBody), (status = 503, description = "Overloaded: the service's ceilings on work in flight (`server.limits.buffer_bytes`, `max_concurrent`) are reached and nothing ran (`overloaded`, retryable, with `Retry-After`); or shutting down", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait before trying again, with kind `overloaded`"))), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
 )]
 async fn upload_archive(
     State(s): State<AppState>,
@@ -1090,7 +1160,7 @@ async fn upload_archive(
     q: QueryResult,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let (q, opts, lease) = file_call(&s, &caller, &id, q).await?;
+    let (q, opts, lease, _held) = file_call(&s, &caller, &id, q, Some(body.len())).await?;
     lease
         .upload_tar(&q.path, &body, &opts)
         .await
@@ -1104,7 +1174,8 @@ async fn upload_archive(
     params(("id" = String, Path, description = "Sandbox id"), FileQuery),
     responses(
         (status = 200, content_type = "application/x-tar", body = Vec<u8>),
-        (status = 404, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 400, description = "A bad field, or one above the service's ceiling (`server.limits`): named in `field`, with its value and the ceiling in `message`", body = ErrorBody), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 503, description = "Overloaded: the service's ceilings on work in flight (`server.limits.buffer_bytes`, `max_concurrent`) are reached and nothing ran (`overloaded`, retryable, with `Retry-After`); or shutting down", body = ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait before trying again, with kind `overloaded`"))),
         (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody),
     )
 )]
@@ -1114,12 +1185,12 @@ async fn download_archive(
     Path(id): Path<String>,
     q: QueryResult,
 ) -> Result<Response, ApiError> {
-    let (q, opts, lease) = file_call(&s, &caller, &id, q).await?;
+    let (q, opts, lease, held) = file_call(&s, &caller, &id, q, None).await?;
     let bytes = lease
         .download_tar(&q.path, &opts)
         .await
         .map_err(|e| ApiError::file(&e))?;
-    Ok(([(header::CONTENT_TYPE, "application/x-tar")], bytes).into_response())
+    Ok((held, [(header::CONTENT_TYPE, "application/x-tar")], bytes).into_response())
 }
 
 /// Is the service up, and does the daemon answer?
@@ -1207,7 +1278,10 @@ snapshots (plus the operator's `server.shared_snapshots`, read-only): anything e
 (`GET /v1/whoami` says who you are). Requests with a browser `Origin` not in `server.allowed_origins`, or a `Host` \
 that is not the service's, are refused (403); JSON bodies must be sent as `application/json` \
 (415). What a client may put in a sandbox spec is limited by the service's policy: a refused \
-field is a 403 naming it.",
+field is a 403 naming it. The operator's ceilings (`server.limits`) bound what one request may ask \
+for (`max_output`, `timeout_ms`, stdin, `max_bytes`: above one is a 400 naming the field, its value \
+and the ceiling) and what all requests in flight hold together: past that budget a request is \
+refused before anything runs with 503 `overloaded` (retryable, `Retry-After`).",
     ),
     components(schemas(OutputChunk, ErrorDetail, FailureBody, ContainerStateBody)),
     tags(
@@ -1310,7 +1384,8 @@ mod tests {
 
     #[test]
     fn exec_requests_are_checked_field_by_field() {
-        let bad = |req: ExecRequest| command(req).expect_err("rejected").detail;
+        let c = Ceilings::new(&Default::default(), 64 << 20);
+        let bad = |req: ExecRequest| command(req, &c).expect_err("rejected").detail;
         let e = bad(ExecRequest::default());
         assert_eq!(e.field.as_deref(), Some("command"));
         let e = bad(ExecRequest {
@@ -1336,12 +1411,15 @@ mod tests {
             ..ExecRequest::default()
         });
         assert_eq!(e.field.as_deref(), Some("env.A=B"));
-        let ok = command(ExecRequest {
-            argv: Some(vec!["cat".into()]),
-            stdin_base64: Some("aGk=".into()),
-            timeout_ms: Some(1500),
-            ..ExecRequest::default()
-        })
+        let ok = command(
+            ExecRequest {
+                argv: Some(vec!["cat".into()]),
+                stdin_base64: Some("aGk=".into()),
+                timeout_ms: Some(1500),
+                ..ExecRequest::default()
+            },
+            &c,
+        )
         .expect("valid");
         assert_eq!(ok.stdin.as_deref(), Some(&b"hi"[..]));
         assert_eq!(ok.timeout, Some(Duration::from_millis(1500)));
@@ -1351,7 +1429,38 @@ mod tests {
         );
         let body = r#"{"command": "true", "wait_for_output": true}"#;
         let req: ExecRequest = serde_json::from_str(body).expect("parses");
-        assert!(command(req).expect("valid").wait_for_output);
+        assert!(command(req, &c).expect("valid").wait_for_output);
+        let plain = command(
+            ExecRequest {
+                command: Some("true".into()),
+                ..ExecRequest::default()
+            },
+            &c,
+        )
+        .expect("valid");
+        assert_eq!(
+            plain.timeout,
+            Some(Duration::from_millis(c.limits().max_timeout_ms)),
+            "no timeout takes the ceiling"
+        );
+        assert_eq!(plain.max_output, corral_core::command::DEFAULT_MAX_OUTPUT);
+        let e = bad(ExecRequest {
+            command: Some("true".into()),
+            max_output: Some(c.limits().max_output + 1),
+            ..ExecRequest::default()
+        });
+        assert_eq!(e.field.as_deref(), Some("max_output"));
+        assert!(
+            e.message.contains("server.limits.max_output"),
+            "{}",
+            e.message
+        );
+        let e = bad(ExecRequest {
+            command: Some("cat".into()),
+            stdin: Some("x".repeat(c.limits().max_stdin_bytes as usize + 1)),
+            ..ExecRequest::default()
+        });
+        assert_eq!(e.field.as_deref(), Some("stdin"));
     }
 
     #[test]

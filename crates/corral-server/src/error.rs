@@ -1,6 +1,7 @@
 //! Errors of the HTTP API: a status and a JSON body naming the field at
 //! fault, with `retryable` for daemon trouble (and a `Retry-After` header
-//! when the engine said it has no room).
+//! when the engine said it has no room, or the service's own budget is
+//! full).
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -101,6 +102,16 @@ impl ApiError {
             "the service is shutting down",
         );
         e.detail.retryable = true;
+        e
+    }
+
+    /// 503 (retryable, with `Retry-After`): the service's own ceilings on
+    /// work in flight (`server.limits`) are reached; nothing of the
+    /// request ran.
+    pub fn overloaded(message: impl Into<String>, retry_after: u64) -> Self {
+        let mut e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message);
+        e.detail.retryable = true;
+        e.retry_after = Some(retry_after);
         e
     }
 

@@ -3,14 +3,15 @@
 //!
 //! [`serve`] generates a token when none is configured (and writes it for
 //! local clients, [`runtime_file`]), binds the listeners, mounts
-//! [`api::router`] (and the MCP endpoint) behind the body limit and each
-//! listener's [`Guard`] (Host, Origin, token, content type), and on SIGINT
-//! or SIGTERM shuts down in order: remove the token file, stop accepting,
-//! give requests in flight `server.shutdown_grace_ms`, cancel the rest,
-//! then remove every non-persistent sandbox (persistent ones stay for
-//! adoption).
+//! [`api::router`] (and the MCP endpoint) behind the body limit, the
+//! ceilings' budget ([`ceilings::hold`]) and each listener's [`Guard`]
+//! (Host, Origin, token, content type), and on SIGINT or SIGTERM shuts
+//! down in order: remove the token file, stop accepting, give requests in
+//! flight `server.shutdown_grace_ms`, cancel the rest, then remove every
+//! non-persistent sandbox (persistent ones stay for adoption).
 
 pub mod api;
+pub mod ceilings;
 pub mod error;
 pub mod guard;
 pub mod mcp;
@@ -46,9 +47,11 @@ pub struct Bound {
 }
 
 /// The service's routes over `state`: the API, the MCP endpoint at `/mcp`
-/// (when given) and the body limit, without the [`Guard`] (see [`app`]).
+/// (when given), the body limit and the ceilings' budget
+/// ([`ceilings::hold`]), without the [`Guard`] (see [`app`]).
 pub fn routes(state: AppState, mcp: Option<(mcp::McpContext, CancellationToken)>) -> axum::Router {
     let max_body = usize::try_from(state.config().server.max_body_bytes).unwrap_or(usize::MAX);
+    let ceilings = state.ceilings().clone();
     let mut router = api::router(state);
     if let Some((ctx, cancel)) = mcp {
         let options = mcp::HttpOptions {
@@ -60,7 +63,12 @@ pub fn routes(state: AppState, mcp: Option<(mcp::McpContext, CancellationToken)>
         };
         router = router.nest("/mcp", mcp::http_service_with(ctx, cancel, options));
     }
-    router.layer(axum::extract::DefaultBodyLimit::max(max_body))
+    router
+        .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(
+            ceilings,
+            ceilings::hold,
+        ))
 }
 
 /// The whole service over `state` as one listener serves it: [`routes`]
@@ -121,6 +129,7 @@ pub async fn serve(
         // Each session acts for the principal of the request that opened it.
         principal: None,
         tenancy: state.tenancy().clone(),
+        ceilings: state.ceilings().clone(),
     };
     let routes = routes(state.clone(), Some((mcp, mcp_cancel.clone())));
 

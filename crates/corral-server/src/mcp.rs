@@ -51,6 +51,7 @@ use tokio_util::sync::CancellationToken;
 use args::schema;
 use session::{LeaseError, Session};
 
+use crate::ceilings::{Busy, Ceilings, TimeUnit};
 use crate::guard::Caller;
 use crate::tenancy::Tenancy;
 
@@ -87,17 +88,27 @@ pub struct McpContext {
     /// Owners, quotas and shared snapshots (the service shares its own with
     /// the REST API).
     pub tenancy: Tenancy,
+    /// `server.limits`: tool calls take their slot and bytes from the same
+    /// budget as the HTTP API's requests, and their time limits and caps
+    /// stay within the same ceilings.
+    pub ceilings: Ceilings,
 }
 
 impl McpContext {
     /// Sessions of `principal` with `spec`, no quotas and nothing shared.
-    pub fn new(provider: Provider, spec: SandboxSpec, principal: Option<Principal>) -> McpContext {
+    pub fn new(
+        provider: Provider,
+        spec: SandboxSpec,
+        principal: Option<Principal>,
+        ceilings: Ceilings,
+    ) -> McpContext {
         let tenancy = Tenancy::new(&Default::default(), provider.clone());
         McpContext {
             provider,
             spec,
             principal,
             tenancy,
+            ceilings,
         }
     }
 }
@@ -305,6 +316,7 @@ async fn close_on_cancel(sessions: Weak<LocalSessionManager>, cancel: Cancellati
 /// The tools of one MCP session.
 struct Handler {
     session: Arc<Session>,
+    ceilings: Ceilings,
     info: ServerInfo,
     tool_router: ToolRouter<Handler>,
 }
@@ -315,11 +327,13 @@ impl Handler {
             .with_server_info(Implementation::new("corral", env!("CARGO_PKG_VERSION")))
             .with_instructions(instructions(&ctx.spec));
         let fallback = ctx.principal.clone();
+        let ceilings = ctx.ceilings.clone();
         let session = Arc::new(Session::new(ctx, closing));
         if let Some(p) = fallback {
             session.bind(&p);
         }
         Handler {
+            ceilings,
             session,
             info,
             tool_router: Self::tool_router(),
@@ -338,6 +352,32 @@ impl Handler {
                 &f,
             ))),
         }
+    }
+
+    /// `timeout_secs` of `tool`: in the tool's range, and within the
+    /// service's ceiling (which also bounds the default).
+    fn timeout(&self, tool: &str, secs: Option<f64>) -> Result<Duration, ErrorData> {
+        let t = args::timeout(tool, secs)?;
+        self.ceilings
+            .timeout("timeout_secs", secs.map(|_| t), Some(t), TimeUnit::Secs)
+            .map_err(|e| {
+                args::invalid(
+                    tool,
+                    "timeout_secs",
+                    &serde_json::json!(secs),
+                    &e.to_string(),
+                )
+            })
+    }
+
+    /// A tool's fixed output cap, within the service's ceiling.
+    fn output_cap(&self) -> u64 {
+        MAX_OUTPUT.min(self.ceilings.limits().max_output)
+    }
+
+    /// A tool's fixed read cap (`cap`), within the service's ceiling.
+    fn read_cap(&self, cap: u64) -> u64 {
+        cap.min(self.ceilings.limits().max_read_bytes)
     }
 
     /// `path` made absolute against the sandbox's working directory.
@@ -365,6 +405,22 @@ fn file_error(e: &FileError, notes: &[String], hint: Option<&str>) -> CallToolRe
         text.push_str(h);
     }
     render::error(text)
+}
+
+/// A tool call refused because the service's budget is full: an error
+/// result the model can read, with the HTTP API's error body (kind
+/// `overloaded`, retryable) as structured content.
+fn overloaded(busy: Busy) -> CallToolResult {
+    let text = format!(
+        "overloaded (retryable, retry in {} s): {busy}",
+        crate::ceilings::OVERLOADED_RETRY_AFTER_SECS
+    );
+    let body = crate::wire::ErrorBody {
+        error: crate::error::ApiError::from(busy).detail,
+    };
+    let mut r = render::error(text);
+    r.structured_content = serde_json::to_value(body).ok();
+    r
 }
 
 /// Prepends notes to a successful text result.
@@ -423,21 +479,26 @@ impl Handler {
         const TOOL: &str = "run_command";
         let a: args::RunCommand = args::parse(TOOL, params)?;
         args::command(TOOL, &a.command)?;
-        let timeout = args::timeout(TOOL, a.timeout_secs)?;
+        let timeout = self.timeout(TOOL, a.timeout_secs)?;
         if let Some(cwd) = &a.cwd {
             args::path(TOOL, "cwd", cwd)?;
         }
+        let cap = self.output_cap();
+        let _held = match self.ceilings.command(cap, 0, false) {
+            Ok(h) => h,
+            Err(busy) => return Ok(overloaded(busy)),
+        };
         let (lease, notes) = match self.lease().await {
             Ok(l) => l,
             Err(r) => return Ok(r),
         };
         let mut cmd = CommandSpec::shell(a.command)
             .timeout(timeout)
-            .max_output(MAX_OUTPUT);
+            .max_output(cap);
         cmd.cwd = a.cwd;
         cmd.wait_for_output = a.wait_for_output;
         let r = lease.run(&cmd).await;
-        Ok(render::command(&r, lease.id(), &notes, MAX_OUTPUT))
+        Ok(render::command(&r, lease.id(), &notes, cap))
     }
 
     /// Read a file from the sandbox. Text comes back as it is; a binary
@@ -451,13 +512,18 @@ impl Handler {
         const TOOL: &str = "read_file";
         let a: args::ReadFile = args::parse(TOOL, params)?;
         args::path(TOOL, "path", &a.path)?;
+        let cap = self.read_cap(READ_CAP);
+        let _held = match self.ceilings.file(cap) {
+            Ok(h) => h,
+            Err(busy) => return Ok(overloaded(busy)),
+        };
         let (lease, notes) = match self.lease().await {
             Ok(l) => l,
             Err(r) => return Ok(r),
         };
         let path = self.absolute(&lease, &a.path).await;
         let opts = FileOptions {
-            max_bytes: READ_CAP,
+            max_bytes: cap,
             timeout: FILE_TIMEOUT,
             ..FileOptions::default()
         };
@@ -493,6 +559,10 @@ impl Handler {
                 &format!("at most {WRITE_CAP} bytes"),
             ));
         }
+        let _held = match self.ceilings.file(a.content.len() as u64) {
+            Ok(h) => h,
+            Err(busy) => return Ok(overloaded(busy)),
+        };
         let (lease, notes) = match self.lease().await {
             Ok(l) => l,
             Err(r) => return Ok(r),
@@ -529,13 +599,18 @@ impl Handler {
         const TOOL: &str = "list_files";
         let a: args::ListFiles = args::parse(TOOL, params)?;
         args::path(TOOL, "path", &a.path)?;
+        let cap = self.read_cap(LIST_CAP);
+        let _held = match self.ceilings.file(cap) {
+            Ok(h) => h,
+            Err(busy) => return Ok(overloaded(busy)),
+        };
         let (lease, notes) = match self.lease().await {
             Ok(l) => l,
             Err(r) => return Ok(r),
         };
         let path = self.absolute(&lease, &a.path).await;
         let opts = FileOptions {
-            max_bytes: LIST_CAP,
+            max_bytes: cap,
             timeout: FILE_TIMEOUT,
             ..FileOptions::default()
         };
@@ -558,15 +633,17 @@ impl Handler {
         args::command(TOOL, &a.command)?;
         let name = a.session.unwrap_or_else(|| DEFAULT_SHELL.to_string());
         args::session(TOOL, &name)?;
-        let timeout = args::timeout(TOOL, a.timeout_secs)?;
+        let timeout = self.timeout(TOOL, a.timeout_secs)?;
+        let cap = self.output_cap();
+        let _held = match self.ceilings.command(cap, 0, false) {
+            Ok(h) => h,
+            Err(busy) => return Ok(overloaded(busy)),
+        };
         let (lease, notes) = match self.lease().await {
             Ok(l) => l,
             Err(r) => return Ok(r),
         };
-        let s = lease
-            .shell(&name)
-            .run(&a.command, Some(timeout), MAX_OUTPUT)
-            .await;
+        let s = lease.shell(&name).run(&a.command, Some(timeout), cap).await;
         let ran_before = self.session.shell_used(lease.id(), &name);
         Ok(render::shell(
             &s,
@@ -574,7 +651,7 @@ impl Handler {
             s.restarted && ran_before,
             lease.id(),
             notes,
-            MAX_OUTPUT,
+            cap,
         ))
     }
 

@@ -1,7 +1,8 @@
 //! Prometheus metrics of the service (`GET /metrics`): what the service saw
 //! (command latency, failures by kind) plus, read at scrape time, the
 //! provider's sandboxes and pools and the runtime's counters (starts,
-//! retries, slot waits, recreations, resets).
+//! retries, slot waits, recreations, resets), and what the service's
+//! ceilings hold (`server.limits`).
 
 use std::fmt;
 
@@ -78,6 +79,13 @@ impl Metrics {
         }
     }
 
+    /// Also reports what `ceilings` hold at each scrape: bytes reserved
+    /// against the budget, requests in flight, and `overloaded` refusals.
+    pub fn watch_ceilings(&mut self, ceilings: crate::ceilings::Ceilings) {
+        self.registry
+            .register_collector(Box::new(CeilingsUsage(ceilings)));
+    }
+
     /// Records one command's outcome.
     pub fn command(&self, via: &'static str, result: &corral_core::CommandResult) {
         self.command_seconds
@@ -99,6 +107,52 @@ impl Metrics {
             tracing::warn!(error = %e, "encoding metrics failed");
         }
         out
+    }
+}
+
+/// What the ceilings hold, read at each scrape.
+struct CeilingsUsage(crate::ceilings::Ceilings);
+
+impl fmt::Debug for CeilingsUsage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CeilingsUsage")
+    }
+}
+
+impl Collector for CeilingsUsage {
+    fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
+        let u = self.0.usage();
+        gauge(
+            &mut e,
+            "server_buffer_reserved_bytes",
+            "Bytes requests in flight have reserved from server.limits.buffer_bytes",
+            u.reserved_bytes as f64,
+        )?;
+        gauge(
+            &mut e,
+            "server_buffer_budget_bytes",
+            "The budget of bytes all requests in flight may hold (server.limits.buffer_bytes)",
+            u.budget_bytes as f64,
+        )?;
+        gauge(
+            &mut e,
+            "server_in_flight",
+            "Commands, file operations and MCP tool calls in flight (at most server.limits.max_concurrent)",
+            u.in_flight as f64,
+        )?;
+        let mut m = e.encode_descriptor(
+            "server_overloaded",
+            "Requests refused as overloaded, by the limit that was reached",
+            None,
+            MetricType::Counter,
+        )?;
+        for (limit, n) in [
+            ("buffer_bytes", u.refused_budget),
+            ("max_concurrent", u.refused_slots),
+        ] {
+            ConstCounter::new(n).encode(m.encode_family(&[("limit", limit)])?)?;
+        }
+        Ok(())
     }
 }
 

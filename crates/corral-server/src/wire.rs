@@ -102,16 +102,19 @@ pub struct ExecRequest {
     /// Program and arguments, run directly.
     pub argv: Option<Vec<String>>,
     /// Kill the command's whole process tree after this many ms; none:
-    /// no limit.
+    /// the service's ceiling (`server.limits.max_timeout_ms`, 24 h by
+    /// default), and more is refused (400).
     pub timeout_ms: Option<u64>,
-    /// Bytes kept per output stream (head and tail); default 1 MiB.
+    /// Bytes kept per output stream (head and tail); default 1 MiB, at
+    /// most the service's `server.limits.max_output` (64 MiB by default).
     pub max_output: Option<u64>,
     /// Working directory (`~` is the sandbox user's home).
     pub cwd: Option<String>,
     /// Extra environment variables.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Text fed to stdin; without stdin the command sees EOF at once.
+    /// Text fed to stdin; without stdin the command sees EOF at once. At
+    /// most `server.limits.max_stdin_bytes` (64 MiB by default).
     pub stdin: Option<String>,
     /// Bytes fed to stdin, base64; not with `stdin`.
     pub stdin_base64: Option<String>,
@@ -139,9 +142,11 @@ pub struct ShellExecRequest {
     /// variables and functions persist to later commands.
     pub command: String,
     /// Interrupt the command after this many ms (the session is kept when it
-    /// stops on the interrupt, else restarted).
+    /// stops on the interrupt, else restarted); none: the service's ceiling
+    /// (`server.limits.max_timeout_ms`).
     pub timeout_ms: Option<u64>,
-    /// Bytes kept per output stream; default 1 MiB.
+    /// Bytes kept per output stream; default 1 MiB, at most
+    /// `server.limits.max_output`.
     pub max_output: Option<u64>,
 }
 

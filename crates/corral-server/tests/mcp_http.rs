@@ -1,7 +1,8 @@
 //! MCP over streamable HTTP against the real daemon, mounted as the docs of
 //! `mcp::http_service` say (`.nest("/mcp", ..)`): the handshake, a tool
 //! call in the session's own sandbox, and the sandbox released when the
-//! client deletes the session or the service is cancelled. The Python
+//! client deletes the session or the service is cancelled; tool calls held
+//! to the service's ceilings and budget. The Python
 //! client's test (`clients/python/tests/test_mcp.py`) covers the tools in
 //! depth; this one pins the mounting and the session lifecycle in Rust.
 
@@ -33,7 +34,21 @@ async fn settle(label: &str, n: usize) -> Vec<String> {
     }
 }
 
+/// The ceilings of the default configuration.
+fn default_ceilings() -> corral_server::ceilings::Ceilings {
+    let server = corral_core::config::ServerConfig::default();
+    corral_server::ceilings::Ceilings::new(&server.limits, server.max_body_bytes)
+}
+
 async fn mounted(label: &str) -> (axum::Router, Provider, CancellationToken) {
+    mounted_with(label, default_ceilings()).await
+}
+
+/// [`mounted`] with the service's `ceilings`.
+async fn mounted_with(
+    label: &str,
+    ceilings: corral_server::ceilings::Ceilings,
+) -> (axum::Router, Provider, CancellationToken) {
     images();
     let backend = common::service::runtime(RuntimeConfig::default()).await;
     let provider = Provider::new(backend, Default::default());
@@ -45,6 +60,7 @@ async fn mounted(label: &str) -> (axum::Router, Provider, CancellationToken) {
         provider.clone(),
         spec,
         Some(Principal::Tenant("default".into())),
+        ceilings,
     );
     let app = axum::Router::new().nest("/mcp", http_service(ctx, cancel.clone()));
     (app, provider, cancel)
@@ -275,7 +291,12 @@ async fn a_body_above_the_limit_is_refused() {
     images();
     let backend = common::service::runtime(RuntimeConfig::default()).await;
     let provider = Provider::new(backend, Default::default());
-    let ctx = McpContext::new(provider.clone(), SandboxSpec::new(BUSYBOX), None);
+    let ctx = McpContext::new(
+        provider.clone(),
+        SandboxSpec::new(BUSYBOX),
+        None,
+        default_ceilings(),
+    );
     let options = HttpOptions {
         max_body_bytes: 1024,
         ..HttpOptions::default()
@@ -293,4 +314,74 @@ async fn a_body_above_the_limit_is_refused() {
     let sid = initialize(&app).await;
     assert!(!sid.is_empty());
     provider.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tool_calls_go_through_the_service_ceilings_and_budget() {
+    const LABEL: &str = "mcp-http-ceilings";
+    let _g = Guard(LABEL);
+    let limits = corral_core::server_limits::ServerLimits {
+        max_timeout_ms: 60_000,
+        max_concurrent: 3,
+        ..Default::default()
+    };
+    let ceilings = corral_server::ceilings::Ceilings::new(&limits, 32 << 20);
+    let (app, provider, _cancel) = mounted_with(LABEL, ceilings.clone()).await;
+    let sid = initialize(&app).await;
+
+    // A time limit above the operator's ceiling: invalid params naming it.
+    for tool in ["run_command", "shell_run"] {
+        let r = call_tool(
+            &app,
+            &sid,
+            2,
+            tool,
+            json!({"command": "true", "timeout_secs": 61}),
+        )
+        .await;
+        assert_eq!(r["error"]["code"], -32602, "{r}");
+        let m = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            m.contains("timeout_secs 61 is above this service's ceiling of 60")
+                && m.contains("server.limits.max_timeout_ms"),
+            "{m}"
+        );
+    }
+
+    // Requests elsewhere in the service hold every slot: a tool call is
+    // refused typed, and starts no sandbox.
+    let held: Vec<_> = (0..3)
+        .map(|_| ceilings.command(1, 0, false).expect("a slot"))
+        .collect();
+    for (tool, args) in [
+        ("run_command", json!({"command": "echo hi"})),
+        ("read_file", json!({"path": "/etc/passwd"})),
+        ("write_file", json!({"path": "/tmp/f", "content": "x"})),
+    ] {
+        let r = call_tool(&app, &sid, 3, tool, args).await;
+        assert_eq!(r["result"]["isError"], true, "{tool}: {r}");
+        let error = &r["result"]["structuredContent"]["error"];
+        assert_eq!(error["kind"], "overloaded", "{tool}: {r}");
+        assert_eq!(error["retryable"], true, "{tool}: {r}");
+        assert!(
+            r["result"]["content"][0]["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("server.limits.max_concurrent")),
+            "{tool}: {r}"
+        );
+    }
+    assert!(
+        remaining(LABEL).is_empty(),
+        "a refused call started a sandbox"
+    );
+
+    // Room again: the same call runs, and its default timeout fits the
+    // ceiling.
+    drop(held);
+    let r = call_tool(&app, &sid, 4, "run_command", json!({"command": "echo hi"})).await;
+    assert_eq!(r["result"]["isError"], false, "{r}");
+    assert_eq!(r["result"]["structuredContent"]["stdout"], "hi\n", "{r}");
+
+    provider.shutdown().await;
+    assert!(settle(LABEL, 0).await.is_empty());
 }

@@ -10,6 +10,7 @@ use corral::host::RealHost;
 use corral::Provider;
 use corral_core::config::Config;
 use corral_core::SandboxSpec;
+use corral_server::ceilings::Ceilings;
 use corral_server::mcp::{serve_stdio, McpContext};
 
 /// Serve MCP (Model Context Protocol) over stdin/stdout: tools to run
@@ -85,6 +86,7 @@ pub async fn run(
         provider: provider.clone(),
         spec,
         principal: Some(corral_core::principal::Principal::Operator),
+        ceilings: Ceilings::new(&settings.server.limits, settings.server.max_body_bytes),
     };
     let served = tokio::select! {
         r = serve_stdio(ctx) => r,
