@@ -193,12 +193,13 @@ pub fn serve(shared: Shared, listener: TcpListener, secret: Secret) -> io::Error
 /// process of the pod may bind any of them as its source, whatever it
 /// dials).
 fn from_inside(stream: &TcpStream, peer: IpAddr) -> bool {
+    is_inside(peer, stream.local_addr().ok().map(|l| l.ip()))
+}
+
+/// [`from_inside`] for a peer and the local address it dialled.
+fn is_inside(peer: IpAddr, local: Option<IpAddr>) -> bool {
     let peer = peer.to_canonical();
-    if peer.is_loopback()
-        || stream
-            .local_addr()
-            .is_ok_and(|local| local.ip().to_canonical() == peer)
-    {
+    if peer.is_loopback() || local.is_some_and(|l| l.to_canonical() == peer) {
         return true;
     }
     match crate::sys::local_addresses() {
@@ -391,6 +392,33 @@ fn random_nonce() -> io::Result<[u8; LEN]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_address_of_this_host_is_inside() {
+        let loopback: IpAddr = [127, 0, 0, 1].into();
+        let own: Vec<IpAddr> = crate::sys::local_addresses()
+            .expect("getifaddrs")
+            .into_iter()
+            .filter(|a| !a.is_loopback())
+            .collect();
+        assert!(!own.is_empty(), "this test needs a non-loopback interface");
+        for a in own {
+            // A process binding its own address as the source and dialling
+            // loopback: neither end is loopback and they differ.
+            assert!(is_inside(a, Some(loopback)), "{a} dialling {loopback}");
+            let mapped = match a {
+                IpAddr::V4(v4) => IpAddr::V6(v4.to_ipv6_mapped()),
+                v6 => v6,
+            };
+            assert!(is_inside(mapped, None), "{mapped}");
+        }
+        assert!(is_inside(loopback, None));
+        assert!(is_inside("::1".parse().expect("ip"), None));
+        // TEST-NET-3: never an address of this host.
+        let stranger: IpAddr = [203, 0, 113, 7].into();
+        assert!(!is_inside(stranger, Some(loopback)));
+        assert!(!is_inside(stranger, None));
+    }
 
     #[test]
     fn nonces_are_fresh() {
