@@ -24,17 +24,18 @@
 //!   network). Nothing inside can spend the outside budget, so a command
 //!   cannot keep corral from reconnecting directly;
 //! - a new connection to a full budget evicts that budget's oldest
-//!   unauthenticated handshake instead of being refused. A port-forwarded
-//!   connection cannot be told from a command's by its address (both are
-//!   loopback), and before the client's proof (the last message of
-//!   `agent_auth`: the agent speaks second, so no slot can be kept for
-//!   proven clients before they are admitted) nothing else tells them
-//!   apart; so admission never depends on who came first. Idle connections
-//!   a command holds cannot keep corral's port-forward out: its connection
-//!   takes a slot at once and keeps it until [`MAX_PENDING`] newer ones
-//!   arrive, far longer than a handshake's round trip unless a command
-//!   opens connections faster than that, which only delays its own
-//!   sandbox's controller.
+//!   unauthenticated handshake (shut down: its thread ends at once)
+//!   instead of being refused. A port-forwarded connection cannot be told
+//!   from a command's by its address (both are loopback), and nothing else
+//!   tells them apart before the client's proof, the last message of
+//!   `agent_auth` (the agent speaks second): a slot kept for corral would
+//!   have to be handed out before that proof, so a command could take it
+//!   as easily. With eviction, idle connections a command holds cannot
+//!   keep corral's port-forward out: its connection takes a slot at once
+//!   and keeps it until [`MAX_PENDING`] newer ones arrive, far longer than
+//!   a handshake's round trip. A command opening connections faster than
+//!   that can still delay it, which only hurts its own sandbox's
+//!   controller (and the dead-man switch ends an abandoned one).
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
