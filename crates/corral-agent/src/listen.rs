@@ -11,20 +11,38 @@
 //! One controller at a time: an authenticated connection takes over from
 //! the one before it (corral reconnecting after its stream broke), whose
 //! session ends first, exactly as a new Hello ends the old session on
-//! stdin. Handshakes run on threads of their own with a deadline, at most
-//! [`MAX_PENDING`] at once, so a connection that sends nothing cannot hold
-//! the port; connections above that are closed at once. Connections from
-//! inside the pod (loopback, or the pod's own address: its commands, and
-//! the kubelet's port-forward) and from outside it (corral on the pod
-//! network) count against separate budgets, so a command flooding the port
-//! cannot keep the controller from reconnecting directly.
+//! stdin.
+//!
+//! Handshakes are bounded so that nothing can hold corral out:
+//! - one deadline ([`HANDSHAKE_DEADLINE`]) for the whole handshake, not
+//!   per read, so a peer dripping a byte at a time is closed at it;
+//! - two budgets of [`MAX_PENDING`] handshakes: from inside the pod (a
+//!   peer address that is any address of the pod's own interfaces,
+//!   loopback included: its commands, whatever source they bind, and the
+//!   kubelet's port-forward, which the runtime delivers from inside the
+//!   pod's network namespace) and from outside it (corral on the pod
+//!   network). Nothing inside can spend the outside budget, so a command
+//!   cannot keep corral from reconnecting directly;
+//! - a new connection to a full budget evicts that budget's oldest
+//!   unauthenticated handshake (shut down: its thread ends at once)
+//!   instead of being refused. A port-forwarded connection cannot be told
+//!   from a command's by its address (both are loopback), and nothing else
+//!   tells them apart before the client's proof, the last message of
+//!   `agent_auth` (the agent speaks second): a slot kept for corral would
+//!   have to be handed out before that proof, so a command could take it
+//!   as easily. With eviction, idle connections a command holds cannot
+//!   keep corral's port-forward out: its connection takes a slot at once
+//!   and keeps it until [`MAX_PENDING`] newer ones arrive, far longer than
+//!   a handshake's round trip. A command opening connections faster than
+//!   that can still delay it, which only hurts its own sandbox's
+//!   controller (and the dead-man switch ends an abandoned one).
 
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use corral_core::agent_auth::{self, Secret, ANSWER_LEN, LEN, OPENING_LEN};
 
@@ -32,10 +50,10 @@ use crate::control::lock;
 use crate::server::{Conn, Shared};
 use crate::writer::FrameWriter;
 
-/// Longest a connection may take to prove itself.
+/// Longest a connection may take to prove itself, whole handshake.
 const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Handshakes in progress at once.
+/// Handshakes in progress at once, per budget (inside, outside).
 pub const MAX_PENDING: usize = 16;
 
 /// Small stacks for the handshake and session threads.
@@ -125,8 +143,9 @@ struct Server {
     writer: Arc<FrameWriter>,
     secret: Secret,
     current: Mutex<Option<Current>>,
-    /// Handshakes in progress from inside the pod, and from outside.
-    pending: [AtomicUsize; 2],
+    /// Handshakes in progress from inside the pod, and from outside, oldest
+    /// first: an id and a handle to shut the connection down with.
+    pending: Mutex<[VecDeque<(u64, TcpStream)>; 2]>,
 }
 
 /// Serves controllers connecting to `listener`; never returns unless the
@@ -143,8 +162,9 @@ pub fn serve(shared: Shared, listener: TcpListener, secret: Secret) -> io::Error
         writer,
         secret,
         current: Mutex::new(None),
-        pending: [AtomicUsize::new(0), AtomicUsize::new(0)],
+        pending: Mutex::new([VecDeque::new(), VecDeque::new()]),
     });
+    let mut next_id: u64 = 0;
     loop {
         let (stream, peer) = match listener.accept() {
             Ok(accepted) => accepted,
@@ -152,30 +172,43 @@ pub fn serve(shared: Shared, listener: TcpListener, secret: Secret) -> io::Error
             Err(e) => return e,
         };
         let budget = usize::from(!from_inside(&stream, peer.ip()));
-        if server.pending[budget].fetch_add(1, Ordering::AcqRel) >= MAX_PENDING {
-            server.pending[budget].fetch_sub(1, Ordering::AcqRel);
-            drop(stream);
+        let Ok(handle) = stream.try_clone() else {
             continue;
-        }
+        };
+        next_id += 1;
+        let id = next_id;
+        server.admit(budget, id, handle);
         let s = server.clone();
         let spawned = std::thread::Builder::new()
             .name("conn".into())
             .stack_size(THREAD_STACK)
-            .spawn(move || s.handle(stream, budget));
+            .spawn(move || s.handle(stream, budget, id));
         if spawned.is_err() {
-            server.pending[budget].fetch_sub(1, Ordering::AcqRel);
+            server.settled(budget, id);
         }
     }
 }
 
-/// Whether a connection comes from inside the pod: loopback, or the
-/// address it was made to (a process of the pod dialling its own IP).
+/// Whether a connection comes from inside the pod: its peer is loopback,
+/// the address it was made to, or any address of the pod's interfaces (a
+/// process of the pod may bind any of them as its source, whatever it
+/// dials).
 fn from_inside(stream: &TcpStream, peer: IpAddr) -> bool {
+    is_inside(peer, stream.local_addr().ok().map(|l| l.ip()))
+}
+
+/// [`from_inside`] for a peer and the local address it dialled.
+fn is_inside(peer: IpAddr, local: Option<IpAddr>) -> bool {
     let peer = peer.to_canonical();
-    peer.is_loopback()
-        || stream
-            .local_addr()
-            .is_ok_and(|local| local.ip().to_canonical() == peer)
+    if peer.is_loopback() || local.is_some_and(|l| l.to_canonical() == peer) {
+        return true;
+    }
+    match crate::sys::local_addresses() {
+        Ok(addrs) => addrs.iter().any(|a| a.to_canonical() == peer),
+        // Unknown: inside, so a command can never spend the budget the
+        // controller's direct path relies on.
+        Err(_) => true,
+    }
 }
 
 /// Accept errors that concern one connection, not the listener.
@@ -196,9 +229,39 @@ fn is_transient(e: &io::Error) -> bool {
 }
 
 impl Server {
-    fn handle(&self, stream: TcpStream, budget: usize) {
+    /// Counts a new handshake against `budget`; when that is full, its
+    /// oldest handshake is shut down (its thread sees the end and leaves).
+    fn admit(&self, budget: usize, id: u64, handle: TcpStream) {
+        let mut pending = lock(&self.pending);
+        let queue = &mut pending[budget];
+        while queue.len() >= MAX_PENDING {
+            if let Some((_, oldest)) = queue.pop_front() {
+                let _ = oldest.shutdown(Shutdown::Both);
+            }
+        }
+        queue.push_back((id, handle));
+    }
+
+    /// Takes handshake `id` off its budget; false when it was evicted.
+    fn settled(&self, budget: usize, id: u64) -> bool {
+        let mut pending = lock(&self.pending);
+        let queue = &mut pending[budget];
+        match queue.iter().position(|(i, _)| *i == id) {
+            Some(at) => {
+                queue.remove(at);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn handle(&self, stream: TcpStream, budget: usize, id: u64) {
         let proved = handshake(&stream, &self.secret);
-        self.pending[budget].fetch_sub(1, Ordering::AcqRel);
+        if !self.settled(budget, id) {
+            // Evicted (shut down) while it ran: whatever it proved, the
+            // connection is gone.
+            return;
+        }
         match proved {
             Ok(true) => {}
             Ok(false) => {
@@ -245,12 +308,11 @@ impl Server {
 }
 
 /// Runs the agent's side of the handshake on `stream`: true when the peer
-/// proved it holds `secret`.
-fn handshake(mut stream: &TcpStream, secret: &Secret) -> io::Result<bool> {
-    stream.set_read_timeout(Some(HANDSHAKE_DEADLINE))?;
-    stream.set_write_timeout(Some(HANDSHAKE_DEADLINE))?;
+/// proved it holds `secret`, all within one [`HANDSHAKE_DEADLINE`].
+fn handshake(stream: &TcpStream, secret: &Secret) -> io::Result<bool> {
+    let deadline = Instant::now() + HANDSHAKE_DEADLINE;
     let mut opening = [0u8; OPENING_LEN];
-    stream.read_exact(&mut opening)?;
+    read_by(stream, &mut opening, deadline)?;
     let Some(client) = agent_auth::parse_opening(&opening) else {
         return Ok(false);
     };
@@ -258,10 +320,54 @@ fn handshake(mut stream: &TcpStream, secret: &Secret) -> io::Result<bool> {
     let mut answer = [0u8; ANSWER_LEN];
     answer[..LEN].copy_from_slice(&agent);
     answer[LEN..].copy_from_slice(&secret.agent_proof(&client, &agent));
-    stream.write_all(&answer)?;
+    write_by(stream, &answer, deadline)?;
     let mut proof = [0u8; LEN];
-    stream.read_exact(&mut proof)?;
+    read_by(stream, &mut proof, deadline)?;
     Ok(secret.check_client(&client, &agent, &proof))
+}
+
+/// Time left until `deadline`, or a timeout error when none is.
+fn left(deadline: Instant) -> io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "handshake deadline passed",
+        ));
+    }
+    Ok(left)
+}
+
+/// Fills `buf` from `stream`, each read bounded by what is left until
+/// `deadline` (a per-read timeout alone would let a byte at a time keep a
+/// handshake open for ever).
+fn read_by(mut stream: &TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        stream.set_read_timeout(Some(left(deadline)?))?;
+        match stream.read(&mut buf[filled..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Writes all of `buf` to `stream` by `deadline`.
+fn write_by(mut stream: &TcpStream, buf: &[u8], deadline: Instant) -> io::Result<()> {
+    let mut sent = 0;
+    while sent < buf.len() {
+        stream.set_write_timeout(Some(left(deadline)?))?;
+        match stream.write(&buf[sent..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// 32 bytes from the kernel's generator.
@@ -287,6 +393,33 @@ fn random_nonce() -> io::Result<[u8; LEN]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_address_of_this_host_is_inside() {
+        let loopback: IpAddr = [127, 0, 0, 1].into();
+        let own: Vec<IpAddr> = crate::sys::local_addresses()
+            .expect("getifaddrs")
+            .into_iter()
+            .filter(|a| !a.is_loopback())
+            .collect();
+        assert!(!own.is_empty(), "this test needs a non-loopback interface");
+        for a in own {
+            // A process binding its own address as the source and dialling
+            // loopback: neither end is loopback and they differ.
+            assert!(is_inside(a, Some(loopback)), "{a} dialling {loopback}");
+            let mapped = match a {
+                IpAddr::V4(v4) => IpAddr::V6(v4.to_ipv6_mapped()),
+                v6 => v6,
+            };
+            assert!(is_inside(mapped, None), "{mapped}");
+        }
+        assert!(is_inside(loopback, None));
+        assert!(is_inside("::1".parse().expect("ip"), None));
+        // TEST-NET-3: never an address of this host.
+        let stranger: IpAddr = [203, 0, 113, 7].into();
+        assert!(!is_inside(stranger, Some(loopback)));
+        assert!(!is_inside(stranger, None));
+    }
 
     #[test]
     fn nonces_are_fresh() {

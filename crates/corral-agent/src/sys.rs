@@ -611,3 +611,41 @@ pub fn set_times(path: &CStr, times: [(i64, i64); 2]) -> io::Result<()> {
     })
     .map(drop)
 }
+
+/// Every address of the network namespace's interfaces (IPv4 and IPv6,
+/// loopback included), from `getifaddrs`.
+pub fn local_addresses() -> io::Result<Vec<std::net::IpAddr>> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: `list` is a valid out-pointer; on success getifaddrs fills it
+    // with a list we free below with freeifaddrs, and nothing else.
+    cvt(unsafe { libc::getifaddrs(&mut list) })?;
+    let mut out = Vec::new();
+    let mut cur = list;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, alive
+        // until freeifaddrs; each ifa_addr is null or points to a
+        // sockaddr whose family says its real type and size.
+        unsafe {
+            let addr = (*cur).ifa_addr;
+            if !addr.is_null() {
+                match i32::from((*addr).sa_family) {
+                    libc::AF_INET => {
+                        let a = &*addr.cast::<libc::sockaddr_in>();
+                        out.push(std::net::IpAddr::from(
+                            u32::from_be(a.sin_addr.s_addr).to_be_bytes(),
+                        ));
+                    }
+                    libc::AF_INET6 => {
+                        let a = &*addr.cast::<libc::sockaddr_in6>();
+                        out.push(std::net::IpAddr::from(a.sin6_addr.s6_addr));
+                    }
+                    _ => {}
+                }
+            }
+            cur = (*cur).ifa_next;
+        }
+    }
+    // SAFETY: `list` came from a successful getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(list) };
+    Ok(out)
+}

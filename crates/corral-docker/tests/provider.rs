@@ -1,5 +1,6 @@
 //! The provider on the real daemon: LRU and idle eviction, auto-restart
-//! after `docker rm -f` and `docker kill`, reuse, persistent sessions.
+//! after `docker rm -f` and `docker kill`, reuse (never of a sandbox a
+//! snapshot changed), persistent sessions.
 //! Session keys and warm pools are cases of the shared contract in
 //! `tests/contract.rs`.
 
@@ -242,4 +243,71 @@ async fn persistent_sessions_survive_container_loss_and_are_adopted_after_a_rest
     assert_eq!(dirs.len(), 1, "one directory per session key");
     p2.shutdown().await;
     std::fs::remove_dir_all(&root).ok();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reuse_pool_never_takes_back_a_sandbox_a_snapshot_changed() {
+    let g = Guard::new("prov-reuse-fold");
+    let rt = backend().await;
+    let mut spec = g.spec(BUSYBOX);
+    // Resettable in place: a snapshot folds its changes into the container.
+    spec.pristine = true;
+    let cfg = ProviderConfig {
+        // One sandbox at most: the released one is all the pool could
+        // hand out next.
+        max_live: 1,
+        pools: BTreeMap::from([(
+            "r".to_string(),
+            PoolConfig {
+                spec,
+                warm: 1,
+                reuse: true,
+                reset: vec!["rm -rf /tmp/scratch".into()],
+                ..PoolConfig::default()
+            },
+        )]),
+        reap_interval_ms: 100,
+        ..ProviderConfig::default()
+    };
+    let p = Provider::new(rt.clone(), cfg);
+    assert!(p.wait_warm("r", Duration::from_secs(60)).await);
+    let a = p.acquire("attacker", "r").await.expect("acquire");
+    let folded = a.container_id();
+    // An always-0 shell also passes every reset command.
+    let r = a
+        .run(&sh(
+            "echo planted > /etc/planted && rm /bin/sh \
+             && printf '#!/bin/busybox ash\\nexit 0\\n' > /bin/sh && chmod 755 /bin/sh",
+        ))
+        .await;
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let name = format!(
+        "reuse-fold-{}-{}",
+        std::process::id(),
+        corral::host::random_hex(6)
+    );
+    a.snapshot(&name, corral::SnapshotOptions::default())
+        .await
+        .expect("snapshot");
+    a.release().await.expect("release");
+    p.settled(Duration::from_secs(60)).await;
+
+    let b = p.acquire("victim", "r").await.expect("acquire");
+    let exit = b.run(&sh("exit 3")).await;
+    let planted = b
+        .run(&sh("test -e /etc/planted && echo present || echo absent"))
+        .await;
+    assert_eq!(
+        (exit.exit_code, text(&planted.stdout)),
+        (Some(3), "absent\n".to_string()),
+        "the next session inherited the attacker's sandbox"
+    );
+    assert_ne!(b.container_id(), folded);
+    assert_eq!(p.stats().discarded_changed, 1, "{:?}", p.stats());
+    b.release().await.expect("release");
+    p.shutdown().await;
+    rt.delete_snapshot(&name)
+        .await
+        .expect("delete the snapshot");
+    g.assert_clean();
 }

@@ -27,6 +27,10 @@ use double::{container_ip, DockerAsPodNetworkDouble, PORT};
 
 const IMAGE: &str = "corral-test/busybox";
 
+/// Handshakes the agent runs at once per budget (its `MAX_PENDING`): as
+/// many idle connections as fill one.
+const AGENT_BUDGET: usize = 16;
+
 fn images() {
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -376,6 +380,177 @@ async fn bytes_from_inside_cannot_keep_an_abandoned_sandbox_alive() {
         !running,
         "the sandbox outlived its dead-man grace by 8 s with a stranger sending bytes"
     );
+    assert!(
+        guard.remaining().is_empty(),
+        "left: {:?}",
+        guard.remaining()
+    );
+}
+
+/// The attack helper (`attacks/hold.c`), built static, put at /tmp/hold.
+async fn install_hold(sb: &corral::Sandbox) {
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("corral-hold");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/attacks/hold.c");
+    let built = Command::new("gcc")
+        .args(["-static", "-O1", "-o"])
+        .arg(&out)
+        .arg(src)
+        .status()
+        .expect("gcc runs");
+    assert!(built.success(), "building {src} failed");
+    let bin = std::fs::read(&out).expect("the attack helper");
+    let opts = corral::FileOptions {
+        mode: Some(0o755),
+        ..Default::default()
+    };
+    sb.write_file("/tmp/hold", &bin, &opts)
+        .await
+        .expect("write helper");
+}
+
+/// Starts a command inside that holds `n` idle connections from `src` to
+/// the agent's port on 127.0.0.1 (dialling again whenever one is closed),
+/// and waits until they are open.
+async fn hold_connections(sb: &corral::Sandbox, src: &str, n: usize) {
+    let r = sb
+        .run(&sh(&format!(
+            "(setsid /tmp/hold {src} 127.0.0.1 {PORT} {n} </dev/null >/tmp/hold.out 2>&1 &); \
+             for i in $(seq 100); do grep -q holding /tmp/hold.out && break; sleep 0.1; done; \
+             cat /tmp/hold.out"
+        )))
+        .await;
+    assert_eq!(text(&r.stdout), format!("holding {n}\n"), "{r:?}");
+}
+
+/// After a test's own connection took the agent over, the runtime's next
+/// command may meet the ended stream (a typed agent error) before it
+/// reconnects.
+async fn runtime_goes_on(sb: &corral::Sandbox) {
+    let mut r = sb.run(&sh("echo on")).await;
+    if let Some(f) = &r.failure {
+        assert!(f.message.contains("control stream"), "{f}");
+        r = sb.run(&sh("echo on")).await;
+    }
+    assert_eq!(text(&r.stdout), "on\n", "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connections_from_any_address_of_the_pod_count_as_inside() {
+    let test = "agent-port-own-ip";
+    let guard = Guard(test);
+    let (rt, double) = runtime().await;
+    let sb = rt.create(&spec(test)).await.expect("create");
+    let placement = sb.placement();
+    let secret = double.secret_of(&placement).expect("secret");
+    let ip = container_ip(placement.id()).expect("ip");
+    install_hold(&sb).await;
+    // Bound to the pod's own (non-loopback) address, dialling loopback:
+    // neither end is loopback and the two differ, yet it is the pod.
+    hold_connections(&sb, &ip.to_string(), AGENT_BUDGET).await;
+    let during = control::connect_direct(ip, PORT, &secret, Duration::from_secs(3)).await;
+    assert!(
+        during.is_ok(),
+        "corral could not connect while a command held connections from the pod's own address: {:?}",
+        during.err()
+    );
+    drop(during);
+    runtime_goes_on(&sb).await;
+    sb.destroy().await.expect("destroy");
+    assert!(
+        guard.remaining().is_empty(),
+        "left: {:?}",
+        guard.remaining()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handshake_dripped_a_byte_at_a_time_is_closed_at_its_deadline() {
+    let test = "agent-port-drip";
+    let guard = Guard(test);
+    let (rt, _double) = runtime().await;
+    let sb = rt.create(&spec(test)).await.expect("create");
+    let ip = container_ip(sb.placement().id()).expect("ip");
+    // A valid opening, one byte every 250 ms: 10 s in all, each byte well
+    // within a per-read timeout, the whole far beyond the 5 s handshake
+    // deadline. An agent that answers it let the drip hold the port.
+    let answered = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let opening = agent_auth::opening(&[9; agent_auth::LEN]);
+        let mut s = std::net::TcpStream::connect((ip, PORT)).expect("connect");
+        for b in opening {
+            if s.write_all(&[b]).is_err() {
+                break; // closed by the agent
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut got = Vec::new();
+        let mut buf = [0u8; 128];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        got.len()
+    })
+    .await
+    .expect("drip");
+    assert_eq!(
+        answered, 0,
+        "the agent answered a handshake that took 10 s to send its opening"
+    );
+    let r = sb.run(&sh("echo still")).await;
+    assert_eq!(text(&r.stdout), "still\n", "{r:?}");
+    sb.destroy().await.expect("destroy");
+    assert!(
+        guard.remaining().is_empty(),
+        "left: {:?}",
+        guard.remaining()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_loopback_connections_cannot_keep_a_port_forward_out() {
+    let test = "agent-port-forward-flood";
+    let guard = Guard(test);
+    let (rt, double) = runtime().await;
+    let sb = rt.create(&spec(test)).await.expect("create");
+    let placement = sb.placement();
+    let secret = double.secret_of(&placement).expect("secret");
+    install_hold(&sb).await;
+    hold_connections(&sb, "-", AGENT_BUDGET).await;
+    // What a port-forward is to the agent: a connection from loopback,
+    // made by a process in the pod's network namespace (here `docker exec`
+    // of nc, relaying this test's bytes) rather than by a command.
+    let mut relay = tokio::process::Command::new("docker")
+        .args(["exec", "-i", placement.id(), "nc", "127.0.0.1"])
+        .arg(PORT.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("docker exec");
+    let (Some(to), Some(from)) = (relay.stdin.take(), relay.stdout.take()) else {
+        panic!("the relay's pipes");
+    };
+    let mut forwarded = tokio::io::join(from, to);
+    let proved = tokio::time::timeout(
+        Duration::from_secs(20),
+        control::handshake(&mut forwarded, &secret, "port-forward"),
+    )
+    .await
+    .expect("the handshake ended");
+    assert!(
+        proved.is_ok(),
+        "a port-forwarded connection was kept out by a command's idle connections: {:?}",
+        proved.err()
+    );
+    drop(forwarded);
+    let _ = relay.kill().await;
+    runtime_goes_on(&sb).await;
+    sb.destroy().await.expect("destroy");
     assert!(
         guard.remaining().is_empty(),
         "left: {:?}",

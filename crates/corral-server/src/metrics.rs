@@ -246,6 +246,9 @@ impl Collector for Snapshot {
                 ("idle", p.evicted_idle),
                 ("lifetime", p.evicted_lifetime),
                 ("restarted", p.restarted),
+                // Released, but a snapshot had changed its base: destroyed
+                // rather than returned to its pool.
+                ("changed_base", p.discarded_changed),
             ] {
                 ConstCounter::new(n).encode(m.encode_family(&[("reason", reason)])?)?;
             }

@@ -256,6 +256,10 @@ async fn sandboxes_commands_shells_and_files() {
         "{m}"
     );
     assert!(m.contains("corral_sandboxes_started_total"), "{m}");
+    assert!(
+        m.contains("corral_evictions_total{reason=\"changed_base\"} 0"),
+        "{m}"
+    );
     // Every start phase is exported; the ones a start always goes through
     // took time, and so did the sandbox's first command.
     let phase = |name: &str| -> f64 {

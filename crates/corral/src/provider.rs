@@ -7,6 +7,12 @@
 //! recently used idle one when room is needed; a reaper enforces the idle
 //! timeout and the maximum lifetime and refills the pools.
 //!
+//! A pool hands out only its own base: a released sandbox goes back after
+//! a reset (pristine pools: in place, or a new container from the spec;
+//! reuse pools: the reset commands), unless a snapshot folded its
+//! session's changes into the container, which resets cannot undo; such a
+//! sandbox is destroyed, and the refiller starts a new one.
+//!
 //! All bookkeeping sits behind one std mutex that is never held across an
 //! await: creating, checking and destroying sandboxes happen outside it,
 //! with the slot reserved first so concurrent callers cannot overshoot the
@@ -148,6 +154,7 @@ struct Counters {
     evicted_lifetime: AtomicU64,
     restarted: AtomicU64,
     released: AtomicU64,
+    discarded_changed: AtomicU64,
 }
 
 /// The provider's state and counters at one moment.
@@ -173,6 +180,10 @@ pub struct ProviderStats {
     pub restarted: u64,
     /// Sessions released.
     pub released: u64,
+    /// Released sandboxes destroyed instead of going back to their pool
+    /// because a snapshot had folded a session's changes into their
+    /// container (its resets no longer return to the pool's base).
+    pub discarded_changed: u64,
 }
 
 /// A session's sandbox, in use. Dereferences to [`Sandbox`]; dropping it
@@ -250,6 +261,27 @@ fn no_room(max: usize) -> Error {
 impl Inner {
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis().min(u64::MAX as u128) as u64
+    }
+
+    /// True (counted and logged) when released sandbox `sb` must leave
+    /// pool `pool` instead of going back: a snapshot folded a session's
+    /// changes into its container, so neither a reset command nor an
+    /// in-place reset would bring back the pool's base, and the next
+    /// session would inherit what this one planted.
+    fn base_changed(&self, pool: &str, sb: &Sandbox) -> bool {
+        if !sb.base_folded() {
+            return false;
+        }
+        self.counters
+            .discarded_changed
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            sandbox = sb.id(),
+            container = %sb.container_id(),
+            pool,
+            "a snapshot changed the released sandbox's base; destroying it instead of returning it to its pool"
+        );
+        true
     }
 }
 
@@ -758,7 +790,9 @@ impl Provider {
     /// pool is reset, and any other one that is not persistent destroyed,
     /// in the background: it counts against `max_live` until that is done,
     /// and [`Provider::settled`] and [`Provider::shutdown`] wait for it.
-    /// Releasing an unknown key is not an error.
+    /// A sandbox a snapshot changed the base of never goes back to a pool
+    /// (see `ProviderStats::discarded_changed`). Releasing an unknown key
+    /// is not an error.
     pub async fn release(&self, key: &str) -> Result<(), Error> {
         self.release_inner(key).await.map(drop)
     }
@@ -793,11 +827,17 @@ impl Provider {
         if let Some((name, cfg)) = pool {
             if cfg.reuse
                 && entry.sandbox.looks_alive()
+                && !self.inner.base_changed(name, &entry.sandbox)
                 && self.reset(&entry.sandbox, &cfg.reset).await
             {
                 let mut st = lock(&self.inner.state);
                 let queue = st.pools.entry(name.clone()).or_default();
-                if queue.len() < cfg.warm.max(1) * 2 && !self.inner.closed.load(Ordering::Acquire) {
+                if queue.len() < cfg.warm.max(1) * 2
+                    && !self.inner.closed.load(Ordering::Acquire)
+                    // Checked again: a handle that outlived the lease may
+                    // have taken a snapshot while the reset commands ran.
+                    && !self.inner.base_changed(name, &entry.sandbox)
+                {
                     queue.push_back(Pooled {
                         sandbox: entry.sandbox,
                         started_ms: entry.started_ms,
@@ -854,14 +894,26 @@ impl Provider {
         teardowns.started();
         let inner = self.inner.clone();
         tokio::spawn(async move {
-            // A lost sandbox is replaced by the reset itself.
-            let back = match sb.reset().await {
+            // A lost sandbox is replaced by the reset itself (a new
+            // container from the spec: the pool's base again). A folded
+            // one is not reset: its in-place reset returns to the fold.
+            let reset = if inner.base_changed(&pool, &sb) {
+                Err(None)
+            } else {
+                sb.reset().await.map_err(Some)
+            };
+            let back = match reset {
                 Ok(outcome) => {
                     tracing::debug!(sandbox = sb.id(), ?outcome, "released sandbox reset");
                     let warm = inner.config.pools.get(&pool).map_or(1, |c| c.warm.max(1));
                     let mut st = lock(&inner.state);
                     let queue = st.pools.entry(pool.clone()).or_default();
-                    if queue.len() < warm * 2 && !inner.closed.load(Ordering::Acquire) {
+                    if queue.len() < warm * 2
+                        && !inner.closed.load(Ordering::Acquire)
+                        // Checked again: a handle that outlived the lease
+                        // may have taken a snapshot during the reset.
+                        && !inner.base_changed(&pool, &sb)
+                    {
                         queue.push_back(Pooled {
                             sandbox: sb.clone(),
                             started_ms,
@@ -871,10 +923,11 @@ impl Provider {
                         false
                     }
                 }
-                Err(e) => {
+                Err(Some(e)) => {
                     tracing::info!(sandbox = sb.id(), error = %e, "reset of a released sandbox failed; destroying it");
                     false
                 }
+                Err(None) => false,
             };
             if !back {
                 if let Err(e) = sb.destroy().await {
@@ -990,6 +1043,7 @@ impl Provider {
             evicted_lifetime: l(&c.evicted_lifetime),
             restarted: l(&c.restarted),
             released: l(&c.released),
+            discarded_changed: l(&c.discarded_changed),
         }
     }
 

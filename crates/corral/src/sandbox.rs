@@ -50,6 +50,12 @@ struct Inner {
     /// Serializes re-attaching and recreating, so concurrent callers do it once.
     reattach: tokio::sync::Mutex<()>,
     destroyed: AtomicBool,
+    /// Set once a snapshot starts folding the changes of the sandbox's
+    /// commands into its container's root file system (which then is its
+    /// pristine state): the container no longer matches its spec, so a
+    /// pool must not hand it to another session. Cleared when the container
+    /// is replaced by a new one from the spec.
+    base_folded: AtomicBool,
     /// Set under the `fail` policy once the container is lost: every later
     /// command returns this failure at once.
     dead: Mutex<Option<Failure>>,
@@ -125,6 +131,7 @@ impl Sandbox {
                 conn,
                 reattach: tokio::sync::Mutex::new(()),
                 destroyed: AtomicBool::new(false),
+                base_folded: AtomicBool::new(false),
                 dead: Mutex::new(None),
                 timings: Mutex::new(StartTimings::default()),
                 shells: Mutex::new(HashMap::new()),
@@ -487,6 +494,18 @@ impl Sandbox {
         &self.inner.runtime
     }
 
+    /// Marks the container's base as changed by a fold (a snapshot), before
+    /// the fold starts: one that fails half-way changed it too.
+    pub(crate) fn mark_base_folded(&self) {
+        self.inner.base_folded.store(true, Ordering::Release);
+    }
+
+    /// True when a snapshot folded changes into the current container's
+    /// root file system: its resets return there, not to the spec's state.
+    pub(crate) fn base_folded(&self) -> bool {
+        self.inner.base_folded.load(Ordering::Acquire)
+    }
+
     /// Forgets every shell session (their processes die with a reset).
     pub(crate) fn drop_shells(&self) {
         lock(&self.inner.shells).clear();
@@ -527,6 +546,8 @@ impl Sandbox {
     /// Points the sandbox at a new placement and control stream.
     fn swap(&self, placement: Placement, conn: AgentConn) {
         let backend = &self.inner.runtime.inner.backend;
+        // A new container from the spec: nothing of a fold carries over.
+        self.inner.base_folded.store(false, Ordering::Release);
         let old = std::mem::replace(&mut *lock(&self.inner.placement), placement.clone());
         backend.unwatch(&old);
         *lock(&self.inner.conn) = Arc::new(conn);

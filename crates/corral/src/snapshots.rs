@@ -53,6 +53,9 @@ impl Sandbox {
             // The changes live in the agent's overlay, not in the container:
             // fold them in first (this ends the sandbox's processes).
             self.drop_shells();
+            // From here on the container is no longer its spec's: a pool
+            // destroys it rather than hand it to another session.
+            self.mark_base_folded();
             self.agent_reset(true)
                 .await
                 .map_err(|message| Error::Agent {

@@ -21,7 +21,10 @@
 //! SHA-256(key)>`, so distinct keys never share a directory (the earlier
 //! scheme's 32-bit hash could be made to collide). A directory left under
 //! the earlier name is renamed to the new one the first time its key is
-//! used again, so existing data keeps working.
+//! used again, but only when the key it records (its `session` file) is
+//! that key: under the earlier name two keys could share a directory, so
+//! one without its key, or with another, is left where it is and logged
+//! (writing the key into its `session` file by hand lets it move).
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -164,7 +167,7 @@ pub fn prepare(root: &Path, key: &str) -> Result<SessionDirs, SpecError> {
     let legacy = root.join(legacy_dir_name(key));
     if std::fs::symlink_metadata(&dirs.dir).is_err() {
         if let Ok(meta) = std::fs::symlink_metadata(&legacy) {
-            if meta.file_type().is_dir() && meta.uid() == euid() {
+            if meta.file_type().is_dir() && meta.uid() == euid() && legacy_owned_by(&legacy, key) {
                 std::fs::rename(&legacy, &dirs.dir).map_err(|e| {
                     dir_error(
                         &legacy,
@@ -215,6 +218,30 @@ pub fn prepare(root: &Path, key: &str) -> Result<SessionDirs, SpecError> {
         // private session directory above it is what keeps host users out.
     }
     Ok(dirs)
+}
+
+/// True when the directory left under the earlier name records `key` as
+/// its session (checked before it is moved: that name could be shared by
+/// two keys); logs why not otherwise.
+fn legacy_owned_by(legacy: &Path, key: &str) -> bool {
+    let path = legacy.join("session");
+    let why = match std::fs::symlink_metadata(&path) {
+        Ok(m) if !m.file_type().is_file() => "its session file is not a regular file".to_string(),
+        Ok(_) => match std::fs::read(&path) {
+            Ok(stored) if stored == key.as_bytes() => return true,
+            Ok(stored) => format!(
+                "it belongs to session {:?}",
+                String::from_utf8_lossy(&stored)
+            ),
+            Err(e) => format!("its session file cannot be read: {e}"),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            "it records no session key (write the key into its session file to move it)".into()
+        }
+        Err(e) => format!("its session file cannot be read: {e}"),
+    };
+    tracing::warn!(session = key, dir = %legacy.display(), reason = %why, "left a directory under the earlier naming where it is: it may belong to another session whose key had the same 32-bit hash");
+    false
 }
 
 fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
@@ -413,11 +440,44 @@ mod tests {
         let legacy = root.join(legacy_dir_name("agent/7"));
         std::fs::create_dir_all(legacy.join("workspace")).expect("mkdir");
         std::fs::write(legacy.join("workspace/notes.txt"), "kept").expect("write");
+        std::fs::write(legacy.join("session"), "agent/7").expect("write");
         let dirs = prepare(&root, "agent/7").expect("prepare");
         assert_eq!(
             std::fs::read_to_string(dirs.workspace.join("notes.txt")).expect("migrated"),
             "kept"
         );
+        assert!(!legacy.exists());
+        std::fs::remove_dir_all(&root).ok();
+    }
+
+    #[test]
+    fn a_legacy_directory_of_a_colliding_key_is_left_alone() {
+        let (a, b) = LEGACY_COLLISION;
+        let root = tmp_root();
+        // Session `a`'s directory under the earlier name, which `b` shares.
+        let legacy = root.join(legacy_dir_name(a));
+        std::fs::create_dir_all(legacy.join("workspace")).expect("mkdir");
+        std::fs::write(legacy.join("workspace/secret.txt"), "a's").expect("write");
+        std::fs::write(legacy.join("session"), a).expect("write");
+        let dirs = prepare(&root, b).expect("prepare");
+        assert!(
+            !dirs.workspace.join("secret.txt").exists(),
+            "session b was given session a's workspace"
+        );
+        assert_eq!(
+            std::fs::read_to_string(legacy.join("workspace/secret.txt")).expect("left"),
+            "a's"
+        );
+        // Without a recorded key, it cannot be told whose it is either.
+        std::fs::remove_file(legacy.join("session")).expect("rm");
+        std::fs::remove_dir_all(&dirs.dir).expect("rm");
+        let dirs = prepare(&root, b).expect("prepare");
+        assert!(!dirs.workspace.join("secret.txt").exists());
+        assert!(legacy.join("workspace/secret.txt").exists());
+        // Its own key moves it.
+        std::fs::write(legacy.join("session"), a).expect("write");
+        let dirs = prepare(&root, a).expect("prepare");
+        assert!(dirs.workspace.join("secret.txt").exists());
         assert!(!legacy.exists());
         std::fs::remove_dir_all(&root).ok();
     }
