@@ -128,10 +128,13 @@ async fn colliding_keys_get_their_own_directories_and_old_data_moves_over() {
         legacy_dir_name(b),
         "they used to collide"
     );
-    // Data of `a` under the earlier name.
+    // Data of `a` under the earlier name, recording its key (a directory
+    // that records none, or another key, stays where it is: see
+    // workspace.rs).
     let legacy = root.join(legacy_dir_name(a)).join("workspace");
     std::fs::create_dir_all(&legacy).expect("mkdir");
     std::fs::write(legacy.join("notes.txt"), "from before\n").expect("write");
+    std::fs::write(root.join(legacy_dir_name(a)).join("session"), a).expect("write");
 
     let p =
         Provider::with_persistence_root(backend().await, ProviderConfig::default(), root.clone());
