@@ -6,6 +6,10 @@
 //! are reported as one message naming what could not be used, because the
 //! bare OS error ("No such file or directory") does not say whether the
 //! program or the working directory is missing.
+//!
+//! A command's environment is the agent's own (the image's, as the engine
+//! started PID 1), then the sandbox's (from the session's Hello), then the
+//! command's own: each overrides the one before.
 
 use std::ffi::{CString, OsStr};
 use std::fs::File;
@@ -55,22 +59,39 @@ pub fn expand_cwd(cwd: &str, home: Option<&OsStr>) -> PathBuf {
     }
 }
 
-/// Starts `req` and registers it with `reaper`, whose status then goes to
-/// `ctl`. In a sandbox started for in-place reset the command enters the
-/// current world of `pristine`; it always loses the capabilities the agent
-/// holds for itself (`caps`).
+/// The `HOME` a command sees: its own, else the sandbox's, else the
+/// agent's (`~` in a working directory expands to it).
+fn home<'a>(sandbox_env: &'a [(String, String)], req: &'a ExecRequest) -> Option<&'a OsStr> {
+    let find = |env: &'a [(String, String)]| {
+        env.iter()
+            .rev()
+            .find(|(k, _)| k == "HOME")
+            .map(|(_, v)| OsStr::new(v.as_str()))
+    };
+    find(&req.env).or_else(|| find(sandbox_env))
+}
+
+/// Starts `req` with the sandbox's environment `sandbox_env` under its own
+/// and registers it with `reaper`, whose status then goes to `ctl`. In a
+/// sandbox started for in-place reset the command enters the current world
+/// of `pristine`; it always loses the capabilities the agent holds for
+/// itself (`caps`).
 /// `Err` is the SpawnFailed message.
 pub fn spawn(
     reaper: &Reaper,
     pristine: &Pristine,
+    sandbox_env: &[(String, String)],
     req: &ExecRequest,
     ctl: Arc<Control>,
 ) -> Result<Spawned, String> {
     let Some(program) = req.argv.first() else {
         return Err("argv is empty: nothing to run".to_string());
     };
+    let agent_home = std::env::var_os("HOME");
+    let home = home(sandbox_env, req).or(agent_home.as_deref());
     let mut cmd = Command::new(program);
     cmd.args(&req.argv[1..])
+        .envs(sandbox_env.iter().map(|(k, v)| (k, v)))
         .envs(req.env.iter().map(|(k, v)| (k, v)))
         .stdin(if req.stdin {
             Stdio::piped()
@@ -86,14 +107,14 @@ pub fn spawn(
     let mut enter: Option<(RawFd, CString)> = None;
     if let Some(w) = world.as_ref() {
         let dir = match &req.cwd {
-            Some(cwd) => w.check_dir(&expand_cwd(cwd, std::env::var_os("HOME").as_deref()))?,
+            Some(cwd) => w.check_dir(&expand_cwd(cwd, home))?,
             None => w.cwd.clone(),
         };
         let dir = CString::new(dir.as_os_str().as_bytes())
             .map_err(|_| format!("working directory {} contains a NUL byte", dir.display()))?;
         enter = Some((w.ns(), dir));
     } else if let Some(cwd) = &req.cwd {
-        let dir = expand_cwd(cwd, std::env::var_os("HOME").as_deref());
+        let dir = expand_cwd(cwd, home);
         // Checked here (as the same user the child runs as) so the message
         // can say it is the directory that is wrong, not the program.
         match std::fs::metadata(&dir) {
@@ -191,5 +212,24 @@ mod tests {
         assert_eq!(expand_cwd("~bob", home), PathBuf::from("~bob"));
         assert_eq!(expand_cwd("~", None), PathBuf::from("/"));
         assert_eq!(expand_cwd("~/a", Some(OsStr::new(""))), PathBuf::from("/a"));
+    }
+
+    #[test]
+    fn home_is_the_commands_then_the_sandboxs() {
+        let mut req = ExecRequest {
+            argv: vec!["true".into()],
+            cwd: None,
+            env: Vec::new(),
+            stdin: false,
+            timeout_ms: None,
+            max_output: 0,
+            exclusive: false,
+            wait_for_output: false,
+        };
+        let sandbox = [("HOME".to_string(), "/home/sb".to_string())];
+        assert_eq!(home(&[], &req), None);
+        assert_eq!(home(&sandbox, &req), Some(OsStr::new("/home/sb")));
+        req.env = vec![("HOME".into(), "/home/cmd".into())];
+        assert_eq!(home(&sandbox, &req), Some(OsStr::new("/home/cmd")));
     }
 }

@@ -10,6 +10,11 @@
 //! of the old session are then killed, since nobody can observe them any
 //! more, and their frames are never sent. Any byte on stdin feeds the
 //! dead-man switch.
+//!
+//! The Hello also carries the sandbox's environment, which every command
+//! of the session gets: corral never puts it into the container's
+//! configuration, where the engine would show it and a snapshot would keep
+//! it.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -69,12 +74,16 @@ struct Running {
 
 type Table = Arc<Mutex<HashMap<u32, Running>>>;
 
-/// What serves corral's frames: the commands of the current session and
-/// the one writer all answers go through.
+/// The sandbox's environment as the current session's Hello gave it.
+type Env = Arc<Vec<(String, String)>>;
+
+/// What serves corral's frames: the commands of the current session, the
+/// environment they get, and the one writer all answers go through.
 pub struct Conn {
     shared: Shared,
     writer: Arc<FrameWriter>,
     commands: Table,
+    env: Mutex<Env>,
 }
 
 /// Serves corral on stdin/stdout until stdin ends; returns then (the
@@ -91,6 +100,7 @@ impl Conn {
             shared,
             writer,
             commands: Arc::new(Mutex::new(HashMap::new())),
+            env: Mutex::new(Arc::new(Vec::new())),
         }
     }
 
@@ -197,6 +207,7 @@ impl Conn {
                 let h = Hello {
                     protocol: 0,
                     session: String::new(),
+                    env: Vec::new(),
                 };
                 (h, false)
             }
@@ -205,6 +216,7 @@ impl Conn {
             // The old session's commands die before the new session's
             // first answer, and none of their frames follow it.
             self.end_session();
+            *lock(&self.env) = Arc::new(hello.env);
         }
         let ack = HelloAck {
             protocol: PROTOCOL_VERSION,
@@ -321,9 +333,11 @@ impl Conn {
             Err(e) => return self.spawn_failed(id, format!("cannot set up the command: {e}")),
         };
         let oom_before = self.shared.oom.read();
+        let env = lock(&self.env).clone();
         let proc = match command::spawn(
             &self.shared.reaper,
             &self.shared.pristine,
+            &env,
             &req,
             ctl.clone(),
         ) {

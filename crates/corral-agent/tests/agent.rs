@@ -476,6 +476,7 @@ fn protocol_errors_are_answered() {
         &Hello {
             protocol: PROTOCOL_VERSION,
             session: "no-sync".into(),
+            env: Vec::new(),
         },
     ));
     assert!(c.expect_error(0).contains("sync"));
@@ -499,6 +500,38 @@ fn protocol_errors_are_answered() {
     std::thread::sleep(Duration::from_millis(2500));
     c.hello();
     assert_eq!(c.run(&["echo", "resynced"]).out(), "resynced\n");
+}
+
+#[test]
+fn the_sessions_environment_reaches_every_command_under_its_own() {
+    need_docker!();
+    let sb = Sandbox::start(Opts::default());
+    let mut c = sb.client();
+    let image_path = c.sh("echo $PATH").out();
+    assert!(image_path.len() > 1, "{image_path:?}");
+
+    let mut c = sb.raw_client();
+    c.hello_env(&[("API_KEY", "from-hello"), ("HOME", "/tmp")]);
+    // On top of the agent's own environment (the image's PATH still finds
+    // programs), with `~` expanding to the sandbox's HOME.
+    let mut r = req(&["sh", "-c", "echo $API_KEY:$HOME:$PATH; pwd"]);
+    r.cwd = Some("~".into());
+    assert_eq!(
+        c.run_req(&r).out(),
+        format!("from-hello:/tmp:{}/tmp\n", image_path)
+    );
+    // A command's own variable wins, and its HOME is its `~`.
+    let mut r = req(&["sh", "-c", "echo $API_KEY; pwd"]);
+    r.env = vec![
+        ("API_KEY".into(), "mine".into()),
+        ("HOME".into(), "/proc".into()),
+    ];
+    r.cwd = Some("~".into());
+    assert_eq!(c.run_req(&r).out(), "mine\n/proc\n");
+
+    // A new session brings its own environment; nothing of the old stays.
+    c.hello_env(&[("OTHER", "o")]);
+    assert_eq!(c.sh("echo \"[$API_KEY]$OTHER\"").out(), "[]o\n");
 }
 
 #[test]

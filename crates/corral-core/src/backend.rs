@@ -56,8 +56,13 @@ pub struct StartRequest<'a> {
     pub sandbox_id: &'a str,
     /// The validated spec.
     pub spec: &'a SandboxSpec,
-    /// The spec's environment resolved on the host.
-    pub env: Vec<(String, String)>,
+    /// Variables PID 1 itself is started with, besides the image's. Never
+    /// the spec's environment: the runtime hands that to the agent at each
+    /// handshake, so no engine holds its values in a container's
+    /// configuration (where `docker inspect` shows them and `docker commit`
+    /// copies them into a snapshot image). The runtime leaves this empty; a
+    /// backend wrapping another may add its agent's own (`CORRAL_AGENT_*`).
+    pub agent_env: Vec<(String, String)>,
     /// Labels every object made for this sandbox carries: the sandbox id,
     /// the owner, and for persistent sandboxes the session and its seal.
     pub labels: HashMap<String, String>,

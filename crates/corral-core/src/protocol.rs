@@ -29,9 +29,15 @@ pub const PROTOCOL_VERSION: u32 = 2;
 /// fails on it rather than reading it as a header.
 pub const SYNC: &[u8; 16] = b"\0corral-sync\xa5\x5a\xc3\x3c";
 
-/// Largest payload a handshake frame may announce; a larger one after
-/// [`SYNC`] is not a handshake (the sync bytes were inside some payload).
+/// Largest payload a [`FrameKind::HelloAck`] may announce; a larger one
+/// after [`SYNC`] is not a handshake (the sync bytes were inside some
+/// payload).
 pub const MAX_HANDSHAKE: usize = 4096;
+
+/// Largest payload a [`FrameKind::Hello`] may announce: it carries the
+/// sandbox's environment (at most [`crate::spec::MAX_ENV_BYTES`], which
+/// JSON escaping can make up to six times longer).
+pub const MAX_HELLO: usize = 8 * 1024 * 1024;
 
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 9;
@@ -370,7 +376,11 @@ impl SyncDecoder {
             return false;
         }
         let len = u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]) as usize;
-        if rest[0] == kind as u8 && len <= MAX_HANDSHAKE {
+        let max = match kind {
+            FrameKind::Hello => MAX_HELLO,
+            _ => MAX_HANDSHAKE,
+        };
+        if rest[0] == kind as u8 && len <= max {
             return false;
         }
         self.resync();
@@ -414,6 +424,15 @@ pub struct Hello {
     /// A fresh random nonce; the agent echoes it in [`HelloAck`], so corral
     /// can tell its own answer from sync bytes planted in command output.
     pub session: String,
+    /// The sandbox's environment (its spec's, resolved on the host): every
+    /// command of the session gets it on top of the agent's own (the
+    /// image's), under the command's [`ExecRequest::env`]. It is sent at
+    /// every handshake and never put into the engine's configuration of the
+    /// container, so its values show neither in `docker inspect` nor in a
+    /// snapshot image. Absent from an older corral, whose containers carry
+    /// it in their configuration instead.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
 }
 
 /// Handshake answer from the agent.
@@ -577,6 +596,7 @@ mod tests {
                 &Hello {
                     protocol: 1,
                     session: "s".into(),
+                    env: vec![("API_KEY".into(), "v".into())],
                 },
             ),
             Frame::new(FrameKind::Stdout, 7, vec![0u8, 255, 10, 13, 0xc3]),
@@ -702,5 +722,28 @@ mod tests {
         assert_eq!(d.next_item(), Ok(Some(Item::Synced)));
         d.extend(&[FrameKind::HelloAck as u8, 0, 0, 0, 0, 0, 0x10, 0, 0]);
         assert!(d.refuse_non_handshake(FrameKind::HelloAck));
+        // A Hello carries the environment: larger, but still bounded.
+        let hello = |len: u32| {
+            let mut d = SyncDecoder::new();
+            d.extend(SYNC);
+            assert_eq!(d.next_item(), Ok(Some(Item::Synced)));
+            let mut header = vec![FrameKind::Hello as u8, 0, 0, 0, 0];
+            header.extend_from_slice(&len.to_be_bytes());
+            d.extend(&header);
+            d.refuse_non_handshake(FrameKind::Hello)
+        };
+        assert!(!hello(MAX_HELLO as u32));
+        assert!(hello(MAX_HELLO as u32 + 1));
+    }
+
+    #[test]
+    fn a_hello_without_env_parses_with_none() {
+        let f = Frame::new(
+            FrameKind::Hello,
+            0,
+            br#"{"protocol":2,"session":"s"}"#.to_vec(),
+        );
+        let h: Hello = f.parse().expect("parses");
+        assert!(h.env.is_empty());
     }
 }

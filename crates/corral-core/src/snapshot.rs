@@ -228,7 +228,9 @@ impl SnapshotInfo {
     /// a forwarded one is resolved where the fork starts) gives the values
     /// of the variables the source set, and a variable `env` has that the
     /// source did not set is added. A variable of the source that `env`
-    /// does not give is left to the image (a Docker snapshot records it empty, never with its value).
+    /// does not give is left to the image (unset unless the base image sets
+    /// it: no engine keeps a sandbox's values in its container's
+    /// configuration, so a snapshot never holds them).
     pub fn fork_spec_with(&self, env: &[EnvVar]) -> SandboxSpec {
         let mut spec = self.spec.clone();
         spec.image = self.image.clone();

@@ -21,7 +21,11 @@ pub struct SandboxSpec {
     pub image: String,
     /// Working directory for commands; `None` keeps the image's.
     pub workdir: Option<String>,
-    /// Environment variables, in order.
+    /// Environment variables, in order. Every command gets them (under its
+    /// own `env`); the agent receives them at each handshake, so they are
+    /// never in the engine's configuration of the container (`docker
+    /// inspect`, a pod's spec, a snapshot image). At most
+    /// [`MAX_ENV_BYTES`] in all.
     pub env: Vec<EnvVar>,
     /// Resolve `Set` values starting with `$` (e.g. `$HOME`) from the host
     /// environment; an unset host variable is an error.
@@ -337,6 +341,12 @@ pub trait HostView {
     /// Whether a host path exists.
     fn path_exists(&self, path: &str) -> bool;
 }
+
+/// Most bytes (names and values, with `=` and a terminator each) a
+/// sandbox's resolved environment may hold: half the kernel's usual
+/// `ARG_MAX`, so every command still has room for its own arguments and
+/// variables.
+pub const MAX_ENV_BYTES: usize = 1024 * 1024;
 
 /// True for a POSIX-portable environment variable name.
 pub fn valid_env_name(name: &str) -> bool {
@@ -672,6 +682,14 @@ impl SandboxSpec {
                 }
             }
         }
+        let bytes: usize = out.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+        if bytes > MAX_ENV_BYTES {
+            return Err(SpecError::new(
+                "env",
+                format!("{bytes} bytes"),
+                format!("the environment holds at most {MAX_ENV_BYTES} bytes (names and values)"),
+            ));
+        }
         Ok(out)
     }
 }
@@ -838,6 +856,19 @@ mod tests {
             assert!(e.value.starts_with("CORRAL_AGENT_"), "{e}");
             assert!(e.reason.contains("reserved"), "{e}");
         }
+        // The whole environment is bounded (it travels in the handshake).
+        let big = |n: usize| EnvVar::Set {
+            name: "BIG".into(),
+            value: "x".repeat(n),
+        };
+        spec.env = vec![big(MAX_ENV_BYTES - 5)];
+        spec.resolve_env(&FakeHost).expect("exactly the limit");
+        spec.env = vec![big(MAX_ENV_BYTES - 4)];
+        let e = err(&spec);
+        assert_eq!(
+            (e.field.as_str(), e.value.as_str()),
+            ("env", format!("{} bytes", MAX_ENV_BYTES + 1).as_str())
+        );
     }
 
     #[test]

@@ -412,7 +412,7 @@ impl DockerBackend {
             &CreateParams {
                 sandbox_id: id,
                 labels: &req.labels,
-                env: req.env.clone(),
+                env: req.agent_env.clone(),
                 agent_volume: &volume,
                 storage_opt_supported,
                 network: &network,

@@ -21,7 +21,9 @@ pub struct CreateParams<'a> {
     /// The runtime's labels: sandbox id, owner, and for a persistent
     /// sandbox its session, spec digest and seal.
     pub labels: &'a HashMap<String, String>,
-    /// Resolved environment.
+    /// Variables PID 1 is started with besides the image's (the request's
+    /// `agent_env`). Never the spec's environment: whatever is here shows in
+    /// `docker inspect` and is copied into a snapshot image.
     pub env: Vec<(String, String)>,
     /// The volume holding the agent binary.
     pub agent_volume: &'a str,

@@ -3,11 +3,13 @@
 //! survive corral restarts and daemon restarts; a fork is a sandbox started
 //! from the image, sharing its layers (nothing is copied).
 //!
-//! The committed image keeps the base image's environment, not the
-//! sandbox's (whose values may come from the host): the daemon merges the
-//! container's variables into a commit, so those the base image lacks are
-//! committed empty. A fork gets its environment from the recorded spec,
-//! like the sandbox it was taken from.
+//! The committed image holds no value of the sandbox's environment: the
+//! container's configuration never had them (the agent gets them at the
+//! handshake), and that configuration is all a commit copies (this daemon
+//! records it whole as the image's `ContainerConfig`, which a commit's own
+//! config cannot override). So the image's `Config.Env` is the base
+//! image's, with nothing to override. A fork gets its environment from the
+//! recorded spec and whoever forks (`corral_core::snapshot`).
 
 use std::collections::HashMap;
 
@@ -68,34 +70,7 @@ impl DockerBackend {
         let docker = self.docker();
         let container = placement.id();
         let what = format!("snapshot sandbox {} as '{}'", req.sandbox_id, req.name);
-        let inspected = docker
-            .inspect_container(
-                container,
-                None::<bollard::query_parameters::InspectContainerOptions>,
-            )
-            .await
-            .map_err(|e| api(what.clone(), e))?;
-        // The base image's own environment, not the sandbox's.
-        let mut base_env = match inspected.image.as_deref() {
-            Some(image) => docker
-                .inspect_image(image)
-                .await
-                .ok()
-                .and_then(|i| i.config)
-                .and_then(|c| c.env)
-                .unwrap_or_default(),
-            None => Vec::new(),
-        };
-        let key = |v: &String| v.split('=').next().unwrap_or_default().to_string();
-        let base_keys: Vec<String> = base_env.iter().map(key).collect();
-        let sandbox_env = inspected.config.and_then(|c| c.env).unwrap_or_default();
-        for k in sandbox_env.iter().map(key) {
-            if !base_keys.contains(&k) {
-                base_env.push(format!("{k}="));
-            }
-        }
         let config = ContainerConfig {
-            env: Some(base_env),
             labels: Some(req.labels()),
             ..Default::default()
         };

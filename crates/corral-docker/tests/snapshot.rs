@@ -110,7 +110,7 @@ async fn forks_of_a_pristine_sandbox_start_from_its_snapshot_and_reset_to_it() {
     assert!(!image_env.contains("s3cr3t"), "{image_env}");
 
     // The snapshot kept the variable's name, not its value: a plain fork
-    // has it empty, a fork given the value has it.
+    // does not have it, a fork given the value has it.
     assert!(!docker(&[
         "image",
         "inspect",
@@ -228,5 +228,94 @@ async fn bad_names_and_unknown_snapshots_are_errors_naming_them() {
     };
     assert!(e.to_string().contains(&missing), "{e}");
     sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}
+
+/// The attack: read a sandbox's secret from outside it without any right
+/// to the sandbox, through what the engine shows (`docker inspect` of its
+/// container) and what a snapshot carries (the image's JSON, its history,
+/// the `docker save` archive that a push would send).
+#[tokio::test(flavor = "multi_thread")]
+async fn no_value_of_the_environment_is_in_the_container_config_or_the_snapshot() {
+    let g = Guard::new("snap-secret-env");
+    let rt = backend().await;
+    let secret = format!("sk-probe-{}", corral::host::random_hex(12));
+    let forwarded = format!("fw-probe-{}", corral::host::random_hex(12));
+    let fwd_name = format!("SNAP_TEST_FORWARDED_{}", std::process::id());
+    std::env::set_var(&fwd_name, &forwarded);
+    let both = format!("$API_KEY/${fwd_name}");
+    let mut spec = g.spec(BUSYBOX);
+    // The start-up command records a digest of what it saw (the file
+    // system is the sandbox's own content: the value itself would rightly
+    // be in the snapshot if a command wrote it there).
+    spec.startup = vec![format!("echo \"{both}\" | md5sum > /startup-saw")];
+    spec.env = vec![
+        EnvVar::Set {
+            name: "API_KEY".into(),
+            value: secret.clone(),
+        },
+        EnvVar::Forward {
+            forward: fwd_name.clone(),
+        },
+    ];
+    let sb = rt.create(&spec).await.expect("create");
+
+    // Inside, commands and start-up commands see both values, and a
+    // command's own variable wins.
+    assert_eq!(
+        out(&sb, &format!("echo \"{both}\"")).await,
+        format!("{secret}/{forwarded}\n")
+    );
+    let seen = out(&sb, &format!("cat /startup-saw; echo \"{both}\" | md5sum")).await;
+    let lines: Vec<&str> = seen.lines().collect();
+    assert_eq!(lines.len(), 2, "{seen}");
+    assert_eq!(lines[0], lines[1], "the start-up command saw other values");
+    let r = sb.run(&sh("echo $API_KEY").env("API_KEY", "mine")).await;
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "mine\n", "{r:?}");
+
+    let leaks = |what: &str, text: &str| {
+        for value in [&secret, &forwarded] {
+            assert!(
+                !text.contains(value.as_str()),
+                "{what} holds the value {value}:\n{text}"
+            );
+        }
+    };
+    let container = docker(&[
+        "ps",
+        "-aq",
+        "--no-trunc",
+        "--filter",
+        &format!("label=corral.sandbox={}", sb.id()),
+    ]);
+    let container = container.trim();
+    assert_eq!(container.len(), 64, "one container: {container:?}");
+    let inspect = docker(&["inspect", container]);
+    assert!(inspect.contains("\"Env\""), "{inspect}");
+    leaks("docker inspect of the sandbox's container", &inspect);
+
+    let name = unique("secret-env");
+    let snap = sb
+        .snapshot(&name, SnapshotOptions::default())
+        .await
+        .expect("snapshot");
+    let image = docker(&["image", "inspect", &snap.image]);
+    assert!(image.contains("\"ContainerConfig\""), "{image}");
+    leaks("docker image inspect of the snapshot", &image);
+    let history = docker(&["history", "--no-trunc", &snap.image]);
+    assert!(history.contains(sb.id()), "{history}");
+    leaks("docker history of the snapshot", &history);
+    let saved = std::process::Command::new("docker")
+        .args(["save", &snap.image])
+        .output()
+        .expect("docker save");
+    assert!(saved.status.success(), "{saved:?}");
+    let archive = String::from_utf8_lossy(&saved.stdout);
+    assert!(archive.contains("startup-saw"), "the archive has the layer");
+    leaks("docker save of the snapshot", &archive);
+
+    sb.destroy().await.expect("destroy");
+    rt.delete_snapshot(&name).await.expect("delete");
+    std::env::remove_var(&fwd_name);
     g.assert_clean();
 }

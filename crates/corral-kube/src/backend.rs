@@ -337,7 +337,6 @@ impl KubeBackend {
                 sandbox_id: id,
                 name: &name,
                 labels: &req.labels,
-                env: &req.env,
                 agent_image: &self.inner.config.agent_image,
                 agent_port: self.inner.config.agent_port,
                 secret: &secret,

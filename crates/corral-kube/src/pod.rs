@@ -58,8 +58,6 @@ pub struct PodParams<'a> {
     /// The runtime's labels: sandbox id, owner, and for a persistent
     /// sandbox its session, spec digest and seal.
     pub labels: &'a HashMap<String, String>,
-    /// Resolved environment.
-    pub env: &'a [(String, String)],
     /// The image holding the static agent at `/corral-agent`.
     pub agent_image: &'a str,
     /// The port the agent listens on for corral.
@@ -347,21 +345,22 @@ pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
         image_pull_policy: Some("IfNotPresent".into()),
         command: Some(command),
         args: Some(Vec::new()),
+        // Only the agent's own variables, which PID 1 takes out of the
+        // environment commands get. The spec's environment reaches the agent
+        // at each handshake, so whoever may read pods does not read its
+        // values here.
         env: Some(
-            p.env
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                // PID 1 takes these out of the environment commands get.
-                .chain([
-                    (agent_auth::LISTEN_ENV.to_string(), p.agent_port.to_string()),
-                    (agent_auth::SECRET_ENV.to_string(), p.secret.to_hex()),
-                ])
-                .map(|(name, value)| EnvVar {
-                    name,
-                    value: Some(value),
-                    ..Default::default()
-                })
-                .collect(),
+            [
+                (agent_auth::LISTEN_ENV.to_string(), p.agent_port.to_string()),
+                (agent_auth::SECRET_ENV.to_string(), p.secret.to_hex()),
+            ]
+            .into_iter()
+            .map(|(name, value)| EnvVar {
+                name,
+                value: Some(value),
+                ..Default::default()
+            })
+            .collect(),
         ),
         working_dir: spec.workdir.clone(),
         ports: Some(vec![ContainerPort {
@@ -587,14 +586,12 @@ mod tests {
             (labels::OWNER_HOST.to_string(), "node-a".to_string()),
             (labels::SEAL.to_string(), "ab".repeat(32)),
         ]);
-        let env = [("A".to_string(), "1".to_string())];
         pod(
             spec,
             &PodParams {
                 sandbox_id: "sb-1",
                 name: "corral-sb-1-x",
                 labels: &labels,
-                env: &env,
                 agent_image: "corral-agent:9",
                 agent_port: 7150,
                 secret: &Secret::new([0xa5; 32]),
@@ -749,7 +746,16 @@ mod tests {
 
     #[test]
     fn the_agent_comes_from_an_init_container_read_only() {
-        let pod = run(&kube_spec()).expect("maps");
+        let mut spec = kube_spec();
+        // The spec's environment reaches the agent at the handshake: the
+        // pod (which whoever may read pods reads) holds none of its values.
+        spec.env = vec![corral_core::EnvVar::Set {
+            name: "API_KEY".into(),
+            value: "sk-in-spec".into(),
+        }];
+        let pod = run(&spec).expect("maps");
+        let json = serde_json::to_string(&pod).expect("serializes");
+        assert!(!json.contains("sk-in-spec"), "{json}");
         let spec = pod.spec.as_ref().expect("spec");
         let init = &spec.init_containers.as_ref().expect("init")[0];
         assert_eq!(init.image.as_deref(), Some("corral-agent:9"));
@@ -804,7 +810,6 @@ mod tests {
         assert_eq!(
             env,
             vec![
-                ("A".to_string(), "1".to_string()),
                 (agent_auth::LISTEN_ENV.to_string(), "7150".to_string()),
                 (agent_auth::SECRET_ENV.to_string(), "a5".repeat(32)),
             ]

@@ -320,7 +320,6 @@ mod tests {
                 sandbox_id: "sb-1",
                 name: "corral-sb-1-x",
                 labels: &labels,
-                env: &[],
                 agent_image: "corral-agent:9",
                 agent_port: 7150,
                 secret: &corral_core::agent_auth::Secret::new([1; 32]),

@@ -111,6 +111,7 @@ fn session_running(session: &str, argv: &[&str]) -> Vec<u8> {
         &Hello {
             protocol: PROTOCOL_VERSION,
             session: session.into(),
+            env: Vec::new(),
         },
     )
     .encode_into(&mut out);
@@ -319,7 +320,7 @@ async fn bytes_from_inside_cannot_keep_an_abandoned_sandbox_alive() {
     let req = StartRequest {
         sandbox_id: &id,
         spec: &spec,
-        env: Vec::new(),
+        agent_env: Vec::new(),
         labels: HashMap::from([(corral_core::labels::SANDBOX.to_string(), id.clone())]),
         owner: &owner,
     };

@@ -242,7 +242,7 @@ async fn pods_are_made_run_listed_watched_and_removed() {
     let req = StartRequest {
         sandbox_id: &id,
         spec: &s,
-        env: vec![("GREETING".into(), "hi".into())],
+        agent_env: Vec::new(),
         labels,
         owner: &owner,
     };

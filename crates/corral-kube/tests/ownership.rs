@@ -165,7 +165,7 @@ async fn make_pod(backend: &KubeBackend, owner: &Owner, test: &str) -> Placement
     let req = StartRequest {
         sandbox_id: &id,
         spec: &s,
-        env: Vec::new(),
+        agent_env: Vec::new(),
         labels,
         owner,
     };
@@ -389,7 +389,7 @@ async fn a_persistent_pods_claim_is_made_recorded_and_kept() {
     let req = StartRequest {
         sandbox_id: &id,
         spec: &s,
-        env: Vec::new(),
+        agent_env: Vec::new(),
         labels,
         owner: &owner,
     };

@@ -406,7 +406,7 @@ pub struct SnapshotBody {
     pub read_only: bool,
     /// Names of the variables the sandbox it was taken from set. Their
     /// values are not kept: a fork takes them from its request's `env`
-    /// and the service's defaults, else leaves them empty.
+    /// and the service's defaults, else leaves them unset.
     pub env_names: Vec<String>,
     /// The engine's image holding it (`corral-snapshot:<name>` on Docker).
     pub image: String,
@@ -463,7 +463,7 @@ pub struct ForkRequest {
     pub session_prefix: Option<String>,
     /// Values of environment variables for the forks: a snapshot keeps the
     /// names of its source's variables, not their values, so each comes
-    /// from here, else from the service's `defaults`, else is empty.
+    /// from here, else from the service's `defaults`, else is unset.
     /// Other variables given here are added.
     #[serde(default)]
     pub env: BTreeMap<String, String>,

@@ -654,7 +654,7 @@ impl Backend for LocalProcessBackend {
             if lock(&local.state).life != Life::Created {
                 return Ok(()); // already started, as Docker's 304
             }
-            self.spawn(&local, req.spec.effective_grace_ms(), &req.env)
+            self.spawn(&local, req.spec.effective_grace_ms(), &req.agent_env)
         })
     }
 

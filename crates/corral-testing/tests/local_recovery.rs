@@ -80,7 +80,14 @@ fn patient() -> corral::SandboxSpec {
 async fn a_stream_cut_mid_frame_fails_typed_then_reattaches() {
     let h = harness();
     within(T, async {
-        let sb = h.runtime.create(&patient()).await.expect("create");
+        // The sandbox's environment comes with every session's Hello, so
+        // the re-attached session has it too.
+        let mut spec = patient();
+        spec.env.push(corral::EnvVar::Set {
+            name: "API_KEY".into(),
+            value: "k-1".into(),
+        });
+        let sb = h.runtime.create(&spec).await.expect("create");
         // Frames are 9+ bytes: 5 cuts inside the first one.
         h.backend.faults().cut_control_after(5);
         let r = sb.run(&CommandSpec::shell("echo first")).await;
@@ -91,9 +98,9 @@ async fn a_stream_cut_mid_frame_fails_typed_then_reattaches() {
             // The cut fell on a keepalive before the command: it re-attached.
             assert_eq!(r.stdout, b"first\n");
         }
-        let r = sb.run(&CommandSpec::shell("echo second")).await;
+        let r = sb.run(&CommandSpec::shell("echo second $API_KEY")).await;
         assert!(r.failure.is_none(), "{:?}", r.failure);
-        assert_eq!(r.stdout, b"second\n");
+        assert_eq!(r.stdout, b"second k-1\n");
         sb.destroy().await.expect("destroy");
     })
     .await;

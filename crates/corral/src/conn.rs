@@ -273,11 +273,13 @@ impl AgentConn {
     /// Opens a control stream over `stream` (the backend connected it to
     /// the agent of sandbox `sandbox`) and performs the handshake.
     /// `keepalive` is how often the agent hears from corral when nothing
-    /// else is sent.
+    /// else is sent; `env` is the sandbox's environment, which the agent
+    /// gives every command of the session.
     pub async fn open(
         stream: AgentStream,
         sandbox: &str,
         keepalive: Duration,
+        env: Vec<(String, String)>,
     ) -> Result<Self, Error> {
         let AgentStream { output, mut input } = stream;
         let session = random_hex(32);
@@ -351,6 +353,7 @@ impl AgentConn {
             &Hello {
                 protocol: PROTOCOL_VERSION,
                 session,
+                env,
             },
         )
         .encode_into(&mut hello);

@@ -409,15 +409,19 @@ impl Runtime {
         ))
     }
 
-    /// Opens the control stream to a running sandbox's agent.
+    /// Opens the control stream to a running sandbox's agent and hands it
+    /// the spec's environment, resolved on this host: at every handshake
+    /// (a first start, a re-attach, an adoption by a later corral), since
+    /// the container's configuration never holds it.
     pub(crate) async fn connect(
         &self,
         placement: &Placement,
         sandbox_id: &str,
         spec: &SandboxSpec,
     ) -> Result<AgentConn, Error> {
+        let env = spec.resolve_env(&RealHost)?;
         let stream = self.inner.backend.connect(placement, sandbox_id).await?;
-        AgentConn::open(stream, sandbox_id, spec.keepalive()).await
+        AgentConn::open(stream, sandbox_id, spec.keepalive(), env).await
     }
 
     /// Removes a sandbox's container (or pod) and what was made for it.
@@ -478,11 +482,10 @@ impl Runtime {
         let total = Instant::now();
         let mut timings = StartTimings::default();
         spec.validate(&RealHost)?;
-        let env = spec.resolve_env(&RealHost)?;
         let req = StartRequest {
             sandbox_id: id,
             spec,
-            env,
+            agent_env: Vec::new(),
             labels: self.labels_for(spec, id).await?,
             owner: &self.inner.owner,
         };

@@ -385,6 +385,19 @@ impl Client {
 
     /// Starts a session speaking protocol `version`.
     pub fn hello_with(&mut self, version: u32) -> HelloAck {
+        self.hello_full(version, Vec::new())
+    }
+
+    /// Starts a session whose commands get the sandbox environment `env`.
+    pub fn hello_env(&mut self, env: &[(&str, &str)]) -> HelloAck {
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.hello_full(PROTOCOL_VERSION, env)
+    }
+
+    fn hello_full(&mut self, version: u32, env: Vec<(String, String)>) -> HelloAck {
         static N: AtomicUsize = AtomicUsize::new(0);
         let session = format!(
             "test-{}-{}",
@@ -398,6 +411,7 @@ impl Client {
             &Hello {
                 protocol: version,
                 session: session.clone(),
+                env,
             },
         )
         .encode_into(&mut bytes);

@@ -83,10 +83,13 @@ impl Backend for DockerAsPodNetworkDouble {
     fn create<'a>(&'a self, req: &'a StartRequest<'a>) -> BoxFuture<'a, Result<Placement, Error>> {
         Box::pin(async move {
             let secret = control::new_secret().expect("urandom");
-            let mut env = req.env.clone();
-            env.push((agent_auth::LISTEN_ENV.into(), PORT.to_string()));
-            env.push((agent_auth::SECRET_ENV.into(), secret.to_hex()));
-            let listening = StartRequest { env, ..req.clone() };
+            let mut agent_env = req.agent_env.clone();
+            agent_env.push((agent_auth::LISTEN_ENV.into(), PORT.to_string()));
+            agent_env.push((agent_auth::SECRET_ENV.into(), secret.to_hex()));
+            let listening = StartRequest {
+                agent_env,
+                ..req.clone()
+            };
             let placement = self.docker.create(&listening).await?;
             self.secrets
                 .lock()
