@@ -394,11 +394,6 @@ async def test_snapshots_shared_with_mcp_restore_without_values_and_stay_the_ope
             raise
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="docker commit (API 1.41) records the source container's config, its environment values "
-    "included, as the image's ContainerConfig: the secret is still in the snapshot image's metadata",
-)
 def test_snapshot_image_metadata_keeps_no_value(world: World) -> None:
     """Nothing of the image the trainer's snapshot is kept in holds the
     secret (`docker image inspect`, `docker save` show all of it)."""

@@ -124,7 +124,7 @@ pub struct RunArgs {
     /// serve`): its file system and the spec of the sandbox it was taken
     /// from (its start-up commands are not run again); the variables that
     /// sandbox set take their values from --env and the configured
-    /// defaults, and are empty otherwise.
+    /// defaults, and are unset otherwise.
     #[arg(long, value_name = "NAME", conflicts_with_all = ["image", "profile", "startup"])]
     from_snapshot: Option<String>,
     /// The command, run by /bin/sh -c (several words are joined with spaces).
