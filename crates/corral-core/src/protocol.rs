@@ -430,8 +430,8 @@ pub struct Hello {
     /// every handshake and never put into the engine's configuration of the
     /// container, so its values show neither in `docker inspect` nor in a
     /// snapshot image. Absent from an older corral, whose containers carry
-    /// it in their configuration instead.
-    #[serde(default)]
+    /// it in their configuration instead; left out when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<(String, String)>,
 }
 

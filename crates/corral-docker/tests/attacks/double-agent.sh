@@ -6,7 +6,14 @@
 #   unknown-id     output and Exited for a command corral never started
 #   exit-first     Exited without Started
 #   after-exit     Started, Exited, then more output
-hello=$(dd bs=1 count=84 2>/dev/null | tr -cd '0-9a-z":{},')
+# corral's sync bytes (16), then the Hello frame: a 9-byte header (kind,
+# id, length) and its payload, read by its length.
+dd bs=1 count=16 >/dev/null 2>&1
+scenario=$1
+set -- "$scenario" $(dd bs=1 count=9 2>/dev/null | od -An -tu1)
+hlen=$(( ($7<<24) + ($8<<16) + ($9<<8) + ${10} ))
+hello=$(dd bs=1 count="$hlen" 2>/dev/null | tr -cd '0-9a-z":{},')
+set -- "$scenario"
 session=$(echo "$hello" | sed -n 's/.*"session":"\([0-9a-f]*\)".*/\1/p')
 printf '\000corral-sync\245\132\303\074'
 frame 64 0 "{\"protocol\":2,\"agent_version\":\"double\",\"oom_counter\":\"none\",\"session\":\"$session\"}"
