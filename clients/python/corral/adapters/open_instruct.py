@@ -374,8 +374,12 @@ _defaults: Dict[str, Any] = {}
 
 def install(*, ray: bool = True, **defaults: Any) -> None:
     """Make open-instruct's ``create_backend`` give :class:`CorralBackend`
-    (for ``"docker"`` and ``"corral"``), here and, with ``ray=True``, in
-    every Ray worker started by a later ``ray.init`` in this process.
+    (for ``"docker"`` and ``"corral"``), here and in the processes started
+    from here: it sets ``$CORRAL_OPEN_INSTRUCT``, which the startup hook
+    (``corral_autoload.pth``) reads in each of them, ``uv run``'s Ray
+    workers included. With ``ray=True`` it also sets ``RAY_RUNTIME_ENV_HOOK``
+    for workers of an environment without the startup hook (ignored under
+    ``uv run``), and warns when the hook is missing here.
 
     ``defaults`` are :class:`CorralBackend` keyword arguments applied to
     every backend (``base_url``, ``profile``, ``shell``, ``spec``, ...;
