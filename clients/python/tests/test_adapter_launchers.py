@@ -163,6 +163,28 @@ def test_the_startup_hook_is_installed():
     assert open_instruct.startup_hook_installed()
 
 
+def test_install_warns_without_the_startup_hook(tmp_path, monkeypatch, caplog):
+    """corral-client on PYTHONPATH rather than installed: no .pth in any
+    site-packages, so uv run's workers would not be switched; install() says
+    so, naming the file and the directories it looked in."""
+    _fake_open_instruct(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("CORRAL_OPEN_INSTRUCT", "CORRAL_OPEN_INSTRUCT_DEFAULTS", "RAY_RUNTIME_ENV_HOOK"):
+        monkeypatch.delenv(name, raising=False)
+    empty = tmp_path / "site-packages"
+    empty.mkdir()
+    monkeypatch.setattr(open_instruct, "_site_dirs", lambda: [str(empty)])
+    try:
+        with caplog.at_level("WARNING", logger="corral.adapters"):
+            open_instruct.install()
+    finally:
+        for name in [m for m in sys.modules if m == "open_instruct" or m.startswith("open_instruct.")]:
+            del sys.modules[name]
+        open_instruct._defaults = {}
+    assert os.environ["CORRAL_OPEN_INSTRUCT"] == "1"
+    assert f"corral_autoload.pth is not in this environment's site-packages ({empty})" in caplog.text
+
+
 # -- Ray, under python and under uv run ------------------------------------------
 
 #: A driver shaped like open-instruct's: EnvironmentPool actors (one per slot)
