@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Creates (or updates) the Python environment of the Python client's tests
 # and benchmark: a venv at target/pyenv with the client installed editable
-# (clients/python), pytest, pytest-asyncio, mcp and mini-swe-agent (pinned:
-# the adapter tests run its real agent). Quick when nothing
+# (clients/python), pytest, pytest-asyncio, mcp, mini-swe-agent (pinned:
+# the adapter tests run its real agent), and ray and uv (pinned: the
+# open-instruct switch is tested with Ray actors under `uv run`). Quick when nothing
 # changed: a stamp of the inputs is kept in the venv.
 #
 #   scripts/python-env.sh          # then: target/pyenv/bin/python ...
@@ -12,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 venv=target/pyenv
 python=${PYTHON:-python3}
-reqs=(pytest pytest-asyncio mcp "mini-swe-agent==2.4.6")
+reqs=(pytest pytest-asyncio mcp "mini-swe-agent==2.4.6" "ray==2.60.0" "uv==0.13.8")
 
 if ! command -v "$python" >/dev/null 2>&1; then
   echo "python-env: $python not found (install python3 and python3-venv)" >&2
@@ -29,7 +30,8 @@ stamp_of() {
 want=$(stamp_of)
 
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.corral-stamp" ] && [ "$(cat "$venv/.corral-stamp")" = "$want" ] \
-   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, mcp, minisweagent' >/dev/null 2>&1; then
+   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, mcp, minisweagent, ray' >/dev/null 2>&1 \
+   && [ -x "$venv/bin/uv" ]; then
   echo "python-env: $venv is up to date"
   exit 0
 fi

@@ -1,7 +1,7 @@
 """Sandboxes made by the adapters are removed when the Python process that
 made them ends: at a normal exit without cleanup, after an uncaught
-exception, and on SIGTERM mid-episode (the handler chains to the one it
-replaced). Each case runs a real child process and checks, with the docker
+exception, on SIGTERM and SIGHUP mid-episode (the handler chains to the one
+it replaced), and on SIGINT when no terminal is on stdin. Each case runs a real child process and checks, with the docker
 CLI, that no container labelled ``corral.sandbox`` and the case's own label
 is left."""
 
@@ -34,7 +34,7 @@ def _left(case: str, wait: float = 15.0) -> list:
     return left
 
 
-def _child(corral_url: str, corral_spec, body: str):
+def _child(corral_url: str, corral_spec, body: str, stdin=None):
     case = uuid.uuid4().hex[:12]
     spec = corral_spec()
     spec["labels"] = {**spec["labels"], "corraltest.case": case}
@@ -49,6 +49,7 @@ def _child(corral_url: str, corral_spec, body: str):
     env["CORRAL_TOKEN"] = corral.find_token(corral_url) or ""
     proc = subprocess.Popen(
         [sys.executable, "-c", prelude + textwrap.dedent(body)],
+        stdin=stdin,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -104,6 +105,71 @@ def test_sigterm_chains_to_the_previous_handler(corral_url, corral_spec):
     out = proc.stdout.read()
     assert proc.returncode == 7 and "previous handler ran" in out, proc.stderr.read()[-3000:]
     assert _left(case) == []
+
+
+OPEN_INSTRUCT_EPISODE = """\
+from corral.adapters.open_instruct import CorralBackend
+b = CorralBackend(base_url=URL, spec=SPEC)
+b.start()
+print("ready", flush=True)
+try:
+    b.run_command("echo mid-episode; sleep 120", timeout=300)
+except KeyboardInterrupt:
+    # What a framework's loop does with Ctrl-C: carry on (here: wait).
+    print("interrupted", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_sighup_mid_episode_removes_the_sandbox(corral_url, corral_spec):
+    """A closed terminal or SSH session: the launcher gets SIGHUP while a
+    command runs. The sandbox goes, and the process still dies of SIGHUP."""
+    case, proc = _child(corral_url, corral_spec, OPEN_INSTRUCT_EPISODE, stdin=subprocess.DEVNULL)
+    _wait_line(proc, "ready")
+    assert docker_ids("corral.sandbox", f"corraltest.case={case}")
+    time.sleep(1.0)  # the command is running
+    proc.send_signal(signal.SIGHUP)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGHUP, proc.stderr.read()[-3000:]
+    assert _left(case) == []
+
+
+def test_sigint_without_a_terminal_removes_the_sandbox(corral_url, corral_spec):
+    """Without a terminal on stdin a SIGINT is a stop (a launcher's, a Ray
+    worker's), even when the framework catches the KeyboardInterrupt and
+    carries on: the sandbox goes, then the KeyboardInterrupt is raised as
+    before."""
+    case, proc = _child(corral_url, corral_spec, OPEN_INSTRUCT_EPISODE, stdin=subprocess.DEVNULL)
+    try:
+        _wait_line(proc, "ready")
+        assert docker_ids("corral.sandbox", f"corraltest.case={case}")
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        _wait_line(proc, "interrupted")
+        assert _left(case) == []
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+
+
+def test_sigint_at_a_terminal_keeps_the_sandbox(corral_url, corral_spec):
+    """At a terminal Ctrl-C interrupts a step and the person decides what
+    next (mini-swe-agent asks): the sandbox must still answer."""
+    body = OPEN_INSTRUCT_EPISODE.replace("    time.sleep(600)\n", '    print(b.run_command("echo alive").stdout.strip(), flush=True)\n')
+    leader, follower = os.openpty()
+    try:
+        case, proc = _child(corral_url, corral_spec, body, stdin=follower)
+        _wait_line(proc, "ready")
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        _wait_line(proc, "interrupted")
+        _wait_line(proc, "alive")
+        proc.wait(timeout=60)
+        assert proc.returncode == 0, proc.stderr.read()[-3000:]
+        assert _left(case, wait=0) == []
+    finally:
+        os.close(follower)
+        os.close(leader)
 
 
 def test_exit_without_cleanup_removes_the_sandbox(corral_url, corral_spec):

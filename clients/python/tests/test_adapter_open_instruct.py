@@ -267,6 +267,7 @@ def test_install_reaches_ray_workers_through_the_runtime_env_hook(tmp_path, corr
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("RAY_RUNTIME_ENV_HOOK", "os.path.join")  # an earlier hook, to be chained
     monkeypatch.delenv("CORRAL_OPEN_INSTRUCT_DEFAULTS", raising=False)
+    monkeypatch.delenv("CORRAL_OPEN_INSTRUCT", raising=False)  # install() sets it
     try:
         open_instruct.install(base_url=corral_url, shell="bash")
         assert os.environ["RAY_RUNTIME_ENV_HOOK"] == "corral.adapters.open_instruct.ray_runtime_env_hook"

@@ -1,13 +1,24 @@
 """Removes the sandboxes the adapters made when the process ends: at
 interpreter exit (a crash included: an uncaught exception still runs
-``atexit``) and on SIGTERM, whatever the caller forgot to clean up.
+``atexit``), on SIGTERM, on SIGHUP (a closed terminal or SSH session), and
+on SIGINT when the process is not interactive, whatever the caller forgot to
+clean up.
 
 Frameworks clean up in ``__del__``, which runs during interpreter shutdown
 when imports already fail (``ImportError: sys.meta_path is None``), and not
-at all on SIGTERM. Here every live sandbox is registered; the ``atexit`` hook
-and a SIGTERM handler delete what is still registered. The handler then
+at all on a signal. Here every live sandbox is registered; the ``atexit``
+hook and a signal handler delete what is still registered. The handler then
 chains to the handler it replaced (or, if that was the default, re-raises
-the signal with the default action so the process still dies of SIGTERM).
+the signal with the default action so the process still dies of it).
+
+SIGINT counts only without a terminal on stdin: at a terminal, Ctrl-C is a
+person interrupting a step (mini-swe-agent catches ``KeyboardInterrupt`` to
+ask what to do next), and the sandbox must survive it; without one (a
+launcher, ``nohup``, a Ray worker) a SIGINT is a stop, and a framework that
+catches the ``KeyboardInterrupt`` must not keep the sandboxes alive. A signal
+the process ignores (``nohup`` ignores SIGHUP) is left ignored: the process
+means to outlive it, with its sandboxes. SIGKILL cannot be caught: the
+service's idle timeout removes what such a process leaves.
 
 Deletion at exit or on a signal uses a fresh connection to the service: the
 signal may have interrupted a request on the adapter's own client mid-way.
@@ -33,8 +44,24 @@ _next_key = 0
 _atexit_registered = False
 _previous_handlers: Dict[int, Any] = {}
 
-#: The signals on which registered sandboxes are deleted.
-SIGNALS = (signal.SIGTERM,)
+#: The signals on which registered sandboxes are deleted (SIGINT too when
+#: the process is not interactive: :func:`signals`).
+SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def interactive() -> bool:
+    """Whether a person may be at the keyboard: stdin is a terminal."""
+    try:
+        return os.isatty(0)
+    except OSError:  # pragma: no cover - no fd 0 at all
+        return False
+
+
+def signals() -> tuple:
+    """The signals this process deletes its sandboxes on."""
+    if interactive():
+        return SIGNALS
+    return SIGNALS + (signal.SIGINT,)
 
 
 @dataclass
@@ -140,9 +167,9 @@ def _install() -> None:
         # the atexit hook in any case.
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in SIGNALS:
+        for sig in signals():
             current = signal.getsignal(sig)
-            if current is _on_signal:
+            if current is _on_signal or current == signal.SIG_IGN:
                 continue
             _previous_handlers[sig] = current
             try:

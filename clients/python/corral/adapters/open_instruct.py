@@ -10,25 +10,36 @@ calls ``create_backend(self._backend_type, **bkwargs)``, a name it imported
 with ``from .backends import SandboxBackend, create_backend``, and under Ray
 that call runs inside every ``EnvironmentPool`` actor process
 (``open_instruct/environments/pool.py`` makes one actor per pool slot). So the
-switch replaces that factory, in the driver and in every Ray worker::
+switch replaces that factory in every process that builds a backend: the
+driver, ``uv run``'s, every Ray worker. Set it once where training is
+launched::
 
-    import corral.adapters.open_instruct; corral.adapters.open_instruct.install()
+    CORRAL_OPEN_INSTRUCT=1 uv run python open_instruct/grpo_fast.py ...
 
-before ``ray.init`` (e.g. at the top of ``grpo_fast.py``'s ``main``).
-:func:`install` patches ``create_backend`` in ``open_instruct.environments``,
-``.backends`` and ``.generic_sandbox`` (``"docker"`` and ``"corral"`` then
-give a :class:`CorralBackend`), and sets ``RAY_RUNTIME_ENV_HOOK`` so that
-the next ``ray.init`` adds ``worker_process_setup_hook:
-corral.adapters.open_instruct.install`` to the job's runtime env: every Ray
-worker runs it before it creates an actor. The hook chains to an earlier
-``RAY_RUNTIME_ENV_HOOK`` and an earlier ``worker_process_setup_hook``; keyword
-arguments of :func:`install` (``base_url``, ``shell``, ``profile``, ...)
-reach the workers through the runtime env's ``env_vars``. Without touching
-open-instruct's code at all, ``runtime_env={"worker_process_setup_hook":
-"corral.adapters.open_instruct.install"}`` in your own ``ray.init`` does the
-same for the workers. The service is found as the client finds it
-(``$CORRAL_URL``, ``$CORRAL_TOKEN``, which open-instruct's ``ray.init``
-forwards to the workers with the rest of ``os.environ``).
+The client's wheel installs ``corral_autoload.pth`` into site-packages;
+``site`` runs it in every Python process of the environment, and with
+``$CORRAL_OPEN_INSTRUCT`` set it replaces ``create_backend`` right after
+``open_instruct.environments.backends`` is imported (:func:`switch_module`;
+``"docker"`` and ``"corral"`` then give a :class:`CorralBackend`). Ray's
+workers inherit the variable from the process that started the cluster
+(``ray.init``), or from ``runtime_env={"env_vars": ...}``, which
+open-instruct fills with the driver's ``os.environ``; under ``uv run``
+Ray starts them with ``uv run`` too, in the same environment. Keyword
+arguments of the backends come as JSON in ``$CORRAL_OPEN_INSTRUCT_DEFAULTS``
+(``{"profile": "rl", "shell": "sh"}``); the service is found as the client
+finds it (``$CORRAL_URL``, ``$CORRAL_TOKEN``).
+
+In code, ``corral.adapters.open_instruct.install(**defaults)`` before
+``ray.init`` does the same: it switches this process, sets both variables
+for the processes it starts, and sets ``RAY_RUNTIME_ENV_HOOK`` (chained to
+an earlier one and to an earlier ``worker_process_setup_hook``) for workers
+of environments without the startup hook; under ``uv run`` Ray ignores
+that hook, so :func:`install` warns when the startup hook is missing. Where
+corral was asked for but a backend is still open-instruct's own, a warning
+says why: ``DockerBackend(...)`` built directly rather than through
+``create_backend``, a ``backends`` module without ``create_backend``, a
+value of ``$CORRAL_OPEN_INSTRUCT`` that is neither on nor off, corral not
+importable.
 
 ``from corral.adapters.open_instruct import CorralBackend as DockerBackend``
 still works for code that constructs the backend itself.
@@ -62,8 +73,9 @@ the same methods, with ``DockerBackend``'s behaviour:
   ``relative.txt``);
 * ``close()`` deletes the sandbox.
 
-The sandbox is also deleted at interpreter exit (a crash included) and on
-SIGTERM (the handler chains to the one it replaced, e.g. Ray's).
+The sandbox is also deleted at interpreter exit (a crash included), on
+SIGTERM and SIGHUP, and on SIGINT without a terminal on stdin (the handler
+chains to the one it replaced, e.g. Ray's); see :mod:`corral.adapters._reaper`.
 
 Deliberate differences:
 
@@ -83,6 +95,7 @@ Deliberate differences:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import posixpath
 import re
@@ -95,7 +108,18 @@ from ..errors import CorralError, SandboxFileNotFoundError
 from ..models import CommandResult
 from . import _output, _reaper
 
-__all__ = ["ExecutionResult", "CorralBackend", "create_backend", "install", "parse_mem_limit", "resolve_path"]
+__all__ = [
+    "ExecutionResult",
+    "CorralBackend",
+    "create_backend",
+    "install",
+    "switch_module",
+    "startup_hook_installed",
+    "parse_mem_limit",
+    "resolve_path",
+]
+
+log = logging.getLogger("corral.adapters")
 
 #: Bytes of each stream ``DockerBackend.run_command`` keeps (the first ones).
 MAX_OUTPUT_BYTES = 1_000_000
@@ -334,9 +358,13 @@ OPEN_INSTRUCT_MODULES = (
     "open_instruct.environments.generic_sandbox",
 )
 
+#: The switch read by the startup hook (``corral_autoload``).
+SWITCH_ENV = "CORRAL_OPEN_INSTRUCT"
 #: The environment variable carrying :func:`install`'s keyword arguments to
 #: Ray workers (JSON).
 DEFAULTS_ENV = "CORRAL_OPEN_INSTRUCT_DEFAULTS"
+#: The file in site-packages that runs the startup hook.
+STARTUP_PTH = "corral_autoload.pth"
 _RAY_HOOK_ENV = "RAY_RUNTIME_ENV_HOOK"
 _PREVIOUS_RAY_HOOK_ENV = "CORRAL_PREVIOUS_RAY_RUNTIME_ENV_HOOK"
 _SETUP_HOOK = "corral.adapters.open_instruct.install"
@@ -346,8 +374,12 @@ _defaults: Dict[str, Any] = {}
 
 def install(*, ray: bool = True, **defaults: Any) -> None:
     """Make open-instruct's ``create_backend`` give :class:`CorralBackend`
-    (for ``"docker"`` and ``"corral"``), here and, with ``ray=True``, in
-    every Ray worker started by a later ``ray.init`` in this process.
+    (for ``"docker"`` and ``"corral"``), here and in the processes started
+    from here: it sets ``$CORRAL_OPEN_INSTRUCT``, which the startup hook
+    (``corral_autoload.pth``) reads in each of them, ``uv run``'s Ray
+    workers included. With ``ray=True`` it also sets ``RAY_RUNTIME_ENV_HOOK``
+    for workers of an environment without the startup hook (ignored under
+    ``uv run``), and warns when the hook is missing here.
 
     ``defaults`` are :class:`CorralBackend` keyword arguments applied to
     every backend (``base_url``, ``profile``, ``shell``, ``spec``, ...;
@@ -358,6 +390,7 @@ def install(*, ray: bool = True, **defaults: Any) -> None:
     ``ImportError`` when open-instruct is not importable.
     """
     global _defaults
+    os.environ[SWITCH_ENV] = "1"
     if defaults:
         try:
             encoded = json.dumps(defaults)
@@ -379,8 +412,85 @@ def install(*, ray: bool = True, **defaults: Any) -> None:
         if hasattr(mod, "create_backend"):
             setattr(mod, "create_backend", create_backend)
     _register_with_open_instruct()
+    _guard_docker_backend(sys.modules.get(OPEN_INSTRUCT_MODULES[0]), "install()")
     if ray:
         _chain_ray_hook()
+        if not startup_hook_installed():
+            log.warning(
+                "corral: %s is not in this environment's site-packages (%s): Ray workers started under "
+                "`uv run` (which ignores RAY_RUNTIME_ENV_HOOK) and other processes will build open-instruct's "
+                "own backends (plain Docker); install corral-client as a package (pip install, uv add) "
+                "rather than through PYTHONPATH",
+                STARTUP_PTH,
+                ", ".join(_site_dirs()) or "none found",
+            )
+
+
+def switch_module(module: Any, *, why: str) -> None:
+    """Replace ``create_backend`` in open-instruct's just-imported
+    ``open_instruct.environments.backends`` (and in the other modules of
+    :data:`OPEN_INSTRUCT_MODULES` already imported); the startup hook calls
+    it. ``why`` names what asked for corral, for the warnings. Without a
+    ``create_backend`` there (a layout this adapter does not know) it logs
+    why open-instruct's own backends stay."""
+    global _defaults
+    _defaults = _env_defaults()
+    if not callable(getattr(module, "create_backend", None)):
+        log.warning(
+            "corral: %s asks for corral, but %s has no create_backend (an open-instruct this adapter does not "
+            "know): the backends it builds stay its own (plain Docker)",
+            why,
+            getattr(module, "__name__", module),
+        )
+    else:
+        module.create_backend = create_backend
+        for name in OPEN_INSTRUCT_MODULES[1:]:
+            other = sys.modules.get(name)
+            if other is not None and hasattr(other, "create_backend"):
+                other.create_backend = create_backend
+    _register_with_open_instruct(module)
+    _guard_docker_backend(module, why)
+
+
+def _guard_docker_backend(module: Any, why: str) -> None:
+    """Make ``DockerBackend(...)`` built directly (not through the replaced
+    ``create_backend``) log why it is not corral's."""
+    cls = getattr(module, "DockerBackend", None)
+    init = getattr(cls, "__init__", None)
+    if cls is None or init is None or getattr(init, "_corral_guard", False):
+        return
+    import functools
+
+    @functools.wraps(init)
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> None:
+        log.warning(
+            "corral: %s asks for corral, but open-instruct's DockerBackend was built directly, not through "
+            "create_backend: this backend runs on plain Docker (use create_backend or CorralBackend)",
+            why,
+        )
+        init(self, *args, **kwargs)
+
+    guarded._corral_guard = True  # type: ignore[attr-defined]
+    try:
+        cls.__init__ = guarded
+    except (AttributeError, TypeError):  # pragma: no cover - a class that refuses attributes
+        pass
+
+
+def _site_dirs() -> list:
+    import site
+
+    dirs = list(getattr(site, "getsitepackages", lambda: [])())
+    user = getattr(site, "getusersitepackages", lambda: None)()
+    if user:
+        dirs.append(user)
+    return dirs
+
+
+def startup_hook_installed() -> bool:
+    """Whether ``corral_autoload.pth`` is in a site-packages directory of this
+    interpreter (so ``site`` runs it in every process of the environment)."""
+    return any(os.path.isfile(os.path.join(d, STARTUP_PTH)) for d in _site_dirs())
 
 
 def _env_defaults() -> Dict[str, Any]:
@@ -441,10 +551,11 @@ def _load(path: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), attr)
 
 
-def _register_with_open_instruct() -> None:
+def _register_with_open_instruct(mod: Any = None) -> None:
     """When open-instruct is loaded, make ``isinstance(b, SandboxBackend)``
     hold for ``CorralBackend`` too."""
-    mod = sys.modules.get("open_instruct.environments.backends")
+    if mod is None:
+        mod = sys.modules.get("open_instruct.environments.backends")
     base = getattr(mod, "SandboxBackend", None)
     register = getattr(base, "register", None)
     if callable(register):
