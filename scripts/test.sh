@@ -13,6 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-docker.sh
 scripts/build-test-images.sh
+# The registry the pull tests run on loopback (crates/corral-docker/tests/pull.rs).
+scripts/ensure-registry.sh >/dev/null
 
 # Podman's Docker-compatible socket, for crates/corral-docker/tests/podman.rs
 # (installed when missing; stopped when the tests end).

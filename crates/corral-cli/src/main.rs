@@ -55,6 +55,8 @@ struct Cli {
 enum Command {
     Run(Box<commands::run::RunArgs>),
     Ps(commands::ps::PsArgs),
+    Pull(commands::pull::PullArgs),
+    Images(commands::images::ImagesArgs),
     Gc(commands::gc::GcArgs),
     Snapshots(commands::snapshots::SnapshotsArgs),
     Doctor(commands::doctor::DoctorArgs),
@@ -109,6 +111,8 @@ fn main() -> ExitCode {
         let result = match command {
             Command::Run(args) => commands::run::run(config, &settings, *args).await,
             Command::Ps(args) => commands::ps::run(config, args).await,
+            Command::Pull(args) => commands::pull::run(config, args).await,
+            Command::Images(args) => commands::images::run(config, args).await,
             Command::Gc(args) => commands::gc::run(config, args).await,
             Command::Snapshots(args) => commands::snapshots::run(config, args).await,
             Command::Doctor(args) => commands::doctor::run(config, &settings, args).await,

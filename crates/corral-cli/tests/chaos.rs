@@ -74,6 +74,7 @@ async fn connect(endpoint: &std::path::Path) -> Result<Runtime, corral::Error> {
             max_delay_ms: 200,
             jitter: true,
         },
+        ..Default::default()
     })
     .await?;
     Ok(Runtime::new(

@@ -753,6 +753,10 @@ pub struct DaemonConfig {
     /// Starts slower than this are logged with their phases, in ms.
     /// Default 5000.
     pub slow_start_ms: u64,
+    /// Longest time one pull of a missing image may take, in ms; past it
+    /// the start fails retryable (`daemon_unavailable`). Concurrent starts
+    /// of one image share one pull. Default 600000 (10 minutes).
+    pub pull_timeout_ms: u64,
     /// The file holding the user's secret key that seals persistent
     /// containers, so that only containers this user's corral made for a
     /// session are adopted (an absolute path; made 0600 when missing, refused
@@ -774,6 +778,7 @@ impl Default for DaemonConfig {
             reap_orphans: true,
             reap_interval_ms: 300_000,
             slow_start_ms: 5_000,
+            pull_timeout_ms: 600_000,
             seal_key_file: None,
         }
     }
@@ -1179,6 +1184,13 @@ impl DaemonConfig {
                 "at least 1 (1 disables retrying)",
             ));
         }
+        if self.pull_timeout_ms == 0 {
+            return Err(ConfigError::invalid(
+                "daemon.pull_timeout_ms",
+                0,
+                "at least 1 (every pull would time out)",
+            ));
+        }
         if let Some(dir) = &self.slot_dir {
             if !Path::new(dir).is_absolute() {
                 return Err(ConfigError::invalid(
@@ -1296,6 +1308,7 @@ mod tests {
             (d.slot_wait_timeout_ms, d.reap_interval_ms, d.slow_start_ms),
             (600_000, 300_000, 5_000)
         );
+        assert_eq!(d.pull_timeout_ms, 600_000);
         assert!(d.reap_orphans);
         assert_eq!(d.breaker, BreakerConfig::default());
         assert_eq!(d.retry, RetryPolicy::default());

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use bollard::container::{AttachContainerResults, LogOutput};
 use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{
-    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, CreateImageOptionsBuilder,
-    KillContainerOptionsBuilder, RemoveContainerOptionsBuilder,
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, KillContainerOptionsBuilder,
+    RemoveContainerOptionsBuilder,
 };
 use bollard::Docker;
 use corral_core::backend::{
@@ -26,10 +26,8 @@ use crate::agent_volume;
 use crate::container_config::{container_name, create_body, CreateParams};
 use crate::error::{api, is_connection_error, is_not_found, status_code};
 use crate::events::EventRouter;
+use crate::pull::PullProgress;
 use crate::retry::retry;
-
-/// How long a pull of a missing image may take before corral gives up.
-const PULL_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// How long a container killed by SIGKILL is given for the daemon's `oom`
 /// event to arrive, when its state does not say OOM.
@@ -42,14 +40,34 @@ const OOM_EVENT_RECENT: Duration = Duration::from_secs(5);
 /// (being removed) to give its name up.
 const NAME_RELEASE_WAIT: Duration = Duration::from_secs(30);
 
+/// An image on the daemon, as `corral images` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageInfo {
+    /// `repository:tag`.
+    pub reference: String,
+    /// Bytes on disk.
+    pub size: u64,
+    /// When it was built, in seconds since the epoch.
+    pub created: i64,
+}
+
 /// How to reach the daemon.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DockerConfig {
     /// `unix:///path`, `tcp://host:port` or a socket path; `None` tries
     /// `DOCKER_HOST`, Docker's default socket and Podman's sockets.
     pub endpoint: Option<String>,
     /// Retries of transient daemon errors.
     pub retry: RetryPolicy,
+    /// How long one pull of a missing image may take
+    /// (`daemon.pull_timeout_ms`).
+    pub pull_timeout: Duration,
+}
+
+impl Default for DockerConfig {
+    fn default() -> Self {
+        DockerConfig::from(&Config::default())
+    }
 }
 
 impl From<&Config> for DockerConfig {
@@ -57,6 +75,7 @@ impl From<&Config> for DockerConfig {
         DockerConfig {
             endpoint: config.endpoint.clone(),
             retry: config.daemon.retry.clone(),
+            pull_timeout: Duration::from_millis(config.daemon.pull_timeout_ms),
         }
     }
 }
@@ -75,6 +94,7 @@ pub(crate) struct BackendInner {
     agent_volume: OnceCell<String>,
     network: OnceCell<crate::network::NetworkInfo>,
     storage_opt: OnceCell<bool>,
+    pulls: crate::pull::Pulls,
     pub(crate) events: Arc<EventRouter>,
 }
 
@@ -92,6 +112,7 @@ impl DockerBackend {
                 agent_volume: OnceCell::new(),
                 network: OnceCell::new(),
                 storage_opt: OnceCell::new(),
+                pulls: crate::pull::Pulls::default(),
                 events: Arc::new(EventRouter::default()),
             }),
         })
@@ -128,8 +149,22 @@ impl DockerBackend {
             .cloned()
     }
 
-    /// Makes sure `image` is present, pulling it when a registry can supply it.
+    /// Makes sure `image` is present, pulling it when a registry can supply
+    /// it: one pull per image at a time, whoever asks (`pull.rs`), bounded
+    /// by `daemon.pull_timeout_ms`. A name or tag the registry lacks is
+    /// `image_not_found`; an unreachable or failing registry, or a pull
+    /// past its time, is retryable (`daemon_unavailable`).
     pub async fn ensure_image(&self, image: &str) -> Result<(), Error> {
+        self.ensure_image_with(image, |_| {}).await
+    }
+
+    /// [`DockerBackend::ensure_image`], telling `on_progress` how the pull
+    /// goes (whether this call started it or joined it).
+    pub async fn ensure_image_with(
+        &self,
+        image: &str,
+        on_progress: impl FnMut(PullProgress),
+    ) -> Result<(), Error> {
         let docker = &self.inner.docker;
         let what = format!("inspect image {image}");
         match self.call(&what, || docker.inspect_image(image)).await {
@@ -137,44 +172,43 @@ impl DockerBackend {
             Err(e) if is_not_found(&e) => {}
             Err(e) => return Err(api(what, e)),
         }
-        let (from, tag) = split_tag(image);
-        let opts = CreateImageOptionsBuilder::default()
-            .from_image(from)
-            .tag(tag)
-            .build();
-        let pull = async {
-            let mut stream = docker.create_image(Some(opts), None, None);
-            while let Some(item) = stream.next().await {
-                if let Err(e) = item {
-                    if is_connection_error(&e) {
-                        return Err(api(format!("pull image {image}"), e));
-                    }
-                    return Err(Error::ImageNotFound {
-                        image: image.to_string(),
-                        reason: e.to_string(),
-                    });
-                }
-            }
-            Ok(())
-        };
-        match tokio::time::timeout(PULL_TIMEOUT, pull).await {
-            Ok(res) => res?,
-            Err(_) => {
-                return Err(Error::ImageNotFound {
-                    image: image.to_string(),
-                    reason: format!("pull did not finish within {PULL_TIMEOUT:?}"),
-                })
-            }
-        }
-        // Some daemons end a failed pull's stream without an error item.
-        match docker.inspect_image(image).await {
-            Ok(_) => Ok(()),
-            Err(e) if is_not_found(&e) => Err(Error::ImageNotFound {
-                image: image.to_string(),
-                reason: "the pull finished but the image is still missing".into(),
-            }),
-            Err(e) => Err(api(format!("inspect image {image}"), e)),
-        }
+        self.inner
+            .pulls
+            .ensure(docker, image, self.inner.config.pull_timeout, on_progress)
+            .await
+            .map_err(|f| f.into_error(image))
+    }
+
+    /// The images on the daemon a sandbox can name (tagged; snapshots,
+    /// which `corral snapshots` lists, left out), newest first.
+    pub async fn images(&self) -> Result<Vec<ImageInfo>, Error> {
+        let docker = &self.inner.docker;
+        let list = self
+            .call("list images", || {
+                docker.list_images(None::<bollard::query_parameters::ListImagesOptions>)
+            })
+            .await
+            .map_err(|e| api("list images", e))?;
+        let mut out: Vec<ImageInfo> = list
+            .into_iter()
+            .flat_map(|i| {
+                let (size, created) = (i.size.max(0) as u64, i.created);
+                i.repo_tags
+                    .into_iter()
+                    .filter(|t| t != "<none>:<none>" && !t.starts_with("corral-snapshot:"))
+                    .map(move |reference| ImageInfo {
+                        reference,
+                        size,
+                        created,
+                    })
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            b.created
+                .cmp(&a.created)
+                .then(a.reference.cmp(&b.reference))
+        });
+        Ok(out)
     }
 
     /// The shared agent volume, filled once per backend (`image` is any
@@ -665,32 +699,5 @@ fn create_error(id: &str, image: &str, e: bollard::errors::Error) -> Error {
             reason: e.to_string(),
         },
         _ => api(format!("create sandbox {id} from {image}"), e),
-    }
-}
-
-/// Splits `repo[:tag]` (digests stay whole); the tag defaults to `latest`, so
-/// a pull never fetches every tag of a repository.
-fn split_tag(image: &str) -> (&str, &str) {
-    if image.contains('@') {
-        return (image, "");
-    }
-    let last_slash = image.rfind('/').map_or(0, |i| i + 1);
-    match image[last_slash..].rfind(':') {
-        Some(i) => (&image[..last_slash + i], &image[last_slash + i + 1..]),
-        None => (image, "latest"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::split_tag;
-
-    #[test]
-    fn splits_tags_not_registry_ports() {
-        assert_eq!(split_tag("debian"), ("debian", "latest"));
-        assert_eq!(split_tag("debian:12"), ("debian", "12"));
-        assert_eq!(split_tag("reg:5000/x/y"), ("reg:5000/x/y", "latest"));
-        assert_eq!(split_tag("reg:5000/x/y:1"), ("reg:5000/x/y", "1"));
-        assert_eq!(split_tag("x@sha256:ab"), ("x@sha256:ab", ""));
     }
 }

@@ -15,8 +15,10 @@ pub mod error;
 mod events;
 pub mod gc;
 pub mod network;
+mod pull;
 mod retry;
 pub mod snapshot;
 pub mod state;
 
-pub use backend::{DockerBackend, DockerConfig};
+pub use backend::{DockerBackend, DockerConfig, ImageInfo};
+pub use pull::PullProgress;

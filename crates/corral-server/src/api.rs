@@ -544,10 +544,26 @@ fn unlisted_image(
         field,
         format!(
             "{field} '{image}' is not allowed: {why}, and this service runs only images already \
-             there for its clients (server.policy.images lists images they may name, which are \
-             then pulled when missing)"
+             there for its clients; add `- '{pattern}'` (or the image itself) under \
+             server.policy.images in the config file (corral serve --config) to let clients use \
+             it; it is then pulled when missing",
+            pattern = allow_pattern(image),
         ),
     ))
+}
+
+/// The `server.policy.images` line that would allow `image`: its
+/// repository with any tag (`python:3.12-slim` → `python:*`), or the
+/// reference itself when it names a digest.
+fn allow_pattern(image: &str) -> String {
+    if image.contains('@') {
+        return image.to_string();
+    }
+    let last_slash = image.rfind('/').map_or(0, |i| i + 1);
+    match image[last_slash..].rfind(':') {
+        Some(i) => format!("{}:*", &image[..last_slash + i]),
+        None => format!("{image}:*"),
+    }
 }
 
 /// Create a sandbox, or return the one bound to the session key.
@@ -1364,6 +1380,19 @@ mod tests {
         assert_eq!(absent.status, StatusCode::FORBIDDEN);
         assert_eq!(absent.detail.field.as_deref(), Some("image"));
         assert!(absent.detail.message.contains("not on the daemon"));
+        // The message names the line that would allow it.
+        assert!(
+            absent
+                .detail
+                .message
+                .contains("add `- 'alpine:*'` (or the image itself) under server.policy.images"),
+            "{}",
+            absent.detail.message
+        );
+        assert_eq!(allow_pattern("python:3.12-slim"), "python:*");
+        assert_eq!(allow_pattern("reg:5000/a/b"), "reg:5000/a/b:*");
+        assert_eq!(allow_pattern("ghcr.io/x/y:1"), "ghcr.io/x/y:*");
+        assert_eq!(allow_pattern("x@sha256:ab"), "x@sha256:ab");
         let unknown = unlisted_image(
             "spec.image",
             "alpine:3",

@@ -15,11 +15,15 @@
 //! the runtime against every real backend (each backend's test file
 //! expands [`contract_suite!`] over a [`contract::Target`]).
 //!
+//! [`registry`] is a real registry on loopback (Debian's `docker-registry`)
+//! for the tests that pull.
+//!
 //! Never use it for untrusted code, and never wire it into a front end:
 //! no production crate depends on this one (it is `publish = false` and
 //! only ever a dev-dependency).
 
 pub mod contract;
 mod local;
+pub mod registry;
 
 pub use local::{Faults, LocalConfig, LocalProcessBackend, UNSAFE_NOT_A_SANDBOX};

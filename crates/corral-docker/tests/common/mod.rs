@@ -66,6 +66,7 @@ pub struct BackendConfig {
     pub reap_orphans: bool,
     pub reap_interval: Duration,
     pub seal_key_file: Option<PathBuf>,
+    pub pull_timeout: Duration,
 }
 
 impl Default for BackendConfig {
@@ -84,6 +85,7 @@ impl Default for BackendConfig {
             reap_orphans: r.reap_orphans,
             reap_interval: r.reap_interval,
             seal_key_file: r.seal_key_file,
+            pull_timeout: d.pull_timeout,
         }
     }
 }
@@ -93,6 +95,7 @@ pub async fn connect(c: &BackendConfig) -> Result<Runtime, corral::Error> {
     let docker = DockerBackend::connect(&DockerConfig {
         endpoint: c.endpoint.clone(),
         retry: c.retry.clone(),
+        pull_timeout: c.pull_timeout,
     })
     .await?;
     Ok(Runtime::new(

@@ -1,0 +1,85 @@
+//! `corral pull IMAGE`: fetch an image onto the daemon ahead of the first
+//! sandbox, through the same path a start takes (one pull per image at a
+//! time, bounded by `daemon.pull_timeout_ms`, failures typed).
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use corral_docker::PullProgress;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// Pull an image onto the daemon (a no-op when it is there). Exits 0 when
+/// the image is present, 125 with the typed failure otherwise
+/// (image_not_found: the registry has no such name or tag; daemon_unavailable:
+/// the registry or daemon could not be reached, or the pull took longer than
+/// daemon.pull_timeout_ms, and trying again may help).
+#[derive(Args, Debug)]
+pub struct PullArgs {
+    /// The image, `[registry/]repository[:tag]` (the tag defaults to latest).
+    image: String,
+}
+
+fn describe(p: &PullProgress) -> String {
+    format!(
+        "{}/{} layers, {:.1} of {:.1} MB",
+        p.layers_done,
+        p.layers,
+        p.bytes as f64 / 1e6,
+        p.total_bytes as f64 / 1e6
+    )
+}
+
+pub async fn run(config: super::BackendConfig, args: PullArgs) -> anyhow::Result<ExitCode> {
+    let (_, docker) = super::connect_docker(config).await?;
+    let image = args.image.trim();
+    if image.is_empty() {
+        eprintln!("corral pull: IMAGE is empty; name an image such as python:3.12-slim");
+        return Ok(ExitCode::from(125));
+    }
+    let started = Instant::now();
+    let terminal = std::io::stderr().is_terminal();
+    let bar = if terminal {
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} {elapsed}") {
+            bar.set_style(style);
+        }
+        bar.set_message(format!("pulling {image}"));
+        bar.enable_steady_tick(Duration::from_millis(100));
+        Some(bar)
+    } else {
+        None
+    };
+    // Off a terminal: a plain line at most every 2 s.
+    let mut last_line: Option<Instant> = None;
+    let outcome = docker
+        .ensure_image_with(image, |p| match &bar {
+            Some(bar) => bar.set_message(format!("pulling {image}: {}", describe(&p))),
+            None => {
+                if last_line.is_none_or(|t| t.elapsed() >= Duration::from_secs(2)) {
+                    last_line = Some(Instant::now());
+                    eprintln!("corral pull: {image}: {}", describe(&p));
+                }
+            }
+        })
+        .await;
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    match outcome {
+        Ok(()) => {
+            eprintln!(
+                "corral pull: {image} is present ({:.1} s)",
+                started.elapsed().as_secs_f64()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            let kind = e.kind();
+            let retry = if e.retryable() { "; retryable" } else { "" };
+            eprintln!("corral pull: {} ({}{retry})", e, kind.as_str());
+            Ok(ExitCode::from(125))
+        }
+    }
+}
