@@ -63,10 +63,15 @@ const NOT_FOUND_MARKERS: &[&str] = &[
 /// item of its progress stream).
 pub(crate) fn classify_text(status: Option<u16>, message: &str) -> PullFailure {
     let text = message.to_ascii_lowercase();
+    // A registry host that does not resolve is a name that does not lead
+    // to an image (a typo in the host, or no registry on this network):
+    // retrying would not help, unlike a registry that is down.
+    if text.contains("no such host") {
+        return PullFailure::NotFound(message.to_string());
+    }
     // A registry that cannot be reached says so whatever the status.
     let unreachable = [
         "connection refused",
-        "no such host",
         "i/o timeout",
         "timeout",
         "connection reset",
@@ -372,6 +377,8 @@ mod tests {
             "received unexpected HTTP status: 503 Service Unavailable"
         ));
         assert!(un(None, "unexpected EOF"));
+        // A host that does not resolve names no image (no registry there).
+        assert!(nf(Some(500), "Get \"https://registry-1.docker.io/v2/\": dial tcp: lookup registry-1.docker.io on 10.255.255.53:53: no such host"));
         assert!(un(Some(500), "something else went wrong"));
         // Each becomes the runtime's typed error.
         let e = PullFailure::NotFound("x".into()).into_error("a:b");

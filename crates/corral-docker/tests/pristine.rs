@@ -61,7 +61,9 @@ find / \( -path /proc -o -path /sys -o -path /dev \) -prune -o -print | sort | w
   echo "$line"
 done
 echo "-- /dev"; find /dev | sort
-echo "-- processes"; ps -o stat,args | grep -v -e fp-marker -e ' ps' -e '^STAT' -e '^Z' -e ' \[sh\]$' | sort
+# A process running with no command line yet ([sh], [exe]) is one being
+# spawned or exec'd right now (seen under load), not a survivor.
+echo "-- processes"; ps -o stat,args | grep -v -e fp-marker -e ' ps' -e '^STAT' -e '^Z' -e ' \[sh\]$' -e '^R  *\[[^] ]*\]$' | sort
 echo "-- mounts"; awk '{print $5, $9}' /proc/self/mountinfo | sort
 "#;
 
