@@ -34,5 +34,9 @@ mkdir -p target/podman
 conf=$PWD/target/podman/containers.conf
 printf '[containers]\ndefault_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]\n' > "$conf"
 rm -f "$sock"
+case "$sock" in /*) ;; *) sock=$PWD/$sock ;; esac
 export CONTAINERS_CONF=$conf
+# The service's helpers (conmon) may leave files in its working directory
+# (an `oom` marker after a container's OOM kill): keep them out of the tree.
+cd target/podman
 exec podman system service --time=0 "unix://$sock"
