@@ -27,6 +27,7 @@
 
 use std::fmt;
 
+use crate::snapshot::SnapshotInfo;
 use crate::SpecError;
 
 /// The tenant a single `server.token` (or `CORRAL_TOKEN`) stands for.
@@ -68,6 +69,23 @@ pub enum SnapshotAccess {
     Read,
     /// Take it (create or overwrite) or delete it.
     Write,
+}
+
+/// What looking a snapshot up by name found for a principal
+/// ([`Principal::find_snapshot`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SnapshotLookup<'a> {
+    /// One it may act on as asked; `read_only` when it may not write it.
+    Found {
+        /// The snapshot.
+        info: &'a SnapshotInfo,
+        /// It may read it only (an operator's shared one).
+        read_only: bool,
+    },
+    /// One it may read but was asked to write (an operator's shared one).
+    ReadOnly(&'a SnapshotInfo),
+    /// None it may see: answered as absent.
+    Absent,
 }
 
 /// The operator's snapshots it shares read-only (by name, in its own
@@ -309,6 +327,42 @@ impl Principal {
                 None => access == SnapshotAccess::Read && sharing.mcp.contains(&q.name),
             },
         }
+    }
+
+    /// Snapshot `name` among `all`, as this principal names it and may
+    /// `access` it: the first of [`Principal::snapshot_candidates`] that
+    /// exists and it may see. Every front end looks snapshots up here.
+    pub fn find_snapshot<'a>(
+        &self,
+        name: &str,
+        all: &'a [SnapshotInfo],
+        access: SnapshotAccess,
+        sharing: &Sharing,
+    ) -> Result<SnapshotLookup<'a>, SpecError> {
+        for q in self.snapshot_candidates(name)? {
+            let Some(info) = all.iter().find(|i| i.qualified() == q) else {
+                continue;
+            };
+            let writable = self.may_snapshot(SnapshotAccess::Write, &q, sharing);
+            let readable = writable || self.may_snapshot(SnapshotAccess::Read, &q, sharing);
+            match access {
+                SnapshotAccess::Write if writable => {
+                    return Ok(SnapshotLookup::Found {
+                        info,
+                        read_only: false,
+                    })
+                }
+                SnapshotAccess::Write if readable => return Ok(SnapshotLookup::ReadOnly(info)),
+                SnapshotAccess::Read if readable => {
+                    return Ok(SnapshotLookup::Found {
+                        info,
+                        read_only: !writable,
+                    })
+                }
+                _ => {}
+            }
+        }
+        Ok(SnapshotLookup::Absent)
     }
 
     /// The provider key of session `key` as this principal names it. The
@@ -556,6 +610,61 @@ mod tests {
         );
         assert_eq!(model.display_snapshot(&own), "x");
         assert_eq!(Principal::Operator.display_snapshot(&own), "alice.mcp-01/x");
+    }
+
+    #[test]
+    fn lookups_find_the_own_snapshot_first_then_a_shared_one() {
+        let info = |q: &str| {
+            let q = QualifiedName::parse(q).expect(q);
+            SnapshotInfo {
+                name: q.name.clone(),
+                namespace: q.namespace.clone(),
+                image: String::new(),
+                source_sandbox: String::new(),
+                spec: crate::SandboxSpec::new("img"),
+                env_names: Vec::new(),
+                created: 0,
+                size: 0,
+                durable: false,
+                owner: None,
+                ownership: crate::labels::Ownership::Orphan,
+            }
+        };
+        let all = [
+            info("base"),
+            info("alice/base"),
+            info("secret"),
+            info("bob/x"),
+        ];
+        let sharing = Sharing {
+            tenants: vec!["base".into(), "other".into()],
+            mcp: Vec::new(),
+        };
+        let alice = tenant("alice");
+        let read = SnapshotAccess::Read;
+        let write = SnapshotAccess::Write;
+        let found = |p: &Principal, name: &str, access| match p
+            .find_snapshot(name, &all, access, &sharing)
+            .expect(name)
+        {
+            SnapshotLookup::Found { info, read_only } => {
+                format!("{} {read_only}", info.qualified())
+            }
+            SnapshotLookup::ReadOnly(info) => format!("{} read-only", info.qualified()),
+            SnapshotLookup::Absent => "absent".into(),
+        };
+        assert_eq!(found(&alice, "base", write), "alice/base false");
+        assert_eq!(found(&tenant("carol"), "base", read), "base true");
+        assert_eq!(found(&tenant("carol"), "base", write), "base read-only");
+        assert_eq!(found(&alice, "secret", read), "absent");
+        assert_eq!(found(&alice, "bob/x", read), "absent");
+        assert_eq!(found(&alice, "missing", read), "absent");
+        assert_eq!(found(&Principal::Operator, "bob/x", write), "bob/x false");
+        let model = alice.mcp_session("mcp-01");
+        assert_eq!(found(&model, "base", read), "absent");
+        assert!(alice
+            .find_snapshot("Bad Name", &all, read, &sharing)
+            .is_err());
     }
 
     #[test]

@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use corral::{FileError, FileOptions, Lease, Provider};
-use corral_core::principal::{Principal, SnapshotAccess};
+use corral_core::principal::{Principal, SnapshotAccess, SnapshotLookup};
 use corral_core::{CommandSpec, SandboxSpec};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{CallToolResult, Implementation, JsonObject, ServerCapabilities, ServerInfo};
@@ -714,13 +714,8 @@ impl Handler {
         // Its own snapshot of that name, else one the operator shares with
         // MCP sessions; anything else is as if absent.
         let sharing = self.session.tenancy().sharing();
-        let candidates = principal.snapshot_candidates(&a.name).unwrap_or_default();
-        let found = candidates.iter().find_map(|q| {
-            all.iter()
-                .find(|i| &i.qualified() == q)
-                .filter(|_| principal.may_snapshot(SnapshotAccess::Read, q, sharing))
-        });
-        let Some(info) = found else {
+        let found = principal.find_snapshot(&a.name, &all, SnapshotAccess::Read, sharing);
+        let Ok(SnapshotLookup::Found { info, .. }) = found else {
             return Ok(render::error(format!(
                 "cannot restore '{}': no such snapshot (a session restores the snapshots it \
                  took and those the operator shares with MCP sessions)",

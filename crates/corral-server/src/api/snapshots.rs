@@ -23,7 +23,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use corral::SnapshotOptions;
-use corral_core::principal::{Principal, SnapshotAccess};
+use corral_core::principal::{Principal, SnapshotAccess, SnapshotLookup};
 use corral_core::snapshot::SnapshotInfo;
 use corral_core::{EnvVar, Error};
 
@@ -71,35 +71,27 @@ async fn find(
     name: &str,
     access: SnapshotAccess,
 ) -> Result<(SnapshotInfo, bool), ApiError> {
-    let candidates = caller
-        .snapshot_candidates(name)
+    let all = all_snapshots(s).await?;
+    let found = caller
+        .find_snapshot(name, &all, access, s.inner.tenancy.sharing())
         .map_err(|e| ApiError::invalid("name", e.to_string()))?;
-    let all = s
-        .inner
+    match found {
+        SnapshotLookup::Found { info, read_only } => Ok((info.clone(), read_only)),
+        SnapshotLookup::ReadOnly(_) => Err(ApiError::forbidden(
+            "name",
+            format!("snapshot '{name}' is the operator's, shared with you read-only"),
+        )),
+        SnapshotLookup::Absent => Err(no_snapshot(name)),
+    }
+}
+
+/// Every snapshot the runtime keeps (whoever's: callers filter).
+async fn all_snapshots(s: &AppState) -> Result<Vec<SnapshotInfo>, ApiError> {
+    s.inner
         .runtime
         .snapshots()
         .await
-        .map_err(|e| ApiError::runtime(&e, ""))?;
-    let sharing = s.inner.tenancy.sharing();
-    for q in candidates {
-        let Some(info) = all.iter().find(|i| i.qualified() == q) else {
-            continue;
-        };
-        let writable = caller.may_snapshot(SnapshotAccess::Write, &q, sharing);
-        if access == SnapshotAccess::Write && !writable {
-            if caller.may_snapshot(SnapshotAccess::Read, &q, sharing) {
-                return Err(ApiError::forbidden(
-                    "name",
-                    format!("snapshot '{name}' is the operator's, shared with you read-only"),
-                ));
-            }
-            continue;
-        }
-        if writable || caller.may_snapshot(SnapshotAccess::Read, &q, sharing) {
-            return Ok((info.clone(), !writable));
-        }
-    }
-    Err(no_snapshot(name))
+        .map_err(|e| ApiError::runtime(&e, ""))
 }
 
 /// Refuses one more snapshot of `caller`'s tenant (replacing `replacing`
@@ -125,12 +117,7 @@ async fn tenant_snapshots(
     tenant: &str,
     except: Option<&corral_core::principal::QualifiedName>,
 ) -> Result<(u64, u64), ApiError> {
-    let all = s
-        .inner
-        .runtime
-        .snapshots()
-        .await
-        .map_err(|e| ApiError::runtime(&e, ""))?;
+    let all = all_snapshots(s).await?;
     let mine = all.iter().filter(|i| {
         let q = i.qualified();
         q.owner().tenant() == Some(tenant) && Some(&q) != except
@@ -211,12 +198,7 @@ pub(super) async fn list_snapshots(
     State(s): State<AppState>,
     Caller(caller): Caller,
 ) -> Result<Json<SnapshotList>, ApiError> {
-    let all = s
-        .inner
-        .runtime
-        .snapshots()
-        .await
-        .map_err(|e| ApiError::runtime(&e, ""))?;
+    let all = all_snapshots(&s).await?;
     let sharing = s.inner.tenancy.sharing();
     let snapshots = all
         .iter()
