@@ -466,12 +466,7 @@ async fn a_snapshot_never_poisons_a_pristine_pool() {
     assert!(p.wait_warm("episodes", Duration::from_secs(120)).await);
     let a = p.acquire("attacker", "episodes").await.expect("acquire");
     let poisoned = a.container_id();
-    out(
-        &a,
-        "echo planted > /etc/planted && rm /bin/sh \
-         && printf '#!/bin/busybox ash\\nexit 0\\n' > /bin/sh && chmod 755 /bin/sh",
-    )
-    .await;
+    out(&a, common::POISON).await;
     let r = a.run(&sh("exit 3")).await;
     assert_eq!(r.exit_code, Some(0), "the attack took: {r:?}");
     // The snapshot folds the planted files into the container's root.

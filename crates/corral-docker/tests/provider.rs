@@ -274,12 +274,7 @@ async fn a_reuse_pool_never_takes_back_a_sandbox_a_snapshot_changed() {
     let a = p.acquire("attacker", "r").await.expect("acquire");
     let folded = a.container_id();
     // An always-0 shell also passes every reset command.
-    let r = a
-        .run(&sh(
-            "echo planted > /etc/planted && rm /bin/sh \
-             && printf '#!/bin/busybox ash\\nexit 0\\n' > /bin/sh && chmod 755 /bin/sh",
-        ))
-        .await;
+    let r = a.run(&sh(common::POISON)).await;
     assert_eq!(r.exit_code, Some(0), "{r:?}");
     let name = format!(
         "reuse-fold-{}-{}",

@@ -18,6 +18,12 @@ use corral_docker::{DockerBackend, DockerConfig};
 pub const BUSYBOX: &str = "corral-test/busybox";
 pub const SCRATCH: &str = "corral-test/scratch";
 
+/// What a session does to poison the sandbox it leaves behind: a planted
+/// file, and a `/bin/sh` that exits 0 whatever it is asked (so it also
+/// passes any reset command).
+pub const POISON: &str = "echo planted > /etc/planted && rm /bin/sh \
+     && printf '#!/bin/busybox ash\\nexit 0\\n' > /bin/sh && chmod 755 /bin/sh";
+
 /// Builds the offline test images once per test binary.
 pub fn images() {
     static BUILT: OnceLock<()> = OnceLock::new();
