@@ -152,6 +152,44 @@ pub enum ImagePresence {
     Unknown,
 }
 
+/// An image an engine holds that a sandbox can name (tagged; snapshots
+/// left out), as `corral images` and `GET /v1/images` show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageInfo {
+    /// `repository:tag`.
+    pub reference: String,
+    /// Bytes on disk.
+    pub size: u64,
+    /// When it was built, in seconds since the epoch.
+    pub created: i64,
+}
+
+/// Where a pull of a missing image is, as the engine reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PullProgress {
+    /// Waiting for one of the engine's pull slots (`daemon.pull_limit`).
+    pub queued: bool,
+    /// Layers fetched (or found already present).
+    pub layers_done: usize,
+    /// Layers the image has, as far as the registry has said.
+    pub layers: usize,
+    /// Bytes downloaded.
+    pub bytes: u64,
+    /// Bytes of the layers being downloaded, as far as known.
+    pub total_bytes: u64,
+}
+
+/// A pull under way on the engine: which image, how far, for how long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullStatus {
+    /// The image reference being pulled.
+    pub image: String,
+    /// How far it is.
+    pub progress: PullProgress,
+    /// Since the first start (or `corral pull`) asked for it.
+    pub elapsed: Duration,
+}
+
 /// Where persistent sessions keep their workspace and home, which a
 /// backend says once for all its sandboxes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -300,6 +338,40 @@ pub trait Backend: Send + Sync + 'static {
     /// Whether `image` is present, as far as the engine can tell (nothing
     /// is pulled).
     fn image_present<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<ImagePresence, Error>>;
+
+    /// The images the engine holds that sandboxes can name, newest first
+    /// (an engine whose machines pull for themselves cannot list them).
+    fn images(&self) -> BoxFuture<'_, Result<Vec<ImageInfo>, Error>> {
+        Box::pin(async move {
+            Err(Error::Unsupported {
+                what: format!(
+                    "listing images with the {} backend (its machines pull images themselves)",
+                    self.name()
+                ),
+            })
+        })
+    }
+
+    /// Makes sure `image` is present, pulling it when missing, as a start
+    /// of it would (one pull per image at a time, bounded, typed).
+    fn pull<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = image;
+        Box::pin(async move {
+            Err(Error::Unsupported {
+                what: format!(
+                    "pulling ahead of a start with the {} backend (its machines pull images \
+                     when a sandbox starts)",
+                    self.name()
+                ),
+            })
+        })
+    }
+
+    /// The pulls under way on this engine (none where the machines that
+    /// run sandboxes pull by themselves).
+    fn pulls(&self) -> Vec<PullStatus> {
+        Vec::new()
+    }
 
     /// Keeps the file system of the sandbox at `placement` as snapshot
     /// `req.name` (replacing one of that name), from which sandboxes can

@@ -757,6 +757,15 @@ pub struct DaemonConfig {
     /// the start fails retryable (`daemon_unavailable`). Concurrent starts
     /// of one image share one pull. Default 600000 (10 minutes).
     pub pull_timeout_ms: u64,
+    /// Pulls that may run at once; more queue (a pull holds no start
+    /// slot). Default 2.
+    pub pull_limit: usize,
+    /// Registry credentials for pulls: a Docker client configuration file
+    /// (`{"auths": {"HOST": {"auth": base64(user:password)}}}`, as
+    /// `docker login` writes it without a credential helper), read at each
+    /// pull; an absolute path. Clients never send credentials. Default
+    /// `None`: pulls are anonymous.
+    pub registry_auth_file: Option<String>,
     /// The file holding the user's secret key that seals persistent
     /// containers, so that only containers this user's corral made for a
     /// session are adopted (an absolute path; made 0600 when missing, refused
@@ -779,6 +788,8 @@ impl Default for DaemonConfig {
             reap_interval_ms: 300_000,
             slow_start_ms: 5_000,
             pull_timeout_ms: 600_000,
+            pull_limit: 2,
+            registry_auth_file: None,
             seal_key_file: None,
         }
     }
@@ -1200,6 +1211,22 @@ impl DaemonConfig {
                 ));
             }
         }
+        if self.pull_limit == 0 {
+            return Err(ConfigError::invalid(
+                "daemon.pull_limit",
+                0,
+                "at least 1 (no pull could ever run)",
+            ));
+        }
+        if let Some(file) = &self.registry_auth_file {
+            if !Path::new(file).is_absolute() {
+                return Err(ConfigError::invalid(
+                    "daemon.registry_auth_file",
+                    file,
+                    "must be an absolute path",
+                ));
+            }
+        }
         if let Some(file) = &self.seal_key_file {
             if !Path::new(file).is_absolute() {
                 return Err(ConfigError::invalid(
@@ -1309,6 +1336,7 @@ mod tests {
             (600_000, 300_000, 5_000)
         );
         assert_eq!(d.pull_timeout_ms, 600_000);
+        assert_eq!((d.pull_limit, d.registry_auth_file.as_deref()), (2, None));
         assert!(d.reap_orphans);
         assert_eq!(d.breaker, BreakerConfig::default());
         assert_eq!(d.retry, RetryPolicy::default());

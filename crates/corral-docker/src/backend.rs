@@ -13,8 +13,8 @@ use bollard::query_parameters::{
 };
 use bollard::Docker;
 use corral_core::backend::{
-    AgentOutput, AgentStream, Backend, BackendCounters, BoxFuture, ImagePresence, OnDeath,
-    Placement, Prepared, SandboxInfo, StartRequest,
+    AgentOutput, AgentStream, Backend, BackendCounters, BoxFuture, ImageInfo, ImagePresence,
+    OnDeath, Placement, Prepared, PullProgress, PullStatus, SandboxInfo, StartRequest,
 };
 use corral_core::config::Config;
 use corral_core::outcome::short;
@@ -26,7 +26,6 @@ use crate::agent_volume;
 use crate::container_config::{container_name, create_body, CreateParams};
 use crate::error::{api, is_connection_error, is_not_found, status_code};
 use crate::events::EventRouter;
-use crate::pull::PullProgress;
 use crate::retry::retry;
 
 /// How long a container killed by SIGKILL is given for the daemon's `oom`
@@ -40,17 +39,6 @@ const OOM_EVENT_RECENT: Duration = Duration::from_secs(5);
 /// (being removed) to give its name up.
 const NAME_RELEASE_WAIT: Duration = Duration::from_secs(30);
 
-/// An image on the daemon, as `corral images` shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImageInfo {
-    /// `repository:tag`.
-    pub reference: String,
-    /// Bytes on disk.
-    pub size: u64,
-    /// When it was built, in seconds since the epoch.
-    pub created: i64,
-}
-
 /// How to reach the daemon.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DockerConfig {
@@ -62,6 +50,10 @@ pub struct DockerConfig {
     /// How long one pull of a missing image may take
     /// (`daemon.pull_timeout_ms`).
     pub pull_timeout: Duration,
+    /// Pulls at once (`daemon.pull_limit`).
+    pub pull_limit: usize,
+    /// Registry credentials (`daemon.registry_auth_file`).
+    pub registry_auth_file: Option<std::path::PathBuf>,
 }
 
 impl Default for DockerConfig {
@@ -76,6 +68,12 @@ impl From<&Config> for DockerConfig {
             endpoint: config.endpoint.clone(),
             retry: config.daemon.retry.clone(),
             pull_timeout: Duration::from_millis(config.daemon.pull_timeout_ms),
+            pull_limit: config.daemon.pull_limit,
+            registry_auth_file: config
+                .daemon
+                .registry_auth_file
+                .as_ref()
+                .map(std::path::PathBuf::from),
         }
     }
 }
@@ -112,7 +110,11 @@ impl DockerBackend {
                 agent_volume: OnceCell::new(),
                 network: OnceCell::new(),
                 storage_opt: OnceCell::new(),
-                pulls: crate::pull::Pulls::default(),
+                pulls: crate::pull::Pulls::new(crate::pull::PullConfig {
+                    timeout: config.pull_timeout,
+                    limit: config.pull_limit,
+                    auth_file: config.registry_auth_file.clone(),
+                }),
                 events: Arc::new(EventRouter::default()),
             }),
         })
@@ -174,7 +176,7 @@ impl DockerBackend {
         }
         self.inner
             .pulls
-            .ensure(docker, image, self.inner.config.pull_timeout, on_progress)
+            .ensure(docker, image, on_progress)
             .await
             .map_err(|f| f.into_error(image))
     }
@@ -195,7 +197,11 @@ impl DockerBackend {
                 let (size, created) = (i.size.max(0) as u64, i.created);
                 i.repo_tags
                     .into_iter()
-                    .filter(|t| t != "<none>:<none>" && !t.starts_with("corral-snapshot:"))
+                    .filter(|t| {
+                        t != "<none>:<none>"
+                            && !t.starts_with("corral-snapshot:")
+                            && !t.starts_with("corral-snapshot/")
+                    })
                     .map(move |reference| ImageInfo {
                         reference,
                         size,
@@ -614,6 +620,18 @@ impl Backend for DockerBackend {
 
     fn collect_garbage(&self) -> BoxFuture<'_, Result<Vec<String>, Error>> {
         Box::pin(crate::gc::remove_dangling_volumes(self))
+    }
+
+    fn images(&self) -> BoxFuture<'_, Result<Vec<ImageInfo>, Error>> {
+        Box::pin(DockerBackend::images(self))
+    }
+
+    fn pull<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.ensure_image(image))
+    }
+
+    fn pulls(&self) -> Vec<PullStatus> {
+        self.inner.pulls.in_flight()
     }
 
     fn image_present<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<ImagePresence, Error>> {

@@ -16,9 +16,10 @@ mod events;
 pub mod gc;
 pub mod network;
 mod pull;
+mod registry_auth;
 mod retry;
 pub mod snapshot;
 pub mod state;
 
-pub use backend::{DockerBackend, DockerConfig, ImageInfo};
-pub use pull::PullProgress;
+pub use backend::{DockerBackend, DockerConfig};
+pub use corral_core::backend::{ImageInfo, PullProgress, PullStatus};

@@ -2,18 +2,24 @@
 //! it waits for that pull and shares its outcome, so N rollouts of one new
 //! image make one pull, not N), bounded in time, its failure typed (a name
 //! or tag the registry does not have is `image_not_found`, anything else
-//! that stops a pull is retryable), its progress logged.
+//! that stops a pull is retryable), its progress logged and listed
+//! ([`Pulls::in_flight`]), at most `daemon.pull_limit` pulls at once (the
+//! others queue; a pull holds no start slot), with the registry's
+//! credentials from `daemon.registry_auth_file` (`registry_auth.rs`).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bollard::models::CreateImageInfo;
 use bollard::query_parameters::CreateImageOptionsBuilder;
 use bollard::Docker;
+use corral_core::backend::{PullProgress, PullStatus};
 use corral_core::{Error, FailureKind};
 use futures_util::future::{BoxFuture, Shared};
 use futures_util::{FutureExt, StreamExt};
+use tokio::sync::Semaphore;
 
 use crate::error::{is_connection_error, is_not_found};
 
@@ -57,6 +63,8 @@ const NOT_FOUND_MARKERS: &[&str] = &[
     "invalid reference format",
     "unauthorized",
     "denied",
+    "no basic auth credentials",
+    "authentication required",
 ];
 
 /// Classifies the text of a failed pull (the daemon's answer, or an error
@@ -147,24 +155,12 @@ impl Progress {
     }
 }
 
-/// Where a pull is: what [`crate::DockerBackend::ensure_image_with`] hands
-/// its caller as the pull goes on.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PullProgress {
-    /// Layers fetched (or found already present).
-    pub layers_done: usize,
-    /// Layers the image has, as far as the daemon has said.
-    pub layers: usize,
-    /// Bytes downloaded.
-    pub bytes: u64,
-    /// Bytes of the layers being downloaded, as far as known.
-    pub total_bytes: u64,
-}
-
-impl From<&Progress> for PullProgress {
-    fn from(p: &Progress) -> Self {
-        let (layers_done, layers, bytes, total_bytes) = p.summary();
+impl Progress {
+    /// The public view of this progress.
+    fn view(&self) -> PullProgress {
+        let (layers_done, layers, bytes, total_bytes) = self.summary();
         PullProgress {
+            queued: false,
             layers_done,
             layers,
             bytes,
@@ -181,15 +177,49 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 struct Flight {
     outcome: Shared<BoxFuture<'static, Result<(), PullFailure>>>,
     progress: tokio::sync::watch::Receiver<PullProgress>,
+    started: Instant,
+}
+
+/// What every pull of one daemon shares: how long one may take, how many
+/// may run at once, where the registries' credentials are.
+#[derive(Debug, Clone)]
+pub(crate) struct PullConfig {
+    pub(crate) timeout: Duration,
+    pub(crate) limit: usize,
+    pub(crate) auth_file: Option<PathBuf>,
 }
 
 /// The pulls in flight, by image reference.
-#[derive(Default)]
 pub(crate) struct Pulls {
     flights: Arc<Mutex<HashMap<String, Flight>>>,
+    slots: Arc<Semaphore>,
+    config: PullConfig,
 }
 
 impl Pulls {
+    pub(crate) fn new(config: PullConfig) -> Pulls {
+        Pulls {
+            flights: Arc::default(),
+            slots: Arc::new(Semaphore::new(config.limit.max(1))),
+            config,
+        }
+    }
+
+    /// The pulls under way (queued or pulling), oldest first.
+    pub(crate) fn in_flight(&self) -> Vec<PullStatus> {
+        let flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<PullStatus> = flights
+            .iter()
+            .map(|(image, f)| PullStatus {
+                image: image.clone(),
+                progress: *f.progress.borrow(),
+                elapsed: f.started.elapsed(),
+            })
+            .collect();
+        out.sort_by(|a, b| b.elapsed.cmp(&a.elapsed));
+        out
+    }
+
     /// Makes sure `image` is present: joins the pull of it in flight, or
     /// starts one (which first looks again: a pull that ended between the
     /// caller's look and now left the image there). The pull runs as its
@@ -199,7 +229,6 @@ impl Pulls {
         &self,
         docker: &Docker,
         image: &str,
-        timeout: Duration,
         mut on_progress: impl FnMut(PullProgress),
     ) -> Result<(), PullFailure> {
         let flight = {
@@ -207,11 +236,15 @@ impl Pulls {
             match flights.get(image) {
                 Some(f) => f.clone(),
                 None => {
-                    let (tx, progress) = tokio::sync::watch::channel(PullProgress::default());
+                    let (tx, progress) = tokio::sync::watch::channel(PullProgress {
+                        queued: true,
+                        ..Default::default()
+                    });
                     let task = tokio::spawn(pull_once(
                         docker.clone(),
                         image.to_string(),
-                        timeout,
+                        self.config.clone(),
+                        self.slots.clone(),
                         self.flights.clone(),
                         tx,
                     ));
@@ -224,7 +257,11 @@ impl Pulls {
                     }
                     .boxed()
                     .shared();
-                    let f = Flight { outcome, progress };
+                    let f = Flight {
+                        outcome,
+                        progress,
+                        started: Instant::now(),
+                    };
                     flights.insert(image.to_string(), f.clone());
                     f
                 }
@@ -233,6 +270,7 @@ impl Pulls {
         let Flight {
             outcome,
             mut progress,
+            ..
         } = flight;
         let mut outcome = std::pin::pin!(outcome);
         loop {
@@ -250,19 +288,40 @@ impl Pulls {
 
 /// One pull of `image` (unless it is present by now), then its entry is
 /// taken out of `flights` so a later start looks at the daemon afresh.
+/// It waits for a pull slot first (queued); the time bound runs from the
+/// slot on, so a queued pull is bounded by the pulls ahead of it.
 async fn pull_once(
     docker: Docker,
     image: String,
-    timeout: Duration,
+    config: PullConfig,
+    slots: Arc<Semaphore>,
     flights: Arc<Mutex<HashMap<String, Flight>>>,
     progress: tokio::sync::watch::Sender<PullProgress>,
 ) -> Result<(), PullFailure> {
-    let outcome = match tokio::time::timeout(timeout, pull(&docker, &image, &progress)).await {
-        Ok(res) => res,
-        Err(_) => Err(PullFailure::Unavailable(format!(
-            "the pull did not finish within {} ms (daemon.pull_timeout_ms)",
-            timeout.as_millis()
-        ))),
+    let slot = match slots.clone().try_acquire_owned() {
+        Ok(slot) => Ok(slot),
+        Err(_) => {
+            tracing::info!(
+                image,
+                limit = config.limit,
+                "pull queued: daemon.pull_limit pulls are running"
+            );
+            slots.acquire_owned().await
+        }
+    };
+    let outcome = match slot {
+        Err(_) => Err(PullFailure::Unavailable("the pull slots are closed".into())),
+        Ok(_slot) => {
+            progress.send_modify(|p| p.queued = false);
+            let pulling = pull(&docker, &image, config.auth_file.as_deref(), &progress);
+            match tokio::time::timeout(config.timeout, pulling).await {
+                Ok(res) => res,
+                Err(_) => Err(PullFailure::Unavailable(format!(
+                    "the pull did not finish within {} ms (daemon.pull_timeout_ms)",
+                    config.timeout.as_millis()
+                ))),
+            }
+        }
     };
     flights
         .lock()
@@ -274,6 +333,7 @@ async fn pull_once(
 async fn pull(
     docker: &Docker,
     image: &str,
+    auth_file: Option<&std::path::Path>,
     watchers: &tokio::sync::watch::Sender<PullProgress>,
 ) -> Result<(), PullFailure> {
     match docker.inspect_image(image).await {
@@ -281,16 +341,30 @@ async fn pull(
         Err(e) if is_not_found(&e) => {}
         Err(e) => return Err(classify(&e)),
     }
+    // Read at each pull: a rotated secret applies without a restart. A
+    // file that cannot be used stops the pull as the registry's refusal
+    // would (fixing the file, not retrying, helps).
+    let credentials = match auth_file {
+        Some(file) => {
+            crate::registry_auth::credentials_for(file, image).map_err(PullFailure::NotFound)?
+        }
+        None => None,
+    };
     let (from, tag) = split_tag(image);
     let opts = CreateImageOptionsBuilder::default()
         .from_image(from)
         .tag(tag)
         .build();
     let started = Instant::now();
-    tracing::info!(image, "pulling image");
+    tracing::info!(
+        image,
+        registry = crate::registry_auth::registry_of(image),
+        credentials = credentials.is_some(),
+        "pulling image"
+    );
     let mut progress = Progress::default();
     let mut logged = Instant::now();
-    let mut stream = docker.create_image(Some(opts), None, None);
+    let mut stream = docker.create_image(Some(opts), None, credentials);
     while let Some(item) = stream.next().await {
         let info = item.map_err(|e| classify(&e))?;
         if let Some(detail) = info.error_detail.as_ref().and_then(|d| d.message.clone()) {
@@ -298,7 +372,7 @@ async fn pull(
         }
         progress.update(&info);
         watchers.send_if_modified(|p| {
-            let now = PullProgress::from(&progress);
+            let now = progress.view();
             std::mem::replace(p, now) != now
         });
         if logged.elapsed() >= PROGRESS_EVERY {

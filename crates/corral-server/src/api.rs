@@ -37,6 +37,7 @@ use crate::tenancy::Tenancy;
 use crate::wire::*;
 use corral_core::principal::Principal;
 
+mod images;
 mod snapshots;
 
 /// Longest session key and shell name.
@@ -1306,6 +1307,7 @@ refused before anything runs with 503 `overloaded` (retryable, `Retry-After`).",
         (name = "shells", description = "Stateful shell sessions"),
         (name = "files", description = "Files and archives"),
         (name = "snapshots", description = "Snapshots of sandboxes and forks from them"),
+        (name = "images", description = "Images sandboxes may use, and pulls of missing ones"),
         (name = "service", description = "Health and metrics"),
     )
 )]
@@ -1328,6 +1330,8 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(snapshots::list_snapshots))
         .routes(routes!(snapshots::get_snapshot, snapshots::delete_snapshot))
         .routes(routes!(snapshots::fork))
+        .routes(routes!(images::list_images))
+        .routes(routes!(images::pull_image))
         .routes(routes!(health))
         .routes(routes!(whoami))
         .routes(routes!(metrics))

@@ -606,3 +606,83 @@ mod tests {
         assert_eq!(v["failure"]["kind"], "container_lost");
     }
 }
+
+/// Body of `GET /v1/images`: the images the caller may name that the
+/// engine holds, and the pulls under way.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ImageList {
+    /// Images on the engine the caller's sandboxes may use, newest first
+    /// (snapshots are under `/v1/snapshots`). Empty where the engine's
+    /// machines pull for themselves (Kubernetes).
+    pub images: Vec<ImageEntry>,
+    /// Pulls of missing images under way, oldest first: a start of a
+    /// missing image waits for its pull, and this is where it shows.
+    pub pulls: Vec<PullEntry>,
+}
+
+/// An image on the engine.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ImageEntry {
+    /// `repository:tag`.
+    pub image: String,
+    /// Bytes on disk.
+    pub size: u64,
+    /// When it was built, in seconds since the epoch.
+    pub created: i64,
+}
+
+/// A pull under way.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PullEntry {
+    /// The image being pulled.
+    pub image: String,
+    /// `queued` (waiting for one of `daemon.pull_limit` pull slots) or
+    /// `pulling`.
+    pub state: String,
+    /// Layers fetched or found present.
+    pub layers_done: usize,
+    /// Layers of the image, as far as the registry has said.
+    pub layers: usize,
+    /// Bytes downloaded.
+    pub bytes: u64,
+    /// Bytes of the layers being downloaded, as far as known.
+    pub total_bytes: u64,
+    /// Since the first start (or pull request) asked for it, in ms.
+    pub elapsed_ms: u64,
+}
+
+impl From<corral_core::backend::PullStatus> for PullEntry {
+    fn from(p: corral_core::backend::PullStatus) -> Self {
+        PullEntry {
+            image: p.image,
+            state: if p.progress.queued {
+                "queued"
+            } else {
+                "pulling"
+            }
+            .to_string(),
+            layers_done: p.progress.layers_done,
+            layers: p.progress.layers,
+            bytes: p.progress.bytes,
+            total_bytes: p.progress.total_bytes,
+            elapsed_ms: p.elapsed.as_millis().min(u128::from(u64::MAX)) as u64,
+        }
+    }
+}
+
+/// Body of `POST /v1/images/pull`.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PullRequest {
+    /// `[registry/]repository[:tag]` (the tag defaults to `latest`).
+    pub image: String,
+}
+
+/// Answer of `POST /v1/images/pull`: the image is present.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PullResult {
+    /// The image.
+    pub image: String,
+    /// How long the request waited for it, in ms (a present image: about 0).
+    pub waited_ms: u64,
+}

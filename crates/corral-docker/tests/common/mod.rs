@@ -73,6 +73,8 @@ pub struct BackendConfig {
     pub reap_interval: Duration,
     pub seal_key_file: Option<PathBuf>,
     pub pull_timeout: Duration,
+    pub pull_limit: usize,
+    pub registry_auth_file: Option<PathBuf>,
 }
 
 impl Default for BackendConfig {
@@ -92,6 +94,8 @@ impl Default for BackendConfig {
             reap_interval: r.reap_interval,
             seal_key_file: r.seal_key_file,
             pull_timeout: d.pull_timeout,
+            pull_limit: d.pull_limit,
+            registry_auth_file: d.registry_auth_file,
         }
     }
 }
@@ -102,6 +106,8 @@ pub async fn connect(c: &BackendConfig) -> Result<Runtime, corral::Error> {
         endpoint: c.endpoint.clone(),
         retry: c.retry.clone(),
         pull_timeout: c.pull_timeout,
+        pull_limit: c.pull_limit,
+        registry_auth_file: c.registry_auth_file.clone(),
     })
     .await?;
     Ok(Runtime::new(
