@@ -13,6 +13,7 @@ pub mod command;
 pub mod config;
 pub mod error;
 pub mod file_error;
+pub mod image_pull;
 pub mod labels;
 pub mod outcome;
 pub mod output;

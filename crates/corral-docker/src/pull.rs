@@ -16,6 +16,7 @@ use bollard::models::CreateImageInfo;
 use bollard::query_parameters::CreateImageOptionsBuilder;
 use bollard::Docker;
 use corral_core::backend::{PullProgress, PullStatus};
+use corral_core::image_pull::{self, PullCause};
 use corral_core::{Error, FailureKind};
 use futures_util::future::{BoxFuture, Shared};
 use futures_util::{FutureExt, StreamExt};
@@ -52,50 +53,14 @@ impl PullFailure {
     }
 }
 
-/// What the daemon (or the registry behind it) says when the name or tag
-/// does not exist or may not be pulled: never helped by retrying.
-const NOT_FOUND_MARKERS: &[&str] = &[
-    "manifest unknown",
-    "not found",
-    "name unknown",
-    "does not exist",
-    "pull access denied",
-    "invalid reference format",
-    "unauthorized",
-    "denied",
-    "no basic auth credentials",
-    "authentication required",
-];
-
 /// Classifies the text of a failed pull (the daemon's answer, or an error
-/// item of its progress stream).
+/// item of its progress stream), as every engine does
+/// ([`corral_core::image_pull`]).
 pub(crate) fn classify_text(status: Option<u16>, message: &str) -> PullFailure {
-    let text = message.to_ascii_lowercase();
-    // A registry host that does not resolve is a name that does not lead
-    // to an image (a typo in the host, or no registry on this network):
-    // retrying would not help, unlike a registry that is down.
-    if text.contains("no such host") {
-        return PullFailure::NotFound(message.to_string());
+    match image_pull::classify(status, message) {
+        PullCause::NotFound => PullFailure::NotFound(message.to_string()),
+        PullCause::Unavailable => PullFailure::Unavailable(message.to_string()),
     }
-    // A registry that cannot be reached says so whatever the status.
-    let unreachable = [
-        "connection refused",
-        "i/o timeout",
-        "timeout",
-        "connection reset",
-        "eof",
-        "500 internal server error",
-        "502 bad gateway",
-        "503 service unavailable",
-        "504 gateway timeout",
-    ];
-    if unreachable.iter().any(|m| text.contains(m)) {
-        return PullFailure::Unavailable(message.to_string());
-    }
-    if matches!(status, Some(400 | 404)) || NOT_FOUND_MARKERS.iter().any(|m| text.contains(m)) {
-        return PullFailure::NotFound(message.to_string());
-    }
-    PullFailure::Unavailable(message.to_string())
 }
 
 /// Classifies a daemon error of a pull.

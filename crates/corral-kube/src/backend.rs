@@ -438,12 +438,52 @@ impl KubeBackend {
                     }
                     Ok(())
                 }
+                Progress::Failed(e) if state::pull_backoff(&p) => {
+                    Err(self.pull_cause(name, image, agent_image, e).await)
+                }
                 Progress::Failed(e) => Err(e),
                 Progress::Pending => Err(Error::Agent {
                     sandbox: id.to_string(),
                     message: format!("pod {name} is still starting"),
                 }),
             },
+        }
+    }
+
+    /// The kubelet's pull back-off names no cause; the pod's latest
+    /// `Failed` event does (`Failed to pull image "x": ... not found`).
+    /// Typed from it; `fallback` (typed from the back-off) when the events
+    /// cannot be read or say nothing.
+    async fn pull_cause(
+        &self,
+        name: &str,
+        image: &str,
+        agent_image: &str,
+        fallback: Error,
+    ) -> Error {
+        use k8s_openapi::api::core::v1::Event;
+        let events: Api<Event> = Api::namespaced(self.inner.client.clone(), &self.inner.namespace);
+        let params = ListParams::default().fields(&format!("involvedObject.name={name}"));
+        let Ok(list) = events.list(&params).await else {
+            return fallback;
+        };
+        let failed = list
+            .items
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("Failed"))
+            .filter_map(|e| e.message.as_deref())
+            .filter(|m| m.contains("pull"))
+            .next_back();
+        match failed {
+            Some(message) => {
+                let which = if message.contains(agent_image) {
+                    agent_image
+                } else {
+                    image
+                };
+                state::image_error(which, state::PULL_BACKOFF, message)
+            }
+            None => fallback,
         }
     }
 

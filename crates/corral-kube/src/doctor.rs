@@ -37,6 +37,8 @@ pub const PERMISSIONS: &[(&str, &str, &str, &str)] = &[
     ("", "pods", "portforward", "create"),
     // Only `doctor`'s agent image check reads a log.
     ("", "pods", "log", "get"),
+    // A pull back-off's cause is in the pod's events.
+    ("", "events", "", "list"),
     ("", "persistentvolumeclaims", "", "create"),
     ("", "persistentvolumeclaims", "", "get"),
     ("", "persistentvolumeclaims", "", "patch"),

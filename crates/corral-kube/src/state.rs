@@ -115,6 +115,44 @@ pub enum Progress {
     Failed(Error),
 }
 
+/// The kubelet's back-off after a failed pull says only that it waits
+/// (`Back-off pulling image "x"`); the cause is in the pod's events.
+pub(crate) const PULL_BACKOFF: &str = "ImagePullBackOff";
+
+/// A pull that failed on the node, typed as a Docker pull is
+/// ([`corral_core::image_pull`]): a name or tag the registry lacks (or
+/// refuses) is `image_not_found`; an unreachable or failing registry is
+/// retryable. `message` is the waiting message or, for a back-off, the
+/// pod event that gave the cause.
+pub fn image_error(image: &str, reason: &str, message: &str) -> Error {
+    use corral_core::image_pull::{classify, PullCause};
+    let unusable = matches!(
+        reason,
+        "InvalidImageName" | "ErrImageNeverPull" | "ImageInspectError"
+    );
+    if unusable || classify(None, message) == PullCause::NotFound {
+        return Error::ImageNotFound {
+            image: image.to_string(),
+            reason: format!("{reason}: {message}"),
+        };
+    }
+    Error::Engine {
+        op: format!("pull image {image} on the node"),
+        kind: corral_core::FailureKind::DaemonUnavailable,
+        source: format!("{reason}: {message}").into(),
+    }
+}
+
+/// The waiting reason of the container that pulls `image` in `pod`, when
+/// it is the kubelet's pull back-off.
+pub fn pull_backoff(pod: &Pod) -> bool {
+    [(AGENT_INIT_CONTAINER, true), (SANDBOX_CONTAINER, false)]
+        .iter()
+        .filter_map(|(name, init)| container_status(pod, name, *init))
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.as_deref())
+        .any(|r| r == PULL_BACKOFF)
+}
+
 /// Where the start of `sandbox` (pod `name` from image `image`, agent from
 /// `agent_image`) stands, from its pod.
 pub fn start_progress(sandbox: &str, image: &str, agent_image: &str, pod: &Pod) -> Progress {
@@ -142,10 +180,7 @@ pub fn start_progress(sandbox: &str, image: &str, agent_image: &str, pod: &Pod) 
             let reason = w.reason.as_deref().unwrap_or_default();
             let message = w.message.clone().unwrap_or_default();
             if IMAGE_REASONS.contains(&reason) {
-                return Progress::Failed(Error::ImageNotFound {
-                    image: img.to_string(),
-                    reason: format!("{reason}: {message}"),
-                });
+                return Progress::Failed(image_error(img, reason, &message));
             }
             if CONFIG_REASONS.contains(&reason) {
                 return Progress::Failed(Error::Unsupported {
@@ -345,6 +380,36 @@ mod tests {
         assert_eq!(lost.kind(), corral_core::FailureKind::ContainerLost);
         assert!(lost.to_string().contains("Evicted"));
         assert!(death(&evicted).is_some_and(|d| d.contains("Evicted")));
+    }
+
+    #[test]
+    fn a_pull_that_cannot_reach_its_registry_is_retryable() {
+        let pod = sandbox_pod(
+            "Pending",
+            waiting(
+                "ErrImagePull",
+                "failed to pull and unpack image \"r:5000/x:1\": failed to do request: Head \"http://r:5000/v2/x/manifests/1\": dial tcp 10.0.0.9:5000: connect: connection refused",
+            ),
+        );
+        match progress(&pod) {
+            Progress::Failed(e) => {
+                assert_eq!(e.kind(), corral_core::FailureKind::DaemonUnavailable, "{e}");
+                assert!(e.retryable() && e.to_string().contains("img:1"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // The back-off alone says nothing of the cause: the event does.
+        let backoff = sandbox_pod(
+            "Pending",
+            waiting("ImagePullBackOff", "Back-off pulling image \"img:1\""),
+        );
+        assert!(pull_backoff(&backoff));
+        let e = image_error("img:1", "ImagePullBackOff", "Failed to pull image \"img:1\": rpc error: code = NotFound desc = failed to pull and unpack image \"docker.io/library/img:1\": failed to resolve reference: docker.io/library/img:1: not found");
+        assert_eq!(e.kind(), corral_core::FailureKind::ImageNotFound, "{e}");
+        assert!(!pull_backoff(&sandbox_pod(
+            "Pending",
+            waiting("ErrImagePull", "x")
+        )));
     }
 
     #[test]
