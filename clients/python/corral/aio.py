@@ -132,6 +132,16 @@ class AsyncClient:
         r = await self.request("GET", "/v1/whoami", idempotent=True)
         return WhoAmI.from_json(r.json())
 
+    async def images(self) -> Dict[str, Any]:
+        """As :meth:`corral.Client.images`."""
+        r = await self.request("GET", "/v1/images", idempotent=True)
+        return dict(r.json())
+
+    async def pull(self, image: str, *, timeout: Optional[float] = 900.0) -> Dict[str, Any]:
+        """As :meth:`corral.Client.pull`."""
+        r = await self.request("POST", "/v1/images/pull", json={"image": image}, timeout=timeout, idempotent=True)
+        return dict(r.json())
+
     def sandbox(
         self,
         *,

@@ -150,6 +150,28 @@ class Client:
         (the operator or a tenant) and its tenant's quotas."""
         return WhoAmI.from_json(self.request("GET", "/v1/whoami", idempotent=True).json())
 
+    # -- images ------------------------------------------------------------
+
+    def images(self) -> Dict[str, Any]:
+        """``GET /v1/images``: ``{"images": [{image, size, created}],
+        "pulls": [{image, state, layers_done, layers, bytes, total_bytes,
+        elapsed_ms}]}``: the images on the engine this client may name
+        (``server.policy.images``), and the pulls under way (``state``
+        ``queued`` or ``pulling``; a start of a missing image waits for one)."""
+        return dict(self.request("GET", "/v1/images", idempotent=True).json())
+
+    def pull(self, image: str, *, timeout: Optional[float] = 900.0) -> Dict[str, Any]:
+        """``POST /v1/images/pull``: makes sure ``image`` is on the engine
+        (pulling it as a start would; its progress shows in :meth:`images`)
+        and returns ``{"image", "waited_ms"}``. Raises
+        :class:`~corral.ForbiddenError` when the policy does not list it,
+        :class:`~corral.ImageNotFoundError` for a name or tag the registry
+        lacks, :class:`~corral.ServiceUnavailableError` (retryable) for a
+        registry that is down or a pull past ``daemon.pull_timeout_ms``.
+        ``timeout`` (seconds, ``None``: none) bounds the wait here."""
+        r = self.request("POST", "/v1/images/pull", json={"image": image}, timeout=timeout, idempotent=True)
+        return dict(r.json())
+
     # -- sandboxes ---------------------------------------------------------
 
     def create_sandbox(

@@ -1,0 +1,42 @@
+"""Images through the client against a real ``corral serve`` with the
+default policy (no ``server.policy.images``: clients may use only images
+already on the daemon, and pull nothing)."""
+
+from __future__ import annotations
+
+import pytest
+
+import corral
+
+from conftest import IMAGE
+
+pytestmark = pytest.mark.server
+
+
+def test_images_lists_what_the_daemon_holds_and_no_pulls(corral_client):
+    listed = corral_client.images()
+    names = [i["image"] for i in listed["images"]]
+    assert any(n.startswith(IMAGE) for n in names), names
+    assert not any(n.startswith("corral-snapshot") for n in names), names
+    assert listed["pulls"] == []
+
+
+def test_pull_of_a_present_image_is_a_no_op_and_a_missing_one_is_refused_naming_the_line(corral_client):
+    done = corral_client.pull(IMAGE if ":" in IMAGE else IMAGE + ":latest")
+    assert done["waited_ms"] >= 0
+    with pytest.raises(corral.ForbiddenError) as e:
+        corral_client.pull("python:3.12-slim")
+    assert e.value.field == "image"
+    assert "- 'python:*'" in str(e.value) and "server.policy.images" in str(e.value)
+    with pytest.raises(corral.InvalidRequestError) as e:
+        corral_client.pull("")
+    assert e.value.field == "image"
+
+
+@pytest.mark.asyncio
+async def test_async_images_and_pull(corral_url):
+    async with corral.AsyncClient(corral_url) as client:
+        listed = await client.images()
+        assert listed["images"], listed
+        with pytest.raises(corral.ForbiddenError):
+            await client.pull("python:3.12-slim")
