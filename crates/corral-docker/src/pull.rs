@@ -181,7 +181,7 @@ impl Pulls {
                 elapsed: f.started.elapsed(),
             })
             .collect();
-        out.sort_by(|a, b| b.elapsed.cmp(&a.elapsed));
+        out.sort_by_key(|p| std::cmp::Reverse(p.elapsed));
         out
     }
 

@@ -148,33 +148,38 @@ mod tests {
             "http://127.0.0.1:5000": {"username": "u", "password": "p"},
             "ghcr.io": {"identitytoken": "tok"}
         }, "credsStore": "desktop"}"#;
-        let hub = credentials_in(file, "python:3.12").unwrap().unwrap();
+        let found = |image: &str| {
+            credentials_in(file, image)
+                .expect("the file parses")
+                .expect("an entry for the registry")
+        };
+        let hub = found("python:3.12");
         assert_eq!(
             (hub.username.as_deref(), hub.password.as_deref()),
             (Some("hub"), Some("secret"))
         );
         assert_eq!(hub.serveraddress.as_deref(), Some("docker.io"));
-        let local = credentials_in(file, "127.0.0.1:5000/a/b:1")
-            .unwrap()
-            .unwrap();
+        let local = found("127.0.0.1:5000/a/b:1");
         assert_eq!(local.username.as_deref(), Some("u"));
-        let gh = credentials_in(file, "ghcr.io/o/i").unwrap().unwrap();
+        let gh = found("ghcr.io/o/i");
         assert_eq!(gh.identitytoken.as_deref(), Some("tok"));
-        assert!(credentials_in(file, "quay.io/x").unwrap().is_none());
+        assert!(matches!(credentials_in(file, "quay.io/x"), Ok(None)));
     }
 
     #[test]
     fn a_broken_file_or_entry_says_what_is_wrong() {
-        let e = credentials_in("{", "x").unwrap_err();
+        let e = credentials_in("{", "x").expect_err("refused");
         assert!(e.contains("not a Docker client configuration"), "{e}");
-        let e = credentials_in(r#"{"auths": {"r.io": {"auth": "%%%"}}}"#, "r.io/x").unwrap_err();
+        let e = credentials_in(r#"{"auths": {"r.io": {"auth": "%%%"}}}"#, "r.io/x")
+            .expect_err("refused");
         assert!(e.contains("auths.\"r.io\".auth is not base64"), "{e}");
         let e = credentials_in(r#"{"auths": {"r.io": {"auth": "bm9jb2xvbg=="}}}"#, "r.io/x")
-            .unwrap_err();
+            .expect_err("refused");
         assert!(e.contains("user:password"), "{e}");
-        let e = credentials_in(r#"{"auths": {"r.io": {}}}"#, "r.io/x").unwrap_err();
+        let e = credentials_in(r#"{"auths": {"r.io": {}}}"#, "r.io/x").expect_err("refused");
         assert!(e.contains("has neither"), "{e}");
-        let e = credentials_for(Path::new("/nonexistent/corral-auth.json"), "x").unwrap_err();
+        let e =
+            credentials_for(Path::new("/nonexistent/corral-auth.json"), "x").expect_err("refused");
         assert!(
             e.contains("/nonexistent/corral-auth.json") && e.contains("daemon.registry_auth_file"),
             "{e}"

@@ -467,13 +467,14 @@ impl KubeBackend {
         let Ok(list) = events.list(&params).await else {
             return fallback;
         };
+        // The latest pull failure (the API server does not order a list).
         let failed = list
             .items
             .iter()
             .filter(|e| e.reason.as_deref() == Some("Failed"))
-            .filter_map(|e| e.message.as_deref())
-            .filter(|m| m.contains("pull"))
-            .next_back();
+            .filter(|e| e.message.as_deref().is_some_and(|m| m.contains("pull")))
+            .max_by_key(|e| e.last_timestamp.clone())
+            .and_then(|e| e.message.as_deref());
         match failed {
             Some(message) => {
                 let which = if message.contains(agent_image) {

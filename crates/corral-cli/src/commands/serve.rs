@@ -56,6 +56,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     unix_socket: Option<String>,
 
+    /// Let clients use (and have pulled when missing) images matching
+    /// PATTERN (`python:*`, `registry.example/swe/*`, or one reference);
+    /// repeatable. Adds to the config's `server.policy.images`; without
+    /// any, clients may use only images already on the daemon.
+    #[arg(long, value_name = "PATTERN")]
+    allow_image: Vec<String>,
+
     /// Print the OpenAPI document (YAML) and exit.
     #[arg(long)]
     openapi: bool,
@@ -78,9 +85,10 @@ pub async fn run(
     if let Some(sock) = args.unix_socket {
         config.server.unix_socket = Some(sock);
     }
+    config.server.policy.images.extend(args.allow_image);
     config
         .validate(&RealHost)
-        .context("invalid --listen or --unix-socket")?;
+        .context("invalid --listen, --unix-socket or --allow-image")?;
     // Signals are caught before anything is created, so an interrupt at
     // any point ends in teardown, not a leak.
     let shutdown = CancellationToken::new();
