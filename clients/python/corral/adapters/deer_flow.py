@@ -314,7 +314,9 @@ class _Settings:
         if self.image is not None:
             spec["image"] = self.image
         if self.environment:
-            spec["env"] = {**dict(spec.get("env") or {}), **self.environment}
+            ours = set(self.environment)
+            kept = [e for e in spec.get("env") or [] if not (isinstance(e, Mapping) and e.get("name") in ours)]
+            spec["env"] = kept + [{"name": k, "value": v} for k, v in self.environment.items()]
         spec.setdefault("recovery", "recreate" if self.auto_restart else "fail")
         spec["startup"] = [*list(spec.get("startup") or []), _DIRS_SCRIPT]
         return {"spec": spec}
