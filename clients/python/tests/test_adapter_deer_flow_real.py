@@ -65,7 +65,6 @@ from deerflow.sandbox.sandbox import Sandbox as DeerFlowSandbox  # noqa: E402
 from deerflow.sandbox.sandbox_provider import (  # noqa: E402
     SandboxProvider,
     get_sandbox_provider,
-    reset_sandbox_provider,
     shutdown_sandbox_provider,
 )
 from deerflow.sandbox.search import GrepMatch  # noqa: E402
