@@ -567,3 +567,60 @@ def test_replica_pressure_evicts_the_least_recently_used(small_service):
             b.read_file(f"{WS}/b.txt")
     finally:
         p.shutdown()
+
+
+# -- warm pool: a corral profile ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pooled_service():
+    """A service with a warm pool "deerflow" of one started sandbox."""
+    from conftest import IMAGE, LABELS
+
+    pool_spec = {
+        "image": IMAGE,
+        "labels": {**LABELS, "corraltest.case": "df-pool"},
+        "recovery": "recreate",
+    }
+    server = LocalServer(
+        corral_binary(),
+        config=server_config(provider={"max_live": 4, "pools": {"deerflow": {"spec": pool_spec, "warm": 1}}}),
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+        assert_no_leaks()
+
+
+def _pool_ready(server, wait: float = 60.0) -> bool:
+    """Whether the service's pool "deerflow" holds a ready sandbox (its
+    metric corral_pool_ready), once the service filled it."""
+    import re
+    import time
+
+    token = corral.find_token(server.url)
+    deadline = time.monotonic() + wait
+    while True:
+        text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {token}"}).text
+        m = re.search(r'^corral_pool_ready\{pool="deerflow"\} (\d+)', text, re.M)
+        if (m and int(m.group(1)) >= 1) or time.monotonic() > deadline:
+            return bool(m and int(m.group(1)) >= 1)
+        time.sleep(0.25)
+
+
+def test_warm_pool_hands_a_started_sandbox_over(pooled_service):
+    """AioSandboxProvider's warm pool ("container still running, no
+    cold-start"): with `profile:` the thread gets one of the pool's sandboxes,
+    started before it asked, with the thread directories."""
+    assert _pool_ready(pooled_service)
+    warm = docker_ids("corraltest.case=df-pool")
+    assert len(warm) == 1
+    p = CorralSandboxProvider({"corral_url": pooled_service.url, "profile": "deerflow"})
+    try:
+        sid = p.acquire("pooled", user_id="u")
+        assert p.client.sandbox_info(sid).container_id.startswith(warm[0])
+        assert p.get(sid).execute_command("cd /mnt/user-data/workspace; pwd") == f"{WS}\n"
+    finally:
+        p.shutdown()
