@@ -127,6 +127,21 @@ def test_config_yaml_picks_the_corral_provider(deerflow_corral):
     assert isinstance(provider.get(sid), DeerFlowSandbox)
 
 
+def test_a_misspelt_key_is_named(tmp_path, monkeypatch):
+    """SandboxConfig passes extra keys through (extra="allow"); the provider
+    names a key it does not know, with its value."""
+    config = tmp_path / "config.yaml"
+    config.write_text("sandbox:\n  use: corral.adapters.deer_flow:CorralSandboxProvider\n  corral_urll: http://x\n")
+    monkeypatch.setenv("DEER_FLOW_CONFIG_PATH", str(config))
+    reset_app_config()
+    shutdown_sandbox_provider()
+    try:
+        with pytest.raises(ValueError, match=r"sandbox\.corral_urll: 'http://x'"):
+            get_sandbox_provider()
+    finally:
+        reset_app_config()
+
+
 def test_tools_drive_the_sandbox(deerflow_corral):
     """deer-flow's sandbox tools, lazily acquiring the thread's sandbox
     (ensure_sandbox_initialized) and answering the model as they do on AIO."""

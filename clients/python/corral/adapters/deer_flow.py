@@ -211,8 +211,11 @@ def _app_sandbox_config() -> Dict[str, Any]:
     cfg = get_app_config().sandbox
     if cfg is None:
         return {}
-    data = dict(cfg.model_dump())
-    data.update(getattr(cfg, "model_extra", None) or {})
+    # Fields deer-flow declares are its own (a newer deer-flow may add some);
+    # the extra keys are this provider's, checked strictly.
+    extra = dict(getattr(cfg, "model_extra", None) or {})
+    data = {k: v for k, v in cfg.model_dump().items() if k in _DEERFLOW_KEYS and k not in extra}
+    data.update(extra)
     return data
 
 
@@ -235,7 +238,7 @@ class _Settings:
         for key in raw:
             if key not in _DEERFLOW_KEYS and key not in _CORRAL_KEYS:
                 raise ValueError(
-                    f"sandbox.{key}: not a setting of corral.adapters.deer_flow:CorralSandboxProvider (known: "
+                    f"sandbox.{key}: {raw[key]!r}: not a setting of corral.adapters.deer_flow:CorralSandboxProvider (known: "
                     f"{', '.join(sorted(_CORRAL_KEYS))} and deer-flow's sandbox keys)"
                 )
         self.image = self._opt(raw, "image", str)
