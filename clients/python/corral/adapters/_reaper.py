@@ -156,6 +156,13 @@ def _on_signal(signum: int, frame: Any) -> None:
     os.kill(os.getpid(), signum)
 
 
+def install_handlers() -> None:
+    """Set the exit hook, and the signal handlers when called on the main
+    thread, before any sandbox is tracked (for adapters that make their
+    sandboxes on other threads)."""
+    _install()
+
+
 def _install() -> None:
     global _atexit_registered
     with _lock:
