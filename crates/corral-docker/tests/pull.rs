@@ -32,11 +32,14 @@ async fn start_error(b: &corral::Runtime, spec: &corral::SandboxSpec) -> corral:
     }
 }
 
+/// A registry holding `repo:tag`: the test image plus a layer of 4 MB no
+/// daemon holds, so a pull downloads it (the test image's own layers are
+/// on the daemon already).
 fn registry_with(repo: &str, tag: &str) -> (Registry, String) {
     common::images();
     let registry = Registry::start().expect("start a registry on loopback");
     let image = registry
-        .push(BUSYBOX, repo, tag)
+        .push_unique(BUSYBOX, repo, tag, 4 << 20)
         .expect("push the test image to the registry");
     (registry, image)
 }
