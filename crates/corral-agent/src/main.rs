@@ -23,6 +23,7 @@ mod install;
 mod listen;
 mod listing;
 mod oom;
+mod port;
 mod pristine;
 mod reaper;
 mod server;
@@ -47,6 +48,7 @@ const USAGE: &str = "usage: corral-agent init [--grace-ms N] [--agent-caps KILL,
        corral-agent tar-extract DIR [--root DIR] [--max BYTES]
        corral-agent tar-create PATH [--root DIR] [--max BYTES]
        corral-agent file-list DIR [--root DIR] [--max BYTES]
+       corral-agent port PORT
        corral-agent --version
 
 --agent-caps names capabilities the container holds for PID 1 alone: every
@@ -65,7 +67,10 @@ by name: TYPE (file, dir, symlink, other), SIZE, MODE (octal), NAME, TARGET
 `corral-agent-error: ` and a JSON object (kind: io, usage, not_found,
 too_large, escapes or unsafe_entry; message; path, root, entry, reason, size,
 limit as they apply), and exits with 1 IO error, 2 usage, 3 not found, 4 too
-large, 5 escapes the root or unsafe tar entry.";
+large, 5 escapes the root or unsafe tar entry.
+
+port relays one connection to PORT on the sandbox's loopback over stdin and
+stdout (exit 1 when nothing listens there).";
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq, Eq)]
@@ -73,6 +78,7 @@ enum Mode {
     Init(InitOptions),
     Install(String),
     File(FileRequest),
+    Port(u16),
     Version,
     Help,
 }
@@ -225,6 +231,7 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
             [dir] => Err(format!("install: '{dir}' is not an absolute path")),
             _ => Err("install takes one absolute directory".to_string()),
         },
+        "port" => port::parse(rest).map(Mode::Port),
         "--version" | "-V" => no_more(rest).map(|()| Mode::Version),
         "--help" | "-h" | "help" => Ok(Mode::Help),
         other => Err(format!("unknown subcommand '{other}'")),
@@ -246,6 +253,7 @@ fn main() {
         Ok(Mode::Init(opts)) => init::run(&opts),
         Ok(Mode::Install(dir)) => install::run(&dir),
         Ok(Mode::File(req)) => files::run(&req),
+        Ok(Mode::Port(port)) => port::run(port),
         Ok(Mode::Version) => {
             println!("corral-agent {}", env!("CARGO_PKG_VERSION"));
             0

@@ -96,6 +96,13 @@ pub struct AgentStream {
     pub input: Pin<Box<dyn AsyncWrite + Send>>,
 }
 
+/// A byte stream to a port of a server inside a sandbox.
+pub trait PortIo: tokio::io::AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + AsyncWrite + Send + Unpin> PortIo for T {}
+
+/// One connection to a port inside a sandbox ([`Backend::open_port`]).
+pub type PortStream = Box<dyn PortIo>;
+
 /// Called once when the engine reports that a watched sandbox died, with
 /// a sentence saying how.
 pub type OnDeath = Arc<dyn Fn(String) + Send + Sync>;
@@ -338,6 +345,27 @@ pub trait Backend: Send + Sync + 'static {
     /// Whether `image` is present, as far as the engine can tell (nothing
     /// is pulled).
     fn image_present<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<ImagePresence, Error>>;
+
+    /// Opens a connection to `port` of a server listening inside the
+    /// sandbox at `placement` (reached at the sandbox's own address, or
+    /// through its network namespace when it has none: a sandbox with
+    /// `network: none` gains no way out by it). Nothing listening is
+    /// `Error::Network` naming the port.
+    fn open_port<'a>(
+        &'a self,
+        placement: &'a Placement,
+        port: u16,
+    ) -> BoxFuture<'a, Result<PortStream, Error>> {
+        let _ = (placement, port);
+        Box::pin(async move {
+            Err(Error::Unsupported {
+                what: format!(
+                    "reaching ports of sandboxes with the {} backend",
+                    self.name()
+                ),
+            })
+        })
+    }
 
     /// The images the engine holds that sandboxes can name, newest first
     /// (an engine whose machines pull for themselves cannot list them).

@@ -132,7 +132,11 @@ impl DockerBackend {
     }
 
     /// Runs a daemon call named `what`, retrying transient errors.
-    async fn call<T, F, Fut>(&self, what: &str, op: F) -> Result<T, bollard::errors::Error>
+    pub(crate) async fn call<T, F, Fut>(
+        &self,
+        what: &str,
+        op: F,
+    ) -> Result<T, bollard::errors::Error>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, bollard::errors::Error>>,
@@ -628,6 +632,14 @@ impl Backend for DockerBackend {
 
     fn pull<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(self.ensure_image(image))
+    }
+
+    fn open_port<'a>(
+        &'a self,
+        placement: &'a Placement,
+        port: u16,
+    ) -> BoxFuture<'a, Result<corral_core::backend::PortStream, Error>> {
+        Box::pin(self.connect_port(placement, port))
     }
 
     fn pulls(&self) -> Vec<PullStatus> {

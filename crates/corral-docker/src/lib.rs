@@ -15,6 +15,7 @@ pub mod error;
 mod events;
 pub mod gc;
 pub mod network;
+mod ports;
 mod pull;
 mod registry_auth;
 mod retry;

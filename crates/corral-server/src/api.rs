@@ -38,6 +38,7 @@ use crate::wire::*;
 use corral_core::principal::Principal;
 
 mod images;
+mod ports;
 mod snapshots;
 
 /// Longest session key and shell name.
@@ -67,6 +68,9 @@ struct Shared {
     closing: AtomicBool,
     /// `server.limits`: what one request may ask for, and the budget.
     ceilings: Ceilings,
+    /// The key of the port links' tokens (`api/ports.rs`): made at start,
+    /// so a link lives as long as the service and its sandbox.
+    port_key: String,
 }
 
 #[derive(Clone)]
@@ -110,6 +114,7 @@ impl AppState {
                 metrics,
                 closing: AtomicBool::new(false),
                 ceilings,
+                port_key: corral::host::random_hex(64),
             }),
         }
     }
@@ -1308,6 +1313,7 @@ refused before anything runs with 503 `overloaded` (retryable, `Retry-After`).",
         (name = "files", description = "Files and archives"),
         (name = "snapshots", description = "Snapshots of sandboxes and forks from them"),
         (name = "images", description = "Images sandboxes may use, and pulls of missing ones"),
+        (name = "ports", description = "Links to servers listening inside sandboxes"),
         (name = "service", description = "Health and metrics"),
     )
 )]
@@ -1330,6 +1336,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(snapshots::list_snapshots))
         .routes(routes!(snapshots::get_snapshot, snapshots::delete_snapshot))
         .routes(routes!(snapshots::fork))
+        .routes(routes!(ports::port_link))
         .routes(routes!(images::list_images))
         .routes(routes!(images::pull_image))
         .routes(routes!(health))
@@ -1368,6 +1375,9 @@ pub fn router(state: AppState) -> axum::Router {
                 ([(header::CONTENT_TYPE, "application/yaml")], yaml)
             }),
         )
+        .route(ports::PROXY, axum::routing::any(ports::proxy_root))
+        .route(ports::PROXY_SLASH, axum::routing::any(ports::proxy_root))
+        .route(ports::PROXY_PATH, axum::routing::any(ports::proxy))
         .fallback(|| async { ApiError::not_found("no such route") })
         .with_state(state)
 }

@@ -28,7 +28,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, kind: &str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, kind: &str, message: impl Into<String>) -> Self {
         ApiError {
             status,
             detail: ErrorDetail {

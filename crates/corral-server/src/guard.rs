@@ -22,6 +22,10 @@
 //! 4. MCP POSTs must be `application/json` (the REST routes check theirs
 //!    where they read JSON, in `api::JsonBody`).
 //!
+//! Port links (`/ports/...`, see `api/ports.rs`) pass the Host check only:
+//! the link's own token is their authentication, and the pages a sandbox's
+//! server answers there are meant for browsers.
+//!
 //! Refusals are JSON errors naming the header at fault: 403 for Host and
 //! Origin, 401 for authentication, 415 for the content type.
 
@@ -41,6 +45,10 @@ use crate::error::ApiError;
 
 /// The route every client may call without a token (health probes).
 const HEALTH: &str = "/v1/health";
+
+/// Port links (`api/ports.rs`): their own token, in the path, is the
+/// authentication, and the pages they serve are browsers' by design.
+const PORTS: &str = "/ports/";
 
 /// Where requests come in: decides the Host check and whether the peer's
 /// uid may stand in for the token.
@@ -254,10 +262,15 @@ impl Guard {
 
 /// The middleware: the four checks in order, then the route.
 async fn check(State(guard): State<Guard>, mut req: Request, next: Next) -> Response {
+    let port_link = req.uri().path().starts_with(PORTS);
     let checked = guard
         .check_host(&req)
-        .and_then(|()| guard.check_browser(req.headers()))
-        .and_then(|()| guard.check_auth(&req))
+        .and_then(|()| match port_link {
+            true => Ok(None),
+            false => guard
+                .check_browser(req.headers())
+                .and_then(|()| guard.check_auth(&req)),
+        })
         .and_then(|p| check_mcp_content_type(&req).map(|()| p));
     match checked {
         Ok(principal) => {

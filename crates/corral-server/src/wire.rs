@@ -686,3 +686,20 @@ pub struct PullResult {
     /// How long the request waited for it, in ms (a present image: about 0).
     pub waited_ms: u64,
 }
+
+/// Body of `GET /v1/sandboxes/{id}/ports/{port}`: a link to a server
+/// listening on `port` inside the sandbox, through this service.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PortLink {
+    /// The port inside the sandbox.
+    pub port: u16,
+    /// `http://HOST/ports/KEY/PORT/TOKEN/`: HTTP (streaming included) and
+    /// WebSocket upgrades reach the server there, the prefix taken off the
+    /// path; no bearer token needed (the link's own token opens this port
+    /// of this sandbox only).
+    pub url: String,
+    /// The same link without scheme and host.
+    pub path: String,
+    /// The link's token.
+    pub token: String,
+}

@@ -155,6 +155,14 @@ impl Sandbox {
         lock(&self.inner.placement).clone()
     }
 
+    /// A connection to `port` of a server listening inside the sandbox
+    /// (see [`corral_core::Backend::open_port`]): the sandbox's own
+    /// address, or its network namespace when it has none.
+    pub async fn open_port(&self, port: u16) -> Result<corral_core::backend::PortStream, Error> {
+        let backend = &self.inner.runtime.inner.backend;
+        backend.open_port(&self.placement(), port).await
+    }
+
     /// The spec the sandbox was created from.
     pub fn spec(&self) -> &SandboxSpec {
         &self.inner.spec

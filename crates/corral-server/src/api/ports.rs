@@ -1,0 +1,284 @@
+//! Servers inside sandboxes, reached through the service: a web app under
+//! test, a notebook, a dev server.
+//!
+//! `GET /v1/sandboxes/{id}/ports/{port}` (the sandbox's owner only, as
+//! every sandbox route) answers a link,
+//! `/ports/{key}/{port}/{token}/`, where `token` is an HMAC of the
+//! sandbox's provider key, its sandbox id and the port under a key the
+//! service makes at start: it opens that port of that sandbox and nothing
+//! else (another port, another sandbox, the same key's next sandbox), and
+//! lives as long as the service and the sandbox. The link needs no bearer
+//! token, so a browser or a tool that cannot set headers can follow it;
+//! the guard still checks its Host (`guard.rs`).
+//!
+//! The proxy speaks HTTP/1.1 to the server over a connection the backend
+//! opens ([`corral::Sandbox::open_port`]: the sandbox's address, or an
+//! exec into its network namespace when it has none), one per request,
+//! with the link's prefix taken off the path (`X-Forwarded-Prefix` says
+//! what it was); responses stream as the server writes them, and an
+//! upgrade (WebSocket) becomes a two-way byte pipe. A sandbox reached this
+//! way gains no egress: nothing is opened from inside it.
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use hmac::{Hmac, Mac};
+use hyper_util::rt::TokioIo;
+use sha2::Sha256;
+
+use super::{check_name, AppState};
+use crate::error::ApiError;
+use crate::guard::Caller;
+use crate::wire::{ErrorBody, PortLink};
+
+/// The link's route without a path after the token.
+pub(super) const PROXY: &str = "/ports/{key}/{port}/{token}";
+/// The link's route itself (its trailing `/`).
+pub(super) const PROXY_SLASH: &str = "/ports/{key}/{port}/{token}/";
+/// The link's route with a path.
+pub(super) const PROXY_PATH: &str = "/ports/{key}/{port}/{token}/{*rest}";
+
+/// Hex digits of a link's token (128 bits of the HMAC).
+const TOKEN_HEX: usize = 32;
+
+fn mac(state: &AppState, key: &str, sandbox: &str, port: u16) -> Hmac<Sha256> {
+    let mut mac = Hmac::<Sha256>::new_from_slice(state.inner.port_key.as_bytes())
+        .expect("HMAC takes a key of any length");
+    for part in [key, sandbox, &port.to_string()] {
+        mac.update(part.as_bytes());
+        mac.update(&[0]);
+    }
+    mac
+}
+
+/// The token of `port` of sandbox `sandbox` under provider key `key`.
+fn token(state: &AppState, key: &str, sandbox: &str, port: u16) -> String {
+    let tag = mac(state, key, sandbox, port).finalize().into_bytes();
+    hex::encode(&tag[..TOKEN_HEX / 2])
+}
+
+/// Whether `given` is that token (compared in constant time).
+fn token_matches(state: &AppState, key: &str, sandbox: &str, port: u16, given: &str) -> bool {
+    match hex::decode(given) {
+        Ok(bytes) if bytes.len() == TOKEN_HEX / 2 => mac(state, key, sandbox, port)
+            .verify_truncated_left(&bytes)
+            .is_ok(),
+        _ => false,
+    }
+}
+
+/// A port number from a path, or a 400 naming it.
+fn parse_port(port: &str) -> Result<u16, ApiError> {
+    port.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+        ApiError::invalid("port", format!("port '{port}' is not a port (1 to 65535)"))
+    })
+}
+
+/// Percent-encodes a path segment (a provider key may hold `:`).
+fn segment(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A link to a port of a sandbox: its URL through this service, and the
+/// token in it. The token opens only this port of this sandbox.
+#[utoipa::path(
+    get, path = "/v1/sandboxes/{id}/ports/{port}", tag = "ports",
+    params(("id" = String, Path, description = "Sandbox id"), ("port" = u16, Path, description = "A port a server listens on inside the sandbox (1 to 65535)")),
+    responses(
+        (status = 200, body = PortLink),
+        (status = 400, description = "Not a port", body = ErrorBody),
+        (status = 404, description = "No such sandbox (or another's)", body = ErrorBody),
+        (status = 410, description = "The sandbox's container is lost", body = ErrorBody),
+        (status = 401, description = "No or a wrong bearer token", body = ErrorBody),
+        (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody),
+    )
+)]
+pub(super) async fn port_link(
+    State(s): State<AppState>,
+    Caller(caller): Caller,
+    Path((id, port)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<PortLink>, ApiError> {
+    check_name("id", &id)?;
+    let port = parse_port(&port)?;
+    let lease = s.lease(&caller, &id).await?;
+    let key = caller.session_key(&id);
+    let sandbox = lease.sandbox();
+    let token = token(&s, &key, sandbox.id(), port);
+    let path = format!("/ports/{}/{port}/{token}/", segment(&key));
+    // The guard checked Host: it is one of this service's names.
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost");
+    Ok(Json(PortLink {
+        port,
+        url: format!("http://{host}{path}"),
+        path,
+        token,
+    }))
+}
+
+/// The proxy, for a link without a path after its token.
+pub(super) async fn proxy_root(
+    State(s): State<AppState>,
+    Path((key, port, token)): Path<(String, String, String)>,
+    req: Request,
+) -> Response {
+    forward(s, key, port, token, String::new(), req).await
+}
+
+/// The proxy.
+pub(super) async fn proxy(
+    State(s): State<AppState>,
+    Path((key, port, token, rest)): Path<(String, String, String, String)>,
+    req: Request,
+) -> Response {
+    forward(s, key, port, token, rest, req).await
+}
+
+/// The link is not (or no longer) good: one answer for every reason, so a
+/// guess learns nothing about which sandboxes exist.
+fn refused() -> Response {
+    let mut e = ApiError::new(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        "this port link is not valid (a wrong token, another sandbox's or port's, or the \
+         sandbox is gone): ask GET /v1/sandboxes/{id}/ports/{port} for one"
+            .to_string(),
+    );
+    e.detail.field = Some("token".into());
+    e.into_response()
+}
+
+fn bad_gateway(message: String) -> Response {
+    ApiError::new(StatusCode::BAD_GATEWAY, "port_unreachable", message).into_response()
+}
+
+async fn forward(
+    s: AppState,
+    key: String,
+    port: String,
+    token: String,
+    rest: String,
+    mut req: Request,
+) -> Response {
+    let Ok(port) = parse_port(&port) else {
+        return refused();
+    };
+    if s.refuse_when_closing().is_err() {
+        return refused();
+    }
+    // Looked up without creating anything: a link never starts a sandbox.
+    let Some(Ok(lease)) = s.inner.provider.lease(&key).await else {
+        return refused();
+    };
+    let sandbox = lease.sandbox();
+    if !token_matches(&s, &key, sandbox.id(), port, &token) {
+        return refused();
+    }
+    let stream = match sandbox.open_port(port).await {
+        Ok(stream) => stream,
+        Err(e) => return bad_gateway(e.to_string()),
+    };
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+    {
+        Ok(pair) => pair,
+        Err(e) => return bad_gateway(format!("port {port}: {e}")),
+    };
+    let sandbox_id = sandbox.id().to_string();
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(sandbox = %sandbox_id, port, error = %e, "port connection ended");
+        }
+    });
+
+    let prefix = format!("/ports/{}/{port}/{token}", segment(&key));
+    let query = req
+        .uri()
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    let path_and_query = format!("/{rest}{query}");
+    let upgrade = req
+        .headers()
+        .get(header::UPGRADE)
+        .is_some()
+        .then(|| hyper::upgrade::on(&mut req));
+    let (mut parts, body) = req.into_parts();
+    parts.uri = match path_and_query.parse::<Uri>() {
+        Ok(uri) => uri,
+        Err(e) => {
+            return ApiError::invalid("path", format!("'{path_and_query}' is not a path: {e}"))
+                .into_response()
+        }
+    };
+    parts.version = axum::http::Version::HTTP_11;
+    if let Ok(host) = HeaderValue::from_str(&format!("localhost:{port}")) {
+        parts.headers.insert(header::HOST, host);
+    }
+    if let Ok(p) = HeaderValue::from_str(&prefix) {
+        parts.headers.insert("x-forwarded-prefix", p);
+    }
+    let upstream = axum::http::Request::from_parts(parts, body);
+    let mut response = match sender.send_request(upstream).await {
+        Ok(r) => r,
+        Err(e) => {
+            return bad_gateway(format!(
+                "port {port} of the sandbox did not answer (nothing listens there, or the server \
+                 closed the connection): {e}"
+            ))
+        }
+    };
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        if let Some(client) = upgrade {
+            let server = hyper::upgrade::on(&mut response);
+            tokio::spawn(async move {
+                match (client.await, server.await) {
+                    (Ok(client), Ok(server)) => {
+                        let (mut a, mut b) = (TokioIo::new(client), TokioIo::new(server));
+                        let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+                    }
+                    (c, s) => tracing::debug!(
+                        client = c.is_ok(),
+                        server = s.is_ok(),
+                        "a port's upgrade did not complete"
+                    ),
+                }
+            });
+        }
+    }
+    let (parts, body) = response.into_parts();
+    Response::from_parts(parts, Body::new(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_encoded_as_one_segment() {
+        assert_eq!(segment("alice:ep-1"), "alice%3Aep-1");
+        assert_eq!(segment("sb-0af3"), "sb-0af3");
+        assert_eq!(segment("a/b c"), "a%2Fb%20c");
+    }
+
+    #[test]
+    fn ports_are_numbers_from_1() {
+        assert_eq!(parse_port("8080").ok(), Some(8080));
+        for bad in ["0", "65536", "http", ""] {
+            let e = parse_port(bad).expect_err("refused");
+            assert_eq!(e.detail.field.as_deref(), Some("port"), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! Servers inside sandboxes reached through a real `corral serve` on the
+//! real daemon: busybox `httpd` answers through the link the owner gets
+//! (a CGI's output streamed as it is written), a WebSocket-style upgrade
+//! becomes a two-way pipe, a wrong token, another port's or another
+//! sandbox's token is refused, another tenant cannot get a link, and a
+//! sandbox with `network: none` is reached as well and still has no way
+//! out.
+
+use std::time::Duration;
+
+use corral_core::config::TenantConfig;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+mod common;
+use common::service::{start, Req, Service};
+use common::Guard;
+
+const ALICE: &str = "alice-token-0123456789";
+const BOB: &str = "bob-token-0123456789";
+
+/// A web root with a page and a CGI that writes one line, waits for
+/// /tmp/go, then writes another; a WebSocket-style server on 9000 that
+/// answers the upgrade and echoes what follows.
+const SERVERS: &str = r#"
+mkdir -p /www/cgi-bin
+echo 'hello from the sandbox' > /www/index.html
+cat > /www/cgi-bin/stream <<'CGI'
+#!/bin/sh
+printf 'Content-Type: text/plain\r\n\r\n'
+echo first-line
+while [ ! -f /tmp/go ]; do sleep 0.1; done
+echo second-line
+CGI
+chmod +x /www/cgi-bin/stream
+cat > /ws.sh <<'WS'
+#!/bin/sh
+cr=$(printf '\r')
+while IFS= read -r line; do line=${line%$cr}; [ -z "$line" ] && break; done
+printf 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n'
+exec cat
+WS
+chmod +x /ws.sh
+httpd -p 8080 -h /www </dev/null >/dev/null 2>&1
+setsid nc -ll -p 9000 -e /ws.sh </dev/null >/dev/null 2>&1 &
+for i in $(seq 1 50); do wget -q -O /dev/null http://127.0.0.1:8080/ && exit 0; sleep 0.1; done
+exit 1
+"#;
+
+fn as_(token: &str, method: &str, path: &str) -> Req {
+    Req::new(method, path).header("Authorization", &format!("Bearer {token}"))
+}
+
+async fn sandbox(s: &Service, token: &str, body: Value) -> String {
+    let r = s.send(as_(token, "POST", "/v1/sandboxes").json(body)).await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let id = r.json["id"].as_str().expect("id").to_string();
+    let r = s
+        .send(
+            as_(token, "POST", &format!("/v1/sandboxes/{id}/exec")).json(json!({
+                "command": SERVERS, "timeout_ms": 60_000
+            })),
+        )
+        .await;
+    assert_eq!(r.json["exit_code"], 0, "the servers started: {}", r.text);
+    id
+}
+
+async fn link(s: &Service, token: &str, id: &str, port: u16) -> Value {
+    let r = s
+        .send(as_(
+            token,
+            "GET",
+            &format!("/v1/sandboxes/{id}/ports/{port}"),
+        ))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.json
+}
+
+/// Sends `request` to the service on a connection of its own; the
+/// connection, after the request.
+async fn raw(s: &Service, request: &str) -> TcpStream {
+    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+    conn.write_all(request.as_bytes()).await.expect("send");
+    conn
+}
+
+/// Reads until `needle` has arrived (or fails after a generous bound:
+/// the thing tested is that it arrives at all before the server ends).
+async fn read_until(conn: &mut TcpStream, got: &mut Vec<u8>, needle: &str) {
+    let read = async {
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(got).contains(needle) {
+            let n = conn.read(&mut buf).await.expect("read");
+            assert!(
+                n > 0,
+                "closed before {needle:?}: {}",
+                String::from_utf8_lossy(got)
+            );
+            got.extend_from_slice(&buf[..n]);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .unwrap_or_else(|_| panic!("no {needle:?} in: {}", String::from_utf8_lossy(got)));
+}
+
+async fn get(s: &Service, path: &str) -> (u16, String) {
+    let host = s.addr.to_string();
+    let mut conn = raw(
+        s,
+        &format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+    )
+    .await;
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(60), conn.read_to_end(&mut out)).await;
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_in_a_sandbox_is_reached_through_its_link_and_nothing_else_is() {
+    let label = "ports";
+    let _g = Guard(label);
+    let s = start(label, |c, _| {
+        for (name, token) in [("alice", ALICE), ("bob", BOB)] {
+            c.server.tenants.insert(
+                name.into(),
+                TenantConfig {
+                    token: Some(token.into()),
+                    ..TenantConfig::default()
+                },
+            );
+        }
+    })
+    .await;
+    let (a, b) = tokio::join!(
+        sandbox(&s, ALICE, json!({})),
+        sandbox(&s, ALICE, json!({"spec": {"network": "none"}}))
+    );
+
+    // The page, through the owner's link, with no bearer token.
+    let l = link(&s, ALICE, &a, 8080).await;
+    let path = l["path"].as_str().expect("path").to_string();
+    assert!(l["url"].as_str().expect("url").ends_with(&path), "{l}");
+    let (status, text) = get(&s, &path).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("hello from the sandbox"), "{text}");
+    let (status, text) = get(&s, &format!("{path}index.html")).await;
+    assert_eq!(status, 200, "{text}");
+
+    // A response streams as the server writes it.
+    let host = s.addr.to_string();
+    let mut conn = raw(
+        &s,
+        &format!("GET {path}cgi-bin/stream HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+    )
+    .await;
+    let mut got = Vec::new();
+    read_until(&mut conn, &mut got, "first-line").await;
+    assert!(!String::from_utf8_lossy(&got).contains("second-line"));
+    let r = s
+        .send(
+            as_(ALICE, "POST", &format!("/v1/sandboxes/{a}/exec"))
+                .json(json!({"command": "touch /tmp/go"})),
+        )
+        .await;
+    assert_eq!(r.json["exit_code"], 0, "{}", r.text);
+    read_until(&mut conn, &mut got, "second-line").await;
+
+    // An upgrade becomes a two-way pipe (the WebSocket handshake's shape).
+    let ws = link(&s, ALICE, &a, 9000).await;
+    let ws_path = ws["path"].as_str().expect("path");
+    let mut conn = raw(
+        &s,
+        &format!(
+            "GET {ws_path}echo HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ),
+    )
+    .await;
+    let mut got = Vec::new();
+    read_until(&mut conn, &mut got, "\r\n\r\n").await;
+    assert!(
+        String::from_utf8_lossy(&got).starts_with("HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    for message in ["ping-1", "ping-2"] {
+        conn.write_all(message.as_bytes()).await.expect("send");
+        read_until(&mut conn, &mut got, message).await;
+    }
+
+    // Refused: a wrong token, another port's, another sandbox's.
+    let token = l["token"].as_str().expect("token");
+    let wrong = path.replace(token, &"0".repeat(token.len()));
+    assert_eq!(get(&s, &wrong).await.0, 403);
+    let other_port = path.replace("/8080/", "/9000/");
+    assert_eq!(
+        get(&s, &other_port).await.0,
+        403,
+        "the 8080 token does not open 9000"
+    );
+    let lb = link(&s, ALICE, &b, 8080).await;
+    let b_token = lb["token"].as_str().expect("token");
+    let swapped = path.replace(token, b_token);
+    assert_eq!(get(&s, &swapped).await.0, 403, "b's token does not open a");
+    // Another tenant gets no link to it (404, as if absent).
+    let r = s
+        .send(as_(BOB, "GET", &format!("/v1/sandboxes/{a}/ports/8080")))
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text);
+    let r = s
+        .send(as_(ALICE, "GET", &format!("/v1/sandboxes/{a}/ports/0")))
+        .await;
+    assert_eq!(
+        (r.status, r.json["error"]["field"].as_str()),
+        (400, Some("port")),
+        "{}",
+        r.text
+    );
+
+    // `network: none` is reached too (through its namespace) ...
+    let (status, text) = get(&s, lb["path"].as_str().expect("path")).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("hello from the sandbox"), "{text}");
+    // ... and still has no way out: not to the service, not to the host.
+    let r = s
+        .send(as_(ALICE, "POST", &format!("/v1/sandboxes/{b}/exec")).json(json!({
+            "command": format!("wget -q -T 3 -O - http://{host}/v1/health; echo rc=$?; ip route 2>/dev/null | wc -l"),
+            "timeout_ms": 30_000
+        })))
+        .await;
+    let out = r.json["stdout"].as_str().unwrap_or_default();
+    assert!(
+        out.contains("rc=1"),
+        "no egress from network: none: {}",
+        r.text
+    );
+    // A port nothing listens on is a clear 502.
+    let dead = link(&s, ALICE, &a, 8999).await;
+    let (status, text) = get(&s, dead["path"].as_str().expect("path")).await;
+    assert_eq!(status, 502, "{text}");
+    assert!(text.contains("8999"), "{text}");
+
+    // A deleted sandbox's link is dead.
+    let r = s
+        .send(as_(ALICE, "DELETE", &format!("/v1/sandboxes/{a}")))
+        .await;
+    assert!(r.status < 300, "{}", r.text);
+    assert_eq!(get(&s, &path).await.0, 403);
+    s.stop().await;
+}
