@@ -435,6 +435,11 @@ class AsyncSandbox:
     async def download_dir(self, path: str, local_dir: PathLike) -> List[str]:
         return _core.unpack_tar(await self.download_tar(path), local_dir)
 
+    async def port_url(self, port: int) -> str:
+        """As :meth:`corral.Sandbox.port_url`."""
+        r = await self.client.request("GET", self._path(f"ports/{int(port)}"), idempotent=True, resource="sandbox")
+        return str(r.json()["url"])
+
     async def reset(self) -> ResetResult:
         """Return the sandbox to its state right after start (as
         :meth:`corral.Sandbox.reset`): in place when it was created with

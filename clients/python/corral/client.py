@@ -589,6 +589,18 @@ class Sandbox:
         )
         return Snapshot.from_json(r.json())
 
+    # -- ports -------------------------------------------------------------
+
+    def port_url(self, port: int) -> str:
+        """A URL through the service that reaches a server listening on
+        ``port`` inside the sandbox (``GET /v1/sandboxes/{id}/ports/{port}``):
+        HTTP, streamed responses and WebSocket upgrades, the link's prefix
+        taken off the path. It needs no bearer token: its own token opens
+        this port of this sandbox only, as long as the sandbox lives. Works
+        for ``network: none`` sandboxes too, which gain no egress by it."""
+        r = self.client.request("GET", self._path(f"ports/{int(port)}"), idempotent=True, resource="sandbox")
+        return str(r.json()["url"])
+
     # -- lifetime ----------------------------------------------------------
 
     def reset(self) -> ResetResult:

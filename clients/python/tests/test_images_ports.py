@@ -40,3 +40,19 @@ async def test_async_images_and_pull(corral_url):
         assert listed["images"], listed
         with pytest.raises(corral.ForbiddenError):
             await client.pull("python:3.12-slim")
+
+
+def test_port_url_reaches_a_server_in_the_sandbox_without_the_bearer_token(corral_sandbox):
+    import httpx
+
+    r = corral_sandbox.run(
+        "mkdir -p /www && echo served-by-httpd > /www/index.html && httpd -p 8081 -h /www </dev/null >/dev/null 2>&1"
+        " && for i in $(seq 1 50); do wget -q -O /dev/null http://127.0.0.1:8081/ && exit 0; sleep 0.1; done; exit 1",
+        timeout=60,
+    )
+    assert r.exit_code == 0, r
+    url = corral_sandbox.port_url(8081)
+    page = httpx.get(url, timeout=30)  # a plain client: no token
+    assert page.status_code == 200 and page.text == "served-by-httpd\n", page.text
+    forged = httpx.get(url.rstrip("/")[:-4] + "0000/", timeout=30)
+    assert forged.status_code == 403
