@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
 import anyio
+import httpx
 import pytest
 
 import corral
@@ -66,6 +67,7 @@ EXPECTED_TOOLS = {
     "reset",
     "snapshot",
     "restore",
+    "port_url",
 }
 
 # Snapshots the tests took, removed at the end of the module (by name:
@@ -461,6 +463,25 @@ async def test_streamable_http_sessions_get_own_sandboxes_released_on_close(
                 info = getattr(init, "server_info", None) or getattr(init, "serverInfo")
                 assert info.name == "corral", info
                 await exercise(session, labelled)
+
+                # port_url: a link through the service to a server in the
+                # session's sandbox, followed with a plain HTTP client.
+                await _ok(
+                    session,
+                    "run_command",
+                    {
+                        "command": "mkdir -p /tmp/www && echo via-mcp-link > /tmp/www/index.html && "
+                        "httpd -p 8082 -h /tmp/www </dev/null >/dev/null 2>&1; "
+                        "for i in $(seq 1 50); do wget -q -O /dev/null http://127.0.0.1:8082/ && exit 0; sleep 0.1; done; exit 1"
+                    },
+                )
+                text = await _ok(session, "port_url", {"port": 8082})
+                url = text.split()[0]
+                page = await anyio.to_thread.run_sync(lambda: httpx.get(url, timeout=30))
+                assert page.status_code == 200 and page.text == "via-mcp-link\n", (url, page.text)
+                with pytest.raises(_McpError) as bad:
+                    await _call(session, "port_url", {"port": 70000})
+                assert "port" in str(bad.value), bad.value
 
                 # A second MCP session gets a sandbox of its own.
                 async with _http_streams(server.url, server.token) as streams2:

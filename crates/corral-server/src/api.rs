@@ -70,7 +70,7 @@ struct Shared {
     ceilings: Ceilings,
     /// The key of the port links' tokens (`api/ports.rs`): made at start,
     /// so a link lives as long as the service and its sandbox.
-    port_key: String,
+    port_key: crate::port_links::PortKey,
 }
 
 #[derive(Clone)]
@@ -114,9 +114,14 @@ impl AppState {
                 metrics,
                 closing: AtomicBool::new(false),
                 ceilings,
-                port_key: corral::host::random_hex(64),
+                port_key: crate::port_links::PortKey::new(),
             }),
         }
+    }
+
+    /// The key of its port links (shared with the MCP endpoint).
+    pub fn port_key(&self) -> &crate::port_links::PortKey {
+        &self.inner.port_key
     }
 
     /// The configuration it serves with.

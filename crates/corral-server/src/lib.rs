@@ -16,6 +16,7 @@ pub mod error;
 pub mod guard;
 pub mod mcp;
 pub mod metrics;
+pub mod port_links;
 pub mod runtime_file;
 pub mod tenancy;
 pub mod wire;
@@ -123,6 +124,10 @@ pub async fn serve(
     let runtime_dir = config.runtime_dir(&corral::host::RealHost);
     let state = AppState::new(provider.clone(), runtime.clone(), config, default_image);
     let mcp_cancel = shutdown.child_token();
+    let tcp = tokio::net::TcpListener::bind(server.listen.trim())
+        .await
+        .with_context(|| format!("cannot listen on server.listen '{}'", server.listen))?;
+    let tcp_addr = tcp.local_addr().context("listener address")?;
     let mcp = mcp::McpContext {
         provider: provider.clone(),
         spec: mcp_spec,
@@ -130,13 +135,12 @@ pub async fn serve(
         principal: None,
         tenancy: state.tenancy().clone(),
         ceilings: state.ceilings().clone(),
+        ports: Some(port_links::PortLinks {
+            key: state.port_key().clone(),
+            base: format!("http://{tcp_addr}"),
+        }),
     };
     let routes = routes(state.clone(), Some((mcp, mcp_cancel.clone())));
-
-    let tcp = tokio::net::TcpListener::bind(server.listen.trim())
-        .await
-        .with_context(|| format!("cannot listen on server.listen '{}'", server.listen))?;
-    let tcp_addr = tcp.local_addr().context("listener address")?;
     let unix = match &server.unix_socket {
         Some(path) => Some(bind_unix(path)?),
         None => None,

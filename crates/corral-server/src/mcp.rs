@@ -92,6 +92,9 @@ pub struct McpContext {
     /// budget as the HTTP API's requests, and their time limits and caps
     /// stay within the same ceilings.
     pub ceilings: Ceilings,
+    /// The service's port links (`port_url`); `None` where there is no
+    /// HTTP listener to reach them through (stdio).
+    pub ports: Option<crate::port_links::PortLinks>,
 }
 
 impl McpContext {
@@ -109,6 +112,7 @@ impl McpContext {
             principal,
             tenancy,
             ceilings,
+            ports: None,
         }
     }
 }
@@ -317,6 +321,7 @@ async fn close_on_cancel(sessions: Weak<LocalSessionManager>, cancel: Cancellati
 struct Handler {
     session: Arc<Session>,
     ceilings: Ceilings,
+    ports: Option<crate::port_links::PortLinks>,
     info: ServerInfo,
     tool_router: ToolRouter<Handler>,
 }
@@ -328,12 +333,14 @@ impl Handler {
             .with_instructions(instructions(&ctx.spec));
         let fallback = ctx.principal.clone();
         let ceilings = ctx.ceilings.clone();
+        let ports = ctx.ports.clone();
         let session = Arc::new(Session::new(ctx, closing));
         if let Some(p) = fallback {
             session.bind(&p);
         }
         Handler {
             ceilings,
+            ports,
             session,
             info,
             tool_router: Self::tool_router(),
@@ -618,6 +625,40 @@ impl Handler {
             Ok(entries) => Ok(with_notes(&notes, render::listing(&path, &entries))),
             Err(e) => Ok(file_error(&e, &notes, None)),
         }
+    }
+
+    /// A URL that reaches a server listening on a port inside the sandbox
+    /// (a web app under test, a notebook, a dev server) through corral's
+    /// service: HTTP and WebSocket, no other token needed, valid while
+    /// this sandbox lives. Start the server first (in the background),
+    /// listening on 0.0.0.0 or 127.0.0.1.
+    #[tool(
+        input_schema = schema::<args::PortUrl>(),
+        annotations(read_only_hint = true)
+    )]
+    async fn port_url(&self, params: JsonObject) -> Result<CallToolResult, ErrorData> {
+        const TOOL: &str = "port_url";
+        let a: args::PortUrl = args::parse(TOOL, params)?;
+        let port = args::port(TOOL, a.port)?;
+        let Some(links) = &self.ports else {
+            return Ok(render::error(
+                "port links are served by corral serve's HTTP listener; this MCP server \
+                 (stdio) has none",
+            ));
+        };
+        let (lease, notes) = match self.lease().await {
+            Ok(l) => l,
+            Err(r) => return Ok(r),
+        };
+        let url = format!(
+            "{}{}",
+            links.base,
+            links.key.path(lease.key(), lease.id(), port)
+        );
+        Ok(with_notes(
+            &notes,
+            format!("{url}\n(reaches port {port} inside the sandbox; nothing needs to listen yet, a request then answers 502)"),
+        ))
     }
 
     /// Run a command in a persistent shell session (default "main"): the
@@ -905,6 +946,7 @@ mod tests {
             names,
             [
                 "list_files",
+                "port_url",
                 "read_file",
                 "reset",
                 "restore",

@@ -87,6 +87,7 @@ pub async fn run(
         spec,
         principal: Some(corral_core::principal::Principal::Operator),
         ceilings: Ceilings::new(&settings.server.limits, settings.server.max_body_bytes),
+        ports: None,
     };
     let served = tokio::select! {
         r = serve_stdio(ctx) => r,

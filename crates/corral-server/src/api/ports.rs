@@ -24,13 +24,12 @@ use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use hmac::{Hmac, Mac};
 use hyper_util::rt::TokioIo;
-use sha2::Sha256;
 
 use super::{check_name, AppState};
 use crate::error::ApiError;
 use crate::guard::Caller;
+use crate::port_links::segment;
 use crate::wire::{ErrorBody, PortLink};
 
 /// The link's route without a path after the token.
@@ -40,53 +39,11 @@ pub(super) const PROXY_SLASH: &str = "/ports/{key}/{port}/{token}/";
 /// The link's route with a path.
 pub(super) const PROXY_PATH: &str = "/ports/{key}/{port}/{token}/{*rest}";
 
-/// Hex digits of a link's token (128 bits of the HMAC).
-const TOKEN_HEX: usize = 32;
-
-fn mac(state: &AppState, key: &str, sandbox: &str, port: u16) -> Hmac<Sha256> {
-    let mut mac = Hmac::<Sha256>::new_from_slice(state.inner.port_key.as_bytes())
-        .expect("HMAC takes a key of any length");
-    for part in [key, sandbox, &port.to_string()] {
-        mac.update(part.as_bytes());
-        mac.update(&[0]);
-    }
-    mac
-}
-
-/// The token of `port` of sandbox `sandbox` under provider key `key`.
-fn token(state: &AppState, key: &str, sandbox: &str, port: u16) -> String {
-    let tag = mac(state, key, sandbox, port).finalize().into_bytes();
-    hex::encode(&tag[..TOKEN_HEX / 2])
-}
-
-/// Whether `given` is that token (compared in constant time).
-fn token_matches(state: &AppState, key: &str, sandbox: &str, port: u16, given: &str) -> bool {
-    match hex::decode(given) {
-        Ok(bytes) if bytes.len() == TOKEN_HEX / 2 => mac(state, key, sandbox, port)
-            .verify_truncated_left(&bytes)
-            .is_ok(),
-        _ => false,
-    }
-}
-
 /// A port number from a path, or a 400 naming it.
 fn parse_port(port: &str) -> Result<u16, ApiError> {
     port.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
         ApiError::invalid("port", format!("port '{port}' is not a port (1 to 65535)"))
     })
-}
-
-/// Percent-encodes a path segment (a provider key may hold `:`).
-fn segment(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// A link to a port of a sandbox: its URL through this service, and the
@@ -112,10 +69,9 @@ pub(super) async fn port_link(
     check_name("id", &id)?;
     let port = parse_port(&port)?;
     let lease = s.lease(&caller, &id).await?;
-    let key = caller.session_key(&id);
-    let sandbox = lease.sandbox();
-    let token = token(&s, &key, sandbox.id(), port);
-    let path = format!("/ports/{}/{port}/{token}/", segment(&key));
+    let keys = &s.inner.port_key;
+    let token = keys.token(lease.key(), lease.id(), port);
+    let path = keys.path(lease.key(), lease.id(), port);
     // The guard checked Host: it is one of this service's names.
     let host = headers
         .get(header::HOST)
@@ -184,7 +140,7 @@ async fn forward(
         return refused();
     };
     let sandbox = lease.sandbox();
-    if !token_matches(&s, &key, sandbox.id(), port, &token) {
+    if !s.inner.port_key.verify(&key, sandbox.id(), port, &token) {
         return refused();
     }
     let stream = match sandbox.open_port(port).await {
@@ -265,13 +221,6 @@ async fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_are_encoded_as_one_segment() {
-        assert_eq!(segment("alice:ep-1"), "alice%3Aep-1");
-        assert_eq!(segment("sb-0af3"), "sb-0af3");
-        assert_eq!(segment("a/b c"), "a%2Fb%20c");
-    }
 
     #[test]
     fn ports_are_numbers_from_1() {

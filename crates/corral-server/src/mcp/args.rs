@@ -110,6 +110,23 @@ pub(super) struct ShellClose {
 #[schemars(crate = "rmcp::schemars")]
 pub(super) struct Reset {}
 
+/// Arguments of `port_url`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(crate = "rmcp::schemars")]
+pub(super) struct PortUrl {
+    /// The port a server listens on inside the sandbox (1 to 65535).
+    pub port: i64,
+}
+
+/// A port number, or the invalid-params error naming it.
+pub(super) fn port(tool: &str, port: i64) -> Result<u16, ErrorData> {
+    u16::try_from(port)
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| invalid(tool, "port", &json!(port), "a port from 1 to 65535"))
+}
+
 /// Arguments of `snapshot`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
