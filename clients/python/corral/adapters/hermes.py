@@ -437,6 +437,17 @@ def _hermes_profile() -> str:
         return "default"
 
 
+def _hermes_default_image() -> Optional[str]:
+    """hermes' built-in ``terminal.docker_image``, which its config bridge
+    sets whenever the user did not choose one."""
+    try:
+        from hermes_cli.config import DEFAULT_CONFIG
+
+        return str(DEFAULT_CONFIG["terminal"]["docker_image"])
+    except Exception:  # noqa: BLE001 - a hermes without it
+        return None
+
+
 def _label_value(value: str) -> str:
     try:
         from tools.environments.docker import _sanitize_label_value
@@ -520,6 +531,7 @@ class CorralEnvironment(BaseEnvironment):
         self._persistent = persistent
         self._persist_across_processes = bool(persist_across_processes)
         self._image = image or None
+        self._default_image = self._image is not None and self._image == _hermes_default_image()
         self._profile = profile
         self._base_url = base_url
         self._token = token
@@ -629,23 +641,16 @@ class CorralEnvironment(BaseEnvironment):
         return bool(self._spec and self._spec.get("mounts"))
 
     def _acquire(self) -> None:
-        """Create the sandbox (or, for a persistent session key, get it)."""
+        """Create the sandbox (or, for a session key, get it)."""
         client = self._client
         assert client is not None
-        try:
-            sb = self._create(self._spec)
-        except UnsupportedError as err:
-            limits = (self._spec or {}).get("limits") or {}
-            if "disk" not in limits or not ((err.field or "").endswith("disk") or "limits.disk" in err.message):
-                raise
-            # hermes: "Container will run without disk quota."
-            log.warning(
-                "corral: the daemon cannot limit a sandbox's disk (%s): the sandbox runs without a disk quota",
-                err.message,
-            )
-            limits = {k: v for k, v in limits.items() if k != "disk"}
-            self._spec = {**(self._spec or {}), "limits": limits}
-            sb = self._create(self._spec)
+        while True:
+            try:
+                sb = self._create(self._spec)
+                break
+            except CorralError as err:
+                if not self._settle(err):
+                    raise
         self._sandbox = sb
         _reaper.release(self._reaper_key)
         self._reaper_key = None
@@ -660,6 +665,37 @@ class CorralEnvironment(BaseEnvironment):
             sb.container_id,
             self._persistent,
         )
+
+    def _settle(self, err: CorralError) -> bool:
+        """Drop what the service cannot honour where hermes' Docker backend
+        would go on without it; ``False``: the error stands."""
+        spec = self._spec or {}
+        limits = spec.get("limits") or {}
+        if isinstance(err, UnsupportedError) and "disk" in limits and (
+            (err.field or "").endswith("disk") or "limits.disk" in err.message
+        ):
+            # hermes: "Container will run without disk quota."
+            log.warning(
+                "corral: the daemon cannot limit a sandbox's disk (%s): the sandbox runs without a disk quota",
+                err.message,
+            )
+            self._spec = {**spec, "limits": {k: v for k, v in limits.items() if k != "disk"}}
+            return True
+        if self._default_image and "image" in spec and (err.field in ("spec.image", "image") or err.kind == "image_not_found"):
+            # hermes' built-in default image, which the user did not choose
+            # (hermes sets it whenever terminal.docker_image is unset).
+            log.warning(
+                "corral: the service refuses hermes' default image %s (%s): using the service's default image; "
+                "set terminal.docker_image or $%s to choose one",
+                spec["image"],
+                err.message,
+                IMAGE_ENV,
+            )
+            self._spec = {k: v for k, v in spec.items() if k != "image"}
+            self._image = None
+            self._default_image = False
+            return True
+        return False
 
     def _create(self, spec: Optional[Dict[str, Any]]) -> Sandbox:
         client = self._client
