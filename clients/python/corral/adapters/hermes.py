@@ -46,9 +46,13 @@ map onto a corral spec:
 
 * image: a task's ``docker_image`` override (``register_task_env_overrides``),
   else ``$TERMINAL_CORRAL_IMAGE``, else ``terminal.docker_image``
-  (``$TERMINAL_DOCKER_IMAGE``), else the service's default image;
-  ``$TERMINAL_CORRAL_PROFILE`` takes a profile of the service instead (the
-  operator's limits and mounts, no spec sent);
+  (``$TERMINAL_DOCKER_IMAGE``), else the service's default image. hermes'
+  built-in default (``nikolaik/python-nodejs:...``, which its config bridge
+  sets when the user chose none) gives way, with a warning, to the service's
+  default image when the service refuses it (by default a service pulls
+  nothing for clients); any other image the service refuses is an error
+  naming it. ``$TERMINAL_CORRAL_PROFILE`` takes a profile of the service
+  instead (the operator's image, limits and mounts; no spec is sent);
 * ``container_cpu``, ``container_memory`` (MB), ``container_disk`` (MB) are
   ``limits.cpus``, ``limits.memory``, ``limits.disk``; the process limit is
   hermes' 256. Where the daemon cannot limit disk the sandbox starts
@@ -65,8 +69,9 @@ map onto a corral spec:
   are the sandbox's labels;
 * ``container_persistent`` (default true) is a persistent sandbox:
   ``/workspace`` and the home directory are kept by the service per session
-  key, across lost containers and service restarts. The service must allow it (``server.policy.allow_persistent``), else the
-  environment is not created and the error names the setting. corral keeps
+  key, across lost containers and service restarts. The service must allow
+  it (``server.policy.allow_persistent``), else the environment is not
+  created and the error names the setting. corral keeps
   ``/workspace`` and the sandbox's home (``$HOME``, ``/home/corral``), not
   ``/root`` (hermes' Docker backend keeps ``/root``, its default working
   directory): work in ``/workspace`` (``terminal.cwd: /workspace``);
@@ -95,9 +100,9 @@ removed out-of-band (``docker rm -f``, a prune, a daemon restart) is brought
 back by the service under the same spec, a persistent sandbox with its
 workspace; the command runs there, and the environment takes hermes'
 session snapshot again when the command finds it missing (a new container
-has a new ``/tmp``). A sandbox
-the service no longer has (deleted, evicted) is asked for again with the
-same spec and session key. Only the service's typed failure counts as a
+has a new ``/tmp``). A sandbox the service no longer has (deleted,
+evicted) is asked for again with the same spec and session key, and the
+command run there. Only the service's typed failure counts as a
 loss: a command that exits non-zero, whatever it prints, is a result.
 
 ``cleanup()`` (hermes calls it when a task's environment idles, at
@@ -113,11 +118,17 @@ without a terminal (:mod:`corral.adapters._reaper`).
 Deliberate differences from hermes' Docker backend:
 
 * a lost container is recognised by the service's typed failure, never by
-  the words "No such container" or "is not running" in a command's output,
-  which makes hermes' Docker backend replace a healthy container;
-* the sandbox has corral's hardening (all capabilities dropped, seccomp, a
-  read-only agent, tmpfs limits) rather than hermes' run arguments, and
-  corral's network (no traffic between sandboxes);
+  the words "No such container" or "is not running" in the output of a
+  failed command, on which hermes' Docker backend "recovers" a healthy
+  container: it takes a new session snapshot (variables exported earlier
+  are lost) and runs the command a second time;
+* the sandbox has corral's hardening (all capabilities dropped but CHOWN,
+  DAC_OVERRIDE and FOWNER, as hermes; SETUID/SETGID only where the
+  operator's spec adds them, where hermes adds them for images that drop
+  privileges; no-new-privileges; a seccomp filter; tmpfs limits) and
+  corral's network (no traffic between sandboxes), rather than hermes' run
+  arguments (``--init``, ``/tmp`` 512 MB tmpfs, ``/workspace`` and ``/root``
+  tmpfs when not persistent);
 * hermes' ``/root`` is not kept by a persistent sandbox (``/workspace``
   and ``$HOME`` are), and a released persistent sandbox keeps its files in
   the service's ``persistence_root`` (hermes: ``~/.hermes/sandboxes``);
