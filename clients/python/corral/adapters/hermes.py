@@ -768,6 +768,8 @@ class CorralEnvironment(BaseEnvironment):
 
     @property
     def container_id(self) -> Optional[str]:
+        """The container's id as the service gave it when the sandbox was
+        made (``sandbox.refresh()`` has the current one after a recovery)."""
         return self._sandbox.container_id if self._sandbox is not None else None
 
     def _run_bash(
