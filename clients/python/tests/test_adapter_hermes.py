@@ -648,8 +648,7 @@ def both_backends(hermes_server, tmp_path, monkeypatch):
 
 
 SAME_ON_BOTH = [
-    ("echo out; echo err >&2; exit 5", {}),
-    ("printf 'no newline'", {}),
+    ("printf 'no newline'; exit 5", {}),
     ("mkdir -p /workspace/w && cd /workspace/w && export SIDE=by-side", {}),
     ('pwd; echo "$SIDE"', {}),
     ("exit 124", {}),
@@ -660,13 +659,20 @@ SAME_ON_BOTH = [
 
 def test_same_answers_as_hermes_docker_backend(both_backends):
     """The terminal tool answers the same on hermes' Docker backend and on
-    corral for exit codes, merged stderr, state across calls, a command's
-    own 124 and a timeout."""
+    corral for exit codes, output, state across calls, a command's own 124,
+    a missing file's error and a timeout. Merged stdout and stderr hold the
+    same lines; corral keeps the order they were written in, where `docker
+    exec` (separate streams, demultiplexed by the CLI) may not."""
     call, _ = both_backends
     for command, kwargs in SAME_ON_BOTH:
         docker = call("docker", command, **kwargs)
         ours = call("corral", command, **kwargs)
         assert ours == docker, (command, docker, ours)
+    interleaved = "echo out; echo err >&2; echo again; exit 3"
+    docker = call("docker", interleaved)
+    ours = call("corral", interleaved)
+    assert ours == {"output": "out\nerr\nagain", "exit_code": 3, "error": None}
+    assert docker["exit_code"] == 3 and sorted(docker["output"].split("\n")) == ["again", "err", "out"], docker
 
 
 def test_side_by_side_no_such_container_text(both_backends):

@@ -135,6 +135,9 @@ Deliberate differences from hermes' Docker backend:
 * a sandbox left for the next process is removed by the service's idle
   timeout (30 minutes by default, its workspace kept), where hermes' Docker
   backend leaves the container until its orphan reaper at a later start;
+* stdout and stderr keep the order in which they were written (both go to
+  one pipe in the sandbox), where ``docker exec``'s demultiplexing may
+  reorder them;
 * a command's output is kept up to 16 MiB (``max_output``) per stream; beyond
   it the head and the tail are kept and the text says where it was cut;
 * a command the service runs again after recovering the container runs
