@@ -2,8 +2,10 @@
 # Creates (or updates) the Python environment of the Python client's tests
 # and benchmark: a venv at target/pyenv with the client installed editable
 # (clients/python), pytest, pytest-asyncio, mcp, mini-swe-agent (pinned:
-# the adapter tests run its real agent), and ray and uv (pinned: the
-# open-instruct switch is tested with Ray actors under `uv run`). Quick when nothing
+# the adapter tests run its real agent), ray and uv (pinned: the
+# open-instruct switch is tested with Ray actors under `uv run`), and
+# hermes-agent (pinned: the hermes adapter is tested with its real terminal
+# tool; its pins resolve together with the others). Quick when nothing
 # changed: a stamp of the inputs is kept in the venv.
 #
 #   scripts/python-env.sh          # then: target/pyenv/bin/python ...
@@ -13,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 venv=target/pyenv
 python=${PYTHON:-python3}
-reqs=(pytest pytest-asyncio mcp "mini-swe-agent==2.4.6" "ray==2.60.0" "uv==0.13.8")
+reqs=(pytest pytest-asyncio mcp "mini-swe-agent==2.4.6" "ray==2.60.0" "uv==0.13.8" "hermes-agent==0.19.0")
 
 if ! command -v "$python" >/dev/null 2>&1; then
   echo "python-env: $python not found (install python3 and python3-venv)" >&2
@@ -30,7 +32,7 @@ stamp_of() {
 want=$(stamp_of)
 
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.corral-stamp" ] && [ "$(cat "$venv/.corral-stamp")" = "$want" ] \
-   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, mcp, minisweagent, ray' >/dev/null 2>&1 \
+   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, mcp, minisweagent, ray, hermes_constants' >/dev/null 2>&1 \
    && [ -x "$venv/bin/uv" ]; then
   echo "python-env: $venv is up to date"
   exit 0

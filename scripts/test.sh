@@ -3,7 +3,8 @@
 # Podman's compatible socket), and the Python client's and MCP server's tests
 # against a real `corral serve` / `corral mcp`. Sets up what they need first
 # (a daemon, the offline test images, Podman's service, a Python venv at
-# target/pyenv). Extra arguments go to cargo test.
+# target/pyenv with the adapters' frameworks from PyPI, pinned: mini-swe-agent,
+# Ray, hermes-agent). Extra arguments go to cargo test.
 #
 # The engine contract (corral_testing::contract) runs against the Docker
 # daemon here; its Kubernetes instantiation runs too when

@@ -188,6 +188,17 @@ def test_stream_binary_chunks_and_failure(corral_sandbox):
     assert list(s)[-1].result.failure.kind == "timeout"
 
 
+def test_stream_feeds_stdin_then_eof(corral_sandbox):
+    """A streamed command gets its stdin and then EOF, as with ``run``:
+    ``cat`` ends (it would wait for EOF until its timeout otherwise)."""
+    s = corral_sandbox.stream("cat; echo end", timeout=30, stdin="piped in\n", raise_on_failure=False)
+    out = b"".join(ev.data for ev in s if ev.kind == "stdout")
+    assert s.result is not None and s.result.failure is None, s.result
+    assert (out, s.result.exit_code) == (b"piped in\nend\n", 0)
+    binary = corral_sandbox.stream(["od", "-An", "-tx1"], timeout=30, stdin=b"\x00\xff", raise_on_failure=False)
+    assert b"".join(ev.data for ev in binary if ev.kind == "stdout").split() == [b"00", b"ff"]
+
+
 # -- files -----------------------------------------------------------------
 
 

@@ -876,6 +876,14 @@ async fn exec_stream(
         let result = match lease.exec(&cmd).await {
             Err(f) => corral_core::CommandResult::failed(f, Duration::ZERO),
             Ok(execution) => {
+                // `exec` opens the stdin pipe; the bytes are ours to send,
+                // as `Sandbox::run` sends them (else the command never sees
+                // its stdin, nor EOF).
+                if let Some(bytes) = &cmd.stdin {
+                    if execution.write_stdin(bytes).await.is_ok() {
+                        let _ = execution.close_stdin().await;
+                    }
+                }
                 let control = execution.stdin();
                 let output = tx.clone();
                 let wait = execution.wait_with(move |stream, bytes| {
