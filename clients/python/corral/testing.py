@@ -167,7 +167,7 @@ class LocalServer:
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def stop(self, timeout: float = 30.0) -> Optional[int]:
+    def stop(self, timeout: float = 90.0) -> Optional[int]:
         """SIGTERM (the server removes its sandboxes), then SIGKILL after
         ``timeout`` seconds. Returns the exit code."""
         proc, self.proc = self.proc, None

@@ -129,7 +129,7 @@ def test_sighup_mid_episode_removes_the_sandbox(corral_url, corral_spec):
     assert docker_ids("corral.sandbox", f"corraltest.case={case}")
     time.sleep(1.0)  # the command is running
     proc.send_signal(signal.SIGHUP)
-    proc.wait(timeout=60)
+    proc.wait(timeout=120)
     assert proc.returncode == -signal.SIGHUP, proc.stderr.read()[-3000:]
     assert _left(case) == []
 
