@@ -89,9 +89,10 @@ pub fn run(port: u16) -> i32 {
         }
     }
     drop(stdout);
-    // The server closed: stop reading stdin too (the caller closes it).
+    // The server is done: so is the connection. Returning ends the process
+    // (and the thread reading stdin), which closes stdout: the caller's EOF.
     let _ = downstream.shutdown(Shutdown::Both);
-    let _ = to_server.join();
+    drop(to_server);
     0
 }
 

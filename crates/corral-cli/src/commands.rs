@@ -7,6 +7,7 @@ pub mod doctor;
 pub mod gc;
 pub mod images;
 pub mod mcp;
+pub mod port;
 pub mod ps;
 pub mod pull;
 pub mod run;
