@@ -6,17 +6,17 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod commands;
 mod json;
 
-/// Container sandboxes for AI agents and RL rollouts.
+/// Hardened container sandboxes for AI agents and RL rollouts.
 #[derive(Parser)]
 #[command(
     name = "corral",
     version,
-    about,
+    about = "Hardened container sandboxes for AI agents and RL rollouts",
     long_about = None,
     after_help = "Settings come from, highest precedence first: command-line flags, CORRAL_* \
 environment variables, the config file, the built-in defaults. The config file is --config \
@@ -67,6 +67,60 @@ enum Command {
     Serve(commands::serve::ServeArgs),
     Mcp(commands::mcp::McpArgs),
     AgentImage(commands::agent_image::AgentImageArgs),
+    Completions(CompletionsArgs),
+    Man(ManArgs),
+}
+
+/// Print shell completions for corral.
+///
+/// Source the output (bash: `source <(corral completions bash)`; zsh: put
+/// it in a file named `_corral` on $fpath; fish: `corral completions fish >
+/// ~/.config/fish/completions/corral.fish`).
+#[derive(clap::Args)]
+struct CompletionsArgs {
+    /// The shell.
+    shell: clap_complete::Shell,
+}
+
+/// Print the man page of corral, or of one of its commands.
+///
+/// roff, for `man -l -`: `corral man | man -l -`, `corral man serve | man
+/// -l -`; or write them to a directory on $MANPATH.
+#[derive(clap::Args)]
+struct ManArgs {
+    /// The command (e.g. `serve`); none: corral itself.
+    command: Option<String>,
+}
+
+/// Writes `corral completions SHELL` or `corral man [COMMAND]`.
+fn generated(command: &Command) -> Option<ExitCode> {
+    let mut cli = Cli::command();
+    match command {
+        Command::Completions(args) => {
+            clap_complete::generate(args.shell, &mut cli, "corral", &mut std::io::stdout());
+            Some(ExitCode::SUCCESS)
+        }
+        Command::Man(args) => {
+            let page = match &args.command {
+                None => cli,
+                Some(name) => match cli.find_subcommand(name) {
+                    Some(sub) => sub.clone().name(format!("corral-{name}")),
+                    None => {
+                        eprintln!("corral man: no command '{name}'; `corral --help` lists them");
+                        return Some(ExitCode::from(125));
+                    }
+                },
+            };
+            match clap_mangen::Man::new(page).render(&mut std::io::stdout()) {
+                Ok(()) => Some(ExitCode::SUCCESS),
+                Err(e) => {
+                    eprintln!("corral man: {e}");
+                    Some(ExitCode::from(125))
+                }
+            }
+        }
+        _ => None,
+    }
 }
 
 fn main() -> ExitCode {
@@ -89,6 +143,9 @@ fn main() -> ExitCode {
         Command::Config(args) => return commands::config::run(cli.config.as_deref(), &flags, args),
         other => other,
     };
+    if let Some(code) = generated(&command) {
+        return code;
+    }
     let settings = match commands::config::load(cli.config.as_deref(), &flags) {
         Ok(c) => c,
         Err(e) => {
@@ -123,7 +180,9 @@ fn main() -> ExitCode {
             Command::Serve(args) => commands::serve::run(config, &settings, args).await,
             Command::Mcp(args) => commands::mcp::run(config, &settings, args).await,
             Command::AgentImage(args) => commands::agent_image::run(&settings, args),
-            Command::Config(_) => unreachable!("handled before the runtime starts"),
+            Command::Config(_) | Command::Completions(_) | Command::Man(_) => {
+                unreachable!("handled before the runtime starts")
+            }
         };
         // What the backends hold for this process (a Lease) goes now
         // rather than expiring later.

@@ -681,3 +681,66 @@ fn run_keeps_a_snapshot_and_starts_from_it() {
     assert_eq!(code, 1);
     assert!(err.contains("no such snapshot"), "{err}");
 }
+
+#[test]
+fn help_lists_every_command_on_one_short_line() {
+    let (code, out, err) = corral(&["--help"], None);
+    assert_eq!(code, 0, "{err}");
+    let text = String::from_utf8_lossy(&out);
+    let commands: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .collect();
+    assert!(commands.len() >= 15, "{text}");
+    for line in &commands {
+        assert!(
+            line.len() <= 90,
+            "a command's summary is one short line: {line:?}"
+        );
+    }
+    for name in ["run", "serve", "pull", "port", "completions", "man"] {
+        assert!(
+            commands.iter().any(|l| l.trim_start().starts_with(name)),
+            "{name}: {text}"
+        );
+    }
+    // The long text is the command's own help.
+    let (code, out, _) = corral(&["serve", "--help"], None);
+    assert_eq!(code, 0);
+    assert!(String::from_utf8_lossy(&out).contains("server.admin_token"));
+}
+
+#[test]
+fn completions_and_man_pages_come_from_the_same_definitions() {
+    for shell in ["bash", "zsh", "fish"] {
+        let (code, out, err) = corral(&["completions", shell], None);
+        assert_eq!(code, 0, "{shell}: {err}");
+        let text = String::from_utf8_lossy(&out);
+        for word in ["serve", "snapshots", "allow-image"] {
+            assert!(text.contains(word), "{shell} completions lack {word}");
+        }
+    }
+    let (code, _, err) = corral(&["completions", "tcsh"], None);
+    assert_ne!(code, 0);
+    assert!(err.contains("tcsh"), "{err}");
+
+    let (code, out, err) = corral(&["man"], None);
+    assert_eq!(code, 0, "{err}");
+    let page = String::from_utf8_lossy(&out);
+    assert!(
+        page.starts_with(".ie") || page.contains(".TH corral"),
+        "{page}"
+    );
+    let (code, out, err) = corral(&["man", "serve"], None);
+    assert_eq!(code, 0, "{err}");
+    let page = String::from_utf8_lossy(&out);
+    assert!(
+        page.contains("corral\\-serve") && page.contains("allow\\-image"),
+        "{page}"
+    );
+    let (code, _, err) = corral(&["man", "nosuch"], None);
+    assert_eq!(code, 125);
+    assert!(err.contains("no command 'nosuch'"), "{err}");
+}

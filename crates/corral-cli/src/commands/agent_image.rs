@@ -17,6 +17,8 @@ use clap::Args;
 use corral_core::config::Config;
 use sha2::{Digest, Sha256};
 
+/// Print or save the agent image a cluster's nodes need.
+///
 /// Print how to make the agent image (`kubernetes.agent_image`, default
 /// corral-agent:<version>) reachable for a cluster's nodes; with --save,
 /// write it as an image archive (docker save format, FROM scratch with the

@@ -13,6 +13,8 @@ use anyhow::Context;
 use clap::Args;
 use corral_bench::{Bench, BenchOptions};
 
+/// Measure corral against floors taken in the same run.
+///
 /// Measure corral against floors taken in the same run: raw container
 /// create+start and raw `docker exec` through the Engine API, and a rollout
 /// workload (N sandboxes x M commands, P at a time) done through corral and

@@ -4,6 +4,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 
+/// Check the daemon (or cluster) and the protections in force.
+///
 /// Check the daemon: reachable, API version, runtimes, cgroup version,
 /// storage-opt support, corral's sandbox network (isolated bridge), and
 /// (with an image that has /bin/sh) which protections are actually in force

@@ -5,6 +5,8 @@ use std::process::ExitCode;
 use clap::Args;
 use corral_core::outcome::short;
 
+/// Remove orphaned sandboxes, volumes and snapshots.
+///
 /// Remove orphans: corral containers whose owning corral process is gone
 /// (killed, crashed), per-sandbox volumes no container uses any more, and
 /// snapshots whose owner is gone. Containers of live corral processes, of

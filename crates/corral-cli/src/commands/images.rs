@@ -5,6 +5,8 @@ use std::process::ExitCode;
 use clap::Args;
 use serde_json::json;
 
+/// List the images sandboxes can use.
+///
 /// List the images on the daemon that sandboxes can use (tagged images;
 /// snapshots are under `corral snapshots`), newest first.
 #[derive(Args, Debug)]

@@ -13,6 +13,8 @@ use corral_core::SandboxSpec;
 use corral_server::ceilings::Ceilings;
 use corral_server::mcp::{serve_stdio, McpContext};
 
+/// Serve MCP over stdin/stdout, with a sandbox of its own.
+///
 /// Serve MCP (Model Context Protocol) over stdin/stdout: tools to run
 /// commands (run_command), read, write and list files (read_file,
 /// write_file, list_files), keep shell sessions (shell_run, shell_close),

@@ -11,6 +11,8 @@ use anyhow::Context;
 use clap::Args;
 use corral::Backend;
 
+/// Forward a local port to a server inside a sandbox.
+///
 /// Forward a local port to a port of a server inside a sandbox (HTTP,
 /// WebSocket, any TCP) until interrupted. SANDBOX is a sandbox id (or a
 /// unique prefix of it, or of its container id) as `corral ps` lists it.

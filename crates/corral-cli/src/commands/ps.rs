@@ -7,6 +7,8 @@ use corral_core::labels::Ownership;
 use corral_core::outcome::short;
 use serde_json::json;
 
+/// List sandboxes and whether their owners are alive.
+///
 /// List sandboxes: every container with a corral.sandbox label, with its
 /// owner and whether that owner is still alive.
 #[derive(Args, Debug)]

@@ -10,6 +10,8 @@ use clap::Args;
 use corral_docker::PullProgress;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+/// Pull an image onto the daemon ahead of its first sandbox.
+///
 /// Pull an image onto the daemon (a no-op when it is there). Exits 0 when
 /// the image is present, 125 with the typed failure otherwise
 /// (image_not_found: the registry has no such name or tag; daemon_unavailable:

@@ -10,6 +10,8 @@ use corral::Provider;
 use corral_core::config::{AuthMode, Config};
 use tokio_util::sync::CancellationToken;
 
+/// Serve the HTTP API (with SSE, OpenAPI, metrics) and MCP over HTTP.
+///
 /// Serve corral's HTTP API: sandboxes by session key, commands (JSON or
 /// streamed as server-sent events), shell sessions, files, health
 /// (/v1/health), Prometheus metrics (/metrics), the OpenAPI document

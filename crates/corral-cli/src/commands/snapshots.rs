@@ -7,6 +7,8 @@ use serde_json::json;
 
 use super::ps::ownership_name;
 
+/// List or delete snapshots.
+///
 /// List snapshots (`corral run --snapshot NAME` keeps one; the API and the
 /// library take them too), or delete them.
 ///

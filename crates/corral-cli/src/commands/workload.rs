@@ -11,6 +11,8 @@ use corral_core::{CommandSpec, Network, Recovery, SandboxSpec};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
+/// Run a rollout-shaped load and print a JSON summary.
+///
 /// Run N sandboxes with M commands each (`echo` round trips checked for
 /// their output), P sandboxes at a time, and print a JSON summary: commands
 /// that succeeded, failures by kind, sandboxes affected, the backend's
