@@ -435,6 +435,11 @@ class AsyncSandbox:
     async def download_dir(self, path: str, local_dir: PathLike) -> List[str]:
         return _core.unpack_tar(await self.download_tar(path), local_dir)
 
+    async def usage(self) -> Dict[str, Any]:
+        """As :meth:`corral.Sandbox.usage`."""
+        r = await self.client.request("GET", self._path("usage"), idempotent=True, resource="sandbox")
+        return dict(r.json())
+
     async def port_url(self, port: int) -> str:
         """As :meth:`corral.Sandbox.port_url`."""
         r = await self.client.request("GET", self._path(f"ports/{int(port)}"), idempotent=True, resource="sandbox")

@@ -589,6 +589,17 @@ class Sandbox:
         )
         return Snapshot.from_json(r.json())
 
+    # -- usage -------------------------------------------------------------
+
+    def usage(self) -> Dict[str, Any]:
+        """What the sandbox uses now (``GET /v1/sandboxes/{id}/usage``), from
+        the engine's accounting: ``cpu_ns``, ``memory_bytes`` (and
+        ``memory_peak_bytes`` where kept) against ``memory_limit_bytes``,
+        ``pids`` against ``pids_limit``, ``block_read_bytes``,
+        ``block_write_bytes``, ``net_rx_bytes``, ``net_tx_bytes``."""
+        r = self.client.request("GET", self._path("usage"), idempotent=True, resource="sandbox")
+        return dict(r.json())
+
     # -- ports -------------------------------------------------------------
 
     def port_url(self, port: int) -> str:

@@ -56,3 +56,15 @@ def test_port_url_reaches_a_server_in_the_sandbox_without_the_bearer_token(corra
     assert page.status_code == 200 and page.text == "served-by-httpd\n", page.text
     forged = httpx.get(url.rstrip("/")[:-4] + "0000/", timeout=30)
     assert forged.status_code == 403
+
+
+def test_usage_moves_with_memory_and_stays_within_the_limit(corral_client, corral_spec):
+    with corral_client.sandbox(spec=corral_spec(limits={"memory": 256 << 20})) as sb:
+        before = sb.usage()
+        assert before["memory_limit_bytes"] == 256 << 20
+        r = sb.run("dd if=/dev/zero of=/dev/shm/fill bs=1M count=48 2>/dev/null || dd if=/dev/zero of=/tmp/fill bs=1M count=48")
+        assert r.exit_code == 0, r
+        after = sb.usage()
+        assert after["memory_bytes"] >= before["memory_bytes"] + (44 << 20), (before, after)
+        assert after["memory_bytes"] <= after["memory_limit_bytes"], after
+        assert after["cpu_ns"] >= before["cpu_ns"] and after["pids"] >= 1, after

@@ -186,6 +186,35 @@ pub struct PullProgress {
     pub total_bytes: u64,
 }
 
+/// What a sandbox uses now, from the engine's own accounting (its
+/// cgroup), against its limits.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// CPU time used since it started, in nanoseconds (all its processes,
+    /// the dead included).
+    pub cpu_ns: u64,
+    /// Memory in use now, in bytes (the page cache the kernel can drop
+    /// left out, as `docker stats` does; tmpfs files count).
+    pub memory_bytes: u64,
+    /// The most memory it used at once, where the engine keeps it (cgroup
+    /// v1).
+    pub memory_peak_bytes: Option<u64>,
+    /// Its memory limit (`limits.memory`); `None`: none.
+    pub memory_limit_bytes: Option<u64>,
+    /// Processes (and threads) alive now.
+    pub pids: u64,
+    /// Its process limit (`limits.pids`); `None`: none.
+    pub pids_limit: Option<u64>,
+    /// Bytes read from block devices.
+    pub block_read_bytes: u64,
+    /// Bytes written to block devices.
+    pub block_write_bytes: u64,
+    /// Bytes received over its network interfaces.
+    pub net_rx_bytes: u64,
+    /// Bytes sent over its network interfaces.
+    pub net_tx_bytes: u64,
+}
+
 /// A pull under way on the engine: which image, how far, for how long.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PullStatus {
@@ -363,6 +392,17 @@ pub trait Backend: Send + Sync + 'static {
                     "reaching ports of sandboxes with the {} backend",
                     self.name()
                 ),
+            })
+        })
+    }
+
+    /// What the sandbox at `placement` uses now ([`Usage`]; the limits
+    /// are filled in by the runtime from the spec).
+    fn usage<'a>(&'a self, placement: &'a Placement) -> BoxFuture<'a, Result<Usage, Error>> {
+        let _ = placement;
+        Box::pin(async move {
+            Err(Error::Unsupported {
+                what: format!("usage of sandboxes with the {} backend", self.name()),
             })
         })
     }

@@ -642,6 +642,13 @@ impl Backend for DockerBackend {
         Box::pin(self.connect_port(placement, port))
     }
 
+    fn usage<'a>(
+        &'a self,
+        placement: &'a Placement,
+    ) -> BoxFuture<'a, Result<corral_core::backend::Usage, Error>> {
+        Box::pin(self.read_usage(placement))
+    }
+
     fn pulls(&self) -> Vec<PullStatus> {
         self.inner.pulls.in_flight()
     }

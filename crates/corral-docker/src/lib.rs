@@ -21,6 +21,7 @@ mod registry_auth;
 mod retry;
 pub mod snapshot;
 pub mod state;
+mod usage;
 
 pub use backend::{DockerBackend, DockerConfig};
 pub use corral_core::backend::{ImageInfo, PullProgress, PullStatus};

@@ -40,6 +40,7 @@ use corral_core::principal::Principal;
 mod images;
 mod ports;
 mod snapshots;
+mod usage;
 
 /// Longest session key and shell name.
 const MAX_NAME: usize = 128;
@@ -1350,6 +1351,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(snapshots::get_snapshot, snapshots::delete_snapshot))
         .routes(routes!(snapshots::fork))
         .routes(routes!(ports::port_link))
+        .routes(routes!(usage::sandbox_usage))
         .routes(routes!(images::list_images))
         .routes(routes!(images::pull_image))
         .routes(routes!(health))

@@ -703,3 +703,47 @@ pub struct PortLink {
     /// The link's token.
     pub token: String,
 }
+
+/// Body of `GET /v1/sandboxes/{id}/usage`: what the sandbox uses now, from
+/// the engine's accounting (its cgroup), against its limits.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct UsageBody {
+    /// CPU time used since it started, in ns (its processes, the dead too).
+    pub cpu_ns: u64,
+    /// Memory in use now, in bytes (droppable page cache left out; tmpfs
+    /// files count).
+    pub memory_bytes: u64,
+    /// The most memory used at once, where the engine keeps it.
+    pub memory_peak_bytes: Option<u64>,
+    /// Its memory limit; null: none.
+    pub memory_limit_bytes: Option<u64>,
+    /// Processes and threads alive now.
+    pub pids: u64,
+    /// Its process limit; null: none.
+    pub pids_limit: Option<u64>,
+    /// Bytes read from block devices.
+    pub block_read_bytes: u64,
+    /// Bytes written to block devices.
+    pub block_write_bytes: u64,
+    /// Bytes received over its network.
+    pub net_rx_bytes: u64,
+    /// Bytes sent over its network.
+    pub net_tx_bytes: u64,
+}
+
+impl From<corral_core::backend::Usage> for UsageBody {
+    fn from(u: corral_core::backend::Usage) -> Self {
+        UsageBody {
+            cpu_ns: u.cpu_ns,
+            memory_bytes: u.memory_bytes,
+            memory_peak_bytes: u.memory_peak_bytes,
+            memory_limit_bytes: u.memory_limit_bytes,
+            pids: u.pids,
+            pids_limit: u.pids_limit,
+            block_read_bytes: u.block_read_bytes,
+            block_write_bytes: u.block_write_bytes,
+            net_rx_bytes: u.net_rx_bytes,
+            net_tx_bytes: u.net_tx_bytes,
+        }
+    }
+}

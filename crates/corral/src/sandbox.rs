@@ -163,6 +163,18 @@ impl Sandbox {
         backend.open_port(&self.placement(), port).await
     }
 
+    /// What the sandbox uses now (CPU time, memory now and at peak, pids,
+    /// block and network I/O), from the engine's accounting, with its
+    /// spec's limits beside.
+    pub async fn usage(&self) -> Result<corral_core::backend::Usage, Error> {
+        let backend = &self.inner.runtime.inner.backend;
+        let mut usage = backend.usage(&self.placement()).await?;
+        let limits = &self.inner.spec.limits;
+        usage.memory_limit_bytes = limits.memory;
+        usage.pids_limit = limits.pids.and_then(|p| u64::try_from(p).ok());
+        Ok(usage)
+    }
+
     /// The spec the sandbox was created from.
     pub fn spec(&self) -> &SandboxSpec {
         &self.inner.spec
