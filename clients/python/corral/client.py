@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import json as _json
 import time
 from types import TracebackType
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Type, Union
@@ -171,6 +172,49 @@ class Client:
         ``timeout`` (seconds, ``None``: none) bounds the wait here."""
         r = self.request("POST", "/v1/images/pull", json={"image": image}, timeout=timeout, idempotent=True)
         return dict(r.json())
+
+    # -- events ------------------------------------------------------------
+
+    def events(self, *, after: Optional[int] = None) -> Iterator[Dict[str, Any]]:
+        """The lifecycle events of this client's sandboxes as they happen
+        (``GET /v1/events``), one dict each: ``id``, ``time_ms``, ``kind``
+        (``created``, ``start_failed``, ``command``, ``reset``, ``snapshot``,
+        ``lost``, ``recovered``, ``evicted``, ``removed``), ``sandbox``,
+        ``session``, ``owner``, ``outcome`` (``ok``, ``exit`` or the failure
+        kind), ``detail``. ``after``: resume after that id (0: every event
+        still kept); ``None``: from now on. A ``{"kind": "gap", ...}`` dict
+        says some events were no longer kept. Runs until the caller stops
+        iterating (or the service ends)."""
+        params = {} if after is None else {"after": int(after)}
+        req = self._http.build_request(
+            "GET",
+            "/v1/events",
+            params=params,
+            headers={"Accept": "text/event-stream"},
+            timeout=httpx.Timeout(None, connect=self._timeout.connect),
+        )
+        try:
+            response = self._http.send(req, stream=True)
+        except httpx.TransportError as exc:
+            raise _core.transport_error(exc, self.base_url) from exc
+        try:
+            if response.status_code >= 400:
+                response.read()
+                _core.raise_for_error(response, None)
+            decoder = SSEDecoder()
+            for chunk in response.iter_bytes():
+                for sse in decoder.feed(chunk):
+                    if sse.event == "gap":
+                        yield {"kind": "gap", "detail": sse.data}
+                        continue
+                    try:
+                        yield dict(_json.loads(sse.data))
+                    except ValueError:
+                        continue
+        except httpx.TransportError as exc:
+            raise _core.transport_error(exc, self.base_url) from exc
+        finally:
+            response.close()
 
     # -- sandboxes ---------------------------------------------------------
 

@@ -68,3 +68,32 @@ def test_usage_moves_with_memory_and_stays_within_the_limit(corral_client, corra
         assert after["memory_bytes"] >= before["memory_bytes"] + (44 << 20), (before, after)
         assert after["memory_bytes"] <= after["memory_limit_bytes"], after
         assert after["cpu_ns"] >= before["cpu_ns"] and after["pids"] >= 1, after
+
+
+def test_events_follow_a_sandbox_from_creation_to_removal(corral_client, corral_spec):
+    import threading
+
+    start = corral_client.events(after=0)
+    with corral_client.sandbox(spec=corral_spec()) as sb:
+        sb.run("true")
+        sb.run("exit 3")
+        sandbox_key = sb.id
+    got = []
+
+    def read():
+        for ev in start:
+            got.append(ev)
+            if ev.get("kind") == "removed" and ev.get("session") == sandbox_key:
+                return
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(60)
+    mine = [e for e in got if e.get("session") == sandbox_key]
+    assert [(e["kind"], e.get("outcome")) for e in mine] == [
+        ("created", None),
+        ("command", "ok"),
+        ("command", "exit"),
+        ("removed", None),
+    ], got
+    assert all(a["id"] < b["id"] for a, b in zip(mine, mine[1:]))

@@ -37,6 +37,7 @@ use crate::tenancy::Tenancy;
 use crate::wire::*;
 use corral_core::principal::Principal;
 
+mod events;
 mod images;
 mod ports;
 mod snapshots;
@@ -160,6 +161,11 @@ impl AppState {
     }
 
     /// 503 once the service is shutting down: nothing new starts then.
+    /// Whether the service is shutting down.
+    fn is_closing(&self) -> bool {
+        self.inner.closing.load(Ordering::Acquire)
+    }
+
     fn refuse_when_closing(&self) -> Result<(), ApiError> {
         if self.inner.closing.load(Ordering::Acquire) {
             return Err(ApiError::shutting_down());
@@ -1352,6 +1358,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(snapshots::fork))
         .routes(routes!(ports::port_link))
         .routes(routes!(usage::sandbox_usage))
+        .routes(routes!(events::events))
         .routes(routes!(images::list_images))
         .routes(routes!(images::pull_image))
         .routes(routes!(health))

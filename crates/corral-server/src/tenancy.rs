@@ -28,7 +28,17 @@ struct Inner {
     quotas: BTreeMap<String, Quota>,
     sharing: Sharing,
     owners: Mutex<HashMap<String, Owned>>,
+    /// Owners of keys seen, kept after their sessions end (the events of a
+    /// removed sandbox still belong to someone), the oldest forgotten past
+    /// [`HISTORY`].
+    history: Mutex<(
+        HashMap<String, Principal>,
+        std::collections::VecDeque<String>,
+    )>,
 }
+
+/// Keys whose owners are remembered after their sessions end.
+const HISTORY: usize = 100_000;
 
 struct Owned {
     owner: Principal,
@@ -57,6 +67,7 @@ impl Tenancy {
                     .collect(),
                 sharing: server.sharing(),
                 owners: Mutex::new(HashMap::new()),
+                history: Mutex::new(Default::default()),
             }),
         }
     }
@@ -83,6 +94,28 @@ impl Tenancy {
     /// Who owns the sandbox of provider key `key`, if the service made it.
     pub fn owner(&self, key: &str) -> Option<Principal> {
         self.owners().get(key).map(|o| o.owner.clone())
+    }
+
+    /// Who owned provider key `key` last, also after its session ended
+    /// (for events).
+    pub fn owner_ever(&self, key: &str) -> Option<Principal> {
+        if let Some(o) = self.owner(key) {
+            return Some(o);
+        }
+        let h = self.inner.history.lock().unwrap_or_else(|p| p.into_inner());
+        h.0.get(key).cloned()
+    }
+
+    fn remember(&self, key: &str, owner: &Principal) {
+        let mut h = self.inner.history.lock().unwrap_or_else(|p| p.into_inner());
+        if h.0.insert(key.to_string(), owner.clone()).is_none() {
+            h.1.push_back(key.to_string());
+            if h.1.len() > HISTORY {
+                if let Some(old) = h.1.pop_front() {
+                    h.0.remove(&old);
+                }
+            }
+        }
     }
 
     /// Reserves `keys` for sandboxes `owner` is about to start, refused
@@ -113,6 +146,9 @@ impl Tenancy {
             );
         }
         drop(owners);
+        for key in keys {
+            self.remember(key, owner);
+        }
         Ok(Reservation {
             tenancy: self.clone(),
             keys: keys.to_vec(),

@@ -747,3 +747,30 @@ impl From<corral_core::backend::Usage> for UsageBody {
         }
     }
 }
+
+/// One event of `GET /v1/events` (the SSE `data` of events named after
+/// `kind`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct EventBody {
+    /// Increasing; resume after it with `?after=ID` or `Last-Event-ID`.
+    pub id: u64,
+    /// When, in ms since the epoch.
+    pub time_ms: u64,
+    /// `created`, `start_failed`, `command`, `reset`, `snapshot`, `lost`,
+    /// `recovered`, `evicted`, `removed`.
+    pub kind: String,
+    /// The sandbox's runtime id (`sb-...`).
+    pub sandbox: String,
+    /// The session key it serves, as the caller names it (the caller's
+    /// own without its namespace); null: not handed out by a session.
+    pub session: Option<String>,
+    /// Its owner (`operator`, `tenant:NAME`, `mcp:TENANT:ID`); null: not
+    /// made through this service (a warm pool's spare).
+    pub owner: Option<String>,
+    /// `command`, `lost`, `reset`, `snapshot`: `ok`, `exit` (a non-zero
+    /// exit) or the failure kind.
+    pub outcome: Option<String>,
+    /// A few words more: the image, the exit code and duration, the
+    /// snapshot's name, why it was evicted.
+    pub detail: String,
+}

@@ -24,6 +24,7 @@
 
 mod conn;
 pub mod doctor;
+pub mod events;
 mod files;
 pub mod host;
 pub mod limits;

@@ -390,6 +390,7 @@ impl Provider {
                     let mut st = lock(&self.inner.state);
                     if !st.sessions.contains_key(key) {
                         st.live += 1;
+                        sb.set_session(key);
                         st.sessions.insert(
                             key.to_string(),
                             Entry {
@@ -631,7 +632,7 @@ impl Provider {
                     if let Some(v) = victim {
                         self.discard(v);
                     }
-                    let created = self.inner.runtime.create(spec).await;
+                    let created = self.inner.runtime.create_for(spec, Some(key)).await;
                     let sandbox = match created {
                         Ok(sb) => sb,
                         Err(e) => {
@@ -653,6 +654,7 @@ impl Provider {
                         self.discard(sandbox);
                         return Ok(self.lease_counted(key, theirs));
                     }
+                    sandbox.set_session(key);
                     st.sessions.insert(
                         key.to_string(),
                         Entry {
@@ -695,6 +697,7 @@ impl Provider {
                     self.discard(pooled.sandbox);
                     continue;
                 }
+                pooled.sandbox.set_session(key);
                 st.sessions.insert(
                     key.to_string(),
                     Entry {
@@ -737,6 +740,11 @@ impl Provider {
                 tracing::info!(
                     sandbox = victim.sandbox.id(),
                     "evicting the least recently used idle sandbox"
+                );
+                victim.sandbox.emit(
+                    crate::events::EventKind::Evicted,
+                    None,
+                    "the least recently used idle sandbox, for room (provider.max_live)",
                 );
                 Plan::Create(Some(victim.sandbox))
             }
@@ -1198,6 +1206,15 @@ impl Provider {
                 sandbox = sb.id(),
                 by_lifetime,
                 "evicting an expired sandbox"
+            );
+            sb.emit(
+                crate::events::EventKind::Evicted,
+                None,
+                if by_lifetime {
+                    "its maximum lifetime passed (provider.max_lifetime_ms)"
+                } else {
+                    "idle past provider.idle_timeout_ms"
+                },
             );
             self.discard(sb);
         }

@@ -60,6 +60,30 @@ impl Sandbox {
     /// sessions gone. In place when it can be, else by replacing the
     /// container; the outcome says which.
     pub async fn reset(&self) -> Result<ResetOutcome, Error> {
+        let outcome = self.reset_inner().await;
+        match &outcome {
+            Ok(o) => self.emit(
+                crate::events::EventKind::Reset,
+                Some("ok"),
+                match o.mode {
+                    ResetMode::InPlace => format!("in place, {:.1} ms", o.elapsed_ms),
+                    ResetMode::Replaced => format!(
+                        "container replaced ({}), {:.1} ms",
+                        o.fallback_reason.as_deref().unwrap_or("no in-place reset"),
+                        o.elapsed_ms
+                    ),
+                },
+            ),
+            Err(e) => self.emit(
+                crate::events::EventKind::Reset,
+                Some(e.kind().as_str()),
+                e.to_string(),
+            ),
+        }
+        outcome
+    }
+
+    async fn reset_inner(&self) -> Result<ResetOutcome, Error> {
         let started = Instant::now();
         self.drop_shells();
         let metrics = &self.runtime().inner.metrics;

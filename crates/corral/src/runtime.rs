@@ -145,6 +145,7 @@ pub(crate) struct RuntimeInner {
     start_slots: Limiter,
     pub(crate) exec_slots: Limiter,
     breaker: Mutex<Breaker>,
+    pub(crate) events: crate::events::EventLog,
 }
 
 /// A span for one phase of a start, a child of the `sandbox_start` span.
@@ -185,6 +186,7 @@ impl Runtime {
                     config.slot_wait_timeout,
                 ),
                 breaker: Mutex::new(Breaker::new(config.breaker.clone())),
+                events: crate::events::EventLog::default(),
                 config,
             }),
         };
@@ -195,6 +197,12 @@ impl Runtime {
     }
 
     /// The backend sandboxes run on.
+    /// The lifecycle events of this runtime's sandboxes
+    /// ([`crate::events`]).
+    pub fn events(&self) -> &crate::events::EventLog {
+        &self.inner.events
+    }
+
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.inner.backend
     }
@@ -354,7 +362,51 @@ impl Runtime {
     /// Creates and starts a sandbox, connects to its agent and runs its
     /// start-up commands. On any failure nothing is left behind.
     pub async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, Error> {
+        self.create_for(spec, None).await
+    }
+
+    /// [`Runtime::create`] for provider session `session` (its events
+    /// carry the key from the first on).
+    pub(crate) async fn create_for(
+        &self,
+        spec: &SandboxSpec,
+        session: Option<&str>,
+    ) -> Result<Sandbox, Error> {
         let id = format!("sb-{}", host::random_hex(12));
+        let tenant = spec
+            .labels
+            .get(crate::events::TENANT_LABEL)
+            .map(String::as_str);
+        match self.create_as(spec, id.clone()).await {
+            Ok(sb) => {
+                if let Some(key) = session {
+                    sb.set_session(key);
+                }
+                self.inner.events.emit(
+                    crate::events::EventKind::Created,
+                    sb.id(),
+                    session,
+                    tenant,
+                    None,
+                    format!("image {}", spec.image),
+                );
+                Ok(sb)
+            }
+            Err(e) => {
+                self.inner.events.emit(
+                    crate::events::EventKind::StartFailed,
+                    &id,
+                    session,
+                    tenant,
+                    Some(e.kind().as_str()),
+                    e.to_string(),
+                );
+                Err(e)
+            }
+        }
+    }
+
+    async fn create_as(&self, spec: &SandboxSpec, id: String) -> Result<Sandbox, Error> {
         let span = tracing::info_span!("sandbox_start", sandbox = %id, image = %spec.image);
         let started = self.start_new(spec, &id).instrument(span).await?;
         let sandbox = Sandbox::new(

@@ -63,6 +63,8 @@ struct Inner {
     /// Shell sessions by name (`shell.rs` owns their type; here they are
     /// only kept, and dropped with the sandbox).
     shells: Mutex<HashMap<String, Attached>>,
+    /// The provider session key it serves, once a provider handed it out.
+    session: Mutex<Option<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -135,6 +137,7 @@ impl Sandbox {
                 dead: Mutex::new(None),
                 timings: Mutex::new(StartTimings::default()),
                 shells: Mutex::new(HashMap::new()),
+                session: Mutex::new(None),
             }),
         }
     }
@@ -173,6 +176,31 @@ impl Sandbox {
         usage.memory_limit_bytes = limits.memory;
         usage.pids_limit = limits.pids.and_then(|p| u64::try_from(p).ok());
         Ok(usage)
+    }
+
+    /// Notes the provider session key this sandbox now serves (its events
+    /// carry it).
+    pub(crate) fn set_session(&self, key: &str) {
+        *lock(&self.inner.session) = Some(key.to_string());
+    }
+
+    /// Records a lifecycle event of this sandbox ([`crate::events`]).
+    pub(crate) fn emit(
+        &self,
+        kind: crate::events::EventKind,
+        outcome: Option<&str>,
+        detail: impl Into<String>,
+    ) {
+        let tenant = self.inner.spec.labels.get(crate::events::TENANT_LABEL);
+        let session = lock(&self.inner.session).clone();
+        self.inner.runtime.inner.events.emit(
+            kind,
+            &self.inner.id,
+            session.as_deref(),
+            tenant.map(String::as_str),
+            outcome,
+            detail,
+        );
     }
 
     /// The spec the sandbox was created from.
@@ -295,6 +323,23 @@ impl Sandbox {
         if !container_gone(failure) || self.inner.destroyed.load(Ordering::Acquire) {
             return Recovered::NotLost;
         }
+        self.emit(
+            crate::events::EventKind::Lost,
+            Some(failure.kind.as_str()),
+            failure.message.clone(),
+        );
+        let recovered = self.recover_lost(failure).await;
+        if matches!(recovered, Recovered::Retry | Recovered::NoRetry) {
+            self.emit(
+                crate::events::EventKind::Recovered,
+                None,
+                "container recreated",
+            );
+        }
+        recovered
+    }
+
+    async fn recover_lost(&self, failure: &Failure) -> Recovered {
         match self.inner.spec.recovery {
             Recovery::Fail => {
                 self.mark_dead(failure);
@@ -730,6 +775,7 @@ impl Sandbox {
         if self.inner.destroyed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        self.emit(crate::events::EventKind::Removed, None, "");
         // Shells hold handles to this sandbox: let them go.
         lock(&self.inner.shells).clear();
         let placement = self.placement();
@@ -737,6 +783,25 @@ impl Sandbox {
         runtime.inner.backend.unwatch(&placement);
         runtime.remove(&placement, &self.inner.id).await
     }
+}
+
+/// The `command` event of a command that ended with `r`.
+fn command_event(sandbox: &Sandbox, r: &CommandResult) {
+    let outcome = match (&r.failure, r.exit_code) {
+        (Some(f), _) => f.kind.as_str(),
+        (None, Some(0)) => "ok",
+        (None, _) => "exit",
+    };
+    let code = r
+        .exit_code
+        .map(|c| format!("exit {c}"))
+        .or_else(|| r.signal.map(|s| format!("signal {s}")))
+        .unwrap_or_else(|| "no exit".to_string());
+    sandbox.emit(
+        crate::events::EventKind::Command,
+        Some(outcome),
+        format!("{code}, {:.1} ms", r.duration.as_secs_f64() * 1e3),
+    );
 }
 
 /// Has the backend close the sandbox's current control stream when its
@@ -952,6 +1017,7 @@ impl Execution {
                         if r.duration.is_zero() {
                             r.duration = self.started.elapsed();
                         }
+                        command_event(&self.sandbox, &r);
                         ExecEvent::Ended(r)
                     }
                     output => output,
@@ -1023,6 +1089,7 @@ impl Execution {
             result.stdout_truncated = true;
             result.stderr_truncated = true;
         }
+        command_event(&self.sandbox, &result);
         result
     }
 

@@ -36,6 +36,27 @@ impl Sandbox {
     /// Keeps this sandbox's file system as snapshot `name` (replacing an
     /// earlier one of that name).
     pub async fn snapshot(&self, name: &str, opts: SnapshotOptions) -> Result<SnapshotInfo, Error> {
+        let taken = self.snapshot_inner(name, opts).await;
+        match &taken {
+            Ok(info) => self.emit(
+                crate::events::EventKind::Snapshot,
+                Some("ok"),
+                format!("snapshot {} ({} bytes)", info.name, info.size),
+            ),
+            Err(e) => self.emit(
+                crate::events::EventKind::Snapshot,
+                Some(e.kind().as_str()),
+                format!("snapshot {name}: {e}"),
+            ),
+        }
+        taken
+    }
+
+    async fn snapshot_inner(
+        &self,
+        name: &str,
+        opts: SnapshotOptions,
+    ) -> Result<SnapshotInfo, Error> {
         snapshot::validate_name(name)?;
         if let Some(ns) = &opts.namespace {
             QualifiedName::parse(&format!("{ns}/{name}"))?;
