@@ -16,6 +16,17 @@ scripts/ensure-docker.sh
 scripts/build-test-images.sh
 # The registry the pull tests run on loopback (crates/corral-docker/tests/pull.rs).
 scripts/ensure-registry.sh >/dev/null
+# tmux: `corral top` is driven in a real terminal (crates/corral-cli/tests/top.rs).
+if ! command -v tmux >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null 2>&1 || {
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null
+    }
+  else
+    echo "test.sh: tmux is missing (apt-get install tmux)" >&2
+    exit 1
+  fi
+fi
 
 # Podman's Docker-compatible socket, for crates/corral-docker/tests/podman.rs
 # (installed when missing; stopped when the tests end).

@@ -13,6 +13,7 @@ pub mod pull;
 pub mod run;
 pub mod serve;
 pub mod snapshots;
+pub mod top;
 pub mod workload;
 
 use std::sync::{Arc, Mutex};

@@ -73,13 +73,19 @@ pub(crate) fn usage_of(stats: &ContainerStatsResponse) -> Usage {
         cpu_ns,
         memory_bytes: raw.saturating_sub(inactive),
         memory_peak_bytes: memory.and_then(|m| m.max_usage).filter(|m| *m > 0),
-        memory_limit_bytes: None,
+        // The cgroup's limits as the daemon reads them (the host's memory
+        // where none is set); `Sandbox::usage` puts the spec's in their place.
+        memory_limit_bytes: memory.and_then(|m| m.limit).filter(|l| *l > 0),
         pids: stats
             .pids_stats
             .as_ref()
             .and_then(|p| p.current)
             .unwrap_or(0),
-        pids_limit: None,
+        pids_limit: stats
+            .pids_stats
+            .as_ref()
+            .and_then(|p| p.limit)
+            .filter(|l| *l > 0 && *l < u64::MAX / 2),
         block_read_bytes,
         block_write_bytes,
         net_rx_bytes,
@@ -111,6 +117,10 @@ mod tests {
         assert_eq!(u.memory_bytes, 42_000_000);
         assert_eq!(u.memory_peak_bytes, Some(60_000_000));
         assert_eq!(u.pids, 7);
+        assert_eq!(
+            (u.memory_limit_bytes, u.pids_limit),
+            (Some(134_217_728), Some(64))
+        );
         assert_eq!((u.block_read_bytes, u.block_write_bytes), (4096, 8192));
         assert_eq!((u.net_rx_bytes, u.net_tx_bytes), (100, 200));
         assert_eq!(
