@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 venv=target/pyenv
 python=${PYTHON:-python3}
-reqs=(pytest pytest-asyncio mcp "mini-swe-agent==2.4.6" "ray==2.60.0" "uv==0.13.8" "hermes-agent==0.19.0")
+reqs=(pytest pytest-asyncio mcp "mini-swe-agent==2.4.6" "ray==2.60.0" "uv==0.13.8" "hermes-agent==0.19.0" "selenium==4.27.1")
 
 if ! command -v "$python" >/dev/null 2>&1; then
   echo "python-env: $python not found (install python3 and python3-venv)" >&2
@@ -32,7 +32,7 @@ stamp_of() {
 want=$(stamp_of)
 
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.corral-stamp" ] && [ "$(cat "$venv/.corral-stamp")" = "$want" ] \
-   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, mcp, minisweagent, ray, hermes_constants' >/dev/null 2>&1 \
+   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, mcp, minisweagent, ray, hermes_constants, selenium' >/dev/null 2>&1 \
    && [ -x "$venv/bin/uv" ]; then
   echo "python-env: $venv is up to date"
   exit 0

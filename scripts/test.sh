@@ -16,14 +16,21 @@ scripts/ensure-docker.sh
 scripts/build-test-images.sh
 # The registry the pull tests run on loopback (crates/corral-docker/tests/pull.rs).
 scripts/ensure-registry.sh >/dev/null
-# tmux: `corral top` is driven in a real terminal (crates/corral-cli/tests/top.rs).
-if ! command -v tmux >/dev/null 2>&1; then
+# tmux: `corral top` is driven in a real terminal (crates/corral-cli/tests/top.rs);
+# chromium and its driver: the dashboard is tested in a real headless browser
+# (clients/python/tests/test_dashboard.py).
+missing=()
+command -v tmux >/dev/null 2>&1 || missing+=(tmux)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null 2>&1 || {
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null
+    echo "test.sh: installing ${missing[*]}" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 || {
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     }
   else
-    echo "test.sh: tmux is missing (apt-get install tmux)" >&2
+    echo "test.sh: missing ${missing[*]} (apt-get install ${missing[*]})" >&2
     exit 1
   fi
 fi

@@ -1397,6 +1397,7 @@ pub fn router(state: AppState) -> axum::Router {
                 ([(header::CONTENT_TYPE, "application/yaml")], yaml)
             }),
         )
+        .route("/dashboard", axum::routing::get(crate::dashboard::page))
         .route(ports::PROXY, axum::routing::any(ports::proxy_root))
         .route(ports::PROXY_SLASH, axum::routing::any(ports::proxy_root))
         .route(ports::PROXY_PATH, axum::routing::any(ports::proxy))

@@ -46,6 +46,34 @@ use crate::error::ApiError;
 /// The route every client may call without a token (health probes).
 const HEALTH: &str = "/v1/health";
 
+/// The dashboard's page, which takes its token from the query.
+const DASHBOARD: &str = "/dashboard";
+
+/// `%XX` and `+` of a query value decoded (a token is plain ASCII;
+/// anything malformed stays as it is, and then matches no token).
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let hex = |b: u8| (b as char).to_digit(16);
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Port links (`api/ports.rs`): their own token, in the path, is the
 /// authentication, and the pages they serve are browsers' by design.
 const PORTS: &str = "/ports/";
@@ -238,12 +266,26 @@ impl Guard {
             }
             Auth::Tokens(server) => server,
         };
-        let given = req
+        let from_header = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
+            .map(str::trim)
+            .map(str::to_string);
+        // A browser cannot set a header when it opens the dashboard: its
+        // page alone takes the token from the query (`?token=`).
+        let given = from_header.or_else(|| {
+            (req.uri().path() == DASHBOARD)
+                .then(|| req.uri().query())
+                .flatten()
+                .and_then(|q| {
+                    q.split('&')
+                        .find_map(|kv| kv.strip_prefix("token="))
+                        .map(|t| percent_decode(t))
+                })
+        });
+        let given = given.as_deref();
         match given {
             Some(g) => match server.principal_of_token(g) {
                 Some(p) => Ok(Some(p)),
@@ -410,6 +452,14 @@ fn split_host(host: &str) -> (&str, Option<u16>) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn query_tokens_are_percent_decoded_and_malformed_ones_kept() {
+        assert_eq!(super::percent_decode("abc%2Bd+e"), "abc+d e");
+        assert_eq!(super::percent_decode("a%4"), "a%4");
+        assert_eq!(super::percent_decode("%zz%41"), "%zzA");
+        assert_eq!(super::percent_decode("%é"), "%é");
+    }
+
     use super::*;
 
     fn addr(s: &str) -> SocketAddr {

@@ -12,6 +12,7 @@
 
 pub mod api;
 pub mod ceilings;
+pub mod dashboard;
 pub mod error;
 pub mod guard;
 pub mod mcp;

@@ -1,0 +1,88 @@
+"""The dashboard in a real headless browser (Debian's chromium and
+chromium-driver, driven by selenium from PyPI) against a real ``corral
+serve``: the page loads with the token, shows a sandbox the test created
+with its usage, updates when a command runs (without a reload), and is
+refused without the token or with a wrong one. A screenshot is kept in
+``target/test-artifacts/dashboard.png``."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+import corral
+
+from conftest import REPO
+
+pytestmark = pytest.mark.server
+
+webdriver = pytest.importorskip("selenium.webdriver")
+
+
+def _browser():
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not chromium or not driver:
+        pytest.fail("the dashboard test needs chromium and chromium-driver (apt-get install chromium chromium-driver)")
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,900"):
+        opts.add_argument(arg)
+    return webdriver.Chrome(service=Service(driver), options=opts)
+
+
+def _wait(what, predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"the dashboard never showed {what}")
+        time.sleep(0.2)
+
+
+def test_the_dashboard_shows_a_sandbox_its_usage_and_its_commands_live(corral_url, corral_client, corral_spec):
+    from selenium.webdriver.common.by import By
+
+    token = corral.find_token(corral_url)
+    browser = _browser()
+    try:
+        with corral_client.sandbox(spec=corral_spec(limits={"memory": 256 << 20})) as sb:
+            assert sb.run("true").exit_code == 0
+            browser.get(f"{corral_url}/dashboard?token={token}")
+            # The token left the address bar at once.
+            assert "token" not in browser.current_url
+
+            def row():
+                for tr in browser.find_elements(By.CSS_SELECTOR, "#sandboxes tr[data-sandbox]"):
+                    if tr.get_attribute("data-session") == sb.id:
+                        return tr
+                return None
+
+            _wait("the test's sandbox with its memory limit", lambda: row() is not None and "256M" in row().text)
+            commands = lambda: int(row().find_element(By.CSS_SELECTOR, "td.commands").text)  # noqa: E731
+            before = _wait("the first command counted", lambda: commands() >= 1 and commands())
+            # A command that fails: counted, its outcome shown, no reload.
+            sb.run("exit 3")
+            _wait("the new command", lambda: commands() > before)
+            _wait("its outcome", lambda: "exit" in row().text)
+            row().click()
+            _wait("its recent commands", lambda: "exit 3" in browser.find_element(By.ID, "recent").text)
+            out = REPO / "target" / "test-artifacts"
+            out.mkdir(parents=True, exist_ok=True)
+            assert browser.save_screenshot(str(out / "dashboard.png"))
+            assert "corral" in browser.find_element(By.ID, "health").text
+
+        # Without the token, or with a wrong one: refused.
+        for url in (f"{corral_url}/dashboard", f"{corral_url}/dashboard?token=not-the-token"):
+            browser.get(url)
+            body = browser.find_element(By.TAG_NAME, "body").text
+            assert "unauthorized" in body and "sandboxes" not in body.lower(), body
+    finally:
+        browser.quit()

@@ -1,0 +1,35 @@
+//! The dashboard: one page, embedded in the binary (no CDN, no asset
+//! fetched from anywhere else), served at `/dashboard` behind the same
+//! token as the API. A browser opens it as `/dashboard?token=TOKEN` (the
+//! guard takes the token from the query for this path only); the page
+//! takes the token out of its address at once and keeps it in memory, then
+//! reads the API with it like any client: `/v1/health`, `/v1/whoami`,
+//! `/v1/sandboxes` and each one's `/usage` every 2 s, `/metrics` for the
+//! pools, and `/v1/events` as a stream for commands per second, failures
+//! by kind and each sandbox's recent commands. It sees what its token's
+//! principal sees, nothing more.
+
+use axum::http::header;
+use axum::response::IntoResponse;
+
+/// The page.
+const PAGE: &str = include_str!("dashboard.html");
+
+/// What the page may load: itself, and the API on its own origin.
+const CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                   connect-src 'self'; img-src 'self' data:; base-uri 'none'; \
+                   form-action 'none'; frame-ancestors 'none'";
+
+/// `GET /dashboard`.
+pub async fn page() -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CONTENT_SECURITY_POLICY, CSP),
+            (header::CACHE_CONTROL, "no-store"),
+            (header::REFERRER_POLICY, "no-referrer"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        PAGE,
+    )
+}
