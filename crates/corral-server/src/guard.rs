@@ -282,7 +282,7 @@ impl Guard {
                 .and_then(|q| {
                     q.split('&')
                         .find_map(|kv| kv.strip_prefix("token="))
-                        .map(|t| percent_decode(t))
+                        .map(percent_decode)
                 })
         });
         let given = given.as_deref();
