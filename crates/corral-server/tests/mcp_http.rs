@@ -174,7 +174,7 @@ async fn each_session_gets_a_sandbox_released_when_the_session_is_deleted() {
         .as_array()
         .cloned()
         .unwrap_or_default();
-    assert_eq!(tools.len(), 9, "{list}");
+    assert_eq!(tools.len(), 10, "{list}");
     assert!(
         remaining(LABEL).is_empty(),
         "listing tools started a sandbox"
