@@ -154,7 +154,7 @@ impl AppState {
     }
 
     /// 503 once the service is shutting down: nothing new starts then.
-    fn refuse_when_closing(&self) -> Result<(), ApiError> {
+    pub(crate) fn refuse_when_closing(&self) -> Result<(), ApiError> {
         if self.inner.closing.load(Ordering::Acquire) {
             return Err(ApiError::shutting_down());
         }
@@ -203,7 +203,7 @@ impl AppState {
     }
 
     /// The live lease of sandbox `id`; a lost one is an error (410).
-    async fn lease(&self, caller: &Principal, id: &str) -> Result<Lease, ApiError> {
+    pub(crate) async fn lease(&self, caller: &Principal, id: &str) -> Result<Lease, ApiError> {
         match self.leased(caller, id).await? {
             Leased::Live(lease) => Ok(lease),
             Leased::Lost(f) => Err(ApiError::failure(&f)),
@@ -593,76 +593,93 @@ async fn create_sandbox(
     Caller(caller): Caller,
     JsonBody(req): JsonBody<CreateSandbox>,
 ) -> Result<(StatusCode, Json<SandboxInfo>), ApiError> {
-    s.refuse_when_closing()?;
-    let client_key = match &req.session {
-        Some(k) => {
-            check_name("session", k)?;
-            k.clone()
-        }
-        None => format!("sb-{}", corral::host::random_hex(16)),
-    };
-    // The caller's namespace: two tenants' `ep-1` are two sessions.
-    let key = caller.session_key(&client_key);
-    // Checked before anything else: a refused request is refused even for
-    // a key that already has a sandbox.
-    let (spec, profile, chosen_image) = spec_of(&s, &req)?;
-    let existing = s.sessions().get(&key).map(|m| m.owner.clone());
-    if let Some(owner) = existing {
-        if !caller.may_session(&owner) {
-            // Only the operator and tenant `default` share a namespace.
-            return Err(snapshots::conflict(
-                "session",
-                format!("session key '{client_key}' is taken by the operator"),
-            ));
-        }
-        if let Ok(lease) = s.lease(&caller, &client_key).await {
-            return Ok((StatusCode::OK, Json(s.info(&caller, &key, &lease))));
-        }
-    }
-    if let Some(field) = chosen_image {
-        check_image(&s, field, &spec.image).await?;
-    }
-    let reservation = s
-        .inner
-        .tenancy
-        .reserve(&caller, std::slice::from_ref(&key))
-        .map_err(|e| ApiError::quota(&e))?;
-    let provider = &s.inner.provider;
-    let lease = if req.persistent {
-        provider.acquire_persistent(&key, &spec).await
-    } else if let Some(pool) = profile.as_deref().filter(|p| {
-        // A pool hands out sandboxes of its own spec: a request that
-        // changes it (image, pristine) gets a sandbox of its own.
-        s.inner.config.provider.pools.get(*p).is_some_and(|pool| {
-            let mut own = pool_spec(pool);
-            if own.image.is_empty() {
-                own.image = s.inner.default_image.clone();
+    let (status, info) = s.create(&caller, &req).await?;
+    Ok((status, Json(info)))
+}
+
+impl AppState {
+    /// Creates a sandbox for `caller` (or returns the one its session key
+    /// already names, with 200): the one way every front end creates
+    /// sandboxes, through the client policy, the tenant's quota and the
+    /// provider.
+    pub(crate) async fn create(
+        &self,
+        caller: &Principal,
+        req: &CreateSandbox,
+    ) -> Result<(StatusCode, SandboxInfo), ApiError> {
+        let s = self;
+        let caller = caller.clone();
+        s.refuse_when_closing()?;
+        let client_key = match &req.session {
+            Some(k) => {
+                check_name("session", k)?;
+                k.clone()
             }
-            own == spec
-        })
-    }) {
-        provider.acquire(&key, pool).await
-    } else {
-        provider.acquire_spec(&key, &spec).await
-    }
-    .map_err(|e| {
-        let mut err = ApiError::runtime(&e, "spec");
-        if matches!(e, corral::Error::ImageNotFound { .. }) {
-            err.detail.field = Some("image".into());
+            None => format!("sb-{}", corral::host::random_hex(16)),
+        };
+        // The caller's namespace: two tenants' `ep-1` are two sessions.
+        let key = caller.session_key(&client_key);
+        // Checked before anything else: a refused request is refused even for
+        // a key that already has a sandbox.
+        let (spec, profile, chosen_image) = spec_of(s, req)?;
+        let existing = s.sessions().get(&key).map(|m| m.owner.clone());
+        if let Some(owner) = existing {
+            if !caller.may_session(&owner) {
+                // Only the operator and tenant `default` share a namespace.
+                return Err(snapshots::conflict(
+                    "session",
+                    format!("session key '{client_key}' is taken by the operator"),
+                ));
+            }
+            if let Ok(lease) = s.lease(&caller, &client_key).await {
+                return Ok((StatusCode::OK, s.info(&caller, &key, &lease)));
+            }
         }
-        err
-    })?;
-    reservation.commit();
-    s.sessions().insert(
-        key.clone(),
-        Meta {
-            owner: caller.clone(),
-            profile,
-            persistent: req.persistent,
-            lost: None,
-        },
-    );
-    Ok((StatusCode::CREATED, Json(s.info(&caller, &key, &lease))))
+        if let Some(field) = chosen_image {
+            check_image(s, field, &spec.image).await?;
+        }
+        let reservation = s
+            .inner
+            .tenancy
+            .reserve(&caller, std::slice::from_ref(&key))
+            .map_err(|e| ApiError::quota(&e))?;
+        let provider = &s.inner.provider;
+        let lease = if req.persistent {
+            provider.acquire_persistent(&key, &spec).await
+        } else if let Some(pool) = profile.as_deref().filter(|p| {
+            // A pool hands out sandboxes of its own spec: a request that
+            // changes it (image, pristine) gets a sandbox of its own.
+            s.inner.config.provider.pools.get(*p).is_some_and(|pool| {
+                let mut own = pool_spec(pool);
+                if own.image.is_empty() {
+                    own.image = s.inner.default_image.clone();
+                }
+                own == spec
+            })
+        }) {
+            provider.acquire(&key, pool).await
+        } else {
+            provider.acquire_spec(&key, &spec).await
+        }
+        .map_err(|e| {
+            let mut err = ApiError::runtime(&e, "spec");
+            if matches!(e, corral::Error::ImageNotFound { .. }) {
+                err.detail.field = Some("image".into());
+            }
+            err
+        })?;
+        reservation.commit();
+        s.sessions().insert(
+            key.clone(),
+            Meta {
+                owner: caller.clone(),
+                profile,
+                persistent: req.persistent,
+                lost: None,
+            },
+        );
+        Ok((StatusCode::CREATED, s.info(&caller, &key, &lease)))
+    }
 }
 
 /// List the service's sandboxes.
@@ -733,25 +750,35 @@ async fn delete_sandbox(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let key = caller.session_key(&id);
-    let meta = {
-        let mut sessions = s.sessions();
-        match sessions.get(&key) {
-            Some(m) if caller.may_session(&m.owner) => sessions.remove(&key),
-            _ => None,
-        }
-    };
-    let Some(meta) = meta else {
-        return Err(no_sandbox(&id));
-    };
-    s.inner.tenancy.forget(&key);
-    if let Err(e) = s.inner.provider.release_and_wait(&key).await {
-        // A lost sandbox may already be gone from the provider.
-        if meta.lost.is_none() {
-            return Err(ApiError::runtime(&e, ""));
-        }
-    }
+    s.release(&caller, &id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+impl AppState {
+    /// Releases sandbox `id` as `caller` names it (404 when it may not
+    /// see it): destroyed, unless persistent.
+    pub(crate) async fn release(&self, caller: &Principal, id: &str) -> Result<(), ApiError> {
+        let s = self;
+        let key = caller.session_key(id);
+        let meta = {
+            let mut sessions = s.sessions();
+            match sessions.get(&key) {
+                Some(m) if caller.may_session(&m.owner) => sessions.remove(&key),
+                _ => None,
+            }
+        };
+        let Some(meta) = meta else {
+            return Err(no_sandbox(id));
+        };
+        s.inner.tenancy.forget(&key);
+        if let Err(e) = s.inner.provider.release_and_wait(&key).await {
+            // A lost sandbox may already be gone from the provider.
+            if meta.lost.is_none() {
+                return Err(ApiError::runtime(&e, ""));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Return a sandbox to its state right after start: every process killed,

@@ -1,6 +1,6 @@
 //! A running sandbox: run commands through its agent, inspect it, tear it down.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -456,6 +456,7 @@ impl Sandbox {
             max_output: cmd.max_output,
             pid: None,
             done: false,
+            early: VecDeque::new(),
         })
     }
 
@@ -763,6 +764,9 @@ pub struct Execution {
     max_output: u64,
     pid: Option<u32>,
     done: bool,
+    /// Output read while waiting for the start ([`Execution::started`]),
+    /// handed out first by [`Execution::next_event`].
+    early: VecDeque<ExecEvent>,
 }
 
 /// A cloneable handle that feeds a running command's stdin and signals it,
@@ -925,6 +929,9 @@ impl Execution {
     /// stream and keep the command running (shell sessions). `Ended` carries
     /// the exit status and typed failure, without output (it was streamed).
     pub async fn next_event(&mut self) -> ExecEvent {
+        if let Some(event) = self.early.pop_front() {
+            return event;
+        }
         loop {
             let Some(frame) = self.rx.recv().await else {
                 self.done = true;
@@ -944,6 +951,31 @@ impl Execution {
                     }
                     output => output,
                 };
+            }
+        }
+    }
+
+    /// Waits until the agent reports the command running and returns its
+    /// pid; the outcome instead when it ended first (it could not start, or
+    /// its sandbox was lost). Output read meanwhile is kept for
+    /// [`Execution::next_event`].
+    pub async fn started(&mut self) -> Result<u32, Box<CommandResult>> {
+        loop {
+            if let Some(pid) = self.pid {
+                return Ok(pid);
+            }
+            let Some(frame) = self.rx.recv().await else {
+                self.done = true;
+                let failure = self.sandbox.stream_failure(&self.conn).await;
+                return Err(Box::new(CommandResult::failed(
+                    failure,
+                    self.started.elapsed(),
+                )));
+            };
+            match self.step(frame) {
+                None => {}
+                Some(ExecEvent::Ended(r)) => return Err(r),
+                Some(output) => self.early.push_back(output),
             }
         }
     }
