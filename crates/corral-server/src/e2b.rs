@@ -192,26 +192,30 @@ impl E2b {
             .get("x-access-token")
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
-        // Unknown id and wrong token answer alike: a token for one sandbox
-        // learns nothing about another.
-        let denied = || {
+        // As E2B's proxy answers: an unknown (or ended) sandbox "was not
+        // found" (the SDK then reports it not running); a known one with
+        // another token is refused. Ids are random: telling that one
+        // exists opens nothing.
+        let gone = || {
             RpcError::new(
-                Code::Unauthenticated,
-                format!("header X-Access-Token does not open sandbox '{id}'"),
+                Code::Unavailable,
+                format!("sandbox '{id}' was not found (killed, or its timeout passed)"),
             )
         };
-        let entry = self.entry(&id).ok_or_else(denied)?;
+        let entry = self.entry(&id).ok_or_else(gone)?;
         if given.is_empty() || !same_bytes(given.as_bytes(), entry.token.as_bytes()) {
-            return Err(denied());
+            return Err(RpcError::new(
+                Code::Unauthenticated,
+                format!("header X-Access-Token does not open sandbox '{id}'"),
+            ));
         }
         let lease = match self.app.lease(&entry.owner, &entry.id).await {
             Ok(l) => l,
-            Err(e) => {
-                if e.status == StatusCode::NOT_FOUND {
-                    self.forget(&entry.id);
-                }
-                return Err(RpcError::from(e));
+            Err(e) if e.status == StatusCode::NOT_FOUND => {
+                self.forget(&entry.id);
+                return Err(gone());
             }
+            Err(e) => return Err(RpcError::from(e)),
         };
         Ok(Envd { entry, lease })
     }
