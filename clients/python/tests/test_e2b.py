@@ -42,6 +42,12 @@ from conftest import IMAGE, LABELS, assert_no_leaks, corral_binary  # noqa: E402
 
 pytestmark = pytest.mark.server
 
+
+def e2b_version() -> str:
+    from importlib.metadata import version
+
+    return getattr(e2b, "__version__", None) or version("e2b")
+
 TOKEN = "tok-e2b-default-" + uuid.uuid4().hex
 OTHER_TOKEN = "tok-e2b-other-" + uuid.uuid4().hex
 RUN = uuid.uuid4().hex[:10]
@@ -134,6 +140,8 @@ def test_a_sandbox_ends_when_its_timeout_passes(e2b_server: Dict[str, str]) -> N
 
 
 def test_pause_is_a_typed_refusal_and_the_sandbox_keeps_running(sbx: Sandbox) -> None:
+    if not hasattr(sbx, "pause"):
+        pytest.skip(f"e2b {e2b_version()} has no pause")
     with pytest.raises(SandboxException, match="pause is not supported by corral"):
         sbx.pause()
     assert sbx.commands.run("echo still").stdout == "still\n"
@@ -201,10 +209,11 @@ def test_background_commands_stdin_list_connect_kill(sbx: Sandbox) -> None:
     sbx.commands.send_stdin(handle.pid, "abc\n")
     assert handle.wait().stdout == "got:abc\n"
 
-    cat = sbx.commands.run("cat", background=True, stdin=True)
-    sbx.commands.send_stdin(cat.pid, "one\n")
-    sbx.commands.close_stdin(cat.pid)
-    assert cat.wait().stdout == "one\n"
+    if hasattr(sbx.commands, "close_stdin"):
+        cat = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.send_stdin(cat.pid, "one\n")
+        sbx.commands.close_stdin(cat.pid)
+        assert cat.wait().stdout == "one\n"
 
     ticker = sbx.commands.run("echo started; sleep 600", background=True)
     seen: List[str] = []

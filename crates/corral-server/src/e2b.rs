@@ -94,6 +94,21 @@ impl E2b {
         self.registry().get(id).cloned()
     }
 
+    /// The sandbox whose access token is `token` (compared in constant
+    /// time with each).
+    fn by_token(&self, token: &str) -> Option<String> {
+        if token.is_empty() {
+            return None;
+        }
+        let mut found = None;
+        for e in self.registry().values() {
+            if same_bytes(token.as_bytes(), e.token.as_bytes()) {
+                found = Some(e.id.clone());
+            }
+        }
+        found
+    }
+
     /// Forgets `id` and stops its lifetime timer.
     fn forget(&self, id: &str) -> Option<Arc<Entry>> {
         let entry = self.registry().remove(id)?;
@@ -187,11 +202,20 @@ impl E2b {
     async fn envd(&self, headers: &HeaderMap) -> Result<Envd, RpcError> {
         check_origin(&self.app.config().server, headers)
             .map_err(|_| RpcError::new(Code::PermissionDenied, "header Origin is not allowed"))?;
-        let id = sandbox_id(headers)?;
         let given = headers
             .get("x-access-token")
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
+        // The access token alone names its sandbox: SDKs that connect to
+        // an existing sandbox without sending `E2b-Sandbox-Id` (2.7 to
+        // 2.9) are routed by it.
+        let id = match sandbox_id(headers) {
+            Ok(id) => id,
+            Err(e) => match self.by_token(given) {
+                Some(id) => id,
+                None => return Err(e),
+            },
+        };
         // As E2B's proxy answers: an unknown (or ended) sandbox "was not
         // found" (the SDK then reports it not running); a known one with
         // another token is refused. Ids are random: telling that one
