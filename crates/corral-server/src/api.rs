@@ -1330,7 +1330,13 @@ that is not the service's, are refused (403); JSON bodies must be sent as `appli
 field is a 403 naming it. The operator's ceilings (`server.limits`) bound what one request may ask \
 for (`max_output`, `timeout_ms`, stdin, `max_bytes`: above one is a 400 naming the field, its value \
 and the ceiling) and what all requests in flight hold together: past that budget a request is \
-refused before anything runs with 503 `overloaded` (retryable, `Retry-After`).",
+refused before anything runs with 503 `overloaded` (retryable, `Retry-After`). \
+The E2B-compatible API (for the `e2b` SDK: its control plane `/sandboxes`, `/v2/sandboxes` and \
+the in-sandbox `envd` protocol, Connect-RPC `process.Process` and `filesystem.Filesystem`, \
+`/files`, `/health`) is not part of this document: it is served on its own listener \
+(`server.e2b_listen`, `corral serve --e2b-listen`), its contract is E2B's (the `e2b` SDK, and \
+the `.proto` files under `spec/envd` of e2b-dev/E2B), and README's \"Using the e2b SDK\" says \
+what differs.",
     ),
     components(schemas(OutputChunk, ErrorDetail, FailureBody, ContainerStateBody)),
     tags(
