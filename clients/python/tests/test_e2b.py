@@ -16,6 +16,7 @@ import asyncio
 import base64
 import json
 import os
+import subprocess
 import sys
 import uuid
 from typing import Dict, Iterator, List
@@ -75,7 +76,7 @@ def e2b_server() -> Iterator[Dict[str, str]]:
     os.environ["E2B_API_KEY"] = TOKEN
     os.environ.pop("E2B_DOMAIN", None)
     try:
-        yield {"url": url}
+        yield {"url": url, "corral": server.url}
     finally:
         for k, v in saved.items():
             if v is None:
@@ -139,12 +140,38 @@ def test_a_sandbox_ends_when_its_timeout_passes(e2b_server: Dict[str, str]) -> N
         Sandbox.get_info(sandbox.sandbox_id)
 
 
-def test_pause_is_a_typed_refusal_and_the_sandbox_keeps_running(sbx: Sandbox) -> None:
+def _docker_state(server: Dict[str, str], sandbox_id: str) -> str:
+    # The E2B sandbox is a sandbox of corral's own API too (one runtime):
+    # its container is named there.
+    r = httpx.get(f"{server['corral']}/v1/sandboxes/{sandbox_id}", headers={"Authorization": f"Bearer {TOKEN}"})
+    r.raise_for_status()
+    out = subprocess.run(
+        ["docker", "inspect", "-f", "{{.State.Status}}", r.json()["container_id"]],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    return out
+
+
+def test_pause_freezes_with_memory_kept_and_connect_resumes(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
     if not hasattr(sbx, "pause"):
         pytest.skip(f"e2b {e2b_version()} has no pause")
-    with pytest.raises(SandboxException, match="pause is not supported by corral"):
-        sbx.pause()
-    assert sbx.commands.run("echo still").stdout == "still\n"
+    # A process holding a value only in its memory.
+    keeper = sbx.commands.run("read v; sleep 600; echo never", background=True, stdin=True)
+    sbx.commands.send_stdin(keeper.pid, "kept\n")
+    sbx.files.write("/keeper.pid", str(keeper.pid))
+    sbx.pause()
+    assert _docker_state(e2b_server, sbx.sandbox_id) == "paused"
+    assert Sandbox.get_info(sbx.sandbox_id).state == e2b.SandboxState.PAUSED
+    assert not sbx.is_running()
+    with pytest.raises(SandboxException, match="paused"):
+        sbx.files.read("/keeper.pid")
+    assert sbx.pause() is False  # already paused: E2B's 409
+    resumed = Sandbox.connect(sbx.sandbox_id)
+    assert _docker_state(e2b_server, sbx.sandbox_id) == "running"
+    assert resumed.get_info().state == e2b.SandboxState.RUNNING
+    # The same process, alive: its memory was kept.
+    assert keeper.pid in [p.pid for p in resumed.commands.list()]
+    assert resumed.commands.run(f"kill -0 {keeper.pid} && echo alive").stdout == "alive\n"
 
 
 def test_templates_go_through_the_image_policy(e2b_server: Dict[str, str]) -> None:

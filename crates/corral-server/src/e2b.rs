@@ -25,7 +25,9 @@
 //! E2B's own semantics live here only: a sandbox's `timeout` is its
 //! lifetime (a timer releases it), a command's `timeout` kills it, a
 //! non-zero exit is an `end` event the SDK turns into
-//! `CommandExitException`.
+//! `CommandExitException`; `pause` freezes the sandbox with its memory
+//! ([`corral::Sandbox::pause`]: Docker's cgroup freezer; a typed 501 where
+//! the engine cannot) and stops its timer until `resume` or `connect`.
 
 mod connect;
 mod control;
@@ -74,6 +76,14 @@ struct Entry {
     end: Mutex<(SystemTime, Option<tokio::task::AbortHandle>)>,
     /// Processes started through `process.Process`, by pid.
     procs: process::Table,
+    /// Frozen by `pause` (its lifetime timer stopped) until resumed.
+    paused: std::sync::atomic::AtomicBool,
+}
+
+impl Entry {
+    fn is_paused(&self) -> bool {
+        self.paused.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 impl E2b {
@@ -107,6 +117,13 @@ impl E2b {
             }
         }
         found
+    }
+
+    /// Stops the lifetime timer of `entry` (while it is paused).
+    fn disarm_timer(&self, entry: &Entry) {
+        if let Some(timer) = lock(&entry.end).1.take() {
+            timer.abort();
+        }
     }
 
     /// Forgets `id` and stops its lifetime timer.
@@ -227,6 +244,12 @@ impl E2b {
             )
         };
         let entry = self.entry(&id).ok_or_else(gone)?;
+        if entry.is_paused() {
+            return Err(RpcError::new(
+                Code::Unavailable,
+                format!("sandbox '{id}' is paused: connect to it (Sandbox.connect) to resume it"),
+            ));
+        }
         if given.is_empty() || !same_bytes(given.as_bytes(), entry.token.as_bytes()) {
             return Err(RpcError::new(
                 Code::Unauthenticated,

@@ -369,6 +369,30 @@ impl Sandbox {
         Ok(took)
     }
 
+    /// Freezes every process of the sandbox, its memory kept, until
+    /// [`Sandbox::resume`]; commands sent meanwhile wait. `Unsupported`
+    /// where the engine cannot (Kubernetes).
+    pub async fn pause(&self) -> Result<(), Error> {
+        let placement = self.placement();
+        self.inner
+            .runtime
+            .inner
+            .backend
+            .freeze(&placement, true)
+            .await
+    }
+
+    /// Thaws a sandbox [`Sandbox::pause`] froze.
+    pub async fn resume(&self) -> Result<(), Error> {
+        let placement = self.placement();
+        self.inner
+            .runtime
+            .inner
+            .backend
+            .freeze(&placement, false)
+            .await
+    }
+
     /// Starts a command and returns a handle to feed it and wait for it. With
     /// `cmd.stdin` set, the command gets a stdin pipe the caller feeds through
     /// the handle (the bytes in `cmd.stdin` are not sent by this call).

@@ -215,6 +215,7 @@ async fn create(State(e2b): State<E2b>, headers: HeaderMap, bytes: axum::body::B
         started_at: now,
         end: Mutex::new((now + life, None)),
         procs: Default::default(),
+        paused: Default::default(),
     });
     e2b.registry().insert(id.clone(), entry.clone());
     e2b.arm_timer(&entry, now + life);
@@ -246,7 +247,7 @@ fn detail_json(e: &Entry, lease: &corral::Lease, with_token: bool) -> Value {
         "cpuCount": limits.cpus.map_or(0, |c| c.ceil() as u64),
         "memoryMB": limits.memory.map_or(0, |m| m >> 20),
         "diskSizeMB": limits.disk.map_or(0, |d| d >> 20),
-        "state": "running",
+        "state": if e.is_paused() { "paused" } else { "running" },
         "envdVersion": ENVD_VERSION,
         "metadata": e.metadata,
     });
@@ -313,18 +314,17 @@ async fn list(
                 .collect()
         })
         .unwrap_or_default();
-    // Only running sandboxes exist here: asking for paused ones alone
-    // lists none.
-    if let Some(states) = &q.state {
-        if !states.split(',').any(|s| s.trim() == "running") {
-            return Json(Vec::<Value>::new()).into_response();
-        }
-    }
+    let states: Vec<&str> = q
+        .state
+        .as_deref()
+        .map(|s| s.split(',').map(str::trim).collect())
+        .unwrap_or_else(|| vec!["running", "paused"]);
     let entries: Vec<Arc<Entry>> = e2b
         .registry()
         .values()
         .filter(|e| caller.may_session(&e.owner))
         .filter(|e| wanted.iter().all(|(k, v)| e.metadata.get(k) == Some(v)))
+        .filter(|e| states.contains(&if e.is_paused() { "paused" } else { "running" }))
         .cloned()
         .collect();
     let mut out = Vec::new();
@@ -356,6 +356,12 @@ async fn kill(State(e2b): State<E2b>, headers: HeaderMap, Path(id): Path<String>
         return not_found(&id);
     };
     e2b.forget(&id);
+    if entry.is_paused() {
+        // A frozen sandbox is thawed so that its removal runs as any other.
+        if let Ok(lease) = e2b.app.lease(&entry.owner, &id).await {
+            let _ = lease.resume().await;
+        }
+    }
     match e2b.app.release(&entry.owner, &id).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) if e.status == StatusCode::NOT_FOUND => not_found(&id),
@@ -414,10 +420,14 @@ async fn connect(
         Ok(r) => r,
         Err(r) => return r,
     };
-    let (entry, _) = match visible(&e2b, &caller, &id).await {
+    let (entry, lease) = match visible(&e2b, &caller, &id).await {
         Ok(v) => v,
         Err(r) => return r,
     };
+    if entry.is_paused() {
+        // E2B's connect resumes a paused sandbox.
+        return resume_entry(&e2b, &entry, &lease, req.timeout, StatusCode::CREATED).await;
+    }
     if req.timeout.is_some() {
         let life = match lifetime("timeout", req.timeout) {
             Ok(d) => d,
@@ -432,31 +442,84 @@ async fn connect(
 }
 
 async fn pause(State(e2b): State<E2b>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    unsupported_pause(&e2b, &headers, &id, "pause").await
-}
-
-async fn resume(State(e2b): State<E2b>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    unsupported_pause(&e2b, &headers, &id, "resume").await
-}
-
-/// Pause and resume need the engine to freeze a sandbox with its memory:
-/// not offered by corral's backends yet, so a typed refusal (501) after
-/// the same ownership check as every call.
-async fn unsupported_pause(e2b: &E2b, headers: &HeaderMap, id: &str, verb: &str) -> Response {
-    let caller = match caller(e2b, headers) {
+    let caller = match caller(&e2b, &headers) {
         Ok(p) => p,
         Err(r) => return r,
     };
-    if let Err(r) = visible(e2b, &caller, id).await {
-        return r;
+    let (entry, lease) = match visible(&e2b, &caller, &id).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    if entry.is_paused() {
+        return error(
+            StatusCode::CONFLICT,
+            format!("sandbox '{id}' is already paused"),
+        );
     }
-    error(
-        StatusCode::NOT_IMPLEMENTED,
-        format!(
-            "{verb} is not supported by corral: its backends cannot freeze a sandbox and keep its \
-             memory; the sandbox '{id}' keeps running"
+    match lease.pause().await {
+        Ok(()) => {
+            entry
+                .paused
+                .store(true, std::sync::atomic::Ordering::Release);
+            e2b.disarm_timer(&entry);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(corral::Error::Unsupported { what }) => error(
+            StatusCode::NOT_IMPLEMENTED,
+            format!("pause is not supported here: {what}; the sandbox '{id}' keeps running"),
         ),
-    )
+        Err(e) => api_error(ApiError::runtime(&e, "")),
+    }
+}
+
+async fn resume(
+    State(e2b): State<E2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    bytes: axum::body::Bytes,
+) -> Response {
+    let caller = match caller(&e2b, &headers) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let req: TimeoutBody = match body(&bytes) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let (entry, lease) = match visible(&e2b, &caller, &id).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    if !entry.is_paused() {
+        return error(
+            StatusCode::CONFLICT,
+            format!("sandbox '{id}' is not paused"),
+        );
+    }
+    resume_entry(&e2b, &entry, &lease, req.timeout, StatusCode::CREATED).await
+}
+
+/// Thaws a paused sandbox and starts its lifetime again (`timeout`, else
+/// E2B's default).
+async fn resume_entry(
+    e2b: &E2b,
+    entry: &Arc<Entry>,
+    lease: &corral::Lease,
+    timeout: Option<u64>,
+    status: StatusCode,
+) -> Response {
+    let life = match lifetime("timeout", timeout) {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    if let Err(e) = lease.resume().await {
+        return api_error(ApiError::runtime(&e, ""));
+    }
+    entry
+        .paused
+        .store(false, std::sync::atomic::Ordering::Release);
+    e2b.arm_timer(entry, SystemTime::now() + life);
+    (status, Json(sandbox_json(entry))).into_response()
 }
 
 /// One percent-decoding of `s` (as it was before `urllib.parse.quote`).
