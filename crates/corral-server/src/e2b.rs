@@ -53,6 +53,9 @@ use connect::{Code, RpcError};
 /// 0.6.2, so no file metadata).
 pub const ENVD_VERSION: &str = "0.5.7";
 
+/// envd's port, as the SDK names it in `E2b-Sandbox-Port`.
+const ENVD_PORT: &str = "49983";
+
 /// The state of the E2B front end; cheap to clone.
 #[derive(Clone)]
 pub struct E2b {
@@ -219,6 +222,16 @@ impl E2b {
     async fn envd(&self, headers: &HeaderMap) -> Result<Envd, RpcError> {
         check_origin(&self.app.config().server, headers)
             .map_err(|_| RpcError::new(Code::PermissionDenied, "header Origin is not allowed"))?;
+        if let Some(port) = headers.get("e2b-sandbox-port") {
+            let port = port.to_str().unwrap_or("");
+            if port.trim() != ENVD_PORT {
+                return Err(RpcError::unimplemented(
+                    &format!("header E2b-Sandbox-Port '{port}'"),
+                    "this listener serves envd (port 49983) only; reach a server inside a \
+                     sandbox through corral's port links (GET /v1/sandboxes/{id}/ports/{port})",
+                ));
+            }
+        }
         let given = headers
             .get("x-access-token")
             .and_then(|v| v.to_str().ok())
