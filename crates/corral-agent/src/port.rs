@@ -103,7 +103,9 @@ mod tests {
     fn ports_are_numbers_from_1() {
         assert_eq!(parse(&["8080".into()]), Ok(8080));
         assert!(parse(&["0".into()]).is_err());
-        assert!(parse(&["http".into()]).unwrap_err().contains("'http'"));
+        assert!(parse(&["http".into()])
+            .expect_err("should fail")
+            .contains("'http'"));
         assert!(parse(&[]).is_err());
         assert!(parse(&["1".into(), "2".into()]).is_err());
     }

@@ -1486,6 +1486,20 @@ persistence_root: /srv/corral
     }
 
     #[test]
+    fn a_bad_e2b_listen_is_named_with_its_value() {
+        let mut c = Config::default();
+        c.server.e2b_listen = Some("localhost:99999".into());
+        let e = c.validate(&FakeHost).expect_err("refused");
+        let text = e.to_string();
+        assert!(
+            text.contains("server.e2b_listen") && text.contains("localhost:99999"),
+            "{text}"
+        );
+        c.server.e2b_listen = Some("127.0.0.1:0".into());
+        c.validate(&FakeHost).expect("a free port is fine");
+    }
+
+    #[test]
     fn unknown_keys_are_rejected_by_name() {
         let e = parse_err("daemon:\n  start_limt: 3\n");
         assert_eq!(e.path(), "daemon.start_limt");

@@ -47,6 +47,7 @@ use corral_core::principal::{Principal, DEFAULT_TENANT};
 
 use crate::api::AppState;
 use connect::{Code, RpcError};
+use control::E2bError;
 
 /// The `envd` version the service reports: the SDK picks its wire format by
 /// it (0.5.7: stdin on demand, `CloseStdin`, octet-stream uploads; below
@@ -167,7 +168,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The principal an `X-API-KEY` stands for: the same tokens, and the same
 /// answer, as the bearer guard of the main listener.
-fn principal_of_key(server: &ServerConfig, headers: &HeaderMap) -> Result<Principal, Response> {
+fn principal_of_key(server: &ServerConfig, headers: &HeaderMap) -> Result<Principal, E2bError> {
     if server.auth == AuthMode::None {
         return Ok(Principal::Tenant(DEFAULT_TENANT.to_string()));
     }
@@ -192,7 +193,7 @@ fn principal_of_key(server: &ServerConfig, headers: &HeaderMap) -> Result<Princi
 
 /// A browser page may not drive this listener: any `Origin` not in
 /// `server.allowed_origins` is refused, as on the main listener.
-fn check_origin(server: &ServerConfig, headers: &HeaderMap) -> Result<(), Response> {
+fn check_origin(server: &ServerConfig, headers: &HeaderMap) -> Result<(), E2bError> {
     let Some(origin) = headers.get("origin") else {
         return Ok(());
     };

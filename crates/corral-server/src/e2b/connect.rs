@@ -362,7 +362,7 @@ mod tests {
 
     fn headers(ct: &str) -> HeaderMap {
         let mut h = HeaderMap::new();
-        h.insert(header::CONTENT_TYPE, ct.parse().unwrap());
+        h.insert(header::CONTENT_TYPE, ct.parse().expect("should work"));
         h
     }
 
@@ -372,7 +372,7 @@ mod tests {
         body.extend_from_slice(&envelope(0, br#"{"b":2}"#));
         body.extend_from_slice(&envelope(END_STREAM, b"{}"));
         body.extend_from_slice(&envelope(0, b"ignored"));
-        let got = envelopes(&headers("application/connect+json"), &body).unwrap();
+        let got = envelopes(&headers("application/connect+json"), &body).expect("should work");
         assert_eq!(
             got,
             vec![Bytes::from(r#"{"a":1}"#), Bytes::from(r#"{"b":2}"#)]
@@ -382,13 +382,13 @@ mod tests {
     #[test]
     fn bad_envelopes_are_named() {
         let h = headers("application/connect+json");
-        let e = envelopes(&h, &[0, 0, 0]).unwrap_err();
+        let e = envelopes(&h, &[0, 0, 0]).expect_err("should fail");
         assert!(e.message.contains("truncated envelope"), "{}", e.message);
-        let e = envelopes(&h, &[0, 0, 0, 0, 9, b'{']).unwrap_err();
+        let e = envelopes(&h, &[0, 0, 0, 0, 9, b'{']).expect_err("should fail");
         assert!(e.message.contains("announces 9 bytes"), "{}", e.message);
-        let e = envelopes(&h, &envelope(COMPRESSED, b"x")).unwrap_err();
+        let e = envelopes(&h, &envelope(COMPRESSED, b"x")).expect_err("should fail");
         assert_eq!(e.code, Code::Unimplemented);
-        let e = envelopes(&headers("application/connect+proto"), &[]).unwrap_err();
+        let e = envelopes(&headers("application/connect+proto"), &[]).expect_err("should fail");
         assert!(e
             .message
             .contains("Content-Type 'application/connect+proto'"));
@@ -401,22 +401,26 @@ mod tests {
         struct M {
             path: String,
         }
-        let e = unary_request::<M>(&headers("application/json"), br#"{"path": 3}"#).unwrap_err();
+        let e = unary_request::<M>(&headers("application/json"), br#"{"path": 3}"#)
+            .expect_err("should fail");
         assert_eq!(e.code, Code::InvalidArgument);
         assert!(e.message.starts_with("path:"), "{}", e.message);
-        let e = unary_request::<M>(&headers("application/proto"), b"").unwrap_err();
+        let e = unary_request::<M>(&headers("application/proto"), b"").expect_err("should fail");
         assert_eq!(e.code, Code::Unimplemented);
     }
 
     #[test]
     fn timeouts_are_read_or_refused_by_name() {
         let mut h = HeaderMap::new();
-        assert_eq!(timeout(&h).unwrap(), None);
-        h.insert("connect-timeout-ms", "1500".parse().unwrap());
-        assert_eq!(timeout(&h).unwrap(), Some(Duration::from_millis(1500)));
-        h.insert("connect-timeout-ms", "soon".parse().unwrap());
+        assert_eq!(timeout(&h).expect("should work"), None);
+        h.insert("connect-timeout-ms", "1500".parse().expect("should work"));
+        assert_eq!(
+            timeout(&h).expect("should work"),
+            Some(Duration::from_millis(1500))
+        );
+        h.insert("connect-timeout-ms", "soon".parse().expect("should work"));
         assert!(timeout(&h)
-            .unwrap_err()
+            .expect_err("should fail")
             .message
             .contains("Connect-Timeout-Ms"));
     }

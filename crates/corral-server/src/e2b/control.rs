@@ -45,43 +45,64 @@ pub(super) fn routes() -> axum::Router<E2b> {
         .route("/sandboxes/{id}/resume", post(resume))
 }
 
-/// An E2B API error.
-pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    let message = message.into();
-    (
-        status,
-        Json(json!({"code": status.as_u16(), "message": message})),
-    )
-        .into_response()
+/// An E2B API error: `{"code": STATUS, "message": ...}`.
+#[derive(Debug)]
+pub(super) struct E2bError {
+    status: StatusCode,
+    message: String,
+    retry_after: Option<u64>,
 }
 
-fn api_error(e: ApiError) -> Response {
+impl IntoResponse for E2bError {
+    fn into_response(self) -> Response {
+        let mut r = (
+            self.status,
+            Json(json!({"code": self.status.as_u16(), "message": self.message})),
+        )
+            .into_response();
+        if let Some(secs) = self.retry_after {
+            if let Ok(v) = secs.to_string().parse() {
+                r.headers_mut().insert("retry-after", v);
+            }
+        }
+        r
+    }
+}
+
+/// An E2B API error of `status`.
+pub(super) fn error(status: StatusCode, message: impl Into<String>) -> E2bError {
+    E2bError {
+        status,
+        message: message.into(),
+        retry_after: None,
+    }
+}
+
+fn api_error(e: ApiError) -> E2bError {
     let message = match &e.detail.field {
         Some(f) if !e.detail.message.contains(f.as_str()) => format!("{f}: {}", e.detail.message),
         _ => e.detail.message.clone(),
     };
-    let mut r = error(e.status, message);
-    if let Some(secs) = e.retry_after {
-        if let Ok(v) = secs.to_string().parse() {
-            r.headers_mut().insert("retry-after", v);
-        }
+    E2bError {
+        status: e.status,
+        message,
+        retry_after: e.retry_after,
     }
-    r
 }
 
-fn not_found(id: &str) -> Response {
+fn not_found(id: &str) -> E2bError {
     error(StatusCode::NOT_FOUND, format!("sandbox '{id}' not found"))
 }
 
 /// The caller of a control-plane request.
-fn caller(e2b: &E2b, headers: &HeaderMap) -> Result<Principal, Response> {
+fn caller(e2b: &E2b, headers: &HeaderMap) -> Result<Principal, E2bError> {
     let server = &e2b.app.config().server;
     check_origin(server, headers)?;
     principal_of_key(server, headers)
 }
 
 /// A JSON body, naming the field at fault; an empty body is `{}`.
-fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Response> {
+fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, E2bError> {
     let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
         b"{}"
     } else {
@@ -118,7 +139,7 @@ struct NewSandbox {
     volume_mounts: Vec<Value>,
 }
 
-fn lifetime(field: &str, timeout: Option<u64>) -> Result<Duration, Response> {
+fn lifetime(field: &str, timeout: Option<u64>) -> Result<Duration, E2bError> {
     match timeout.unwrap_or(DEFAULT_TIMEOUT_S) {
         0 => Err(error(
             StatusCode::BAD_REQUEST,
@@ -132,7 +153,7 @@ fn lifetime(field: &str, timeout: Option<u64>) -> Result<Duration, Response> {
     }
 }
 
-fn refuse_unsupported(req: &NewSandbox) -> Result<(), Response> {
+fn refuse_unsupported(req: &NewSandbox) -> Result<(), E2bError> {
     let refuse = |field: &str, why: &str| {
         Err(error(
             StatusCode::BAD_REQUEST,
@@ -164,24 +185,17 @@ fn refuse_unsupported(req: &NewSandbox) -> Result<(), Response> {
     Ok(())
 }
 
-async fn create(State(e2b): State<E2b>, headers: HeaderMap, bytes: axum::body::Bytes) -> Response {
-    let owner = match caller(&e2b, &headers) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let req: NewSandbox = match body(&bytes) {
-        Ok(r) => r,
-        Err(r) => return r,
-    };
-    if let Err(r) = refuse_unsupported(&req) {
-        return r;
-    }
-    let life = match lifetime("timeout", req.timeout) {
-        Ok(d) => d,
-        Err(r) => return r,
-    };
+async fn create(
+    State(e2b): State<E2b>,
+    headers: HeaderMap,
+    bytes: axum::body::Bytes,
+) -> Result<Response, E2bError> {
+    let owner = caller(&e2b, &headers)?;
+    let req: NewSandbox = body(&bytes)?;
+    refuse_unsupported(&req)?;
+    let life = lifetime("timeout", req.timeout)?;
     if req.template_id.trim().is_empty() {
-        return error(StatusCode::BAD_REQUEST, "templateID '' is empty");
+        return Err(error(StatusCode::BAD_REQUEST, "templateID '' is empty"));
     }
     let id = format!("i{}", corral::host::random_hex(20));
     let create = CreateSandbox {
@@ -197,7 +211,7 @@ async fn create(State(e2b): State<E2b>, headers: HeaderMap, bytes: axum::body::B
                 e.detail.field = Some("templateID".into());
                 e.detail.message = e.detail.message.replace("image '", "templateID '");
             }
-            return api_error(e);
+            return Err(api_error(e));
         }
     };
     let now = SystemTime::now();
@@ -219,7 +233,7 @@ async fn create(State(e2b): State<E2b>, headers: HeaderMap, bytes: axum::body::B
     });
     e2b.registry().insert(id.clone(), entry.clone());
     e2b.arm_timer(&entry, now + life);
-    (StatusCode::CREATED, Json(sandbox_json(&entry))).into_response()
+    Ok((StatusCode::CREATED, Json(sandbox_json(&entry))).into_response())
 }
 
 /// E2B's `Sandbox`: what create and connect answer.
@@ -264,7 +278,7 @@ async fn visible(
     e2b: &E2b,
     caller: &Principal,
     id: &str,
-) -> Result<(Arc<Entry>, corral::Lease), Response> {
+) -> Result<(Arc<Entry>, corral::Lease), E2bError> {
     let Some(entry) = e2b.entry(id) else {
         return Err(not_found(id));
     };
@@ -292,14 +306,16 @@ async fn list(
     State(e2b): State<E2b>,
     headers: HeaderMap,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
-) -> Response {
-    let caller = match caller(&e2b, &headers) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
+) -> Result<Response, E2bError> {
+    let caller = caller(&e2b, &headers)?;
     let Query(q) = match query {
         Ok(q) => q,
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("query: {}", e.body_text())),
+        Err(e) => {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                format!("query: {}", e.body_text()),
+            ))
+        }
     };
     let wanted: Vec<(String, String)> = q
         .metadata
@@ -333,27 +349,29 @@ async fn list(
             out.push(detail_json(&entry, &lease, false));
         }
     }
-    Json(out).into_response()
+    Ok(Json(out).into_response())
 }
 
-async fn detail(State(e2b): State<E2b>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let caller = match caller(&e2b, &headers) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
+async fn detail(
+    State(e2b): State<E2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, E2bError> {
+    let caller = caller(&e2b, &headers)?;
     match visible(&e2b, &caller, &id).await {
-        Ok((entry, lease)) => Json(detail_json(&entry, &lease, true)).into_response(),
-        Err(r) => r,
+        Ok((entry, lease)) => Ok(Json(detail_json(&entry, &lease, true)).into_response()),
+        Err(r) => Err(r),
     }
 }
 
-async fn kill(State(e2b): State<E2b>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let caller = match caller(&e2b, &headers) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
+async fn kill(
+    State(e2b): State<E2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, E2bError> {
+    let caller = caller(&e2b, &headers)?;
     let Some(entry) = e2b.entry(&id).filter(|e| caller.may_session(&e.owner)) else {
-        return not_found(&id);
+        return Err(not_found(&id));
     };
     e2b.forget(&id);
     if entry.is_paused() {
@@ -363,9 +381,9 @@ async fn kill(State(e2b): State<E2b>, headers: HeaderMap, Path(id): Path<String>
         }
     }
     match e2b.app.release(&entry.owner, &id).await {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) if e.status == StatusCode::NOT_FOUND => not_found(&id),
-        Err(e) => api_error(e),
+        Ok(()) => Ok(StatusCode::NO_CONTENT.into_response()),
+        Err(e) if e.status == StatusCode::NOT_FOUND => Err(not_found(&id)),
+        Err(e) => Err(api_error(e)),
     }
 }
 
@@ -379,28 +397,22 @@ async fn set_timeout(
     headers: HeaderMap,
     Path(id): Path<String>,
     bytes: axum::body::Bytes,
-) -> Response {
-    let caller = match caller(&e2b, &headers) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let req: TimeoutBody = match body(&bytes) {
-        Ok(r) => r,
-        Err(r) => return r,
-    };
+) -> Result<Response, E2bError> {
+    let caller = caller(&e2b, &headers)?;
+    let req: TimeoutBody = body(&bytes)?;
     if req.timeout.is_none() {
-        return error(StatusCode::BAD_REQUEST, "timeout is required (seconds)");
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "timeout is required (seconds)",
+        ));
     }
-    let life = match lifetime("timeout", req.timeout) {
-        Ok(d) => d,
-        Err(r) => return r,
-    };
+    let life = lifetime("timeout", req.timeout)?;
     match visible(&e2b, &caller, &id).await {
         Ok((entry, _)) => {
             e2b.arm_timer(&entry, SystemTime::now() + life);
-            StatusCode::NO_CONTENT.into_response()
+            Ok(StatusCode::NO_CONTENT.into_response())
         }
-        Err(r) => r,
+        Err(r) => Err(r),
     }
 }
 
@@ -411,50 +423,36 @@ async fn connect(
     headers: HeaderMap,
     Path(id): Path<String>,
     bytes: axum::body::Bytes,
-) -> Response {
-    let caller = match caller(&e2b, &headers) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let req: TimeoutBody = match body(&bytes) {
-        Ok(r) => r,
-        Err(r) => return r,
-    };
-    let (entry, lease) = match visible(&e2b, &caller, &id).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+) -> Result<Response, E2bError> {
+    let caller = caller(&e2b, &headers)?;
+    let req: TimeoutBody = body(&bytes)?;
+    let (entry, lease) = visible(&e2b, &caller, &id).await?;
     if entry.is_paused() {
         // E2B's connect resumes a paused sandbox.
         return resume_entry(&e2b, &entry, &lease, req.timeout, StatusCode::CREATED).await;
     }
     if req.timeout.is_some() {
-        let life = match lifetime("timeout", req.timeout) {
-            Ok(d) => d,
-            Err(r) => return r,
-        };
+        let life = lifetime("timeout", req.timeout)?;
         let wanted = SystemTime::now() + life;
         if wanted > lock(&entry.end).0 {
             e2b.arm_timer(&entry, wanted);
         }
     }
-    (StatusCode::OK, Json(sandbox_json(&entry))).into_response()
+    Ok((StatusCode::OK, Json(sandbox_json(&entry))).into_response())
 }
 
-async fn pause(State(e2b): State<E2b>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let caller = match caller(&e2b, &headers) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let (entry, lease) = match visible(&e2b, &caller, &id).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+async fn pause(
+    State(e2b): State<E2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, E2bError> {
+    let caller = caller(&e2b, &headers)?;
+    let (entry, lease) = visible(&e2b, &caller, &id).await?;
     if entry.is_paused() {
-        return error(
+        return Err(error(
             StatusCode::CONFLICT,
             format!("sandbox '{id}' is already paused"),
-        );
+        ));
     }
     match lease.pause().await {
         Ok(()) => {
@@ -462,13 +460,13 @@ async fn pause(State(e2b): State<E2b>, headers: HeaderMap, Path(id): Path<String
                 .paused
                 .store(true, std::sync::atomic::Ordering::Release);
             e2b.disarm_timer(&entry);
-            StatusCode::NO_CONTENT.into_response()
+            Ok(StatusCode::NO_CONTENT.into_response())
         }
-        Err(corral::Error::Unsupported { what }) => error(
+        Err(corral::Error::Unsupported { what }) => Err(error(
             StatusCode::NOT_IMPLEMENTED,
             format!("pause is not supported here: {what}; the sandbox '{id}' keeps running"),
-        ),
-        Err(e) => api_error(ApiError::runtime(&e, "")),
+        )),
+        Err(e) => Err(api_error(ApiError::runtime(&e, ""))),
     }
 }
 
@@ -477,24 +475,15 @@ async fn resume(
     headers: HeaderMap,
     Path(id): Path<String>,
     bytes: axum::body::Bytes,
-) -> Response {
-    let caller = match caller(&e2b, &headers) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let req: TimeoutBody = match body(&bytes) {
-        Ok(r) => r,
-        Err(r) => return r,
-    };
-    let (entry, lease) = match visible(&e2b, &caller, &id).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+) -> Result<Response, E2bError> {
+    let caller = caller(&e2b, &headers)?;
+    let req: TimeoutBody = body(&bytes)?;
+    let (entry, lease) = visible(&e2b, &caller, &id).await?;
     if !entry.is_paused() {
-        return error(
+        return Err(error(
             StatusCode::CONFLICT,
             format!("sandbox '{id}' is not paused"),
-        );
+        ));
     }
     resume_entry(&e2b, &entry, &lease, req.timeout, StatusCode::CREATED).await
 }
@@ -507,19 +496,16 @@ async fn resume_entry(
     lease: &corral::Lease,
     timeout: Option<u64>,
     status: StatusCode,
-) -> Response {
-    let life = match lifetime("timeout", timeout) {
-        Ok(d) => d,
-        Err(r) => return r,
-    };
+) -> Result<Response, E2bError> {
+    let life = lifetime("timeout", timeout)?;
     if let Err(e) = lease.resume().await {
-        return api_error(ApiError::runtime(&e, ""));
+        return Err(api_error(ApiError::runtime(&e, "")));
     }
     entry
         .paused
         .store(false, std::sync::atomic::Ordering::Release);
     e2b.arm_timer(entry, SystemTime::now() + life);
-    (status, Json(sandbox_json(entry))).into_response()
+    Ok((status, Json(sandbox_json(entry))).into_response())
 }
 
 /// One percent-decoding of `s` (as it was before `urllib.parse.quote`).
@@ -568,7 +554,10 @@ mod tests {
 
     #[test]
     fn lifetimes_are_checked_by_name() {
-        assert_eq!(lifetime("timeout", None).unwrap(), Duration::from_secs(300));
+        assert_eq!(
+            lifetime("timeout", None).expect("should work"),
+            Duration::from_secs(300)
+        );
         assert!(lifetime("timeout", Some(0)).is_err());
         assert!(lifetime("timeout", Some(MAX_TIMEOUT_S + 1)).is_err());
     }

@@ -359,7 +359,7 @@ fn http_error(e: RpcError) -> Response {
         Code::Unavailable => StatusCode::BAD_GATEWAY,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
-    error(status, e.message)
+    error(status, e.message).into_response()
 }
 
 #[derive(Deserialize)]
@@ -514,7 +514,7 @@ async fn write_files(
 async fn health(State(e2b): State<E2b>, headers: HeaderMap) -> Response {
     match e2b.envd(&headers).await {
         Ok(Envd { lease, .. }) if lease.looks_alive() => StatusCode::NO_CONTENT.into_response(),
-        Ok(_) => error(StatusCode::BAD_GATEWAY, "the sandbox is not running"),
+        Ok(_) => error(StatusCode::BAD_GATEWAY, "the sandbox is not running").into_response(),
         Err(e) => http_error(e),
     }
 }

@@ -492,10 +492,7 @@ async fn stream_input(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes) -
     }
     .await;
     // A client stream's answer is enveloped like a server stream's.
-    let end = match r {
-        Ok(()) => None,
-        Err(e) => Some(e),
-    };
+    let end = r.err();
     let ok = end.is_none();
     let (tx, response) = connect::server_stream();
     if ok {
@@ -577,7 +574,7 @@ mod tests {
             exit_code: Some(0),
             ..CommandResult::default()
         };
-        let v = end_of(&ok).unwrap();
+        let v = end_of(&ok).expect("should work");
         assert_eq!(v["event"]["end"]["exitCode"], 0);
         assert_eq!(v["event"]["end"]["status"], "exit status 0");
         assert!(v["event"]["end"].get("error").is_none());
@@ -585,32 +582,38 @@ mod tests {
             signal: Some(9),
             ..CommandResult::default()
         };
-        let v = end_of(&killed).unwrap();
+        let v = end_of(&killed).expect("should work");
         assert_eq!(v["event"]["end"]["exitCode"], -1);
         assert_eq!(v["event"]["end"]["status"], "signal: killed");
         let timed_out = CommandResult::failed(
             Failure::new(FailureKind::Timeout, "timed out"),
             Duration::ZERO,
         );
-        assert_eq!(end_of(&timed_out).unwrap_err().code, Code::DeadlineExceeded);
+        assert_eq!(
+            end_of(&timed_out).expect_err("should fail").code,
+            Code::DeadlineExceeded
+        );
     }
 
     #[test]
     fn signals_are_envds_two_or_named_as_wrong() {
-        assert_eq!(signal_number(Some(&json!("SIGNAL_SIGKILL"))).unwrap(), 9);
-        assert_eq!(signal_number(Some(&json!(15))).unwrap(), 15);
-        let e = signal_number(Some(&json!("SIGNAL_SIGHUP"))).unwrap_err();
+        assert_eq!(
+            signal_number(Some(&json!("SIGNAL_SIGKILL"))).expect("should work"),
+            9
+        );
+        assert_eq!(signal_number(Some(&json!(15))).expect("should work"), 15);
+        let e = signal_number(Some(&json!("SIGNAL_SIGHUP"))).expect_err("should fail");
         assert!(e.message.starts_with("signal:"), "{}", e.message);
     }
 
     #[test]
     fn selectors_take_pids_as_numbers_or_strings() {
-        let s: Selector = serde_json::from_value(json!({"pid": "42"})).unwrap();
+        let s: Selector = serde_json::from_value(json!({"pid": "42"})).expect("should work");
         assert_eq!(s.pid, Some(42));
-        let s: Selector = serde_json::from_value(json!({"pid": 42})).unwrap();
+        let s: Selector = serde_json::from_value(json!({"pid": 42})).expect("should work");
         assert_eq!(s.pid, Some(42));
         assert!(serde_json::from_value::<Selector>(json!({"pid": -1})).is_err());
-        let i: Input = serde_json::from_value(json!({"stdin": "aGk"})).unwrap();
+        let i: Input = serde_json::from_value(json!({"stdin": "aGk"})).expect("should work");
         assert_eq!(i.stdin.as_deref(), Some(&b"hi"[..]));
     }
 }
