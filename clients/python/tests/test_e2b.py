@@ -297,9 +297,33 @@ def test_files(sbx: Sandbox) -> None:
     assert sbx.commands.run("cat /work/sub/c.txt").stdout == "gamma"
 
 
-def test_watch_dir_is_a_typed_refusal(sbx: Sandbox) -> None:
-    with pytest.raises(SandboxException, match="not supported"):
-        sbx.files.watch_dir("/tmp")
+def test_watch_dir_reports_creates_writes_and_removes(sbx: Sandbox) -> None:
+    sbx.files.make_dir("/watched/sub")
+    handle = sbx.files.watch_dir("/watched", recursive=True)
+    seen: list = []
+
+    def until(event: tuple) -> None:
+        # The watcher lists the directory a few times a second: wait for it.
+        for _ in range(100):
+            seen.extend((e.name, e.type) for e in handle.get_new_events())
+            if event in seen:
+                return
+            asyncio.run(asyncio.sleep(0.1))
+        assert event in seen, seen
+
+    try:
+        sbx.files.write("/watched/new.txt", "1")
+        until(("new.txt", e2b.FilesystemEventType.CREATE))
+        sbx.commands.run("printf 12345 > /watched/new.txt")
+        until(("new.txt", e2b.FilesystemEventType.WRITE))
+        sbx.commands.run("touch /watched/sub/deep")
+        until(("sub/deep", e2b.FilesystemEventType.CREATE))
+        sbx.files.remove("/watched/new.txt")
+        until(("new.txt", e2b.FilesystemEventType.REMOVE))
+    finally:
+        handle.stop()
+    with pytest.raises(SandboxException):
+        sbx.files.watch_dir("/watched/missing")
 
 
 # -- principals: attacks ------------------------------------------------------
@@ -403,6 +427,17 @@ def test_async_sdk(e2b_server: Dict[str, str]) -> None:
             assert (await sandbox.files.get_info("/a/c.txt")).size == len("async file")
             await sandbox.files.remove("/a/c.txt")
             assert not await sandbox.files.exists("/a/c.txt")
+
+            events: List[str] = []
+            await sandbox.files.make_dir("/w")
+            watch = await sandbox.files.watch_dir("/w", on_event=lambda e: events.append(e.name))
+            await sandbox.files.write("/w/seen.txt", "x")
+            for _ in range(100):
+                if "seen.txt" in events:
+                    break
+                await asyncio.sleep(0.1)
+            await watch.stop()
+            assert "seen.txt" in events
 
             info = await sandbox.get_info()
             assert info.metadata["flavor"] == "async"

@@ -80,6 +80,8 @@ struct Entry {
     end: Mutex<(SystemTime, Option<tokio::task::AbortHandle>)>,
     /// Processes started through `process.Process`, by pid.
     procs: process::Table,
+    /// Watchers of `CreateWatcher`, by id.
+    watchers: Mutex<HashMap<String, Arc<filesystem::Watcher>>>,
     /// Frozen by `pause` (its lifetime timer stopped) until resumed.
     paused: std::sync::atomic::AtomicBool,
 }

@@ -230,6 +230,7 @@ async fn create(
         end: Mutex::new((now + life, None)),
         procs: Default::default(),
         paused: Default::default(),
+        watchers: Default::default(),
     });
     e2b.registry().insert(id.clone(), entry.clone());
     e2b.arm_timer(&entry, now + life);

@@ -5,7 +5,12 @@
 //! binary-safe, bounded by `server.limits`); `MakeDir`, `Move` and `Remove`
 //! run `mkdir -p`, `mv` and `rm -rf` in the sandbox (with the path as an
 //! argument, never through a shell). `Stat` is the entry in its parent's
-//! listing. Watching (`WatchDir`, the watcher calls) is refused by name.
+//! listing. Watching (`WatchDir`, and `CreateWatcher`, `GetWatcherEvents`,
+//! `RemoveWatcher` that the sync SDK polls) compares listings of the
+//! directory every [`WATCH_EVERY`] (corral has no file system events):
+//! an entry that appears is `CREATE`, one that goes `REMOVE`, a changed
+//! size `WRITE`, changed permissions `CHMOD`; a change undone within one
+//! interval is not seen.
 //!
 //! A relative path is taken from the sandbox's working directory (its
 //! spec's `workdir`, else `/`): E2B's is the user's home.
@@ -31,8 +36,17 @@ use crate::error::ApiError;
 /// Time limit of `mkdir`, `mv` and `rm` in the sandbox.
 const FS_COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Deepest `ListDir` walk.
+/// Deepest `ListDir` walk (and recursive watch).
 const MAX_DEPTH: u32 = 16;
+
+/// How often a watched directory is listed.
+const WATCH_EVERY: Duration = Duration::from_millis(200);
+
+/// Most watchers (of `CreateWatcher`) a sandbox keeps at once.
+const MAX_WATCHERS: usize = 16;
+
+/// Most events a watcher keeps between two `GetWatcherEvents`.
+const MAX_PENDING_EVENTS: usize = 10_000;
 
 pub(super) fn routes() -> axum::Router<E2b> {
     axum::Router::new()
@@ -41,10 +55,13 @@ pub(super) fn routes() -> axum::Router<E2b> {
         .route("/filesystem.Filesystem/Move", post(move_entry))
         .route("/filesystem.Filesystem/ListDir", post(list_dir))
         .route("/filesystem.Filesystem/Remove", post(remove))
-        .route("/filesystem.Filesystem/WatchDir", post(watch))
-        .route("/filesystem.Filesystem/CreateWatcher", post(watch))
-        .route("/filesystem.Filesystem/GetWatcherEvents", post(watch))
-        .route("/filesystem.Filesystem/RemoveWatcher", post(watch))
+        .route("/filesystem.Filesystem/WatchDir", post(watch_dir))
+        .route("/filesystem.Filesystem/CreateWatcher", post(create_watcher))
+        .route(
+            "/filesystem.Filesystem/GetWatcherEvents",
+            post(get_watcher_events),
+        )
+        .route("/filesystem.Filesystem/RemoveWatcher", post(remove_watcher))
         .route("/files", get(read_file).post(write_files))
         .route("/health", get(health))
 }
@@ -327,25 +344,267 @@ async fn list_dir(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes) -> Re
     )
 }
 
-async fn watch(State(e2b): State<E2b>, headers: HeaderMap) -> Response {
-    let streaming = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|c| c.starts_with("application/connect+"));
-    let err = match e2b.envd(&headers).await {
-        Err(e) => e,
-        Ok(_) => RpcError::unimplemented(
-            "watching a directory",
-            "corral has no file system events yet; poll with files.list",
-        ),
-    };
-    if streaming {
-        let (tx, response) = connect::server_stream();
-        let _ = tx.try_send(connect::Item::End(Some(err)));
-        response
-    } else {
-        err.into_response()
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WatchRequest {
+    #[serde(default)]
+    path: String,
+    #[serde(default)]
+    recursive: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WatcherRequest {
+    #[serde(default, alias = "watcher_id")]
+    watcher_id: String,
+}
+
+/// What a listing shows of one entry, to tell changes.
+type Seen = std::collections::BTreeMap<String, (EntryKind, u64, u32)>;
+
+/// The entries under `dir` (down to `depth` levels), by path relative to it.
+async fn snapshot(e2b: &E2b, lease: &Lease, dir: &str, depth: u32) -> Result<Seen, RpcError> {
+    let opts = list_options(e2b);
+    let mut seen = Seen::new();
+    let mut dirs = vec![(dir.trim_end_matches('/').to_string(), String::new(), 1u32)];
+    if dirs[0].0.is_empty() {
+        dirs[0].0 = "/".into();
     }
+    while let Some((abs, rel, level)) = dirs.pop() {
+        let entries = match lease.list_dir(&abs, &opts).await {
+            Ok(e) => e,
+            // A subdirectory removed between two listings.
+            Err(corral::FileError::NotFound { .. }) if !rel.is_empty() => continue,
+            Err(e) => return Err(file_error(&e)),
+        };
+        for e in entries {
+            let name = if rel.is_empty() {
+                e.name.clone()
+            } else {
+                format!("{rel}/{}", e.name)
+            };
+            if e.kind == EntryKind::Dir && level < depth {
+                let child = if abs == "/" {
+                    format!("/{}", e.name)
+                } else {
+                    format!("{abs}/{}", e.name)
+                };
+                dirs.push((child, name.clone(), level + 1));
+            }
+            seen.insert(name, (e.kind, e.size, e.mode));
+        }
+    }
+    Ok(seen)
+}
+
+/// envd's events between two listings.
+fn changes(before: &Seen, after: &Seen) -> Vec<Value> {
+    let mut out = Vec::new();
+    for (name, (kind, size, mode)) in after {
+        match before.get(name) {
+            None => out.push(json!({"name": name, "type": "EVENT_TYPE_CREATE"})),
+            Some((k, s, m)) => {
+                if k != kind || s != size {
+                    out.push(json!({"name": name, "type": "EVENT_TYPE_WRITE"}));
+                } else if m != mode {
+                    out.push(json!({"name": name, "type": "EVENT_TYPE_CHMOD"}));
+                }
+            }
+        }
+    }
+    for name in before.keys().filter(|n| !after.contains_key(*n)) {
+        out.push(json!({"name": name, "type": "EVENT_TYPE_REMOVE"}));
+    }
+    out
+}
+
+/// The directory a watch request names, checked to be one.
+async fn watched(e2b: &E2b, lease: &Lease, req: &WatchRequest) -> Result<(String, u32), RpcError> {
+    let path = absolute(lease, "path", &req.path)?;
+    let info = stat_path(e2b, lease, &path).await?;
+    if info["type"] != "FILE_TYPE_DIRECTORY" {
+        return Err(RpcError::invalid(
+            "path",
+            format!("'{path}' is not a directory"),
+        ));
+    }
+    Ok((path, if req.recursive { MAX_DEPTH } else { 1 }))
+}
+
+async fn watch_dir(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes) -> Response {
+    let r = async {
+        let req: WatchRequest = connect::stream_request(&headers, &body)?;
+        let Envd { lease, .. } = e2b.envd(&headers).await?;
+        requested_user(&headers, &lease)?;
+        let (dir, depth) = watched(&e2b, &lease, &req).await?;
+        let first = snapshot(&e2b, &lease, &dir, depth).await?;
+        Ok::<_, RpcError>((lease, dir, depth, first))
+    }
+    .await;
+    let (tx, response) = connect::server_stream();
+    let (lease, dir, depth, mut before) = match r {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = tx.try_send(connect::Item::End(Some(e)));
+            return response;
+        }
+    };
+    let _ = tx.try_send(connect::Item::Message(json!({"start": {}})));
+    tokio::spawn(async move {
+        let mut quiet = Duration::ZERO;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(WATCH_EVERY) => {}
+                () = tx.closed() => return,
+            }
+            let after = match snapshot(&e2b, &lease, &dir, depth).await {
+                Ok(a) => a,
+                Err(e) => {
+                    let _ = tx.send(connect::Item::End(Some(e))).await;
+                    return;
+                }
+            };
+            let events = changes(&before, &after);
+            before = after;
+            quiet += WATCH_EVERY;
+            if events.is_empty() && quiet >= Duration::from_secs(30) {
+                quiet = Duration::ZERO;
+                if tx
+                    .send(connect::Item::Message(json!({"keepalive": {}})))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            for ev in events {
+                quiet = Duration::ZERO;
+                if tx
+                    .send(connect::Item::Message(json!({"filesystem": ev})))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        }
+    });
+    response
+}
+
+/// A watcher of `CreateWatcher`: its events wait for `GetWatcherEvents`.
+pub(super) struct Watcher {
+    events: std::sync::Mutex<Vec<Value>>,
+    failed: std::sync::Mutex<Option<RpcError>>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn create_watcher(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes) -> Response {
+    connect::unary(
+        async {
+            let req: WatchRequest = connect::unary_request(&headers, &body)?;
+            let Envd { entry, lease } = e2b.envd(&headers).await?;
+            requested_user(&headers, &lease)?;
+            let (dir, depth) = watched(&e2b, &lease, &req).await?;
+            let mut before = snapshot(&e2b, &lease, &dir, depth).await?;
+            if super::lock(&entry.watchers).len() >= MAX_WATCHERS {
+                return Err(RpcError::new(
+                    Code::ResourceExhausted,
+                    format!("sandbox already has {MAX_WATCHERS} watchers: remove one first"),
+                ));
+            }
+            let id = corral::host::random_hex(16);
+            let weak_entry = std::sync::Arc::downgrade(&entry);
+            let wid = id.clone();
+            let e2b2 = e2b.clone();
+            let task = tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(WATCH_EVERY).await;
+                    let Some(entry) = weak_entry.upgrade() else {
+                        return;
+                    };
+                    let Some(w) = super::lock(&entry.watchers).get(&wid).cloned() else {
+                        return;
+                    };
+                    match snapshot(&e2b2, &lease, &dir, depth).await {
+                        Ok(after) => {
+                            let mut events = changes(&before, &after);
+                            before = after;
+                            let mut kept = super::lock(&w.events);
+                            let room = MAX_PENDING_EVENTS.saturating_sub(kept.len());
+                            events.truncate(room);
+                            kept.extend(events);
+                        }
+                        Err(e) => {
+                            *super::lock(&w.failed) = Some(e);
+                            return;
+                        }
+                    }
+                }
+            });
+            let watcher = std::sync::Arc::new(Watcher {
+                events: Default::default(),
+                failed: Default::default(),
+                task: task.abort_handle(),
+            });
+            super::lock(&entry.watchers).insert(id.clone(), watcher);
+            Ok(json!({ "watcherId": id }))
+        }
+        .await,
+    )
+}
+
+fn find_watcher(
+    entry: &super::Entry,
+    req: &WatcherRequest,
+) -> Result<std::sync::Arc<Watcher>, RpcError> {
+    super::lock(&entry.watchers)
+        .get(&req.watcher_id)
+        .cloned()
+        .ok_or_else(|| {
+            RpcError::new(
+                Code::NotFound,
+                format!("watcher '{}' not found", req.watcher_id),
+            )
+        })
+}
+
+async fn get_watcher_events(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes) -> Response {
+    connect::unary(
+        async {
+            let req: WatcherRequest = connect::unary_request(&headers, &body)?;
+            let Envd { entry, .. } = e2b.envd(&headers).await?;
+            let w = find_watcher(&entry, &req)?;
+            let events: Vec<Value> = std::mem::take(&mut *super::lock(&w.events));
+            if events.is_empty() {
+                if let Some(e) = super::lock(&w.failed).clone() {
+                    return Err(e);
+                }
+            }
+            Ok(json!({ "events": events }))
+        }
+        .await,
+    )
+}
+
+async fn remove_watcher(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes) -> Response {
+    connect::unary(
+        async {
+            let req: WatcherRequest = connect::unary_request(&headers, &body)?;
+            let Envd { entry, .. } = e2b.envd(&headers).await?;
+            find_watcher(&entry, &req)?;
+            super::lock(&entry.watchers).remove(&req.watcher_id);
+            Ok(json!({}))
+        }
+        .await,
+    )
 }
 
 /// An envd HTTP error: the SDK reads `message` and maps the status.
@@ -529,6 +788,36 @@ mod tests {
         assert_eq!(split("/a/b/"), ("/a", "b"));
         assert_eq!(split("/a"), ("/", "a"));
         assert_eq!(split("/"), ("/", ""));
+    }
+
+    #[test]
+    fn listings_compare_into_envd_events() {
+        let mut before = Seen::new();
+        before.insert("kept".into(), (EntryKind::File, 1, 0o644));
+        before.insert("grown".into(), (EntryKind::File, 1, 0o644));
+        before.insert("gone".into(), (EntryKind::File, 1, 0o644));
+        before.insert("chmod".into(), (EntryKind::File, 1, 0o644));
+        let mut after = before.clone();
+        after.remove("gone");
+        after.insert("grown".into(), (EntryKind::File, 2, 0o644));
+        after.insert("chmod".into(), (EntryKind::File, 1, 0o600));
+        after.insert("new".into(), (EntryKind::Dir, 0, 0o755));
+        let got: Vec<(String, String)> = changes(&before, &after)
+            .iter()
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap_or("").into(),
+                    e["type"].as_str().unwrap_or("").into(),
+                )
+            })
+            .collect();
+        let want = [
+            ("chmod", "EVENT_TYPE_CHMOD"),
+            ("grown", "EVENT_TYPE_WRITE"),
+            ("new", "EVENT_TYPE_CREATE"),
+            ("gone", "EVENT_TYPE_REMOVE"),
+        ];
+        assert_eq!(got, want.map(|(a, b)| (a.to_string(), b.to_string())));
     }
 
     #[test]
