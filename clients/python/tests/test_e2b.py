@@ -39,7 +39,7 @@ from e2b.sandbox.commands.command_handle import CommandExitException  # noqa: E4
 
 from corral.testing import LocalServer, free_port  # noqa: E402
 
-from conftest import IMAGE, LABELS, assert_no_leaks, corral_binary  # noqa: E402
+from conftest import IMAGE, LABELS, assert_no_leaks, corral_binary, remove_snapshot_images  # noqa: E402
 
 pytestmark = pytest.mark.server
 
@@ -179,6 +179,32 @@ def test_templates_go_through_the_image_policy(e2b_server: Dict[str, str]) -> No
         Sandbox.create(template="registry.invalid/nope:1")
 
 
+def test_a_template_naming_a_snapshot_forks_it(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
+    name = f"e2b-snap-{RUN}"
+    sbx.files.write("/from-snapshot.txt", "kept")
+    # Snapshots are corral's own API: the same sandbox, the same token.
+    r = httpx.post(
+        f"{e2b_server['corral']}/v1/sandboxes/{sbx.sandbox_id}/snapshot",
+        json={"name": name},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=120,
+    )
+    assert r.status_code in (200, 201), r.text
+    try:
+        fork = Sandbox.create(template=name, timeout=120)
+        try:
+            assert fork.get_info().template_id == name
+            assert fork.files.read("/from-snapshot.txt") == "kept"
+        finally:
+            fork.kill()
+        # Another tenant's key does not see the snapshot: the name is then
+        # an image, which the policy refuses.
+        with pytest.raises(SandboxException, match=f"templateID '{name}'"):
+            Sandbox.create(template=name, api_key=OTHER_TOKEN)
+    finally:
+        remove_snapshot_images(name)
+
+
 def test_bad_input_names_the_field_or_route(e2b_server: Dict[str, str]) -> None:
     url = e2b_server["url"]
     r = httpx.post(f"{url}/v2/sandboxes", json={"templateID": 5}, headers={"X-API-KEY": TOKEN})
@@ -236,6 +262,11 @@ def test_background_commands_stdin_list_connect_kill(sbx: Sandbox) -> None:
     sbx.commands.send_stdin(handle.pid, "abc\n")
     assert handle.wait().stdout == "got:abc\n"
 
+    if hasattr(sbx.commands, "stream_input"):
+        fed = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.stream_input(fed.pid, ["a\n", b"b\n"])
+        sbx.commands.close_stdin(fed.pid)
+        assert fed.wait().stdout == "a\nb\n"
     if hasattr(sbx.commands, "close_stdin"):
         cat = sbx.commands.run("cat", background=True, stdin=True)
         sbx.commands.send_stdin(cat.pid, "one\n")

@@ -203,26 +203,43 @@ async fn create(
         image: (req.template_id != DEFAULT_TEMPLATE).then(|| req.template_id.clone()),
         ..CreateSandbox::default()
     };
-    let lease = match e2b.app.create(&owner, &create).await {
-        Ok((_, info)) => info,
-        Err(mut e) => {
-            // The template is what an E2B caller named as the image.
-            if e.detail.field.as_deref() == Some("image") {
-                e.detail.field = Some("templateID".into());
-                e.detail.message = e.detail.message.replace("image '", "templateID '");
-            }
-            return Err(api_error(e));
+    // A template naming one of the caller's snapshots (or a shared one)
+    // starts a fork of it; anything else is an image.
+    let forked = if req.template_id != DEFAULT_TEMPLATE && !req.template_id.contains([':', '@']) {
+        match e2b
+            .app
+            .fork_as(
+                &owner,
+                &req.template_id,
+                std::slice::from_ref(&id),
+                &req.env_vars,
+            )
+            .await
+        {
+            Ok(mut made) => made.pop(),
+            Err(e) if matches!(e.status.as_u16(), 400 | 404) => None,
+            Err(e) => return Err(api_error(e)),
         }
+    } else {
+        None
     };
+    let created = match forked {
+        Some(info) => Ok((StatusCode::CREATED, info)),
+        None => e2b.app.create(&owner, &create).await,
+    };
+    if let Err(mut e) = created {
+        // The template is what an E2B caller named as the image.
+        if e.detail.field.as_deref() == Some("image") {
+            e.detail.field = Some("templateID".into());
+            e.detail.message = e.detail.message.replace("image '", "templateID '");
+        }
+        return Err(api_error(e));
+    }
     let now = SystemTime::now();
     let entry = Arc::new(Entry {
         id: id.clone(),
         owner,
-        template: if req.template_id == DEFAULT_TEMPLATE {
-            DEFAULT_TEMPLATE.to_string()
-        } else {
-            lease.image.clone()
-        },
+        template: req.template_id.clone(),
         token: corral::host::random_hex(48),
         metadata: req.metadata,
         envs: req.env_vars,
