@@ -12,9 +12,13 @@ alternates, for each of n rounds: one `Sandbox.run(["true"])` (HTTP to the
 service, which hands it to the agent inside the container) and one raw
 Docker exec (POST /containers/{id}/exec, POST /exec/{id}/start, GET
 /exec/{id}/json for the exit code) on the sandbox's container over the
-daemon's Unix socket. It prints p50/p90/mean of each and the ratio, then
-deletes the sandbox, stops the service and checks no container of its own is
-left.
+daemon's Unix socket. With the `e2b` SDK installed (scripts/python-env.sh
+pins it) and its own service, a third path: the same command through the
+e2b SDK (`commands.run("true")`, a sandbox of its own created through the
+service's E2B-compatible listener, configured by E2B_API_URL,
+E2B_SANDBOX_URL and E2B_API_KEY only). It prints p50/p90/mean of each and
+the ratios, then deletes the sandboxes, stops the service and checks no
+container of its own is left.
 """
 
 from __future__ import annotations
@@ -32,7 +36,12 @@ from typing import Callable, List, Optional
 import httpx
 
 import corral
-from corral.testing import LocalServer
+from corral.testing import LocalServer, free_port
+
+try:
+    import e2b
+except ImportError:  # the e2b row is left out
+    e2b = None
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,6 +94,12 @@ def timed(fn: Callable[[], object]) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
+def e2b_version() -> str:
+    from importlib.metadata import version
+
+    return version("e2b")
+
+
 def docker_socket() -> str:
     host = os.environ.get("DOCKER_HOST", "")
     if host.startswith("unix://"):
@@ -107,14 +122,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         url = args.url
     else:
         binary = os.environ.get("CORRAL_BIN") or str(REPO / "target" / "debug" / "corral")
-        server = LocalServer(binary, config={"defaults": {"image": args.image, "labels": {key: value}}})
+        config = {"defaults": {"image": args.image, "labels": {key: value}}}
+        e2b_port = free_port()
+        if e2b is not None:
+            config["server"] = {"e2b_listen": f"127.0.0.1:{e2b_port}"}
+        server = LocalServer(binary, config=config)
         server.start()
         url = server.url
+        if e2b is not None:
+            os.environ["E2B_API_URL"] = os.environ["E2B_SANDBOX_URL"] = f"http://127.0.0.1:{e2b_port}"
+            os.environ["E2B_API_KEY"] = server.client_token or ""
 
     status = 0
     client = corral.Client(url)
     sb: Optional[corral.Sandbox] = None
     docker: Optional[DockerExec] = None
+    e2b_sb = None
     try:
         sb = client.sandbox(image=args.image)
         assert sb.container_id, "the service did not say which container the sandbox is"
@@ -131,24 +154,29 @@ def main(argv: Optional[List[str]] = None) -> int:
             if code != 0:
                 raise RuntimeError(f"docker: exit {code}")
 
-        for _ in range(args.warmup):
-            via_client()
-            via_docker()
-        client_ms: List[float] = []
-        docker_ms: List[float] = []
-        for i in range(args.rounds):
-            # Alternate which goes first so drift on a shared machine hits both.
-            if i % 2 == 0:
-                client_ms.append(timed(via_client))
-                docker_ms.append(timed(via_docker))
-            else:
-                docker_ms.append(timed(via_docker))
-                client_ms.append(timed(via_client))
-
-        rows = [
-            ("corral Python client, Sandbox.run(['true'])", client_ms),
-            ("raw Docker API exec (create+start+inspect)", docker_ms),
+        paths: List[tuple] = [
+            ("corral Python client, Sandbox.run(['true'])", via_client, []),
+            ("raw Docker API exec (create+start+inspect)", via_docker, []),
         ]
+        if e2b is not None and server is not None:
+            e2b_sb = e2b.Sandbox.create(timeout=3600)
+
+            def via_e2b() -> None:
+                r = e2b_sb.commands.run("true")
+                if r.exit_code != 0:
+                    raise RuntimeError(f"e2b: exit {r.exit_code}")
+
+            paths.append((f"e2b SDK {e2b_version()}, commands.run('true')", via_e2b, []))
+        for _ in range(args.warmup):
+            for _, fn, _ in paths:
+                fn()
+        for i in range(args.rounds):
+            # Rotate which goes first so drift on a shared machine hits all.
+            for j in range(len(paths)):
+                _, fn, samples = paths[(i + j) % len(paths)]
+                samples.append(timed(fn))
+        client_ms, docker_ms = paths[0][2], paths[1][2]
+        rows = [(name, xs) for name, _, xs in paths]
         print(f"`true` round trip, {args.rounds} rounds each, same container ({sb.container_id[:12]}), same run")
         print(f"{'path':<46} {'p50 ms':>8} {'p90 ms':>8} {'mean ms':>8} {'min ms':>8}")
         for name, xs in rows:
@@ -158,12 +186,18 @@ def main(argv: Optional[List[str]] = None) -> int:
             )
         ratio = percentile(client_ms, 0.5) / percentile(docker_ms, 0.5)
         print(f"p50 ratio client/docker: {ratio:.3f} (the client's round trip is {1 / ratio:.1f}x faster)")
+        if len(paths) > 2:
+            e2b_ratio = percentile(paths[2][2], 0.5) / percentile(client_ms, 0.5)
+            print(f"p50 ratio e2b SDK/corral client: {e2b_ratio:.3f} (same service, same run; "
+                  "the e2b sandbox is one of its own)")
     except Exception as exc:  # report, then clean up
         print(f"bench-python: {exc}", file=sys.stderr)
         status = 1
     finally:
         if docker is not None:
             docker.close()
+        if e2b_sb is not None:
+            e2b_sb.kill()
         if sb is not None:
             sb.delete()
         client.close()

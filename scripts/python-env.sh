@@ -3,9 +3,12 @@
 # and benchmark: a venv at target/pyenv with the client installed editable
 # (clients/python), pytest, pytest-asyncio, mcp, mini-swe-agent (pinned:
 # the adapter tests run its real agent), ray and uv (pinned: the
-# open-instruct switch is tested with Ray actors under `uv run`), and
+# open-instruct switch is tested with Ray actors under `uv run`),
 # hermes-agent (pinned: the hermes adapter is tested with its real terminal
-# tool; its pins resolve together with the others). Quick when nothing
+# tool; its pins resolve together with the others), selenium (the dashboard
+# is tested in headless chromium) and the e2b SDK (pinned: the newest in
+# the venv, the oldest corral serves in $venv/e2b-oldest, for
+# tests/test_e2b.py with E2B_SDK_DIR). Quick when nothing
 # changed: a stamp of the inputs is kept in the venv.
 #
 #   scripts/python-env.sh          # then: target/pyenv/bin/python ...
@@ -15,7 +18,8 @@ cd "$(dirname "$0")/.."
 
 venv=target/pyenv
 python=${PYTHON:-python3}
-reqs=(pytest pytest-asyncio mcp "mini-swe-agent==2.4.6" "ray==2.60.0" "uv==0.13.8" "hermes-agent==0.19.0" "selenium==4.27.1")
+e2b_oldest="e2b==2.7.0"
+reqs=(pytest pytest-asyncio mcp "mini-swe-agent==2.4.6" "ray==2.60.0" "uv==0.13.8" "hermes-agent==0.19.0" "selenium==4.27.1" "e2b==2.63.0" "python-dateutil<3")
 
 if ! command -v "$python" >/dev/null 2>&1; then
   echo "python-env: $python not found (install python3 and python3-venv)" >&2
@@ -24,7 +28,7 @@ fi
 
 stamp_of() {
   {
-    echo "reqs: ${reqs[*]}"
+    echo "reqs: ${reqs[*]} oldest: $e2b_oldest"
     "$python" -c 'import sys; print(sys.version)'
     cat clients/python/pyproject.toml
   } | sha256sum | cut -d' ' -f1
@@ -32,7 +36,8 @@ stamp_of() {
 want=$(stamp_of)
 
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.corral-stamp" ] && [ "$(cat "$venv/.corral-stamp")" = "$want" ] \
-   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, mcp, minisweagent, ray, hermes_constants, selenium' >/dev/null 2>&1 \
+   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, mcp, minisweagent, ray, hermes_constants, selenium, e2b' >/dev/null 2>&1 \
+   && [ -d "$venv/e2b-oldest/e2b" ] \
    && [ -x "$venv/bin/uv" ]; then
   echo "python-env: $venv is up to date"
   exit 0
@@ -60,5 +65,7 @@ fi
 echo "python-env: installing the client and ${reqs[*]}" >&2
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -e clients/python "${reqs[@]}"
+rm -rf "$venv/e2b-oldest"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --target "$venv/e2b-oldest" "$e2b_oldest" "python-dateutil<3"
 echo "$want" > "$venv/.corral-stamp"
 echo "python-env: ready: $venv/bin/python"

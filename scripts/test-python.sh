@@ -16,6 +16,11 @@ export CORRAL_BIN="${CORRAL_BIN:-$PWD/target/debug/corral}"
 cd clients/python
 status=0
 ../../target/pyenv/bin/python -m pytest -q "$@" || status=$?
+if [ $# -eq 0 ]; then
+  # The e2b SDK tests again under the oldest SDK corral serves.
+  E2B_SDK_DIR="$PWD/../../target/pyenv/e2b-oldest" \
+    ../../target/pyenv/bin/python -m pytest -q -p no:cacheprovider tests/test_e2b.py || status=$?
+fi
 left=$(docker ps -aq --filter label=corraltest=pyclient)
 if [ -n "$left" ]; then
   echo "test-python.sh: containers left behind by the tests:" >&2

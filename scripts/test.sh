@@ -59,6 +59,9 @@ echo "== Python client and MCP tests (real corral serve / corral mcp)"
 scripts/python-env.sh
 cargo build --bin corral
 CORRAL_BIN="$PWD/target/debug/corral" target/pyenv/bin/python -m pytest -q clients/python/tests
+echo "== the same e2b SDK tests under the oldest e2b SDK corral serves"
+E2B_SDK_DIR="$PWD/target/pyenv/e2b-oldest" CORRAL_BIN="$PWD/target/debug/corral" \
+  target/pyenv/bin/python -m pytest -q -p no:cacheprovider clients/python/tests/test_e2b.py
 
 left=$(docker ps -aq --filter label=corral.sandbox)
 if [ -n "$left" ]; then

@@ -407,6 +407,26 @@ pub trait Backend: Send + Sync + 'static {
         })
     }
 
+    /// Freezes (`frozen`) or thaws every process of the sandbox at
+    /// `placement`, its memory kept (Docker: the cgroup freezer, `docker
+    /// pause`). An engine that cannot is `Error::Unsupported`.
+    fn freeze<'a>(
+        &'a self,
+        placement: &'a Placement,
+        frozen: bool,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = (placement, frozen);
+        Box::pin(async move {
+            Err(Error::Unsupported {
+                what: format!(
+                    "pausing sandboxes with the {} backend (it cannot freeze a sandbox and keep \
+                     its memory)",
+                    self.name()
+                ),
+            })
+        })
+    }
+
     /// The images the engine holds that sandboxes can name, newest first
     /// (an engine whose machines pull for themselves cannot list them).
     fn images(&self) -> BoxFuture<'_, Result<Vec<ImageInfo>, Error>> {

@@ -352,6 +352,10 @@ pub struct ServerConfig {
     pub max_body_bytes: u64,
     /// Profile of the sandbox each MCP session gets; `None`: `defaults`.
     pub mcp_profile: Option<String>,
+    /// TCP address of the E2B-compatible listener (the control plane and
+    /// the in-sandbox `envd` protocol the `e2b` SDK speaks, on one
+    /// address). Default `None`: not served.
+    pub e2b_listen: Option<String>,
     /// What API clients may ask for in a sandbox spec.
     pub policy: ClientPolicy,
     /// Ceilings on what one request may ask for, and the bytes all
@@ -428,6 +432,7 @@ impl Default for ServerConfig {
             shutdown_grace_ms: 10_000,
             max_body_bytes: 64 << 20,
             mcp_profile: None,
+            e2b_listen: None,
             policy: ClientPolicy::default(),
             limits: ServerLimits::default(),
         }
@@ -511,6 +516,15 @@ impl ServerConfig {
                 0,
                 "at least 1",
             ));
+        }
+        if let Some(e2b) = &self.e2b_listen {
+            if e2b.trim().parse::<std::net::SocketAddr>().is_err() {
+                return Err(ConfigError::invalid(
+                    "server.e2b_listen",
+                    e2b,
+                    "must be an IP address and port, e.g. 127.0.0.1:49983",
+                ));
+            }
         }
         if let Some(p) = &self.mcp_profile {
             if !profiles.contains_key(p) {
@@ -1469,6 +1483,20 @@ persistence_root: /srv/corral
         let e = parse_err("provider:\n  pools:\n    py:\n      warm: -1\n");
         assert_eq!(e.path(), "provider.pools.py.warm");
         assert!(e.to_string().contains("-1"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_e2b_listen_is_named_with_its_value() {
+        let mut c = Config::default();
+        c.server.e2b_listen = Some("localhost:99999".into());
+        let e = c.validate(&FakeHost).expect_err("refused");
+        let text = e.to_string();
+        assert!(
+            text.contains("server.e2b_listen") && text.contains("localhost:99999"),
+            "{text}"
+        );
+        c.server.e2b_listen = Some("127.0.0.1:0".into());
+        c.validate(&FakeHost).expect("a free port is fine");
     }
 
     #[test]

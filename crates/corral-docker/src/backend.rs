@@ -345,6 +345,28 @@ impl DockerBackend {
     /// Kill first (no graceful stop: sandboxes hold nothing worth saving),
     /// then remove with anonymous volumes. A container already gone is
     /// success.
+    /// `docker pause` (the cgroup freezer: processes stop, memory stays)
+    /// or `docker unpause` of `container`.
+    pub(crate) async fn freeze_container(
+        &self,
+        container: &str,
+        frozen: bool,
+    ) -> Result<(), Error> {
+        let docker = &self.inner.docker;
+        let what = format!(
+            "{} container {}",
+            if frozen { "pause" } else { "unpause" },
+            short(container)
+        );
+        let done = if frozen {
+            self.call(&what, || docker.pause_container(container)).await
+        } else {
+            self.call(&what, || docker.unpause_container(container))
+                .await
+        };
+        done.map_err(|e| api(what, e))
+    }
+
     pub(crate) async fn remove_container(
         &self,
         container: &str,
@@ -632,6 +654,14 @@ impl Backend for DockerBackend {
 
     fn pull<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(self.ensure_image(image))
+    }
+
+    fn freeze<'a>(
+        &'a self,
+        placement: &'a Placement,
+        frozen: bool,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.freeze_container(placement.id(), frozen))
     }
 
     fn open_port<'a>(

@@ -160,13 +160,13 @@ impl AppState {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// 503 once the service is shutting down: nothing new starts then.
     /// Whether the service is shutting down.
     fn is_closing(&self) -> bool {
         self.inner.closing.load(Ordering::Acquire)
     }
 
-    fn refuse_when_closing(&self) -> Result<(), ApiError> {
+    /// 503 once the service is shutting down: nothing new starts then.
+    pub(crate) fn refuse_when_closing(&self) -> Result<(), ApiError> {
         if self.inner.closing.load(Ordering::Acquire) {
             return Err(ApiError::shutting_down());
         }
@@ -215,7 +215,7 @@ impl AppState {
     }
 
     /// The live lease of sandbox `id`; a lost one is an error (410).
-    async fn lease(&self, caller: &Principal, id: &str) -> Result<Lease, ApiError> {
+    pub(crate) async fn lease(&self, caller: &Principal, id: &str) -> Result<Lease, ApiError> {
         match self.leased(caller, id).await? {
             Leased::Live(lease) => Ok(lease),
             Leased::Lost(f) => Err(ApiError::failure(&f)),
@@ -605,76 +605,93 @@ async fn create_sandbox(
     Caller(caller): Caller,
     JsonBody(req): JsonBody<CreateSandbox>,
 ) -> Result<(StatusCode, Json<SandboxInfo>), ApiError> {
-    s.refuse_when_closing()?;
-    let client_key = match &req.session {
-        Some(k) => {
-            check_name("session", k)?;
-            k.clone()
-        }
-        None => format!("sb-{}", corral::host::random_hex(16)),
-    };
-    // The caller's namespace: two tenants' `ep-1` are two sessions.
-    let key = caller.session_key(&client_key);
-    // Checked before anything else: a refused request is refused even for
-    // a key that already has a sandbox.
-    let (spec, profile, chosen_image) = spec_of(&s, &req)?;
-    let existing = s.sessions().get(&key).map(|m| m.owner.clone());
-    if let Some(owner) = existing {
-        if !caller.may_session(&owner) {
-            // Only the operator and tenant `default` share a namespace.
-            return Err(snapshots::conflict(
-                "session",
-                format!("session key '{client_key}' is taken by the operator"),
-            ));
-        }
-        if let Ok(lease) = s.lease(&caller, &client_key).await {
-            return Ok((StatusCode::OK, Json(s.info(&caller, &key, &lease))));
-        }
-    }
-    if let Some(field) = chosen_image {
-        check_image(&s, field, &spec.image).await?;
-    }
-    let reservation = s
-        .inner
-        .tenancy
-        .reserve(&caller, std::slice::from_ref(&key))
-        .map_err(|e| ApiError::quota(&e))?;
-    let provider = &s.inner.provider;
-    let lease = if req.persistent {
-        provider.acquire_persistent(&key, &spec).await
-    } else if let Some(pool) = profile.as_deref().filter(|p| {
-        // A pool hands out sandboxes of its own spec: a request that
-        // changes it (image, pristine) gets a sandbox of its own.
-        s.inner.config.provider.pools.get(*p).is_some_and(|pool| {
-            let mut own = pool_spec(pool);
-            if own.image.is_empty() {
-                own.image = s.inner.default_image.clone();
+    let (status, info) = s.create(&caller, &req).await?;
+    Ok((status, Json(info)))
+}
+
+impl AppState {
+    /// Creates a sandbox for `caller` (or returns the one its session key
+    /// already names, with 200): the one way every front end creates
+    /// sandboxes, through the client policy, the tenant's quota and the
+    /// provider.
+    pub(crate) async fn create(
+        &self,
+        caller: &Principal,
+        req: &CreateSandbox,
+    ) -> Result<(StatusCode, SandboxInfo), ApiError> {
+        let s = self;
+        let caller = caller.clone();
+        s.refuse_when_closing()?;
+        let client_key = match &req.session {
+            Some(k) => {
+                check_name("session", k)?;
+                k.clone()
             }
-            own == spec
-        })
-    }) {
-        provider.acquire(&key, pool).await
-    } else {
-        provider.acquire_spec(&key, &spec).await
-    }
-    .map_err(|e| {
-        let mut err = ApiError::runtime(&e, "spec");
-        if matches!(e, corral::Error::ImageNotFound { .. }) {
-            err.detail.field = Some("image".into());
+            None => format!("sb-{}", corral::host::random_hex(16)),
+        };
+        // The caller's namespace: two tenants' `ep-1` are two sessions.
+        let key = caller.session_key(&client_key);
+        // Checked before anything else: a refused request is refused even for
+        // a key that already has a sandbox.
+        let (spec, profile, chosen_image) = spec_of(s, req)?;
+        let existing = s.sessions().get(&key).map(|m| m.owner.clone());
+        if let Some(owner) = existing {
+            if !caller.may_session(&owner) {
+                // Only the operator and tenant `default` share a namespace.
+                return Err(snapshots::conflict(
+                    "session",
+                    format!("session key '{client_key}' is taken by the operator"),
+                ));
+            }
+            if let Ok(lease) = s.lease(&caller, &client_key).await {
+                return Ok((StatusCode::OK, s.info(&caller, &key, &lease)));
+            }
         }
-        err
-    })?;
-    reservation.commit();
-    s.sessions().insert(
-        key.clone(),
-        Meta {
-            owner: caller.clone(),
-            profile,
-            persistent: req.persistent,
-            lost: None,
-        },
-    );
-    Ok((StatusCode::CREATED, Json(s.info(&caller, &key, &lease))))
+        if let Some(field) = chosen_image {
+            check_image(s, field, &spec.image).await?;
+        }
+        let reservation = s
+            .inner
+            .tenancy
+            .reserve(&caller, std::slice::from_ref(&key))
+            .map_err(|e| ApiError::quota(&e))?;
+        let provider = &s.inner.provider;
+        let lease = if req.persistent {
+            provider.acquire_persistent(&key, &spec).await
+        } else if let Some(pool) = profile.as_deref().filter(|p| {
+            // A pool hands out sandboxes of its own spec: a request that
+            // changes it (image, pristine) gets a sandbox of its own.
+            s.inner.config.provider.pools.get(*p).is_some_and(|pool| {
+                let mut own = pool_spec(pool);
+                if own.image.is_empty() {
+                    own.image = s.inner.default_image.clone();
+                }
+                own == spec
+            })
+        }) {
+            provider.acquire(&key, pool).await
+        } else {
+            provider.acquire_spec(&key, &spec).await
+        }
+        .map_err(|e| {
+            let mut err = ApiError::runtime(&e, "spec");
+            if matches!(e, corral::Error::ImageNotFound { .. }) {
+                err.detail.field = Some("image".into());
+            }
+            err
+        })?;
+        reservation.commit();
+        s.sessions().insert(
+            key.clone(),
+            Meta {
+                owner: caller.clone(),
+                profile,
+                persistent: req.persistent,
+                lost: None,
+            },
+        );
+        Ok((StatusCode::CREATED, s.info(&caller, &key, &lease)))
+    }
 }
 
 /// List the service's sandboxes.
@@ -745,25 +762,35 @@ async fn delete_sandbox(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let key = caller.session_key(&id);
-    let meta = {
-        let mut sessions = s.sessions();
-        match sessions.get(&key) {
-            Some(m) if caller.may_session(&m.owner) => sessions.remove(&key),
-            _ => None,
-        }
-    };
-    let Some(meta) = meta else {
-        return Err(no_sandbox(&id));
-    };
-    s.inner.tenancy.forget(&key);
-    if let Err(e) = s.inner.provider.release_and_wait(&key).await {
-        // A lost sandbox may already be gone from the provider.
-        if meta.lost.is_none() {
-            return Err(ApiError::runtime(&e, ""));
-        }
-    }
+    s.release(&caller, &id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+impl AppState {
+    /// Releases sandbox `id` as `caller` names it (404 when it may not
+    /// see it): destroyed, unless persistent.
+    pub(crate) async fn release(&self, caller: &Principal, id: &str) -> Result<(), ApiError> {
+        let s = self;
+        let key = caller.session_key(id);
+        let meta = {
+            let mut sessions = s.sessions();
+            match sessions.get(&key) {
+                Some(m) if caller.may_session(&m.owner) => sessions.remove(&key),
+                _ => None,
+            }
+        };
+        let Some(meta) = meta else {
+            return Err(no_sandbox(id));
+        };
+        s.inner.tenancy.forget(&key);
+        if let Err(e) = s.inner.provider.release_and_wait(&key).await {
+            // A lost sandbox may already be gone from the provider.
+            if meta.lost.is_none() {
+                return Err(ApiError::runtime(&e, ""));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Return a sandbox to its state right after start: every process killed,
@@ -1323,7 +1350,13 @@ that is not the service's, are refused (403); JSON bodies must be sent as `appli
 field is a 403 naming it. The operator's ceilings (`server.limits`) bound what one request may ask \
 for (`max_output`, `timeout_ms`, stdin, `max_bytes`: above one is a 400 naming the field, its value \
 and the ceiling) and what all requests in flight hold together: past that budget a request is \
-refused before anything runs with 503 `overloaded` (retryable, `Retry-After`).",
+refused before anything runs with 503 `overloaded` (retryable, `Retry-After`). \
+The E2B-compatible API (for the `e2b` SDK: its control plane `/sandboxes`, `/v2/sandboxes` and \
+the in-sandbox `envd` protocol, Connect-RPC `process.Process` and `filesystem.Filesystem`, \
+`/files`, `/health`) is not part of this document: it is served on its own listener \
+(`server.e2b_listen`, `corral serve --e2b-listen`), its contract is E2B's (the `e2b` SDK, and \
+the `.proto` files under `spec/envd` of e2b-dev/E2B), and README's \"Using the e2b SDK\" says \
+what differs.",
     ),
     components(schemas(OutputChunk, ErrorDetail, FailureBody, ContainerStateBody)),
     tags(

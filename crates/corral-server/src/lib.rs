@@ -13,6 +13,7 @@
 pub mod api;
 pub mod ceilings;
 pub mod dashboard;
+pub mod e2b;
 pub mod error;
 pub mod guard;
 pub mod mcp;
@@ -41,6 +42,8 @@ pub struct Bound {
     pub tcp: SocketAddr,
     /// The Unix socket, when one was asked for.
     pub unix: Option<String>,
+    /// The E2B-compatible listener (`server.e2b_listen`), when asked for.
+    pub e2b: Option<SocketAddr>,
     /// How requests are authenticated.
     pub auth: AuthMode,
     /// The file holding the token the service generated (none when the
@@ -146,6 +149,18 @@ pub async fn serve(
         Some(path) => Some(bind_unix(path)?),
         None => None,
     };
+    let e2b = match &server.e2b_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr.trim())
+                .await
+                .with_context(|| format!("cannot listen on server.e2b_listen '{addr}'"))?,
+        ),
+        None => None,
+    };
+    let e2b_addr = match &e2b {
+        Some(l) => Some(l.local_addr().context("e2b listener address")?),
+        None => None,
+    };
     let token_file = match &generated {
         Some(token) => Some(runtime_file::TokenFile::write(
             &runtime_dir,
@@ -158,6 +173,7 @@ pub async fn serve(
     let bound = Bound {
         tcp: tcp_addr,
         unix: server.unix_socket.clone(),
+        e2b: e2b_addr,
         auth: server.auth,
         token_file: token_file.as_ref().map(|f| f.path().to_path_buf()),
     };
@@ -183,6 +199,16 @@ pub async fn serve(
         })
     });
 
+    let e2b_server = e2b.map(|listener| {
+        let stop = shutdown.clone();
+        let app = e2b::router(state.clone());
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await
+        })
+    });
+
     shutdown.cancelled().await;
     tracing::info!(grace_ms = grace.as_millis() as u64, "shutting down");
     // New clients find no token for a service on its way out.
@@ -191,6 +217,7 @@ pub async fn serve(
     mcp_cancel.cancel();
     let mut servers = vec![tcp_server];
     servers.extend(unix_server);
+    servers.extend(e2b_server);
     let drained = tokio::time::timeout(grace, async {
         for s in servers.iter_mut() {
             match s.await {

@@ -1,6 +1,6 @@
 //! A running sandbox: run commands through its agent, inspect it, tear it down.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -426,6 +426,30 @@ impl Sandbox {
         Ok(took)
     }
 
+    /// Freezes every process of the sandbox, its memory kept, until
+    /// [`Sandbox::resume`]; commands sent meanwhile wait. `Unsupported`
+    /// where the engine cannot (Kubernetes).
+    pub async fn pause(&self) -> Result<(), Error> {
+        let placement = self.placement();
+        self.inner
+            .runtime
+            .inner
+            .backend
+            .freeze(&placement, true)
+            .await
+    }
+
+    /// Thaws a sandbox [`Sandbox::pause`] froze.
+    pub async fn resume(&self) -> Result<(), Error> {
+        let placement = self.placement();
+        self.inner
+            .runtime
+            .inner
+            .backend
+            .freeze(&placement, false)
+            .await
+    }
+
     /// Starts a command and returns a handle to feed it and wait for it. With
     /// `cmd.stdin` set, the command gets a stdin pipe the caller feeds through
     /// the handle (the bytes in `cmd.stdin` are not sent by this call).
@@ -513,6 +537,7 @@ impl Sandbox {
             max_output: cmd.max_output,
             pid: None,
             done: false,
+            early: VecDeque::new(),
         })
     }
 
@@ -840,6 +865,9 @@ pub struct Execution {
     max_output: u64,
     pid: Option<u32>,
     done: bool,
+    /// Output read while waiting for the start ([`Execution::started`]),
+    /// handed out first by [`Execution::next_event`].
+    early: VecDeque<ExecEvent>,
 }
 
 /// A cloneable handle that feeds a running command's stdin and signals it,
@@ -1002,6 +1030,9 @@ impl Execution {
     /// stream and keep the command running (shell sessions). `Ended` carries
     /// the exit status and typed failure, without output (it was streamed).
     pub async fn next_event(&mut self) -> ExecEvent {
+        if let Some(event) = self.early.pop_front() {
+            return event;
+        }
         loop {
             let Some(frame) = self.rx.recv().await else {
                 self.done = true;
@@ -1022,6 +1053,31 @@ impl Execution {
                     }
                     output => output,
                 };
+            }
+        }
+    }
+
+    /// Waits until the agent reports the command running and returns its
+    /// pid; the outcome instead when it ended first (it could not start, or
+    /// its sandbox was lost). Output read meanwhile is kept for
+    /// [`Execution::next_event`].
+    pub async fn started(&mut self) -> Result<u32, Box<CommandResult>> {
+        loop {
+            if let Some(pid) = self.pid {
+                return Ok(pid);
+            }
+            let Some(frame) = self.rx.recv().await else {
+                self.done = true;
+                let failure = self.sandbox.stream_failure(&self.conn).await;
+                return Err(Box::new(CommandResult::failed(
+                    failure,
+                    self.started.elapsed(),
+                )));
+            };
+            match self.step(frame) {
+                None => {}
+                Some(ExecEvent::Ended(r)) => return Err(r),
+                Some(output) => self.early.push_back(output),
             }
         }
     }

@@ -65,6 +65,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATTERN")]
     allow_image: Vec<String>,
 
+    /// Also serve the E2B-compatible API (control plane and envd, for the
+    /// `e2b` SDK with E2B_API_URL and E2B_SANDBOX_URL both set to
+    /// http://IP:PORT) on this address (port 0: any free port). Overrides
+    /// the config's `server.e2b_listen`.
+    #[arg(long, value_name = "IP:PORT")]
+    e2b_listen: Option<String>,
+
     /// Print the OpenAPI document (YAML) and exit.
     #[arg(long)]
     openapi: bool,
@@ -87,10 +94,13 @@ pub async fn run(
     if let Some(sock) = args.unix_socket {
         config.server.unix_socket = Some(sock);
     }
+    if let Some(e2b) = args.e2b_listen {
+        config.server.e2b_listen = Some(e2b);
+    }
     config.server.policy.images.extend(args.allow_image);
     config
         .validate(&RealHost)
-        .context("invalid --listen, --unix-socket or --allow-image")?;
+        .context("invalid --listen, --unix-socket, --e2b-listen or --allow-image")?;
     // Signals are caught before anything is created, so an interrupt at
     // any point ends in teardown, not a leak.
     let shutdown = CancellationToken::new();
@@ -137,6 +147,12 @@ pub async fn run(
             "corral serve: listening on http://{}{unix}{auth}",
             bound.tcp
         );
+        if let Some(e2b) = bound.e2b {
+            eprintln!(
+                "corral serve: E2B-compatible API on http://{e2b} (E2B_API_URL and E2B_SANDBOX_URL; \
+                 E2B_API_KEY is a token)"
+            );
+        }
     })
     .await?;
     Ok(ExitCode::SUCCESS)

@@ -300,92 +300,112 @@ pub(super) async fn fork(
         ));
     }
     let client_keys = fork_keys(req.session_prefix.as_deref(), count)?;
-    let keys: Vec<String> = client_keys.iter().map(|k| caller.session_key(k)).collect();
-    for (key, client_key) in keys.iter().zip(&client_keys) {
-        if s.sessions().contains_key(key) || provider.has_session(key) {
-            return Err(conflict(
-                "session_prefix",
-                format!("session key '{client_key}' already has a sandbox"),
-            ));
-        }
-    }
-    for name in req.env.keys() {
-        if name.is_empty() || name.contains('=') || name.contains('\0') {
-            return Err(ApiError::invalid(
-                format!("env.{name}"),
-                format!("environment variable name '{name}' is empty or holds '=' or NUL"),
-            ));
-        }
-    }
-    let (info, _) = find(&s, &caller, &name, SnapshotAccess::Read).await?;
-    let config = &s.inner.config;
-    let mut base = config.defaults.clone();
-    if base.image.is_empty() {
-        base.image = s.inner.default_image.clone();
-    }
-    // The values come from the request, then the defaults; the snapshot
-    // kept only the names.
-    let mut env: Vec<EnvVar> = req
-        .env
-        .iter()
-        .map(|(name, value)| EnvVar::Set {
-            name: name.clone(),
-            value: value.clone(),
-        })
-        .collect();
-    env.extend(base.env.iter().cloned());
-    let spec = info.fork_spec_with(&env);
-    config.server.policy.check_fork(&base, &spec).map_err(|r| {
-        let mut e = ApiError::refused(&r, "spec");
-        e.detail.message = format!(
-            "snapshot '{name}' was taken of a sandbox this service would not give a client: {}",
-            e.detail.message
-        );
-        e
-    })?;
-
-    let reservation = s
-        .inner
-        .tenancy
-        .reserve(&caller, &keys)
-        .map_err(|e| ApiError::quota(&e))?;
-    let starts = keys.iter().map(|k| provider.acquire_spec(k, &spec));
-    let results = futures_util::future::join_all(starts).await;
-    let mut failed = None;
-    let mut made = Vec::with_capacity(count);
-    for (key, r) in keys.iter().zip(results) {
-        match r {
-            Ok(lease) => made.push((key.clone(), lease)),
-            Err(e) => {
-                failed.get_or_insert(e);
-            }
-        }
-    }
-    if let Some(e) = failed {
-        // All or nothing: the forks that started go again.
-        for (key, lease) in made {
-            drop(lease);
-            if let Err(d) = provider.release_and_wait(&key).await {
-                tracing::warn!(session = %key, error = %d, "releasing a fork after a failed fork failed");
-            }
-        }
-        return Err(ApiError::runtime(&e, "spec"));
-    }
-    reservation.commit();
-    let mut sandboxes = Vec::with_capacity(count);
-    for (key, lease) in &made {
-        s.sessions().insert(
-            key.clone(),
-            Meta {
-                owner: caller.clone(),
-                profile: None,
-                persistent: false,
-                lost: None,
-            },
-        );
-        sandboxes.push(s.info(&caller, key, lease));
-    }
+    let sandboxes = s.fork_as(&caller, &name, &client_keys, &req.env).await?;
     Ok((StatusCode::CREATED, Json(SandboxList { sandboxes })))
+}
+
+impl AppState {
+    /// Starts one sandbox per client key from snapshot `name` for `caller`
+    /// (all or nothing): the one way every front end forks, through the
+    /// snapshot's visibility, the client policy and the tenant's quota.
+    /// `env` gives the values of the variables (the snapshot kept only the
+    /// names).
+    pub(crate) async fn fork_as(
+        &self,
+        caller: &Principal,
+        name: &str,
+        client_keys: &[String],
+        req_env: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Vec<crate::wire::SandboxInfo>, ApiError> {
+        let s = self;
+        let count = client_keys.len();
+        let provider = &s.inner.provider;
+        let keys: Vec<String> = client_keys.iter().map(|k| caller.session_key(k)).collect();
+        for (key, client_key) in keys.iter().zip(client_keys) {
+            if s.sessions().contains_key(key) || provider.has_session(key) {
+                return Err(conflict(
+                    "session_prefix",
+                    format!("session key '{client_key}' already has a sandbox"),
+                ));
+            }
+        }
+        for name in req_env.keys() {
+            if name.is_empty() || name.contains('=') || name.contains('\0') {
+                return Err(ApiError::invalid(
+                    format!("env.{name}"),
+                    format!("environment variable name '{name}' is empty or holds '=' or NUL"),
+                ));
+            }
+        }
+        let (info, _) = find(s, caller, name, SnapshotAccess::Read).await?;
+        let config = &s.inner.config;
+        let mut base = config.defaults.clone();
+        if base.image.is_empty() {
+            base.image = s.inner.default_image.clone();
+        }
+        // The values come from the request, then the defaults; the snapshot
+        // kept only the names.
+        let mut env: Vec<EnvVar> = req_env
+            .iter()
+            .map(|(name, value)| EnvVar::Set {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect();
+        env.extend(base.env.iter().cloned());
+        let spec = info.fork_spec_with(&env);
+        config.server.policy.check_fork(&base, &spec).map_err(|r| {
+            let mut e = ApiError::refused(&r, "spec");
+            e.detail.message = format!(
+                "snapshot '{name}' was taken of a sandbox this service would not give a client: {}",
+                e.detail.message
+            );
+            e
+        })?;
+
+        let reservation = s
+            .inner
+            .tenancy
+            .reserve(caller, &keys)
+            .map_err(|e| ApiError::quota(&e))?;
+        let starts = keys.iter().map(|k| provider.acquire_spec(k, &spec));
+        let results = futures_util::future::join_all(starts).await;
+        let mut failed = None;
+        let mut made = Vec::with_capacity(count);
+        for (key, r) in keys.iter().zip(results) {
+            match r {
+                Ok(lease) => made.push((key.clone(), lease)),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = failed {
+            // All or nothing: the forks that started go again.
+            for (key, lease) in made {
+                drop(lease);
+                if let Err(d) = provider.release_and_wait(&key).await {
+                    tracing::warn!(session = %key, error = %d, "releasing a fork after a failed fork failed");
+                }
+            }
+            return Err(ApiError::runtime(&e, "spec"));
+        }
+        reservation.commit();
+        let mut sandboxes = Vec::with_capacity(count);
+        for (key, lease) in &made {
+            s.sessions().insert(
+                key.clone(),
+                Meta {
+                    owner: caller.clone(),
+                    profile: None,
+                    persistent: false,
+                    lost: None,
+                },
+            );
+            sandboxes.push(s.info(caller, key, lease));
+        }
+        Ok(sandboxes)
+    }
 }
 
 /// The session keys of `count` forks: `<prefix>-<i>`, or random ones.

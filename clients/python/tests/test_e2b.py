@@ -1,0 +1,484 @@
+"""The real ``e2b`` SDK (from PyPI, pinned in scripts/python-env.sh) against a
+real ``corral serve`` with its E2B-compatible listener, configured through
+nothing but the SDK's environment variables (E2B_API_URL, E2B_SANDBOX_URL,
+E2B_API_KEY). Every SDK call of the E2B surface is exercised, sync and async,
+and the principals are attacked: another tenant's API key, and one sandbox's
+envd access token against another sandbox.
+
+Run under the newest pinned SDK and, with ``E2B_SDK_DIR`` (a directory the
+oldest supported SDK is installed into with ``pip install --target``), the
+oldest: the same file, unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import uuid
+from typing import Dict, Iterator, List
+
+import httpx
+import pytest
+
+if os.environ.get("E2B_SDK_DIR"):
+    sys.path.insert(0, os.environ["E2B_SDK_DIR"])
+
+e2b = pytest.importorskip("e2b")
+from e2b import AsyncSandbox, Sandbox  # noqa: E402
+from e2b.exceptions import (  # noqa: E402
+    AuthenticationException,
+    NotFoundException,
+    SandboxException,
+    TimeoutException,
+)
+from e2b.sandbox.commands.command_handle import CommandExitException  # noqa: E402
+
+from corral.testing import LocalServer, free_port  # noqa: E402
+
+from conftest import IMAGE, LABELS, assert_no_leaks, corral_binary, remove_snapshot_images  # noqa: E402
+
+pytestmark = pytest.mark.server
+
+
+def e2b_version() -> str:
+    from importlib.metadata import version
+
+    return getattr(e2b, "__version__", None) or version("e2b")
+
+TOKEN = "tok-e2b-default-" + uuid.uuid4().hex
+OTHER_TOKEN = "tok-e2b-other-" + uuid.uuid4().hex
+RUN = uuid.uuid4().hex[:10]
+
+
+@pytest.fixture(scope="module")
+def e2b_server() -> Iterator[Dict[str, str]]:
+    """A corral serve of its own (two tenants, an E2B listener), and the
+    SDK's environment pointing at it."""
+    e2b_port = free_port()
+    config = {
+        "defaults": {"image": IMAGE, "labels": dict(LABELS)},
+        "server": {
+            "token": TOKEN,
+            "tenants": {"other": {"token": OTHER_TOKEN}},
+            "e2b_listen": f"127.0.0.1:{e2b_port}",
+        },
+    }
+    server = LocalServer(corral_binary(), config=config)
+    server.start()
+    url = f"http://127.0.0.1:{e2b_port}"
+    saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DOMAIN")}
+    os.environ["E2B_API_URL"] = url
+    os.environ["E2B_SANDBOX_URL"] = url
+    os.environ["E2B_API_KEY"] = TOKEN
+    os.environ.pop("E2B_DOMAIN", None)
+    try:
+        yield {"url": url, "corral": server.url}
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        code = server.stop()
+        tail = server.log_tail()
+        server.close()
+        assert_no_leaks()
+        assert code == 0, f"corral serve exited with {code}:\n{tail}"
+
+
+@pytest.fixture
+def sbx(e2b_server: Dict[str, str]) -> Iterator[Sandbox]:
+    sandbox = Sandbox.create(timeout=300, metadata={"run": RUN}, envs={"GREETING": "hello"})
+    try:
+        yield sandbox
+    finally:
+        sandbox.kill()
+
+
+# -- the control plane -------------------------------------------------------
+
+
+def test_lifecycle_list_info_timeout_connect_kill(e2b_server: Dict[str, str]) -> None:
+    sandbox = Sandbox.create(timeout=120, metadata={"run": RUN, "case": "life"})
+    try:
+        assert sandbox.is_running()
+        info = sandbox.get_info()
+        assert info.sandbox_id == sandbox.sandbox_id
+        assert info.metadata == {"run": RUN, "case": "life"}
+        first_end = info.end_at
+        sandbox.set_timeout(600)
+        assert sandbox.get_info().end_at > first_end
+
+        listed = Sandbox.list(query=e2b.SandboxQuery(metadata={"case": "life"})).next_items()
+        assert [s.sandbox_id for s in listed] == [sandbox.sandbox_id]
+        assert Sandbox.list(query=e2b.SandboxQuery(metadata={"case": "none"})).next_items() == []
+
+        again = Sandbox.connect(sandbox.sandbox_id)
+        assert again.commands.run("echo $((6*7))").stdout == "42\n"
+    finally:
+        assert sandbox.kill() is True
+    assert Sandbox.kill(sandbox.sandbox_id) is False
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sandbox.sandbox_id)
+    assert not sandbox.is_running()
+
+
+def test_a_sandbox_ends_when_its_timeout_passes(e2b_server: Dict[str, str]) -> None:
+    sandbox = Sandbox.create(timeout=1)
+    # The lifetime timer releases it; waiting on the SDK's own probe keeps
+    # this free of a wall-clock assertion.
+    for _ in range(200):
+        if not sandbox.is_running():
+            break
+        asyncio.run(asyncio.sleep(0.1))
+    assert not sandbox.is_running()
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sandbox.sandbox_id)
+
+
+def _docker_state(server: Dict[str, str], sandbox_id: str) -> str:
+    # The E2B sandbox is a sandbox of corral's own API too (one runtime):
+    # its container is named there.
+    r = httpx.get(f"{server['corral']}/v1/sandboxes/{sandbox_id}", headers={"Authorization": f"Bearer {TOKEN}"})
+    r.raise_for_status()
+    out = subprocess.run(
+        ["docker", "inspect", "-f", "{{.State.Status}}", r.json()["container_id"]],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    return out
+
+
+def test_pause_freezes_with_memory_kept_and_connect_resumes(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
+    if not hasattr(sbx, "pause"):
+        pytest.skip(f"e2b {e2b_version()} has no pause")
+    # A process holding a value only in its memory.
+    keeper = sbx.commands.run("read v; sleep 600; echo never", background=True, stdin=True)
+    sbx.commands.send_stdin(keeper.pid, "kept\n")
+    sbx.files.write("/keeper.pid", str(keeper.pid))
+    sbx.pause()
+    assert _docker_state(e2b_server, sbx.sandbox_id) == "paused"
+    assert Sandbox.get_info(sbx.sandbox_id).state == e2b.SandboxState.PAUSED
+    assert not sbx.is_running()
+    with pytest.raises(SandboxException, match="paused"):
+        sbx.files.read("/keeper.pid")
+    assert sbx.pause() is False  # already paused: E2B's 409
+    resumed = Sandbox.connect(sbx.sandbox_id)
+    assert _docker_state(e2b_server, sbx.sandbox_id) == "running"
+    assert resumed.get_info().state == e2b.SandboxState.RUNNING
+    # The same process, alive: its memory was kept.
+    assert keeper.pid in [p.pid for p in resumed.commands.list()]
+    assert resumed.commands.run(f"kill -0 {keeper.pid} && echo alive").stdout == "alive\n"
+
+
+def test_templates_go_through_the_image_policy(e2b_server: Dict[str, str]) -> None:
+    with pytest.raises(SandboxException, match="templateID 'registry.invalid/nope:1' is not allowed"):
+        Sandbox.create(template="registry.invalid/nope:1")
+
+
+def test_a_template_naming_a_snapshot_forks_it(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
+    name = f"e2b-snap-{RUN}"
+    sbx.files.write("/from-snapshot.txt", "kept")
+    # Snapshots are corral's own API: the same sandbox, the same token.
+    r = httpx.post(
+        f"{e2b_server['corral']}/v1/sandboxes/{sbx.sandbox_id}/snapshot",
+        json={"name": name},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=120,
+    )
+    assert r.status_code in (200, 201), r.text
+    try:
+        fork = Sandbox.create(template=name, timeout=120)
+        try:
+            assert fork.get_info().template_id == name
+            assert fork.files.read("/from-snapshot.txt") == "kept"
+        finally:
+            fork.kill()
+        # Another tenant's key does not see the snapshot: the name is then
+        # an image, which the policy refuses.
+        with pytest.raises(SandboxException, match=f"templateID '{name}'"):
+            Sandbox.create(template=name, api_key=OTHER_TOKEN)
+    finally:
+        remove_snapshot_images(name)
+
+
+def test_bad_input_names_the_field_or_route(e2b_server: Dict[str, str]) -> None:
+    url = e2b_server["url"]
+    r = httpx.post(f"{url}/v2/sandboxes", json={"templateID": 5}, headers={"X-API-KEY": TOKEN})
+    assert r.status_code == 400 and "templateID" in r.json()["message"]
+    r = httpx.post(f"{url}/v2/sandboxes", json={"templateID": "base", "autoPause": True}, headers={"X-API-KEY": TOKEN})
+    assert r.status_code == 400 and "autoPause" in r.json()["message"]
+    r = httpx.get(f"{url}/v3/sandboxes", headers={"X-API-KEY": TOKEN})
+    assert r.status_code == 404 and "GET /v3/sandboxes" in r.json()["message"]
+    r = httpx.get(f"{url}/v2/sandboxes")
+    assert r.status_code == 401 and "X-API-KEY" in r.json()["message"]
+
+
+# -- commands ------------------------------------------------------------------
+
+
+def test_foreground_commands_stream_and_keep_envs(sbx: Sandbox) -> None:
+    out: List[str] = []
+    err: List[str] = []
+    r = sbx.commands.run(
+        "echo $GREETING; echo $EXTRA; echo oops >&2; pwd",
+        envs={"EXTRA": "more"},
+        cwd="/tmp",
+        on_stdout=out.append,
+        on_stderr=err.append,
+    )
+    assert r.exit_code == 0
+    assert r.stdout == "hello\nmore\n/tmp\n"
+    assert r.stderr == "oops\n"
+    assert "".join(out) == r.stdout and "".join(err) == r.stderr
+
+
+def test_a_non_zero_exit_raises_command_exit_exception(sbx: Sandbox) -> None:
+    with pytest.raises(CommandExitException) as info:
+        sbx.commands.run("echo partial; exit 3")
+    assert info.value.exit_code == 3
+    assert info.value.stdout == "partial\n"
+
+
+def test_a_command_timeout_kills_it(sbx: Sandbox) -> None:
+    with pytest.raises(TimeoutException):
+        sbx.commands.run("sleep 30", timeout=1)
+    # The client gives up at its deadline; the service kills the command at
+    # the same one (well before the sleep would end).
+    for _ in range(100):
+        if all("sleep 30" not in " ".join(p.args) for p in sbx.commands.list()):
+            break
+        asyncio.run(asyncio.sleep(0.1))
+    assert all("sleep 30" not in " ".join(p.args) for p in sbx.commands.list())
+    assert "sleep 30" not in sbx.commands.run("ps -o args").stdout
+
+
+def test_background_commands_stdin_list_connect_kill(sbx: Sandbox) -> None:
+    handle = sbx.commands.run("read line; echo got:$line", background=True, stdin=True)
+    assert handle.pid in [p.pid for p in sbx.commands.list()]
+    sbx.commands.send_stdin(handle.pid, "abc\n")
+    assert handle.wait().stdout == "got:abc\n"
+
+    if hasattr(sbx.commands, "stream_input"):
+        fed = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.stream_input(fed.pid, ["a\n", b"b\n"])
+        sbx.commands.close_stdin(fed.pid)
+        assert fed.wait().stdout == "a\nb\n"
+    if hasattr(sbx.commands, "close_stdin"):
+        cat = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.send_stdin(cat.pid, "one\n")
+        sbx.commands.close_stdin(cat.pid)
+        assert cat.wait().stdout == "one\n"
+
+    ticker = sbx.commands.run("echo started; sleep 600", background=True)
+    seen: List[str] = []
+    again = sbx.commands.connect(ticker.pid)
+    assert sbx.commands.kill(ticker.pid) is True
+    with pytest.raises(CommandExitException) as info:
+        again.wait(on_stdout=seen.append)
+    assert info.value.exit_code == -1
+    assert "signal" in (info.value.error or "")
+    assert sbx.commands.kill(ticker.pid) is False
+    assert ticker.pid not in [p.pid for p in sbx.commands.list()]
+
+
+def test_user_is_the_sandboxs_own_or_refused_by_name(sbx: Sandbox) -> None:
+    assert sbx.commands.run("id -u", user="root").stdout == "0\n"
+    with pytest.raises(SandboxException, match="user"):
+        sbx.commands.run("id -u", user="nobody")
+
+
+# -- files -----------------------------------------------------------------------
+
+
+def test_files(sbx: Sandbox) -> None:
+    info = sbx.files.write("/work/a.txt", "alpha")
+    assert info.path == "/work/a.txt"
+    sbx.files.write_files([
+        {"path": "/work/b.bin", "data": bytes(range(256))},
+        {"path": "/work/sub/c.txt", "data": "gamma"},
+    ])
+    assert sbx.files.read("/work/a.txt") == "alpha"
+    assert sbx.files.read("/work/b.bin", format="bytes") == bytes(range(256))
+    names = sorted(e.name for e in sbx.files.list("/work"))
+    assert names == ["a.txt", "b.bin", "sub"]
+    deep = sorted(e.path for e in sbx.files.list("/work", depth=2))
+    assert "/work/sub/c.txt" in deep
+    got = sbx.files.get_info("/work/b.bin")
+    assert got.size == 256 and got.type == e2b.FileType.FILE
+    assert sbx.files.get_info("/work/sub").type == e2b.FileType.DIR
+
+    assert sbx.files.exists("/work/a.txt")
+    assert not sbx.files.exists("/work/missing")
+    assert sbx.files.make_dir("/work/new/deeper") is True
+    assert sbx.files.make_dir("/work/new/deeper") is False
+    moved = sbx.files.rename("/work/a.txt", "/work/new/a.txt")
+    assert moved.path == "/work/new/a.txt"
+    assert sbx.files.read("/work/new/a.txt") == "alpha"
+    sbx.files.remove("/work/new")
+    assert not sbx.files.exists("/work/new")
+    with pytest.raises(NotFoundException):
+        sbx.files.read("/work/new/a.txt")
+    # What a command writes, files reads, and the other way round.
+    sbx.commands.run("printf from-shell > /work/d.txt")
+    assert sbx.files.read("/work/d.txt") == "from-shell"
+    assert sbx.commands.run("cat /work/sub/c.txt").stdout == "gamma"
+
+
+def test_watch_dir_reports_creates_writes_and_removes(sbx: Sandbox) -> None:
+    sbx.files.make_dir("/watched/sub")
+    handle = sbx.files.watch_dir("/watched", recursive=True)
+    seen: list = []
+
+    def until(event: tuple) -> None:
+        # The watcher lists the directory a few times a second: wait for it.
+        for _ in range(100):
+            seen.extend((e.name, e.type) for e in handle.get_new_events())
+            if event in seen:
+                return
+            asyncio.run(asyncio.sleep(0.1))
+        assert event in seen, seen
+
+    try:
+        sbx.files.write("/watched/new.txt", "1")
+        until(("new.txt", e2b.FilesystemEventType.CREATE))
+        sbx.commands.run("printf 12345 > /watched/new.txt")
+        until(("new.txt", e2b.FilesystemEventType.WRITE))
+        sbx.commands.run("touch /watched/sub/deep")
+        until(("sub/deep", e2b.FilesystemEventType.CREATE))
+        sbx.files.remove("/watched/new.txt")
+        until(("new.txt", e2b.FilesystemEventType.REMOVE))
+    finally:
+        handle.stop()
+    with pytest.raises(SandboxException):
+        sbx.files.watch_dir("/watched/missing")
+
+
+# -- principals: attacks ------------------------------------------------------
+
+
+def test_another_tenants_key_cannot_see_connect_or_kill(sbx: Sandbox) -> None:
+    other = {"api_key": OTHER_TOKEN}
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(sbx.sandbox_id, **other)
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sbx.sandbox_id, **other)
+    assert Sandbox.kill(sbx.sandbox_id, **other) is False
+    listed = Sandbox.list(api_key=OTHER_TOKEN).next_items()
+    assert sbx.sandbox_id not in [s.sandbox_id for s in listed]
+    assert sbx.is_running()
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key="not-a-token").next_items()
+
+
+def _rpc(url: str, method: str, body: dict, sandbox_id: str, token: str) -> httpx.Response:
+    return httpx.post(
+        f"{url}/{method}",
+        content=json.dumps(body),
+        headers={"Content-Type": "application/json", "E2b-Sandbox-Id": sandbox_id, "X-Access-Token": token},
+    )
+
+
+def test_one_sandboxs_access_token_does_not_open_another(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
+    url = e2b_server["url"]
+    victim = Sandbox.create(timeout=120)
+    try:
+        victim.files.write("/secret", "victim's")
+        own = sbx._envd_access_token
+        # The attacker's token with the victim's id: refused, nothing read.
+        r = _rpc(url, "filesystem.Filesystem/Stat", {"path": "/secret"}, victim.sandbox_id, own)
+        assert r.status_code == 401 and r.json()["code"] == "unauthenticated"
+        r = httpx.get(f"{url}/files", params={"path": "/secret"},
+                      headers={"E2b-Sandbox-Id": victim.sandbox_id, "X-Access-Token": own})
+        assert r.status_code == 401 and b"victim" not in r.content
+        r = _rpc(url, "process.Process/List", {}, victim.sandbox_id, "")
+        assert r.status_code == 401
+        # An SDK object of the attacker's sandbox pointed at the victim.
+        forged = Sandbox(
+            sandbox_id=victim.sandbox_id,
+            envd_version=sbx._envd_version,
+            envd_access_token=own,
+            sandbox_domain=None,
+            connection_config=e2b.ConnectionConfig(
+                extra_sandbox_headers={"E2b-Sandbox-Id": victim.sandbox_id, "X-Access-Token": own}
+            ),
+        )
+        with pytest.raises((AuthenticationException, SandboxException)):
+            forged.commands.run("cat /secret")
+        # The victim's own token still works: the refusals were the token's.
+        r = _rpc(url, "filesystem.Filesystem/Stat", {"path": "/secret"}, victim.sandbox_id,
+                 victim._envd_access_token)
+        assert r.status_code == 200 and r.json()["entry"]["name"] == "secret"
+    finally:
+        victim.kill()
+
+
+def test_malformed_envd_calls_are_named(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
+    url, sid, tok = e2b_server["url"], sbx.sandbox_id, sbx._envd_access_token
+    r = _rpc(url, "filesystem.Filesystem/Stat", {"path": 7}, sid, tok)
+    assert r.status_code == 400 and r.json()["message"].startswith("path:")
+    r = _rpc(url, "process.Process/SendSignal", {"process": {"pid": 1}, "signal": "SIGNAL_SIGHUP"}, sid, tok)
+    assert r.status_code == 400 and r.json()["message"].startswith("signal:")
+    # A server-streaming call with a truncated envelope: an error, not a hang.
+    r = httpx.post(f"{url}/process.Process/Start", content=b"\x00\x00\x00\x00\x09{",
+                   headers={"Content-Type": "application/connect+json", "E2b-Sandbox-Id": sid, "X-Access-Token": tok})
+    assert r.status_code == 200
+    flags, length = r.content[0], int.from_bytes(r.content[1:5], "big")
+    end = json.loads(r.content[5:5 + length])
+    assert flags == 2 and "announces 9 bytes" in end["error"]["message"]
+
+
+# -- async ----------------------------------------------------------------------
+
+
+def test_async_sdk(e2b_server: Dict[str, str]) -> None:
+    async def main() -> None:
+        sandbox = await AsyncSandbox.create(timeout=120, metadata={"run": RUN, "flavor": "async"})
+        try:
+            out: List[str] = []
+            r = await sandbox.commands.run("echo async; echo e >&2", on_stdout=out.append)
+            assert r.stdout == "async\n" and r.stderr == "e\n" and out == ["async\n"]
+            with pytest.raises(CommandExitException):
+                await sandbox.commands.run("exit 5")
+            handle = await sandbox.commands.run("read x; echo x=$x", background=True, stdin=True)
+            await sandbox.commands.send_stdin(handle.pid, "9\n")
+            assert (await handle.wait()).stdout == "x=9\n"
+            sleeper = await sandbox.commands.run("sleep 600", background=True)
+            assert sleeper.pid in [p.pid for p in await sandbox.commands.list()]
+            assert await sandbox.commands.kill(sleeper.pid) is True
+
+            await sandbox.files.write("/a/b.txt", "async file")
+            assert await sandbox.files.read("/a/b.txt") == "async file"
+            assert [e.name for e in await sandbox.files.list("/a")] == ["b.txt"]
+            assert await sandbox.files.exists("/a/b.txt")
+            await sandbox.files.rename("/a/b.txt", "/a/c.txt")
+            assert (await sandbox.files.get_info("/a/c.txt")).size == len("async file")
+            await sandbox.files.remove("/a/c.txt")
+            assert not await sandbox.files.exists("/a/c.txt")
+
+            events: List[str] = []
+            await sandbox.files.make_dir("/w")
+            watch = await sandbox.files.watch_dir("/w", on_event=lambda e: events.append(e.name))
+            await sandbox.files.write("/w/seen.txt", "x")
+            for _ in range(100):
+                if "seen.txt" in events:
+                    break
+                await asyncio.sleep(0.1)
+            await watch.stop()
+            assert "seen.txt" in events
+
+            info = await sandbox.get_info()
+            assert info.metadata["flavor"] == "async"
+            await sandbox.set_timeout(300)
+            again = await AsyncSandbox.connect(sandbox.sandbox_id)
+            assert (await again.commands.run("echo via-connect")).stdout == "via-connect\n"
+            paginator = AsyncSandbox.list(query=e2b.SandboxQuery(metadata={"flavor": "async"}))
+            assert [s.sandbox_id for s in await paginator.next_items()] == [sandbox.sandbox_id]
+        finally:
+            assert await sandbox.kill() is True
+        assert not await sandbox.is_running()
+
+    asyncio.run(main())

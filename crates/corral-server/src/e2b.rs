@@ -1,0 +1,394 @@
+//! The E2B-compatible front end: the `e2b` SDK (and every framework built
+//! on it) runs on corral by setting `E2B_API_URL` and `E2B_SANDBOX_URL` to
+//! this listener (`server.e2b_listen`) and `E2B_API_KEY` to a corral token.
+//!
+//! One listener serves both halves of E2B's protocol, whose paths do not
+//! overlap: the control plane (`control.rs`: REST, `X-API-KEY`) and the
+//! in-sandbox daemon `envd` (`process.rs`, `filesystem.rs`: Connect-RPC
+//! with the JSON codec, framed by `connect.rs`; `/files` and `/health`),
+//! which the SDK sends to one address naming the sandbox in the
+//! `E2b-Sandbox-Id` header. It is a listener of its own, not a path prefix
+//! of the main one, because the SDK builds `/files` URLs with an absolute
+//! path (a prefix in `E2B_SANDBOX_URL` is dropped), and E2B's
+//! authentication headers are not the main listener's bearer token.
+//!
+//! This is a second front end over the same runtime, never a second
+//! runtime: a sandbox is created by [`AppState::create`] (client policy,
+//! tenant quota, provider session key) for the principal whose token is
+//! the API key ([`ServerConfig::principal_of_token`], as the bearer guard
+//! does), and every later call reaches it through [`AppState::lease`] as
+//! that principal, so another tenant's key finds nothing. Each sandbox
+//! gets a fresh `envdAccessToken`, a secret that opens that sandbox's envd
+//! calls only. Commands run through [`corral::Sandbox::exec`], files
+//! through the sandbox's file API.
+//!
+//! E2B's own semantics live here only: a sandbox's `timeout` is its
+//! lifetime (a timer releases it), a command's `timeout` kills it, a
+//! non-zero exit is an `end` event the SDK turns into
+//! `CommandExitException`; `pause` freezes the sandbox with its memory
+//! ([`corral::Sandbox::pause`]: Docker's cgroup freezer; a typed 501 where
+//! the engine cannot) and stops its timer until `resume` or `connect`.
+
+mod connect;
+mod control;
+mod filesystem;
+mod process;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use corral::Lease;
+use corral_core::config::{AuthMode, ServerConfig};
+use corral_core::principal::{Principal, DEFAULT_TENANT};
+
+use crate::api::AppState;
+use connect::{Code, RpcError};
+use control::E2bError;
+
+/// The `envd` version the service reports: the SDK picks its wire format by
+/// it (0.5.7: stdin on demand, `CloseStdin`, octet-stream uploads; below
+/// 0.6.2, so no file metadata).
+pub const ENVD_VERSION: &str = "0.5.7";
+
+/// envd's port, as the SDK names it in `E2b-Sandbox-Port`.
+const ENVD_PORT: &str = "49983";
+
+/// The state of the E2B front end; cheap to clone.
+#[derive(Clone)]
+pub struct E2b {
+    app: AppState,
+    sandboxes: Arc<Mutex<HashMap<String, Arc<Entry>>>>,
+}
+
+/// One sandbox created through this front end.
+struct Entry {
+    /// Its E2B id, which is also its session key under `owner`.
+    id: String,
+    owner: Principal,
+    template: String,
+    /// The envd access token: opens this sandbox's envd calls only.
+    token: String,
+    metadata: BTreeMap<String, String>,
+    /// `envVars` of the create request, given to every command.
+    envs: BTreeMap<String, String>,
+    started_at: SystemTime,
+    /// When its lifetime (`timeout`) ends, and the timer that releases it.
+    end: Mutex<(SystemTime, Option<tokio::task::AbortHandle>)>,
+    /// Processes started through `process.Process`, by pid.
+    procs: process::Table,
+    /// Watchers of `CreateWatcher`, by id.
+    watchers: Mutex<HashMap<String, Arc<filesystem::Watcher>>>,
+    /// Frozen by `pause` (its lifetime timer stopped) until resumed.
+    paused: std::sync::atomic::AtomicBool,
+}
+
+impl Entry {
+    fn is_paused(&self) -> bool {
+        self.paused.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+impl E2b {
+    /// The front end over `app` (the service's one state).
+    pub fn new(app: AppState) -> E2b {
+        E2b {
+            app,
+            sandboxes: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    fn registry(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Entry>>> {
+        // Plain map updates: a panic cannot leave one half-done.
+        self.sandboxes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn entry(&self, id: &str) -> Option<Arc<Entry>> {
+        self.registry().get(id).cloned()
+    }
+
+    /// The sandbox whose access token is `token` (compared in constant
+    /// time with each).
+    fn by_token(&self, token: &str) -> Option<String> {
+        if token.is_empty() {
+            return None;
+        }
+        let mut found = None;
+        for e in self.registry().values() {
+            if same_bytes(token.as_bytes(), e.token.as_bytes()) {
+                found = Some(e.id.clone());
+            }
+        }
+        found
+    }
+
+    /// Stops the lifetime timer of `entry` (while it is paused).
+    fn disarm_timer(&self, entry: &Entry) {
+        if let Some(timer) = lock(&entry.end).1.take() {
+            timer.abort();
+        }
+    }
+
+    /// Forgets `id` and stops its lifetime timer.
+    fn forget(&self, id: &str) -> Option<Arc<Entry>> {
+        let entry = self.registry().remove(id)?;
+        if let Some(timer) = lock(&entry.end).1.take() {
+            timer.abort();
+        }
+        Some(entry)
+    }
+
+    /// Releases `id` when `end` comes, unless its timeout changes first.
+    fn arm_timer(&self, entry: &Arc<Entry>, end: SystemTime) {
+        let this = self.clone();
+        let id = entry.id.clone();
+        let owner = entry.owner.clone();
+        let wait = end.duration_since(SystemTime::now()).unwrap_or_default();
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            if this.registry().remove(&id).is_some() {
+                tracing::info!(sandbox = %id, "e2b sandbox reached the end of its timeout; releasing it");
+                if let Err(e) = this.app.release(&owner, &id).await {
+                    tracing::warn!(sandbox = %id, error = %e.detail.message, "cannot release an expired e2b sandbox");
+                }
+            }
+        });
+        let mut slot = lock(&entry.end);
+        if let Some(old) = slot.1.replace(task.abort_handle()) {
+            old.abort();
+        }
+        slot.0 = end;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The principal an `X-API-KEY` stands for: the same tokens, and the same
+/// answer, as the bearer guard of the main listener.
+fn principal_of_key(server: &ServerConfig, headers: &HeaderMap) -> Result<Principal, E2bError> {
+    if server.auth == AuthMode::None {
+        return Ok(Principal::Tenant(DEFAULT_TENANT.to_string()));
+    }
+    let given = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .unwrap_or("");
+    if given.is_empty() {
+        return Err(control::error(
+            StatusCode::UNAUTHORIZED,
+            "header X-API-KEY is missing: set E2B_API_KEY to one of the service's tokens",
+        ));
+    }
+    server.principal_of_token(given).ok_or_else(|| {
+        control::error(
+            StatusCode::UNAUTHORIZED,
+            "header X-API-KEY: not one of the service's tokens",
+        )
+    })
+}
+
+/// A browser page may not drive this listener: any `Origin` not in
+/// `server.allowed_origins` is refused, as on the main listener.
+fn check_origin(server: &ServerConfig, headers: &HeaderMap) -> Result<(), E2bError> {
+    let Some(origin) = headers.get("origin") else {
+        return Ok(());
+    };
+    let origin = origin.to_str().unwrap_or("").trim_end_matches('/');
+    let allowed = server
+        .allowed_origins
+        .iter()
+        .any(|o| o.trim_end_matches('/').eq_ignore_ascii_case(origin));
+    if allowed {
+        Ok(())
+    } else {
+        Err(control::error(
+            StatusCode::FORBIDDEN,
+            format!("header Origin '{origin}' is not in server.allowed_origins"),
+        ))
+    }
+}
+
+/// The sandbox an envd call is for, checked against its access token, and
+/// its lease taken as its owner.
+struct Envd {
+    entry: Arc<Entry>,
+    lease: Lease,
+}
+
+impl E2b {
+    async fn envd(&self, headers: &HeaderMap) -> Result<Envd, RpcError> {
+        check_origin(&self.app.config().server, headers)
+            .map_err(|_| RpcError::new(Code::PermissionDenied, "header Origin is not allowed"))?;
+        if let Some(port) = headers.get("e2b-sandbox-port") {
+            let port = port.to_str().unwrap_or("");
+            if port.trim() != ENVD_PORT {
+                return Err(RpcError::unimplemented(
+                    &format!("header E2b-Sandbox-Port '{port}'"),
+                    "this listener serves envd (port 49983) only; reach a server inside a \
+                     sandbox through corral's port links (GET /v1/sandboxes/{id}/ports/{port})",
+                ));
+            }
+        }
+        let given = headers
+            .get("x-access-token")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        // The access token alone names its sandbox: SDKs that connect to
+        // an existing sandbox without sending `E2b-Sandbox-Id` (2.7 to
+        // 2.9) are routed by it.
+        let id = match sandbox_id(headers) {
+            Ok(id) => id,
+            Err(e) => match self.by_token(given) {
+                Some(id) => id,
+                None => return Err(e),
+            },
+        };
+        // As E2B's proxy answers: an unknown (or ended) sandbox "was not
+        // found" (the SDK then reports it not running); a known one with
+        // another token is refused. Ids are random: telling that one
+        // exists opens nothing.
+        let gone = || {
+            RpcError::new(
+                Code::Unavailable,
+                format!("sandbox '{id}' was not found (killed, or its timeout passed)"),
+            )
+        };
+        let entry = self.entry(&id).ok_or_else(gone)?;
+        if entry.is_paused() {
+            return Err(RpcError::new(
+                Code::Unavailable,
+                format!("sandbox '{id}' is paused: connect to it (Sandbox.connect) to resume it"),
+            ));
+        }
+        if given.is_empty() || !same_bytes(given.as_bytes(), entry.token.as_bytes()) {
+            return Err(RpcError::new(
+                Code::Unauthenticated,
+                format!("header X-Access-Token does not open sandbox '{id}'"),
+            ));
+        }
+        let lease = match self.app.lease(&entry.owner, &entry.id).await {
+            Ok(l) => l,
+            Err(e) if e.status == StatusCode::NOT_FOUND => {
+                self.forget(&entry.id);
+                return Err(gone());
+            }
+            Err(e) => return Err(RpcError::from(e)),
+        };
+        Ok(Envd { entry, lease })
+    }
+}
+
+/// The sandbox an envd call names: `E2b-Sandbox-Id` (what the SDK sends
+/// with `E2B_SANDBOX_URL`), else a `Host` of the form `PORT-ID.DOMAIN`
+/// (E2B's own addressing, for a proxy in front of this listener).
+fn sandbox_id(headers: &HeaderMap) -> Result<String, RpcError> {
+    if let Some(v) = headers.get("e2b-sandbox-id") {
+        return match v.to_str() {
+            Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_string()),
+            _ => Err(RpcError::invalid(
+                "header E2b-Sandbox-Id",
+                "is empty or not text",
+            )),
+        };
+    }
+    let host = headers
+        .get("host")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let label = host.split('.').next().unwrap_or("");
+    if host.contains('.') {
+        if let Some((port, id)) = label.split_once('-') {
+            if port.parse::<u16>().is_ok() && !id.is_empty() {
+                return Ok(id.to_string());
+            }
+        }
+    }
+    Err(RpcError::invalid(
+        "header E2b-Sandbox-Id",
+        "is missing: set E2B_SANDBOX_URL to this listener so the SDK names the sandbox",
+    ))
+}
+
+/// The user a call asks for (`Authorization: Basic base64(user:)`); `None`
+/// for the sandbox's own. corral does not switch users inside a sandbox:
+/// E2B's default user name `user`, and the sandbox's own user, are
+/// accepted; any other is refused by name.
+fn requested_user(headers: &HeaderMap, lease: &Lease) -> Result<(), RpcError> {
+    let Some(v) = headers.get("authorization") else {
+        return Ok(());
+    };
+    let text = v.to_str().unwrap_or("");
+    let Some(b64) = text.strip_prefix("Basic ") else {
+        return Err(RpcError::invalid(
+            "header Authorization",
+            "expected Basic credentials naming a user",
+        ));
+    };
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .map_err(|e| RpcError::invalid("header Authorization", e))?;
+    let decoded = String::from_utf8_lossy(&decoded);
+    let user = decoded.split(':').next().unwrap_or("");
+    let own = lease.spec().security.user.clone();
+    let own_name = own.as_deref().unwrap_or("root");
+    let is_root = |u: &str| matches!(u, "root" | "0" | "0:0");
+    let same = user.is_empty()
+        || user == "user"
+        || user == own_name
+        || (own.is_none() && is_root(user))
+        || own.as_deref().is_some_and(|o| is_root(o) && is_root(user));
+    if same {
+        Ok(())
+    } else {
+        Err(RpcError::invalid(
+            "user",
+            format!(
+                "'{user}' is not available: this sandbox runs everything as '{own_name}' (its spec's \
+                 user), and corral does not switch users inside a sandbox"
+            ),
+        ))
+    }
+}
+
+/// Constant-time comparison of two secrets.
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The E2B listener's routes over the service's state.
+pub fn router(app: AppState) -> axum::Router {
+    let e2b = E2b::new(app);
+    let max_body = usize::try_from(e2b.app.config().server.max_body_bytes).unwrap_or(usize::MAX);
+    let ceilings = e2b.app.ceilings().clone();
+    control::routes()
+        .merge(process::routes())
+        .merge(filesystem::routes())
+        .fallback(not_served)
+        .with_state(e2b)
+        .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(
+            ceilings,
+            crate::ceilings::hold,
+        ))
+}
+
+/// Anything else: named, so an SDK of another version says what it asked.
+async fn not_served(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    control::error(
+        StatusCode::NOT_FOUND,
+        format!(
+            "{method} {} is not part of the E2B API corral serves (see README, \"Using the e2b SDK\")",
+            uri.path()
+        ),
+    )
+    .into_response()
+}

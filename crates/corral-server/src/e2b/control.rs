@@ -1,0 +1,582 @@
+//! E2B's control plane (REST, `X-API-KEY`): create, list, describe, kill,
+//! set the timeout of, and connect to sandboxes. Create goes through
+//! [`AppState::create`] (client policy, tenant quota, provider), every
+//! other call through [`AppState::lease`] or [`AppState::release`] as the
+//! key's principal, so one tenant's key neither sees nor touches another's
+//! sandboxes (they are answered as absent, 404).
+//!
+//! Errors are E2B's `{"code": STATUS, "message": ...}`, naming the field.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Json;
+use corral_core::principal::Principal;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{check_origin, lock, principal_of_key, E2b, Entry, ENVD_VERSION};
+use crate::error::ApiError;
+use crate::wire::CreateSandbox;
+
+/// E2B's default template: the service's default image.
+const DEFAULT_TEMPLATE: &str = "base";
+
+/// E2B's default sandbox lifetime, in seconds.
+const DEFAULT_TIMEOUT_S: u64 = 300;
+
+/// The longest lifetime a sandbox may be given (E2B's own maximum, 24 h).
+const MAX_TIMEOUT_S: u64 = 24 * 3600;
+
+pub(super) fn routes() -> axum::Router<E2b> {
+    axum::Router::new()
+        .route("/sandboxes", post(create).get(list))
+        .route("/v2/sandboxes", post(create).get(list))
+        .route("/sandboxes/{id}", get(detail).delete(kill))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/resume", post(resume))
+}
+
+/// An E2B API error: `{"code": STATUS, "message": ...}`.
+#[derive(Debug)]
+pub(super) struct E2bError {
+    status: StatusCode,
+    message: String,
+    retry_after: Option<u64>,
+}
+
+impl IntoResponse for E2bError {
+    fn into_response(self) -> Response {
+        let mut r = (
+            self.status,
+            Json(json!({"code": self.status.as_u16(), "message": self.message})),
+        )
+            .into_response();
+        if let Some(secs) = self.retry_after {
+            if let Ok(v) = secs.to_string().parse() {
+                r.headers_mut().insert("retry-after", v);
+            }
+        }
+        r
+    }
+}
+
+/// An E2B API error of `status`.
+pub(super) fn error(status: StatusCode, message: impl Into<String>) -> E2bError {
+    E2bError {
+        status,
+        message: message.into(),
+        retry_after: None,
+    }
+}
+
+fn api_error(e: ApiError) -> E2bError {
+    let message = match &e.detail.field {
+        Some(f) if !e.detail.message.contains(f.as_str()) => format!("{f}: {}", e.detail.message),
+        _ => e.detail.message.clone(),
+    };
+    E2bError {
+        status: e.status,
+        message,
+        retry_after: e.retry_after,
+    }
+}
+
+fn not_found(id: &str) -> E2bError {
+    error(StatusCode::NOT_FOUND, format!("sandbox '{id}' not found"))
+}
+
+/// The caller of a control-plane request.
+fn caller(e2b: &E2b, headers: &HeaderMap) -> Result<Principal, E2bError> {
+    let server = &e2b.app.config().server;
+    check_origin(server, headers)?;
+    principal_of_key(server, headers)
+}
+
+/// A JSON body, naming the field at fault; an empty body is `{}`.
+fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, E2bError> {
+    let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        bytes
+    };
+    let de = &mut serde_json::Deserializer::from_slice(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body at '{}': {}", e.path(), e.inner()),
+        )
+    })
+}
+
+/// `POST /sandboxes` and `/v2/sandboxes` (E2B's NewSandbox). Fields this
+/// service cannot honour are refused by name rather than ignored.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    timeout: Option<u64>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    env_vars: BTreeMap<String, String>,
+    #[serde(default)]
+    auto_pause: bool,
+    #[serde(rename = "allow_internet_access", alias = "allowInternetAccess")]
+    allow_internet_access: Option<bool>,
+    mcp: Option<Value>,
+    network: Option<Value>,
+    #[serde(default)]
+    volume_mounts: Vec<Value>,
+}
+
+fn lifetime(field: &str, timeout: Option<u64>) -> Result<Duration, E2bError> {
+    match timeout.unwrap_or(DEFAULT_TIMEOUT_S) {
+        0 => Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("{field} 0 must be at least 1 second"),
+        )),
+        t if t > MAX_TIMEOUT_S => Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("{field} {t} is above the maximum of {MAX_TIMEOUT_S} seconds"),
+        )),
+        t => Ok(Duration::from_secs(t)),
+    }
+}
+
+fn refuse_unsupported(req: &NewSandbox) -> Result<(), E2bError> {
+    let refuse = |field: &str, why: &str| {
+        Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("{field} is not supported by corral: {why}"),
+        ))
+    };
+    if req.auto_pause {
+        return refuse("autoPause", "sandboxes end when their timeout passes");
+    }
+    if req.allow_internet_access == Some(false) {
+        return refuse(
+            "allow_internet_access false",
+            "a sandbox's network is set by the service's configuration (defaults.network), \
+             not per request",
+        );
+    }
+    if req.mcp.as_ref().is_some_and(|v| !v.is_null()) {
+        return refuse("mcp", "E2B's MCP gateway is not part of corral");
+    }
+    if req.network.as_ref().is_some_and(|v| !v.is_null()) {
+        return refuse(
+            "network",
+            "a sandbox's network is set by the service's configuration",
+        );
+    }
+    if !req.volume_mounts.is_empty() {
+        return refuse("volumeMounts", "E2B volumes are not part of corral");
+    }
+    Ok(())
+}
+
+async fn create(
+    State(e2b): State<E2b>,
+    headers: HeaderMap,
+    bytes: axum::body::Bytes,
+) -> Result<Response, E2bError> {
+    let owner = caller(&e2b, &headers)?;
+    let req: NewSandbox = body(&bytes)?;
+    refuse_unsupported(&req)?;
+    let life = lifetime("timeout", req.timeout)?;
+    if req.template_id.trim().is_empty() {
+        return Err(error(StatusCode::BAD_REQUEST, "templateID '' is empty"));
+    }
+    let id = format!("i{}", corral::host::random_hex(20));
+    let create = CreateSandbox {
+        session: Some(id.clone()),
+        image: (req.template_id != DEFAULT_TEMPLATE).then(|| req.template_id.clone()),
+        ..CreateSandbox::default()
+    };
+    // A template naming one of the caller's snapshots (or a shared one)
+    // starts a fork of it; anything else is an image.
+    let forked = if req.template_id != DEFAULT_TEMPLATE && !req.template_id.contains([':', '@']) {
+        match e2b
+            .app
+            .fork_as(
+                &owner,
+                &req.template_id,
+                std::slice::from_ref(&id),
+                &req.env_vars,
+            )
+            .await
+        {
+            Ok(mut made) => made.pop(),
+            Err(e) if matches!(e.status.as_u16(), 400 | 404) => None,
+            Err(e) => return Err(api_error(e)),
+        }
+    } else {
+        None
+    };
+    let created = match forked {
+        Some(info) => Ok((StatusCode::CREATED, info)),
+        None => e2b.app.create(&owner, &create).await,
+    };
+    if let Err(mut e) = created {
+        // The template is what an E2B caller named as the image.
+        if e.detail.field.as_deref() == Some("image") {
+            e.detail.field = Some("templateID".into());
+            e.detail.message = e.detail.message.replace("image '", "templateID '");
+        }
+        return Err(api_error(e));
+    }
+    let now = SystemTime::now();
+    let entry = Arc::new(Entry {
+        id: id.clone(),
+        owner,
+        template: req.template_id.clone(),
+        token: corral::host::random_hex(48),
+        metadata: req.metadata,
+        envs: req.env_vars,
+        started_at: now,
+        end: Mutex::new((now + life, None)),
+        procs: Default::default(),
+        paused: Default::default(),
+        watchers: Default::default(),
+    });
+    e2b.registry().insert(id.clone(), entry.clone());
+    e2b.arm_timer(&entry, now + life);
+    Ok((StatusCode::CREATED, Json(sandbox_json(&entry))).into_response())
+}
+
+/// E2B's `Sandbox`: what create and connect answer.
+fn sandbox_json(e: &Entry) -> Value {
+    json!({
+        "templateID": e.template,
+        "sandboxID": e.id,
+        "clientID": "corral",
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": e.token,
+        "domain": null,
+    })
+}
+
+/// E2B's `ListedSandbox` / `SandboxDetail` of a live sandbox.
+fn detail_json(e: &Entry, lease: &corral::Lease, with_token: bool) -> Value {
+    let limits = &lease.spec().limits;
+    let end = lock(&e.end).0;
+    let mut v = json!({
+        "templateID": e.template,
+        "sandboxID": e.id,
+        "clientID": "corral",
+        "startedAt": rfc3339(e.started_at),
+        "endAt": rfc3339(end),
+        "cpuCount": limits.cpus.map_or(0, |c| c.ceil() as u64),
+        "memoryMB": limits.memory.map_or(0, |m| m >> 20),
+        "diskSizeMB": limits.disk.map_or(0, |d| d >> 20),
+        "state": if e.is_paused() { "paused" } else { "running" },
+        "envdVersion": ENVD_VERSION,
+        "metadata": e.metadata,
+    });
+    if with_token {
+        v["envdAccessToken"] = json!(e.token);
+        v["domain"] = Value::Null;
+    }
+    v
+}
+
+/// The entry `id` as `caller` may see it, with its lease: 404 for another
+/// principal's (the one ownership check, [`AppState::lease`]).
+async fn visible(
+    e2b: &E2b,
+    caller: &Principal,
+    id: &str,
+) -> Result<(Arc<Entry>, corral::Lease), E2bError> {
+    let Some(entry) = e2b.entry(id) else {
+        return Err(not_found(id));
+    };
+    if !caller.may_session(&entry.owner) {
+        return Err(not_found(id));
+    }
+    match e2b.app.lease(&entry.owner, id).await {
+        Ok(lease) => Ok((entry, lease)),
+        Err(e) if e.status == StatusCode::NOT_FOUND => {
+            e2b.forget(id);
+            Err(not_found(id))
+        }
+        Err(e) => Err(api_error(e)),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListQuery {
+    metadata: Option<String>,
+    state: Option<String>,
+}
+
+async fn list(
+    State(e2b): State<E2b>,
+    headers: HeaderMap,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, E2bError> {
+    let caller = caller(&e2b, &headers)?;
+    let Query(q) = match query {
+        Ok(q) => q,
+        Err(e) => {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                format!("query: {}", e.body_text()),
+            ))
+        }
+    };
+    let wanted: Vec<(String, String)> = q
+        .metadata
+        .as_deref()
+        .map(|m| {
+            // The SDK quotes keys and values, then encodes the pairs: two
+            // decodings.
+            serde_urlencoded::from_str::<Vec<(String, String)>>(m)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (unquote(&k), unquote(&v)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let states: Vec<&str> = q
+        .state
+        .as_deref()
+        .map(|s| s.split(',').map(str::trim).collect())
+        .unwrap_or_else(|| vec!["running", "paused"]);
+    let entries: Vec<Arc<Entry>> = e2b
+        .registry()
+        .values()
+        .filter(|e| caller.may_session(&e.owner))
+        .filter(|e| wanted.iter().all(|(k, v)| e.metadata.get(k) == Some(v)))
+        .filter(|e| states.contains(&if e.is_paused() { "paused" } else { "running" }))
+        .cloned()
+        .collect();
+    let mut out = Vec::new();
+    for entry in entries {
+        if let Ok((entry, lease)) = visible(&e2b, &caller, &entry.id).await {
+            out.push(detail_json(&entry, &lease, false));
+        }
+    }
+    Ok(Json(out).into_response())
+}
+
+async fn detail(
+    State(e2b): State<E2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, E2bError> {
+    let caller = caller(&e2b, &headers)?;
+    match visible(&e2b, &caller, &id).await {
+        Ok((entry, lease)) => Ok(Json(detail_json(&entry, &lease, true)).into_response()),
+        Err(r) => Err(r),
+    }
+}
+
+async fn kill(
+    State(e2b): State<E2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, E2bError> {
+    let caller = caller(&e2b, &headers)?;
+    let Some(entry) = e2b.entry(&id).filter(|e| caller.may_session(&e.owner)) else {
+        return Err(not_found(&id));
+    };
+    e2b.forget(&id);
+    if entry.is_paused() {
+        // A frozen sandbox is thawed so that its removal runs as any other.
+        if let Ok(lease) = e2b.app.lease(&entry.owner, &id).await {
+            let _ = lease.resume().await;
+        }
+    }
+    match e2b.app.release(&entry.owner, &id).await {
+        Ok(()) => Ok(StatusCode::NO_CONTENT.into_response()),
+        Err(e) if e.status == StatusCode::NOT_FOUND => Err(not_found(&id)),
+        Err(e) => Err(api_error(e)),
+    }
+}
+
+#[derive(Deserialize)]
+struct TimeoutBody {
+    timeout: Option<u64>,
+}
+
+async fn set_timeout(
+    State(e2b): State<E2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    bytes: axum::body::Bytes,
+) -> Result<Response, E2bError> {
+    let caller = caller(&e2b, &headers)?;
+    let req: TimeoutBody = body(&bytes)?;
+    if req.timeout.is_none() {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "timeout is required (seconds)",
+        ));
+    }
+    let life = lifetime("timeout", req.timeout)?;
+    match visible(&e2b, &caller, &id).await {
+        Ok((entry, _)) => {
+            e2b.arm_timer(&entry, SystemTime::now() + life);
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        Err(r) => Err(r),
+    }
+}
+
+/// Connect to a running sandbox: its envd token, and with `timeout` a new
+/// lifetime (E2B extends it; it never shortens it here either).
+async fn connect(
+    State(e2b): State<E2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    bytes: axum::body::Bytes,
+) -> Result<Response, E2bError> {
+    let caller = caller(&e2b, &headers)?;
+    let req: TimeoutBody = body(&bytes)?;
+    let (entry, lease) = visible(&e2b, &caller, &id).await?;
+    if entry.is_paused() {
+        // E2B's connect resumes a paused sandbox.
+        return resume_entry(&e2b, &entry, &lease, req.timeout, StatusCode::CREATED).await;
+    }
+    if req.timeout.is_some() {
+        let life = lifetime("timeout", req.timeout)?;
+        let wanted = SystemTime::now() + life;
+        if wanted > lock(&entry.end).0 {
+            e2b.arm_timer(&entry, wanted);
+        }
+    }
+    Ok((StatusCode::OK, Json(sandbox_json(&entry))).into_response())
+}
+
+async fn pause(
+    State(e2b): State<E2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, E2bError> {
+    let caller = caller(&e2b, &headers)?;
+    let (entry, lease) = visible(&e2b, &caller, &id).await?;
+    if entry.is_paused() {
+        return Err(error(
+            StatusCode::CONFLICT,
+            format!("sandbox '{id}' is already paused"),
+        ));
+    }
+    match lease.pause().await {
+        Ok(()) => {
+            entry
+                .paused
+                .store(true, std::sync::atomic::Ordering::Release);
+            e2b.disarm_timer(&entry);
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        Err(corral::Error::Unsupported { what }) => Err(error(
+            StatusCode::NOT_IMPLEMENTED,
+            format!("pause is not supported here: {what}; the sandbox '{id}' keeps running"),
+        )),
+        Err(e) => Err(api_error(ApiError::runtime(&e, ""))),
+    }
+}
+
+async fn resume(
+    State(e2b): State<E2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    bytes: axum::body::Bytes,
+) -> Result<Response, E2bError> {
+    let caller = caller(&e2b, &headers)?;
+    let req: TimeoutBody = body(&bytes)?;
+    let (entry, lease) = visible(&e2b, &caller, &id).await?;
+    if !entry.is_paused() {
+        return Err(error(
+            StatusCode::CONFLICT,
+            format!("sandbox '{id}' is not paused"),
+        ));
+    }
+    resume_entry(&e2b, &entry, &lease, req.timeout, StatusCode::CREATED).await
+}
+
+/// Thaws a paused sandbox and starts its lifetime again (`timeout`, else
+/// E2B's default).
+async fn resume_entry(
+    e2b: &E2b,
+    entry: &Arc<Entry>,
+    lease: &corral::Lease,
+    timeout: Option<u64>,
+    status: StatusCode,
+) -> Result<Response, E2bError> {
+    let life = lifetime("timeout", timeout)?;
+    if let Err(e) = lease.resume().await {
+        return Err(api_error(ApiError::runtime(&e, "")));
+    }
+    entry
+        .paused
+        .store(false, std::sync::atomic::Ordering::Release);
+    e2b.arm_timer(entry, SystemTime::now() + life);
+    Ok((status, Json(sandbox_json(entry))).into_response())
+}
+
+/// One percent-decoding of `s` (as it was before `urllib.parse.quote`).
+fn unquote(s: &str) -> String {
+    let pair = format!("{}=", s.replace('+', "%2B"));
+    serde_urlencoded::from_str::<Vec<(String, String)>>(&pair)
+        .ok()
+        .and_then(|v| v.into_iter().next())
+        .map_or_else(|| s.to_string(), |(k, _)| k)
+}
+
+/// `t` as RFC 3339 in UTC (what E2B's `startedAt`/`endAt` carry).
+fn rfc3339(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Days since 1970-01-01 to a civil date (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_rfc3339() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let t = UNIX_EPOCH + Duration::from_secs(1_795_996_800 + 3_723);
+        assert_eq!(rfc3339(t), "2026-11-30T01:02:03Z");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400);
+        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00Z");
+    }
+
+    #[test]
+    fn lifetimes_are_checked_by_name() {
+        assert_eq!(
+            lifetime("timeout", None).expect("should work"),
+            Duration::from_secs(300)
+        );
+        assert!(lifetime("timeout", Some(0)).is_err());
+        assert!(lifetime("timeout", Some(MAX_TIMEOUT_S + 1)).is_err());
+    }
+}
