@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 venv=target/pyenv
 python=${PYTHON:-python3}
 e2b_oldest="e2b==2.7.0"
-reqs=(pytest pytest-asyncio mcp "mini-swe-agent==2.4.6" "ray==2.60.0" "uv==0.13.8" "hermes-agent==0.19.0" "selenium==4.27.1" "e2b==2.63.0" "python-dateutil<3")
+reqs=(pytest pytest-asyncio mcp "mini-swe-agent==2.4.6" "ray==2.60.0" "uv==0.13.8" "hermes-agent==0.19.0" "selenium==4.27.1" "e2b==2.63.0" "python-dateutil<3" "rich==14.3.3")
 
 if ! command -v "$python" >/dev/null 2>&1; then
   echo "python-env: $python not found (install python3 and python3-venv)" >&2
