@@ -772,6 +772,10 @@ pub struct DaemonConfig {
     /// when others may read it). Default `None`:
     /// `$XDG_DATA_HOME/corral/seal.key`, else `~/.local/share/corral/seal.key`.
     pub seal_key_file: Option<String>,
+    /// The Docker network egress gateways (of sandboxes with `network:
+    /// {egress: ...}`) reach out through and resolve names on. Default
+    /// `None`: corral's own bridge network, `corral`.
+    pub egress_network: Option<String>,
 }
 
 impl Default for DaemonConfig {
@@ -791,6 +795,7 @@ impl Default for DaemonConfig {
             pull_limit: 2,
             registry_auth_file: None,
             seal_key_file: None,
+            egress_network: None,
         }
     }
 }

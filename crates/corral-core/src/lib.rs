@@ -10,6 +10,7 @@ pub mod backend;
 pub mod breaker;
 pub mod client_policy;
 pub mod command;
+pub mod egress;
 pub mod config;
 pub mod error;
 pub mod file_error;

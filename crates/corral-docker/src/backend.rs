@@ -54,6 +54,9 @@ pub struct DockerConfig {
     pub pull_limit: usize,
     /// Registry credentials (`daemon.registry_auth_file`).
     pub registry_auth_file: Option<std::path::PathBuf>,
+    /// The network egress gateways reach out through
+    /// (`daemon.egress_network`); `None`: corral's own bridge network.
+    pub egress_network: Option<String>,
 }
 
 impl Default for DockerConfig {
@@ -74,6 +77,7 @@ impl From<&Config> for DockerConfig {
                 .registry_auth_file
                 .as_ref()
                 .map(std::path::PathBuf::from),
+            egress_network: config.daemon.egress_network.clone(),
         }
     }
 }
