@@ -159,6 +159,33 @@ impl DockerBackend {
             .cloned()
     }
 
+    /// The network egress gateways reach out through: `daemon.egress_network`
+    /// when set (it must exist), else corral's own bridge.
+    pub async fn egress_outside(&self) -> Result<String, Error> {
+        match &self.inner.config.egress_network {
+            Some(name) => {
+                let docker = &self.inner.docker;
+                docker
+                    .inspect_network(name, None::<bollard::query_parameters::InspectNetworkOptions>)
+                    .await
+                    .map_err(|e| Error::Network {
+                        network: name.clone(),
+                        reason: format!(
+                            "daemon.egress_network names a network this daemon cannot give: {e}"
+                        ),
+                    })?;
+                Ok(name.clone())
+            }
+            None => Ok(self.sandbox_network().await?.id),
+        }
+    }
+
+    /// The egress counts of `sandbox` (one with `network: {egress: ...}`):
+    /// names resolved and refused, connections relayed and refused.
+    pub async fn egress_stats(&self, sandbox: &str) -> Result<crate::egress::EgressStats, Error> {
+        crate::egress::stats(&self.inner.docker, sandbox).await
+    }
+
     /// Makes sure `image` is present, pulling it when a registry can supply
     /// it: one pull per image at a time, whoever asks (`pull.rs`), bounded
     /// by `daemon.pull_timeout_ms`. A name or tag the registry lacks is
@@ -383,6 +410,8 @@ impl DockerBackend {
         if removed.is_ok() || matches!(&removed, Err(e) if is_not_found(e)) {
             // A sandbox that could write to its agent mount had its own copy.
             agent_volume::remove_private(docker, sandbox).await;
+            // A sandbox with an egress policy had a gateway and a network.
+            crate::egress::remove(docker, sandbox).await;
         }
         match removed {
             Ok(()) => Ok(()),
@@ -434,8 +463,15 @@ impl DockerBackend {
         self.agent_volume(&spec.image, req.owner).await?;
         prepared.agent = t.elapsed();
         prepare_nosuid_mounts(spec)?;
-        if spec.network == corral_core::Network::Bridge {
-            self.sandbox_network().await?;
+        match &spec.network {
+            corral_core::Network::Bridge => {
+                self.sandbox_network().await?;
+            }
+            corral_core::Network::Egress(_) => {
+                self.egress_outside().await?;
+                crate::egress::ensure_image(&self.inner.docker).await?;
+            }
+            corral_core::Network::None => {}
         }
         Ok(prepared)
     }
@@ -445,9 +481,20 @@ impl DockerBackend {
         let docker = &self.inner.docker;
         // Filled by `prepare`; a create without it fills it the same way.
         let volume = self.agent_volume(&spec.image, req.owner).await?;
-        let network = match spec.network {
-            corral_core::Network::Bridge => self.sandbox_network().await?.id,
-            corral_core::Network::None => String::new(),
+        let (network, dns) = match &spec.network {
+            corral_core::Network::Bridge => (self.sandbox_network().await?.id, None),
+            corral_core::Network::None => (String::new(), None),
+            corral_core::Network::Egress(policy) => {
+                let outside = self.egress_outside().await?;
+                let path = crate::egress::ensure(docker, id, policy, &outside).await;
+                match path {
+                    Ok(p) => (p.network, Some(p.gateway_ip)),
+                    Err(e) => {
+                        crate::egress::remove(docker, id).await;
+                        return Err(e);
+                    }
+                }
+            }
         };
         let storage_opt_supported = spec.limits.disk.is_some()
             && self.storage_opt_supported(&spec.image, req.owner).await?;
@@ -464,6 +511,7 @@ impl DockerBackend {
                 agent_volume: &volume,
                 storage_opt_supported,
                 network: &network,
+                dns: dns.as_deref(),
             },
         );
         match self
@@ -474,6 +522,9 @@ impl DockerBackend {
             Err(e) => {
                 if private_agent {
                     agent_volume::remove_private(docker, id).await;
+                }
+                if dns.is_some() {
+                    crate::egress::remove(docker, id).await;
                 }
                 Err(e)
             }

@@ -108,6 +108,7 @@ pub async fn connect(c: &BackendConfig) -> Result<Runtime, corral::Error> {
         pull_timeout: c.pull_timeout,
         pull_limit: c.pull_limit,
         registry_auth_file: c.registry_auth_file.clone(),
+        egress_network: None,
     })
     .await?;
     Ok(Runtime::new(
