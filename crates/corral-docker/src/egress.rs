@@ -2,9 +2,13 @@
 //! internal network and a gateway container.
 //!
 //! The sandbox joins `corral-egress-<sandbox>`, a bridge made with
-//! `internal: true`: the daemon gives it no route out (no default route, no
-//! NAT; its iptables rules drop whatever tries to leave the subnet), so an
-//! IP literal, another port, UDP, QUIC and IPv6 have nowhere to go. The only
+//! `internal: true` and `inhibit_ipv4`: the daemon forwards nothing off
+//! it (no NAT; its iptables rules drop whatever tries to leave the subnet)
+//! and the host's side of the bridge has no address, so the default route
+//! Docker still gives the sandbox leads nowhere ("no route to host" once
+//! ARP for the absent next hop fails, about 3 s for the first attempt), and
+//! the host's own services are not on the network. An IP literal, another
+//! port, UDP, QUIC and IPv6 have nowhere to go. The only
 //! other member is the gateway, `corral-egress-gw-<sandbox>`: the agent
 //! binary's `egress-gateway` mode, PID 1 of an image holding nothing else
 //! (`corral-egress:<agent build>`, imported from a tar made here, no
@@ -39,6 +43,9 @@ use crate::error::{api, is_not_found, status_code};
 
 /// Label on egress networks and gateways; the value is the sandbox id.
 pub const EGRESS_LABEL: &str = "corral.egress";
+
+/// The bridge option that leaves the host without an address on the network.
+pub const INHIBIT_IPV4: &str = "com.docker.network.bridge.inhibit_ipv4";
 
 /// The gateway image's repository (tagged with the agent build).
 pub const IMAGE_REPO: &str = "corral-egress";
@@ -144,6 +151,8 @@ pub async fn ensure(
             internal: Some(true),
             attachable: Some(false),
             enable_ipv6: Some(false),
+            // The bridge takes no address: the host is not on this network.
+            options: Some(HashMap::from([(INHIBIT_IPV4.to_string(), "true".to_string())])),
             labels: Some(labels.clone()),
             ..Default::default()
         })
@@ -161,6 +170,24 @@ pub async fn ensure(
         return Err(net_error(
             sandbox,
             "a network of this name exists but is not corral's internal egress network; remove it".into(),
+        ));
+    }
+    let inhibited = network
+        .options
+        .as_ref()
+        .and_then(|o| o.get(INHIBIT_IPV4))
+        .map(String::as_str)
+        == Some("true");
+    if !inhibited {
+        let _ = docker.remove_network(&net).await;
+        return Err(net_error(
+            sandbox,
+            format!(
+                "this daemon made the internal network without {INHIBIT_IPV4}=true, so the \
+                 host would sit on it and a sandbox could reach the host's services; egress \
+                 policies need a daemon whose bridge driver honours it (Docker Engine does, \
+                 Podman does not)"
+            ),
         ));
     }
     let network_id = network.id.unwrap_or(net.clone());
