@@ -220,11 +220,25 @@ fn relay(gw: &Gateway, mut conn: TcpStream, port: u16) {
         Sniffed::More => return,
     };
     if !gw.rules.connect_allowed(&name, port) {
-        return refuse(gw, conn, tls, port, format!("{name}:{port} is not allowed by this sandbox's egress policy"));
+        return refuse(
+            gw,
+            conn,
+            tls,
+            port,
+            format!("{name}:{port} is not allowed by this sandbox's egress policy"),
+        );
     }
     let addrs = match dns::resolve(&name, &gw.upstream) {
         Ok(a) => a,
-        Err(e) => return refuse(gw, conn, tls, port, format!("{name} does not resolve upstream: {e}")),
+        Err(e) => {
+            return refuse(
+                gw,
+                conn,
+                tls,
+                port,
+                format!("{name} does not resolve upstream: {e}"),
+            )
+        }
     };
     let usable: Vec<Ipv4Addr> = addrs
         .into_iter()
@@ -233,10 +247,9 @@ fn relay(gw: &Gateway, mut conn: TcpStream, port: u16) {
                 && gw.rules.address_allowed(IpAddr::V4(*a), port)
         })
         .collect();
-    let Some(upstream) = usable
-        .iter()
-        .find_map(|a| TcpStream::connect_timeout(&SocketAddr::from((*a, port)), CONNECT_TIMEOUT).ok())
-    else {
+    let Some(upstream) = usable.iter().find_map(|a| {
+        TcpStream::connect_timeout(&SocketAddr::from((*a, port)), CONNECT_TIMEOUT).ok()
+    }) else {
         return refuse(
             gw,
             conn,

@@ -183,18 +183,24 @@ impl ClientPolicy {
                 let wide_rules = wide
                     .rules()
                     .map_err(|e| Refusal::new(e.field, e.value, e.reason))?;
-                wide_rules.narrowed_by(&rules, policy).map_err(|(field, value)| {
-                    Refusal::new(
-                        field,
-                        value,
-                        format!(
-                            "a client may narrow the service's egress policy, never widen it \
+                wide_rules
+                    .narrowed_by(&rules, policy)
+                    .map_err(|(field, value)| {
+                        Refusal::new(
+                            field,
+                            value,
+                            format!(
+                                "a client may narrow the service's egress policy, never widen it \
                              (allowed: {}; denied: {})",
-                            wide.allow.join(", "),
-                            if wide.deny.is_empty() { "nothing".into() } else { wide.deny.join(", ") }
-                        ),
-                    )
-                })?;
+                                wide.allow.join(", "),
+                                if wide.deny.is_empty() {
+                                    "nothing".into()
+                                } else {
+                                    wide.deny.join(", ")
+                                }
+                            ),
+                        )
+                    })?;
             }
             Network::None => {
                 return Err(Refusal::new(
@@ -218,10 +224,7 @@ impl ClientPolicy {
                     return Err(Refusal::new(
                         format!("network.egress.allow[{i}]"),
                         &policy.allow[i],
-                        format!(
-                            "the service lets clients allow only {}",
-                            limit.join(", ")
-                        ),
+                        format!("the service lets clients allow only {}", limit.join(", ")),
                     ));
                 }
             }
@@ -656,13 +659,18 @@ mod tests {
         let e = p
             .check_network(&base, &egress(&["pypi.test", "github.com"], &["evil.test"]))
             .expect_err("wider");
-        assert_eq!((e.field.as_str(), e.value.as_str()), ("network.egress.allow[1]", "github.com"));
+        assert_eq!(
+            (e.field.as_str(), e.value.as_str()),
+            ("network.egress.allow[1]", "github.com")
+        );
         assert!(e.reason.contains("never widen"), "{}", e.reason);
         let e = p
             .check_network(&base, &egress(&["pypi.test"], &[]))
             .expect_err("deny dropped");
         assert_eq!(e.field, "network.egress.deny");
-        let e = p.check_network(&base, &Network::Bridge).expect_err("bridge");
+        let e = p
+            .check_network(&base, &Network::Bridge)
+            .expect_err("bridge");
         assert_eq!((e.field.as_str(), e.value.as_str()), ("network", "bridge"));
         let e = p
             .check_network(&Network::None, &egress(&["pypi.test"], &[]))
@@ -679,9 +687,15 @@ mod tests {
             .check_network(&Network::Bridge, &egress(&["pypi.test"], &[]))
             .expect("within egress_allow");
         let e = limited
-            .check_network(&Network::Bridge, &egress(&["pypi.test", "github.com:443"], &[]))
+            .check_network(
+                &Network::Bridge,
+                &egress(&["pypi.test", "github.com:443"], &[]),
+            )
             .expect_err("outside egress_allow");
-        assert_eq!((e.field.as_str(), e.value.as_str()), ("network.egress.allow[1]", "github.com:443"));
+        assert_eq!(
+            (e.field.as_str(), e.value.as_str()),
+            ("network.egress.allow[1]", "github.com:443")
+        );
         let e = p
             .check_network(&Network::Bridge, &egress(&["bad name"], &[]))
             .expect_err("invalid rule");

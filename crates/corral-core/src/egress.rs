@@ -127,9 +127,11 @@ impl Rule {
     fn name_matches(&self, name: &str) -> bool {
         match &self.host {
             Host::Name(n) => n == name,
-            Host::Wildcard(s) => name.len() > s.len() + 1 && name.ends_with(s.as_str()) && {
-                name.as_bytes()[name.len() - s.len() - 1] == b'.'
-            },
+            Host::Wildcard(s) => {
+                name.len() > s.len() + 1 && name.ends_with(s.as_str()) && {
+                    name.as_bytes()[name.len() - s.len() - 1] == b'.'
+                }
+            }
             Host::Cidr(..) => false,
         }
     }
@@ -161,7 +163,9 @@ impl Rule {
             (Host::Name(n), _) => wider.name_matches(n),
             (Host::Wildcard(a), Host::Wildcard(b)) => a == b || wider.name_matches(a),
             (Host::Wildcard(_), _) => false,
-            (Host::Cidr(net, len), Host::Cidr(wnet, wlen)) => len >= wlen && mask(*net, *wlen) == *wnet,
+            (Host::Cidr(net, len), Host::Cidr(wnet, wlen)) => {
+                len >= wlen && mask(*net, *wlen) == *wnet
+            }
             (Host::Cidr(..), _) => false,
         };
         ports && hosts
@@ -280,7 +284,11 @@ fn normalize(name: &str) -> String {
 
 fn mask(addr: Ipv4Addr, len: u8) -> Ipv4Addr {
     let bits = u32::from(addr);
-    let m = if len == 0 { 0 } else { u32::MAX << (32 - u32::from(len)) };
+    let m = if len == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(len))
+    };
     Ipv4Addr::from(bits & m)
 }
 
@@ -291,7 +299,8 @@ pub fn valid_name(name: &str) -> bool {
         && name.split('.').all(|l| {
             !l.is_empty()
                 && l.len() <= 63
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         })
 }
 
@@ -310,14 +319,20 @@ mod tests {
 
     #[test]
     fn names_wildcards_and_ports_match() {
-        let r = rules(&["pypi.test", "*.github.test", "git.test:9418"], &["secret.github.test"]);
+        let r = rules(
+            &["pypi.test", "*.github.test", "git.test:9418"],
+            &["secret.github.test"],
+        );
         assert!(r.connect_allowed("pypi.test", 443));
         assert!(r.connect_allowed("PyPI.test.", 80));
         assert!(!r.connect_allowed("pypi.test", 22));
         assert!(!r.connect_allowed("evil.test", 443));
         assert!(!r.connect_allowed("xpypi.test", 443));
         assert!(r.connect_allowed("api.github.test", 443));
-        assert!(!r.connect_allowed("github.test", 443), "a wildcard is subdomains only");
+        assert!(
+            !r.connect_allowed("github.test", 443),
+            "a wildcard is subdomains only"
+        );
         assert!(!r.connect_allowed("evilgithub.test", 443));
         assert!(!r.connect_allowed("secret.github.test", 443));
         assert!(!r.name_allowed("secret.github.test"));
@@ -368,15 +383,29 @@ mod tests {
             allow: a.iter().map(|s| s.to_string()).collect(),
             deny: d.iter().map(|s| s.to_string()).collect(),
         };
-        let ok = raw(&["pypi.test", "*.a.test", "pypi.org:443", "10.1.0.0/16"], &["evil.test"]);
+        let ok = raw(
+            &["pypi.test", "*.a.test", "pypi.org:443", "10.1.0.0/16"],
+            &["evil.test"],
+        );
         assert_eq!(base.narrowed_by(&ok.rules().expect("ok"), &ok), Ok(()));
-        for (i, wide) in ["github.com", "pypi.org:22", "*.org", "0.0.0.0/0"].iter().enumerate() {
+        for (i, wide) in ["github.com", "pypi.org:22", "*.org", "0.0.0.0/0"]
+            .iter()
+            .enumerate()
+        {
             let asked = raw(&["pypi.test", wide], &["evil.test"]);
-            let e = base.narrowed_by(&asked.rules().expect("parses"), &asked).expect_err(wide);
-            assert_eq!(e, ("network.egress.allow[1]".to_string(), wide.to_string()), "{i}");
+            let e = base
+                .narrowed_by(&asked.rules().expect("parses"), &asked)
+                .expect_err(wide);
+            assert_eq!(
+                e,
+                ("network.egress.allow[1]".to_string(), wide.to_string()),
+                "{i}"
+            );
         }
         let dropped = raw(&["pypi.test"], &[]);
-        let e = base.narrowed_by(&dropped.rules().expect("ok"), &dropped).expect_err("deny dropped");
+        let e = base
+            .narrowed_by(&dropped.rules().expect("ok"), &dropped)
+            .expect_err("deny dropped");
         assert_eq!(e.0, "network.egress.deny");
     }
 }

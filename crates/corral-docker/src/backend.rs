@@ -166,7 +166,10 @@ impl DockerBackend {
             Some(name) => {
                 let docker = &self.inner.docker;
                 docker
-                    .inspect_network(name, None::<bollard::query_parameters::InspectNetworkOptions>)
+                    .inspect_network(
+                        name,
+                        None::<bollard::query_parameters::InspectNetworkOptions>,
+                    )
                     .await
                     .map_err(|e| Error::Network {
                         network: name.clone(),

@@ -26,8 +26,7 @@
 use std::collections::HashMap;
 
 use bollard::models::{
-    ContainerCreateBody, EndpointSettings, HostConfig, NetworkConnectRequest,
-    NetworkCreateRequest,
+    ContainerCreateBody, EndpointSettings, HostConfig, NetworkConnectRequest, NetworkCreateRequest,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, RemoveContainerOptionsBuilder,
@@ -152,24 +151,39 @@ pub async fn ensure(
             attachable: Some(false),
             enable_ipv6: Some(false),
             // The bridge takes no address: the host is not on this network.
-            options: Some(HashMap::from([(INHIBIT_IPV4.to_string(), "true".to_string())])),
+            options: Some(HashMap::from([(
+                INHIBIT_IPV4.to_string(),
+                "true".to_string(),
+            )])),
             labels: Some(labels.clone()),
             ..Default::default()
         })
         .await;
     if let Err(e) = created {
         if status_code(&e) != Some(409) {
-            return Err(net_error(sandbox, format!("cannot create the internal network: {e}")));
+            return Err(net_error(
+                sandbox,
+                format!("cannot create the internal network: {e}"),
+            ));
         }
     }
     let network = docker
-        .inspect_network(&net, None::<bollard::query_parameters::InspectNetworkOptions>)
+        .inspect_network(
+            &net,
+            None::<bollard::query_parameters::InspectNetworkOptions>,
+        )
         .await
         .map_err(|e| api(format!("inspect network {net}"), e))?;
-    if network.internal != Some(true) || !network.labels.unwrap_or_default().contains_key(EGRESS_LABEL) {
+    if network.internal != Some(true)
+        || !network
+            .labels
+            .unwrap_or_default()
+            .contains_key(EGRESS_LABEL)
+    {
         return Err(net_error(
             sandbox,
-            "a network of this name exists but is not corral's internal egress network; remove it".into(),
+            "a network of this name exists but is not corral's internal egress network; remove it"
+                .into(),
         ));
     }
     let inhibited = network
@@ -230,7 +244,10 @@ pub async fn ensure(
         Err(e) => return Err(api(format!("create egress gateway {gw} from {image}"), e)),
     }
     match docker
-        .start_container(&gw, None::<bollard::query_parameters::StartContainerOptions>)
+        .start_container(
+            &gw,
+            None::<bollard::query_parameters::StartContainerOptions>,
+        )
         .await
     {
         Ok(()) => {}
@@ -238,7 +255,10 @@ pub async fn ensure(
         Err(e) => return Err(api(format!("start egress gateway {gw}"), e)),
     }
     let inspected = docker
-        .inspect_container(&gw, None::<bollard::query_parameters::InspectContainerOptions>)
+        .inspect_container(
+            &gw,
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
         .await
         .map_err(|e| api(format!("inspect egress gateway {gw}"), e))?;
     let gateway_ip = inspected
@@ -246,7 +266,12 @@ pub async fn ensure(
         .and_then(|n| n.networks)
         .and_then(|n| n.get(&net).and_then(|e| e.ip_address.clone()))
         .filter(|ip| !ip.is_empty())
-        .ok_or_else(|| net_error(sandbox, format!("gateway {gw} has no address on the network")))?;
+        .ok_or_else(|| {
+            net_error(
+                sandbox,
+                format!("gateway {gw} has no address on the network"),
+            )
+        })?;
     Ok(EgressPath {
         network: network_id,
         gateway_ip,
@@ -256,7 +281,10 @@ pub async fn ensure(
 /// Removes the gateway and the internal network of `sandbox`; gone is fine.
 pub async fn remove(docker: &Docker, sandbox: &str) {
     let gw = gateway_name(sandbox);
-    let rm = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+    let rm = RemoveContainerOptionsBuilder::default()
+        .force(true)
+        .v(true)
+        .build();
     if let Err(e) = docker.remove_container(&gw, Some(rm)).await {
         if !is_not_found(&e) {
             tracing::warn!(container = %gw, error = %e, "removing the egress gateway failed");
@@ -286,10 +314,11 @@ pub async fn stats(docker: &Docker, sandbox: &str) -> Result<EgressStats, Error>
         .await
         .map_err(|e| api(format!("read the counts of egress gateway {gw}"), e))?;
     let mut out = Vec::new();
-    if let StartExecResults::Attached { mut output, .. } = docker
-        .start_exec(&exec.id, None)
-        .await
-        .map_err(|e| api(format!("read the counts of egress gateway {gw}"), e))?
+    if let StartExecResults::Attached { mut output, .. } =
+        docker
+            .start_exec(&exec.id, None)
+            .await
+            .map_err(|e| api(format!("read the counts of egress gateway {gw}"), e))?
     {
         while let Some(chunk) = output
             .try_next()
@@ -302,7 +331,10 @@ pub async fn stats(docker: &Docker, sandbox: &str) -> Result<EgressStats, Error>
     serde_json::from_slice(&out).map_err(|e| {
         net_error(
             sandbox,
-            format!("gateway {gw} printed no counts ({e}): {}", String::from_utf8_lossy(&out)),
+            format!(
+                "gateway {gw} printed no counts ({e}): {}",
+                String::from_utf8_lossy(&out)
+            ),
         )
     })
 }

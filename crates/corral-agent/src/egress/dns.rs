@@ -233,7 +233,11 @@ mod tests {
         truncated.truncate(16);
         assert_eq!(parse_query(&truncated), None);
         // A pointer loop in an answer ends.
-        let mut ans = answer(&parse_query(&query(2, "b.test")).expect("ok"), Some(Ipv4Addr::LOCALHOST), false);
+        let mut ans = answer(
+            &parse_query(&query(2, "b.test")).expect("ok"),
+            Some(Ipv4Addr::LOCALHOST),
+            false,
+        );
         let at = ans.len() - 16;
         ans[at] = 0xc0;
         ans[at + 1] = at as u8;

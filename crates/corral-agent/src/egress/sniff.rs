@@ -118,9 +118,14 @@ fn http(buf: &[u8]) -> Sniffed {
     let mut lines = head.split("\r\n");
     let request = lines.next().unwrap_or_default();
     let mut parts = request.split(' ');
-    let (method, target) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+    let (method, target) = (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+    );
     if method == "CONNECT" || target.contains("://") {
-        return Sniffed::Unknown("a proxy request (CONNECT or an absolute URL); connect to the name itself");
+        return Sniffed::Unknown(
+            "a proxy request (CONNECT or an absolute URL); connect to the name itself",
+        );
     }
     let mut hosts = lines.filter_map(|l| {
         let (k, v) = l.split_once(':')?;
@@ -191,7 +196,9 @@ mod tests {
         hello[5] = 2; // not a ClientHello
         assert!(matches!(sniff(&hello), Sniffed::Unknown(_)));
         for n in 0..200 {
-            let garbage: Vec<u8> = std::iter::once(0x16).chain((0..n).map(|i| (i * 31) as u8)).collect();
+            let garbage: Vec<u8> = std::iter::once(0x16)
+                .chain((0..n).map(|i| (i * 31) as u8))
+                .collect();
             let _ = sniff(&garbage);
         }
     }
