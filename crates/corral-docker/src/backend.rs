@@ -681,7 +681,11 @@ impl Backend for DockerBackend {
     }
 
     fn collect_garbage(&self) -> BoxFuture<'_, Result<Vec<String>, Error>> {
-        Box::pin(crate::gc::remove_dangling_volumes(self))
+        Box::pin(async move {
+            let mut removed = crate::gc::remove_orphan_gateways(self).await?;
+            removed.extend(crate::gc::remove_dangling_volumes(self).await?);
+            Ok(removed)
+        })
     }
 
     fn images(&self) -> BoxFuture<'_, Result<Vec<ImageInfo>, Error>> {

@@ -726,3 +726,21 @@ async fn the_host_behind_the_internal_network_is_not_reachable() {
     assert_ne!(rc, 0, "{out}");
     sb.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_whose_sandbox_was_removed_out_of_band_is_collected() {
+    use corral_core::Backend;
+    let sb = Sb::new().await;
+    let id = sb.sandbox.id().to_string();
+    docker(&["rm", "-f", &format!("corral-{id}")]);
+    let gw = format!("corral-egress-gw-{id}");
+    // Gateways younger than the grace period are left be (one is made just
+    // before its sandbox): wait it out.
+    tokio::time::sleep(Duration::from_secs(corral_docker::gc::YOUNG_VOLUME_SECS + 1)).await;
+    let removed = sb.backend.collect_garbage().await.expect("gc");
+    assert!(removed.contains(&gw), "{removed:?}");
+    let left = docker(&["ps", "-aq", "--filter", &format!("name={gw}")]);
+    assert_eq!(left, "");
+    let nets = docker(&["network", "ls", "-q", "--filter", &format!("name=corral-egress-{id}")]);
+    assert_eq!(nets, "");
+}
