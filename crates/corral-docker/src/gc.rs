@@ -131,7 +131,10 @@ pub(crate) async fn remove_orphan_gateways(backend: &DockerBackend) -> Result<Ve
         }
         let name = crate::container_config::container_name(&sandbox);
         match docker
-            .inspect_container(&name, None::<bollard::query_parameters::InspectContainerOptions>)
+            .inspect_container(
+                &name,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
             .await
         {
             Err(e) if crate::error::is_not_found(&e) => {

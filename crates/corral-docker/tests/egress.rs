@@ -736,11 +736,20 @@ async fn a_gateway_whose_sandbox_was_removed_out_of_band_is_collected() {
     let gw = format!("corral-egress-gw-{id}");
     // Gateways younger than the grace period are left be (one is made just
     // before its sandbox): wait it out.
-    tokio::time::sleep(Duration::from_secs(corral_docker::gc::YOUNG_VOLUME_SECS + 1)).await;
+    tokio::time::sleep(Duration::from_secs(
+        corral_docker::gc::YOUNG_VOLUME_SECS + 1,
+    ))
+    .await;
     let removed = sb.backend.collect_garbage().await.expect("gc");
     assert!(removed.contains(&gw), "{removed:?}");
     let left = docker(&["ps", "-aq", "--filter", &format!("name={gw}")]);
     assert_eq!(left, "");
-    let nets = docker(&["network", "ls", "-q", "--filter", &format!("name=corral-egress-{id}")]);
+    let nets = docker(&[
+        "network",
+        "ls",
+        "-q",
+        "--filter",
+        &format!("name=corral-egress-{id}"),
+    ]);
     assert_eq!(nets, "");
 }
