@@ -54,6 +54,11 @@ pub fn network_name(sandbox: &str) -> String {
     format!("corral-egress-{sandbox}")
 }
 
+/// Whether `name` is a sandbox's internal egress network.
+pub fn is_egress_network(name: &str) -> bool {
+    name.starts_with("corral-egress-")
+}
+
 /// The gateway container of `sandbox`.
 pub fn gateway_name(sandbox: &str) -> String {
     format!("corral-egress-gw-{sandbox}")

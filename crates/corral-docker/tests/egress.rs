@@ -753,3 +753,24 @@ async fn a_gateway_whose_sandbox_was_removed_out_of_band_is_collected() {
     ]);
     assert_eq!(nets, "");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_inside_is_reachable_through_the_port_relay() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sb = Sb::new().await;
+    let (out, rc) = sb
+        .sh("(python3 -m http.server 8000 --bind 127.0.0.1 --directory /etc >/dev/null 2>&1 &); \
+             for i in $(seq 50); do curl -s -o /dev/null http://127.0.0.1:8000/ && break; sleep 0.1; done; echo up")
+        .await;
+    assert_eq!((out.as_str(), rc), ("up\n", 0));
+    let mut stream = sb.sandbox.open_port(8000).await.expect("open the port");
+    stream
+        .write_all(b"GET /hostname HTTP/1.0\r\n\r\n")
+        .await
+        .expect("send");
+    let mut reply = Vec::new();
+    stream.read_to_end(&mut reply).await.expect("read");
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.0 200"), "{reply}");
+    sb.close().await;
+}
