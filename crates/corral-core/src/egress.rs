@@ -36,6 +36,22 @@ pub struct EgressPolicy {
     pub deny: Vec<String>,
 }
 
+/// What one sandbox's egress gateway allowed and refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EgressCounts {
+    /// DNS questions for allowed names.
+    pub dns_allowed: u64,
+    /// DNS questions refused (answered NXDOMAIN).
+    pub dns_refused: u64,
+    /// Connections relayed to an allowed destination.
+    pub connections_allowed: u64,
+    /// Connections refused (a name not allowed, no name, no usable address).
+    pub connections_refused: u64,
+    /// The last refusals (at most 32), oldest first, e.g. `dns evil.test`.
+    pub recent_refusals: Vec<String>,
+}
+
 /// What a rule's host part is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Host {

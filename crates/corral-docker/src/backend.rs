@@ -184,8 +184,12 @@ impl DockerBackend {
     }
 
     /// The egress counts of `sandbox` (one with `network: {egress: ...}`):
-    /// names resolved and refused, connections relayed and refused.
-    pub async fn egress_stats(&self, sandbox: &str) -> Result<crate::egress::EgressStats, Error> {
+    /// names resolved and refused, connections relayed and refused; `None`
+    /// for a sandbox without a gateway.
+    pub async fn egress_stats(
+        &self,
+        sandbox: &str,
+    ) -> Result<Option<crate::egress::EgressStats>, Error> {
         crate::egress::stats(&self.inner.docker, sandbox).await
     }
 
@@ -678,6 +682,13 @@ impl Backend for DockerBackend {
 
     fn list(&self) -> BoxFuture<'_, Result<Vec<SandboxInfo>, Error>> {
         Box::pin(self.do_list())
+    }
+
+    fn egress_counts<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<corral_core::egress::EgressCounts>, Error>> {
+        Box::pin(self.egress_stats(sandbox_id))
     }
 
     fn collect_garbage(&self) -> BoxFuture<'_, Result<Vec<String>, Error>> {

@@ -35,7 +35,6 @@ use bollard::Docker;
 use corral_core::egress::EgressPolicy;
 use corral_core::Error;
 use futures_util::TryStreamExt;
-use serde::Deserialize;
 
 use crate::agent_volume::{agent_hash, AGENT_BINARY};
 use crate::error::{api, is_not_found, status_code};
@@ -79,19 +78,7 @@ pub struct EgressPath {
 }
 
 /// Counts of one sandbox's gateway.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-pub struct EgressStats {
-    /// DNS questions for allowed names.
-    pub dns_allowed: u64,
-    /// DNS questions refused (NXDOMAIN).
-    pub dns_refused: u64,
-    /// Connections relayed.
-    pub connections_allowed: u64,
-    /// Connections refused (a name not allowed, no name, no usable address).
-    pub connections_refused: u64,
-    /// The last refusals, oldest first.
-    pub recent_refusals: Vec<String>,
-}
+pub use corral_core::egress::EgressCounts as EgressStats;
 
 fn net_error(sandbox: &str, reason: String) -> Error {
     Error::Network {
@@ -303,11 +290,12 @@ pub async fn remove(docker: &Docker, sandbox: &str) {
     }
 }
 
-/// The counts of `sandbox`'s gateway (read with `docker exec`).
-pub async fn stats(docker: &Docker, sandbox: &str) -> Result<EgressStats, Error> {
+/// The counts of `sandbox`'s gateway (read with `docker exec`); `None`
+/// when it has none.
+pub async fn stats(docker: &Docker, sandbox: &str) -> Result<Option<EgressStats>, Error> {
     use bollard::exec::{CreateExecOptions, StartExecResults};
     let gw = gateway_name(sandbox);
-    let exec = docker
+    let exec = match docker
         .create_exec(
             &gw,
             CreateExecOptions::<String> {
@@ -317,7 +305,11 @@ pub async fn stats(docker: &Docker, sandbox: &str) -> Result<EgressStats, Error>
             },
         )
         .await
-        .map_err(|e| api(format!("read the counts of egress gateway {gw}"), e))?;
+    {
+        Ok(e) => e,
+        Err(e) if is_not_found(&e) => return Ok(None),
+        Err(e) => return Err(api(format!("read the counts of egress gateway {gw}"), e)),
+    };
     let mut out = Vec::new();
     if let StartExecResults::Attached { mut output, .. } =
         docker
@@ -333,7 +325,7 @@ pub async fn stats(docker: &Docker, sandbox: &str) -> Result<EgressStats, Error>
             out.extend_from_slice(&chunk.into_bytes());
         }
     }
-    serde_json::from_slice(&out).map_err(|e| {
+    serde_json::from_slice(&out).map(Some).map_err(|e| {
         net_error(
             sandbox,
             format!(

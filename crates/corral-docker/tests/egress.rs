@@ -350,6 +350,7 @@ impl Sb {
             .egress_stats(self.sandbox.id())
             .await
             .expect("read the gateway's counts")
+            .expect("the sandbox has a gateway")
     }
 
     async fn close(mut self) {

@@ -37,6 +37,7 @@ use crate::tenancy::Tenancy;
 use crate::wire::*;
 use corral_core::principal::Principal;
 
+mod egress;
 mod images;
 mod ports;
 mod snapshots;
@@ -1350,6 +1351,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(snapshots::get_snapshot, snapshots::delete_snapshot))
         .routes(routes!(snapshots::fork))
         .routes(routes!(ports::port_link))
+        .routes(routes!(egress::egress_counts))
         .routes(routes!(images::list_images))
         .routes(routes!(images::pull_image))
         .routes(routes!(health))

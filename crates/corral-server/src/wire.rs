@@ -689,6 +689,22 @@ pub struct PullResult {
     pub waited_ms: u64,
 }
 
+/// Body of `GET /v1/sandboxes/{id}/egress`: what the sandbox's egress
+/// gateway allowed and refused since the sandbox started.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct EgressCounts {
+    /// DNS questions for allowed names.
+    pub dns_allowed: u64,
+    /// DNS questions refused (answered NXDOMAIN).
+    pub dns_refused: u64,
+    /// Connections relayed to an allowed destination.
+    pub connections_allowed: u64,
+    /// Connections refused (a name not allowed, no name, no usable address).
+    pub connections_refused: u64,
+    /// The last refusals (at most 32), oldest first, e.g. `dns evil.test`.
+    pub recent_refusals: Vec<String>,
+}
+
 /// Body of `GET /v1/sandboxes/{id}/ports/{port}`: a link to a server
 /// listening on `port` inside the sandbox, through this service.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
