@@ -626,6 +626,17 @@ mod tests {
     }
 
     #[test]
+    fn an_egress_policy_is_refused_not_ignored() {
+        let mut spec = kube_spec();
+        spec.network = Network::Egress(corral_core::egress::EgressPolicy {
+            allow: vec!["pypi.org".into()],
+            deny: vec![],
+        });
+        let text = unsupported_text(&spec);
+        assert!(text.contains("network.egress 'pypi.org'"), "{text}");
+    }
+
+    #[test]
     fn hardening_maps_onto_the_security_context() {
         let pod = run(&kube_spec()).expect("maps");
         let s = sec(&pod);

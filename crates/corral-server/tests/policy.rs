@@ -264,7 +264,9 @@ async fn a_narrower_egress_policy_is_granted_and_enforced() {
     let out = r.json["stdout"].as_str().unwrap_or_default().to_string();
     assert!(out.starts_with("pypi=1\n"), "{}", r.text);
     // The refusal is counted for this sandbox.
-    let r = svc.send(svc.req("GET", "/v1/sandboxes/narrow/egress")).await;
+    let r = svc
+        .send(svc.req("GET", "/v1/sandboxes/narrow/egress"))
+        .await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert!(r.json["dns_refused"].as_u64() >= Some(1), "{}", r.text);
     assert!(
