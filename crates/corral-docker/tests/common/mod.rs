@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod internet;
+
 use std::process::Command;
 use std::sync::OnceLock;
 
