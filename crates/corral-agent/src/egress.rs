@@ -275,10 +275,28 @@ fn relay(gw: &Gateway, mut conn: TcpStream, port: u16) {
         return;
     };
     let back = std::thread::spawn(move || {
-        let _ = std::io::copy(&mut up_r, &mut conn_w);
+        pipe(&mut up_r, &mut conn_w);
         let _ = conn_w.shutdown(Shutdown::Write);
     });
-    let _ = std::io::copy(&mut conn, &mut up);
+    pipe(&mut conn, &mut up);
     let _ = up.shutdown(Shutdown::Write);
     let _ = back.join();
+}
+
+/// Copies until EOF or an error, in large chunks (std's copy uses 8 KiB,
+/// which costs a third of the throughput of bulk downloads).
+fn pipe(from: &mut TcpStream, to: &mut TcpStream) {
+    let mut buf = vec![0u8; 128 * 1024];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
 }
