@@ -133,7 +133,9 @@ pub fn run() -> i32 {
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
                 let gw = gw.clone();
-                std::thread::spawn(move || relay(&gw, conn, port));
+                // Out of threads (the gateway's pids limit): this
+                // connection is dropped, the gateway keeps serving.
+                let _ = std::thread::Builder::new().spawn(move || relay(&gw, conn, port));
             }
         });
     }
@@ -274,10 +276,13 @@ fn relay(gw: &Gateway, mut conn: TcpStream, port: u16) {
     let (Ok(mut up_r), Ok(mut conn_w)) = (up.try_clone(), conn.try_clone()) else {
         return;
     };
-    let back = std::thread::spawn(move || {
+    let back = std::thread::Builder::new().spawn(move || {
         pipe(&mut up_r, &mut conn_w);
         let _ = conn_w.shutdown(Shutdown::Write);
     });
+    let Ok(back) = back else {
+        return;
+    };
     pipe(&mut conn, &mut up);
     let _ = up.shutdown(Shutdown::Write);
     let _ = back.join();

@@ -8,7 +8,9 @@
 //! sandbox can resolve and connect to; CIDRs are where an allowed name may
 //! lead: when `allow` holds a CIDR, an allowed name's addresses must fall in
 //! an allowed CIDR, and an address in a `deny` CIDR is never connected to.
-//! `deny` wins over `allow`. There is no rule for an IP literal to be
+//! `deny` wins over `allow`; a link-local address (169.254.0.0/16, where
+//! cloud metadata services answer) is refused unless an allow CIDR names
+//! it. There is no rule for an IP literal to be
 //! reached directly: a sandbox with an egress policy has no route but the
 //! gateway (see ARCHITECTURE.md).
 //!
@@ -261,6 +263,15 @@ impl Rules {
         };
         let cidr = |r: &&Rule| matches!(r.host, Host::Cidr(..));
         let any_allow_cidr = self.allow.iter().any(|r| cidr(&r));
+        let explicitly = self
+            .allow
+            .iter()
+            .any(|r| r.addr_matches(v4) && r.port_matches(port));
+        // Link-local (cloud metadata services at 169.254.169.254) only when
+        // a CIDR rule names it: a name that resolves there is refused.
+        if v4.is_link_local() && !explicitly {
+            return false;
+        }
         (!any_allow_cidr
             || self
                 .allow
@@ -363,6 +374,13 @@ mod tests {
         assert!(!r.address_allowed("169.254.169.254".parse().expect("ip"), 80));
         assert!(!r.address_allowed("10.1.2.3".parse().expect("ip"), 443));
         assert!(!r.address_allowed("::1".parse().expect("ip"), 443));
+        let plain = rules(&["pypi.test"], &[]);
+        assert!(
+            !plain.address_allowed("169.254.169.254".parse().expect("ip"), 80),
+            "metadata is refused without a rule naming it"
+        );
+        let meta = rules(&["pypi.test", "169.254.169.254/32:80"], &[]);
+        assert!(meta.address_allowed("169.254.169.254".parse().expect("ip"), 80));
         let only = rules(&["pypi.test", "192.0.2.0/24"], &[]);
         assert!(only.address_allowed("192.0.2.9".parse().expect("ip"), 443));
         assert!(!only.address_allowed("198.51.100.1".parse().expect("ip"), 443));
