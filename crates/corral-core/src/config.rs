@@ -703,6 +703,12 @@ impl ServerConfig {
                 "must be above zero (null: no maximum)",
             ));
         }
+        if let Some(allow) = &p.egress_allow {
+            for (i, rule) in allow.iter().enumerate() {
+                crate::egress::Rule::parse(&format!("server.policy.egress_allow[{i}]"), rule)
+                    .map_err(|e| ConfigError::invalid(e.field, e.value, e.reason))?;
+            }
+        }
         Ok(())
     }
 }
@@ -1291,6 +1297,16 @@ fn check_spec(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_egress_allow_rule_is_named() {
+        let mut c = Config::default();
+        c.server.policy.egress_allow = Some(vec!["*.test".into(), "pypi.test:http".into()]);
+        let e = c.validate(&FakeHost).expect_err("bad rule");
+        let text = e.to_string();
+        assert!(text.contains("server.policy.egress_allow[1]"), "{text}");
+        assert!(text.contains("pypi.test:http"), "{text}");
+    }
     use crate::spec::EnvVar;
 
     struct FakeHost;
