@@ -9,7 +9,7 @@
 //! (`daemon.egress_network`), whose resolver knows the servers' names.
 //!
 //! The sandbox policy of most cases: allow `pypi.test` (80 and 443) and
-//! `mirror.test:8443`. Each allowed path is checked to work, and each way
+//! `mirror.test:8443`. Each allowed path (curl, pip, git, apt) is checked to work, and each way
 //! around the policy is its own test and must fail.
 
 mod common;
@@ -79,7 +79,7 @@ impl Sb {
     async fn sh(&self, script: &str) -> (String, i32) {
         let r = self
             .sandbox
-            .run(&CommandSpec::shell(format!("{script} 2>&1")).timeout(Duration::from_secs(60)))
+            .run(&CommandSpec::shell(format!("( {script} ) 2>&1")).timeout(Duration::from_secs(60)))
             .await;
         (
             String::from_utf8_lossy(&r.stdout).into_owned(),
@@ -537,5 +537,21 @@ async fn a_server_inside_is_reachable_through_the_port_relay() {
     stream.read_to_end(&mut reply).await.expect("read");
     let reply = String::from_utf8_lossy(&reply);
     assert!(reply.starts_with("HTTP/1.0 200"), "{reply}");
+    sb.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn apt_installs_over_http() {
+    let sb = Sb::new().await;
+    let (out, rc) = sb
+        // The hardened sandbox has no SETUID/SETGID: apt downloads as root.
+        .sh("echo 'deb [trusted=yes] http://pypi.test/debian ./' > /etc/apt/sources.list.d/test.list && \
+             echo 'APT::Sandbox::User \"root\";' > /etc/apt/apt.conf.d/90corral-test && \
+             apt-get -q -o Dir::Etc::sourcelist=/etc/apt/sources.list.d/test.list \
+               -o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0 update && \
+             apt-get -q -y install tinydeb && cat /usr/share/tinydeb/marker")
+        .await;
+    assert_eq!(rc, 0, "{out}");
+    assert!(out.ends_with("installed-by-apt\n"), "{out}");
     sb.close().await;
 }

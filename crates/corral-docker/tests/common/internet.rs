@@ -50,6 +50,16 @@ subprocess.run("set -e; git init -q /srv/work; cd /srv/work; echo cloned-from-th
                "git -c user.name=t -c user.email=t@t add README; git -c user.name=t -c user.email=t@t commit -qm init; "
                "git clone -q --bare /srv/work /srv/www/repo.git; git -C /srv/www/repo.git update-server-info",
                shell=True, check=True)
+subprocess.run("set -e; mkdir -p /srv/deb/tinydeb/DEBIAN /srv/deb/tinydeb/usr/share/tinydeb /srv/www/debian; "
+               "printf 'Package: tinydeb\\nVersion: 1.0\\nArchitecture: all\\nMaintainer: t <t@t>\\nDescription: test\\n' > /srv/deb/tinydeb/DEBIAN/control; "
+               "echo installed-by-apt > /srv/deb/tinydeb/usr/share/tinydeb/marker; "
+               "dpkg-deb -Zgzip --build /srv/deb/tinydeb /srv/www/debian/tinydeb_1.0_all.deb >/dev/null",
+               shell=True, check=True)
+deb = open("/srv/www/debian/tinydeb_1.0_all.deb", "rb").read()
+with open("/srv/deb/tinydeb/DEBIAN/control") as f:
+    control = f.read()
+packages = control + f"Filename: ./tinydeb_1.0_all.deb\nSize: {len(deb)}\nSHA256: {hashlib.sha256(deb).hexdigest()}\n\n"
+open("/srv/www/debian/Packages", "w").write(packages)
 class H(http.server.SimpleHTTPRequestHandler):
     def __init__(self, *a, **k):
         super().__init__(*a, directory="/srv/www", **k)
@@ -69,7 +79,7 @@ class H(http.server.SimpleHTTPRequestHandler):
             self.send_body(WHEEL, "application/octet-stream")
         elif self.path == "/big":
             self.send_body(BIG, "application/octet-stream")
-        elif self.path.startswith("/repo.git"):
+        elif self.path.startswith("/repo.git") or self.path.startswith("/debian/"):
             super().do_GET()
         else:
             self.send_body(f"hello from {name} (Host {host})\n".encode())
