@@ -1,16 +1,16 @@
 //! Egress by name, attacked from inside real sandboxes.
 //!
-//! "The internet" is made here: two servers (`pypi.test`, which is also
-//! `mirror.test`, and `evil.test`) in containers on a network of their own,
-//! serving HTTP on 80 and HTTPS on 443 and 8443 with a test CA made for
-//! this run, a package index with one tiny wheel and a git repository over
-//! HTTPS. The sandboxes' image is `corral-test/net` with the test CA
-//! trusted. The gateways reach out through the internet's network
-//! (`daemon.egress_network`), whose resolver knows the servers' names.
+//! "The internet" (`common/internet.rs`): `pypi.test` (also `mirror.test`)
+//! and `evil.test` in containers on a network of their own, HTTP on 80,
+//! HTTPS on 443 and 8443 under a test CA made for this run, a package
+//! index, a git repository, an apt repository, a UDP echo. The sandboxes'
+//! image is `corral-test/net` with the test CA trusted; the gateways reach
+//! out through the internet's network (`daemon.egress_network`), whose
+//! resolver knows the servers' names.
 //!
 //! The sandbox policy of most cases: allow `pypi.test` (80 and 443) and
-//! `mirror.test:8443`. Each allowed path (curl, pip, git, apt) is checked to work, and each way
-//! around the policy is its own test and must fail.
+//! `mirror.test:8443`. Each allowed path (curl, pip, git, apt) is checked
+//! to work, and each way around the policy is its own test and must fail.
 
 mod common;
 
