@@ -9,16 +9,21 @@
 #   corral-test/scratch   FROM scratch with nothing but a marker file: no shell
 #   corral-test/debian    debootstrap minbase bookworm (bash, coreutils, python3);
 #                         only with --debian, it takes minutes
+#   corral-test/net       debootstrap minbase bookworm with curl, git, pip and
+#                         ca-certificates (the egress tests' sandbox and "the
+#                         internet"'s servers); only with --net, minutes
 set -euo pipefail
 
 force=0
 debian=0
+net=0
 for arg in "$@"; do
   case "$arg" in
     --force) force=1 ;;
     --debian) debian=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-    *) echo "build-test-images: unknown argument '$arg' (expected --force or --debian)" >&2; exit 2 ;;
+    --net) net=1 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "build-test-images: unknown argument '$arg' (expected --force, --debian or --net)" >&2; exit 2 ;;
   esac
 done
 
@@ -80,4 +85,14 @@ if [ "$debian" = 1 ] && ! have_image corral-test/debian; then
   debootstrap --variant=minbase --include=python3,procps bookworm "$ctx/debian" "$mirror" >/dev/null
   tar -C "$ctx/debian" -c . | docker import -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - corral-test/debian >/dev/null
   echo "built corral-test/debian"
+fi
+
+if [ "$net" = 1 ] && ! have_image corral-test/net; then
+  need_pkg debootstrap
+  mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+  mirror=${mirror:-http://deb.debian.org/debian}
+  debootstrap --variant=minbase --include=python3,python3-pip,curl,git,ca-certificates,procps \
+    bookworm "$ctx/net" "$mirror" >/dev/null
+  tar -C "$ctx/net" -c . | docker import -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - corral-test/net >/dev/null
+  echo "built corral-test/net"
 fi

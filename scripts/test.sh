@@ -13,7 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-docker.sh
-scripts/build-test-images.sh
+# --net: the egress tests' sandbox and "internet" image (crates/corral-docker/tests/egress.rs).
+scripts/build-test-images.sh --net
 # The registry the pull tests run on loopback (crates/corral-docker/tests/pull.rs).
 scripts/ensure-registry.sh >/dev/null
 # tmux: `corral top` is driven in a real terminal (crates/corral-cli/tests/top.rs);

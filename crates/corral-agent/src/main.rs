@@ -17,6 +17,7 @@ mod command;
 mod confine;
 mod control;
 mod deadman;
+mod egress;
 mod files;
 mod init;
 mod install;
@@ -49,6 +50,8 @@ const USAGE: &str = "usage: corral-agent init [--grace-ms N] [--agent-caps KILL,
        corral-agent tar-create PATH [--root DIR] [--max BYTES]
        corral-agent file-list DIR [--root DIR] [--max BYTES]
        corral-agent port PORT
+       corral-agent egress-gateway
+       corral-agent egress-stats
        corral-agent --version
 
 --agent-caps names capabilities the container holds for PID 1 alone: every
@@ -70,7 +73,12 @@ limit as they apply), and exits with 1 IO error, 2 usage, 3 not found, 4 too
 large, 5 escapes the root or unsafe tar entry.
 
 port relays one connection to PORT on the sandbox's loopback over stdin and
-stdout (exit 1 when nothing listens there).";
+stdout (exit 1 when nothing listens there).
+
+egress-gateway runs corral's egress gateway with the policy in
+CORRAL_EGRESS_POLICY (JSON with allow and deny lists): DNS on UDP 53
+answering allowed names only, and a proxy on 80, 443 and the rules' ports
+routing TLS by SNI and HTTP by Host. egress-stats prints its counts (JSON).";
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq, Eq)]
@@ -79,6 +87,8 @@ enum Mode {
     Install(String),
     File(FileRequest),
     Port(u16),
+    EgressGateway,
+    EgressStats,
     Version,
     Help,
 }
@@ -232,6 +242,8 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
             _ => Err("install takes one absolute directory".to_string()),
         },
         "port" => port::parse(rest).map(Mode::Port),
+        "egress-gateway" => no_more(rest).map(|()| Mode::EgressGateway),
+        "egress-stats" => no_more(rest).map(|()| Mode::EgressStats),
         "--version" | "-V" => no_more(rest).map(|()| Mode::Version),
         "--help" | "-h" | "help" => Ok(Mode::Help),
         other => Err(format!("unknown subcommand '{other}'")),
@@ -254,6 +266,8 @@ fn main() {
         Ok(Mode::Install(dir)) => install::run(&dir),
         Ok(Mode::File(req)) => files::run(&req),
         Ok(Mode::Port(port)) => port::run(port),
+        Ok(Mode::EgressGateway) => egress::run(),
+        Ok(Mode::EgressStats) => egress::stats(),
         Ok(Mode::Version) => {
             println!("corral-agent {}", env!("CARGO_PKG_VERSION"));
             0

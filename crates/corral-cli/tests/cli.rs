@@ -267,6 +267,7 @@ fn ps_and_doctor_answer() {
         "capabilities dropped",
         "no-new-privileges",
         "pids limit",
+        "egress        [ ok ] egress by name: internal network, no host address",
     ] {
         assert!(out.contains(needle), "doctor output lacks {needle}: {out}");
     }

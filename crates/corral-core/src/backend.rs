@@ -375,6 +375,17 @@ pub trait Backend: Send + Sync + 'static {
     /// is pulled).
     fn image_present<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<ImagePresence, Error>>;
 
+    /// What the egress gateway of `sandbox_id` (a sandbox with `network:
+    /// {egress: ...}`) allowed and refused; `None` for a sandbox without
+    /// one or a backend without egress policies.
+    fn egress_counts<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<crate::egress::EgressCounts>, Error>> {
+        let _ = sandbox_id;
+        Box::pin(async { Ok(None) })
+    }
+
     /// Opens a connection to `port` of a server listening inside the
     /// sandbox at `placement` (reached at the sandbox's own address, or
     /// through its network namespace when it has none: a sandbox with

@@ -50,6 +50,11 @@ pub struct ClientPolicy {
     /// request for the same session key, and whose workspace lives in a
     /// host directory. Default false.
     pub allow_persistent: bool,
+    /// Destinations (egress rules, `HOST[:PORT]`) a client's own
+    /// `network: {egress: ...}` may allow, on top of narrowing the
+    /// operator's network; `None`: anything within the operator's network
+    /// (everything when it is `bridge`).
+    pub egress_allow: Option<Vec<String>>,
 }
 
 impl Default for ClientPolicy {
@@ -62,6 +67,7 @@ impl Default for ClientPolicy {
             max_disk: None,
             inline_specs: true,
             allow_persistent: false,
+            egress_allow: None,
         }
     }
 }
@@ -143,6 +149,86 @@ impl ClientPolicy {
         limit("limits.cpus", base.cpus, *cpus, Some(self.max_cpus))?;
         limit("limits.pids", base.pids, *pids, Some(self.max_pids))?;
         limit("limits.disk", base.disk, *disk, self.max_disk)?;
+        Ok(())
+    }
+
+    /// Checks a client's network against the operator's: `none` always, the
+    /// operator's own, or an egress policy that narrows the operator's (any
+    /// policy under `bridge`), and within [`ClientPolicy::egress_allow`].
+    pub fn check_network(
+        &self,
+        base: &crate::Network,
+        asked: &crate::Network,
+    ) -> Result<(), Refusal> {
+        use crate::Network;
+        if asked == base || *asked == Network::None {
+            return Ok(());
+        }
+        let Network::Egress(policy) = asked else {
+            return Err(Refusal::new(
+                "network",
+                asked.as_str(),
+                format!(
+                    "clients may ask for none, the service's default ({}) or an egress policy \
+                     within it",
+                    base.as_str()
+                ),
+            ));
+        };
+        let rules = policy
+            .rules()
+            .map_err(|e| Refusal::new(e.field, e.value, e.reason))?;
+        match base {
+            Network::Egress(wide) => {
+                let wide_rules = wide
+                    .rules()
+                    .map_err(|e| Refusal::new(e.field, e.value, e.reason))?;
+                wide_rules
+                    .narrowed_by(&rules, policy)
+                    .map_err(|(field, value)| {
+                        Refusal::new(
+                            field,
+                            value,
+                            format!(
+                                "a client may narrow the service's egress policy, never widen it \
+                             (allowed: {}; denied: {})",
+                                wide.allow.join(", "),
+                                if wide.deny.is_empty() {
+                                    "nothing".into()
+                                } else {
+                                    wide.deny.join(", ")
+                                }
+                            ),
+                        )
+                    })?;
+            }
+            Network::None => {
+                return Err(Refusal::new(
+                    "network",
+                    asked.as_str(),
+                    "the service gives sandboxes no network; clients may not add any",
+                ))
+            }
+            Network::Bridge => {}
+        }
+        if let Some(limit) = &self.egress_allow {
+            let limit_policy = crate::egress::EgressPolicy {
+                allow: limit.clone(),
+                deny: Vec::new(),
+            };
+            let limit_rules = limit_policy
+                .rules()
+                .map_err(|e| Refusal::new("server.policy.egress_allow", e.value, e.reason))?;
+            for (i, r) in rules.allow.iter().enumerate() {
+                if !limit_rules.allow.iter().any(|w| r.within(w)) {
+                    return Err(Refusal::new(
+                        format!("network.egress.allow[{i}]"),
+                        &policy.allow[i],
+                        format!("the service lets clients allow only {}", limit.join(", ")),
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -247,16 +333,7 @@ impl ClientPolicy {
             ));
         }
         check_security(&base.security, security)?;
-        if *network != base.network && *network != crate::Network::None {
-            return Err(Refusal::new(
-                "network",
-                network.as_str(),
-                format!(
-                    "clients may ask for none or the service's default ({})",
-                    base.network.as_str()
-                ),
-            ));
-        }
+        self.check_network(&base.network, network)?;
         if *runtime != base.runtime {
             return Err(Refusal::new(
                 "runtime",
@@ -563,6 +640,66 @@ mod tests {
         let mut bridge = none.clone();
         bridge.network = Network::Bridge;
         assert_eq!(refused(&none, &bridge).field, "network");
+    }
+
+    #[test]
+    fn a_client_egress_policy_may_narrow_never_widen() {
+        use crate::egress::EgressPolicy;
+        let egress = |allow: &[&str], deny: &[&str]| {
+            Network::Egress(EgressPolicy {
+                allow: allow.iter().map(|s| s.to_string()).collect(),
+                deny: deny.iter().map(|s| s.to_string()).collect(),
+            })
+        };
+        let p = ClientPolicy::default();
+        let base = egress(&["*.test", "pypi.org"], &["evil.test"]);
+        p.check_network(&base, &egress(&["pypi.test"], &["evil.test"]))
+            .expect("narrower");
+        p.check_network(&base, &Network::None).expect("none");
+        let e = p
+            .check_network(&base, &egress(&["pypi.test", "github.com"], &["evil.test"]))
+            .expect_err("wider");
+        assert_eq!(
+            (e.field.as_str(), e.value.as_str()),
+            ("network.egress.allow[1]", "github.com")
+        );
+        assert!(e.reason.contains("never widen"), "{}", e.reason);
+        let e = p
+            .check_network(&base, &egress(&["pypi.test"], &[]))
+            .expect_err("deny dropped");
+        assert_eq!(e.field, "network.egress.deny");
+        let e = p
+            .check_network(&base, &Network::Bridge)
+            .expect_err("bridge");
+        assert_eq!((e.field.as_str(), e.value.as_str()), ("network", "bridge"));
+        let e = p
+            .check_network(&Network::None, &egress(&["pypi.test"], &[]))
+            .expect_err("none base");
+        assert_eq!(e.field, "network");
+        // Under bridge any policy narrows; the service's egress_allow bounds it.
+        p.check_network(&Network::Bridge, &egress(&["github.com"], &[]))
+            .expect("narrows bridge");
+        let limited = ClientPolicy {
+            egress_allow: Some(vec!["*.test".into()]),
+            ..ClientPolicy::default()
+        };
+        limited
+            .check_network(&Network::Bridge, &egress(&["pypi.test"], &[]))
+            .expect("within egress_allow");
+        let e = limited
+            .check_network(
+                &Network::Bridge,
+                &egress(&["pypi.test", "github.com:443"], &[]),
+            )
+            .expect_err("outside egress_allow");
+        assert_eq!(
+            (e.field.as_str(), e.value.as_str()),
+            ("network.egress.allow[1]", "github.com:443")
+        );
+        let e = p
+            .check_network(&Network::Bridge, &egress(&["bad name"], &[]))
+            .expect_err("invalid rule");
+        assert_eq!(e.field, "network.egress.allow[0]");
     }
 
     #[test]

@@ -717,6 +717,12 @@ impl ServerConfig {
                 "must be above zero (null: no maximum)",
             ));
         }
+        if let Some(allow) = &p.egress_allow {
+            for (i, rule) in allow.iter().enumerate() {
+                crate::egress::Rule::parse(&format!("server.policy.egress_allow[{i}]"), rule)
+                    .map_err(|e| ConfigError::invalid(e.field, e.value, e.reason))?;
+            }
+        }
         Ok(())
     }
 }
@@ -786,6 +792,10 @@ pub struct DaemonConfig {
     /// when others may read it). Default `None`:
     /// `$XDG_DATA_HOME/corral/seal.key`, else `~/.local/share/corral/seal.key`.
     pub seal_key_file: Option<String>,
+    /// The Docker network egress gateways (of sandboxes with `network:
+    /// {egress: ...}`) reach out through and resolve names on. Default
+    /// `None`: corral's own bridge network, `corral`.
+    pub egress_network: Option<String>,
 }
 
 impl Default for DaemonConfig {
@@ -805,6 +815,7 @@ impl Default for DaemonConfig {
             pull_limit: 2,
             registry_auth_file: None,
             seal_key_file: None,
+            egress_network: None,
         }
     }
 }
@@ -1300,6 +1311,16 @@ fn check_spec(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_egress_allow_rule_is_named() {
+        let mut c = Config::default();
+        c.server.policy.egress_allow = Some(vec!["*.test".into(), "pypi.test:http".into()]);
+        let e = c.validate(&FakeHost).expect_err("bad rule");
+        let text = e.to_string();
+        assert!(text.contains("server.policy.egress_allow[1]"), "{text}");
+        assert!(text.contains("pypi.test:http"), "{text}");
+    }
     use crate::spec::EnvVar;
 
     struct FakeHost;

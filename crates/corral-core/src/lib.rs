@@ -11,6 +11,7 @@ pub mod breaker;
 pub mod client_policy;
 pub mod command;
 pub mod config;
+pub mod egress;
 pub mod error;
 pub mod file_error;
 pub mod image_pull;

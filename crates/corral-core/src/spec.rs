@@ -278,8 +278,8 @@ pub(crate) fn normalize_cap(cap: &str) -> String {
     upper.strip_prefix("CAP_").unwrap_or(&upper).to_string()
 }
 
-/// Network attachment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Network attachment: `bridge`, `none`, or `{egress: {allow, deny}}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Network {
     /// Network access through corral's own bridge network (`corral`), made
@@ -290,22 +290,36 @@ pub enum Network {
     Bridge,
     /// No network at all (loopback only).
     None,
+    /// Only the destinations the policy allows, by name: the sandbox sits
+    /// on a network of its own with no route out, and its one way out is
+    /// corral's egress gateway (a resolver answering allowed names only and
+    /// a proxy routing TLS by SNI and HTTP by Host).
+    Egress(crate::egress::EgressPolicy),
 }
 
 impl Network {
     /// The mode's name in specs and on command lines.
-    pub fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> &'static str {
         match self {
             Network::Bridge => "bridge",
             Network::None => "none",
+            Network::Egress(_) => "egress",
         }
     }
 
-    /// Parses `bridge` or `none`.
+    /// Parses `bridge` or `none` (an egress policy is only written in a spec).
     pub fn parse(text: &str) -> Option<Network> {
         match text {
             "bridge" => Some(Network::Bridge),
             "none" => Some(Network::None),
+            _ => None,
+        }
+    }
+
+    /// The egress policy, when the sandbox has one.
+    pub fn egress(&self) -> Option<&crate::egress::EgressPolicy> {
+        match self {
+            Network::Egress(p) => Some(p),
             _ => None,
         }
     }
@@ -470,6 +484,21 @@ impl SandboxSpec {
             }
         }
         self.resolve_env(host)?;
+        if let Network::Egress(policy) = &self.network {
+            let rules = policy.rules()?;
+            if !rules
+                .allow
+                .iter()
+                .any(|r| !matches!(r.host, crate::egress::Host::Cidr(..)))
+            {
+                return Err(SpecError::new(
+                    "network.egress.allow",
+                    policy.allow.join(","),
+                    "name at least one domain name to allow (CIDRs only bound where allowed \
+                     names may lead); for no network at all use network: none",
+                ));
+            }
+        }
         let mut seen = HashSet::new();
         for (i, m) in self.mounts.iter().enumerate() {
             let field = format!("mounts[{i}]");

@@ -54,6 +54,9 @@ pub struct DockerConfig {
     pub pull_limit: usize,
     /// Registry credentials (`daemon.registry_auth_file`).
     pub registry_auth_file: Option<std::path::PathBuf>,
+    /// The network egress gateways reach out through
+    /// (`daemon.egress_network`); `None`: corral's own bridge network.
+    pub egress_network: Option<String>,
 }
 
 impl Default for DockerConfig {
@@ -74,6 +77,7 @@ impl From<&Config> for DockerConfig {
                 .registry_auth_file
                 .as_ref()
                 .map(std::path::PathBuf::from),
+            egress_network: config.daemon.egress_network.clone(),
         }
     }
 }
@@ -153,6 +157,40 @@ impl DockerBackend {
             .get_or_try_init(|| crate::network::ensure(&self.inner.docker))
             .await
             .cloned()
+    }
+
+    /// The network egress gateways reach out through: `daemon.egress_network`
+    /// when set (it must exist), else corral's own bridge.
+    pub async fn egress_outside(&self) -> Result<String, Error> {
+        match &self.inner.config.egress_network {
+            Some(name) => {
+                let docker = &self.inner.docker;
+                docker
+                    .inspect_network(
+                        name,
+                        None::<bollard::query_parameters::InspectNetworkOptions>,
+                    )
+                    .await
+                    .map_err(|e| Error::Network {
+                        network: name.clone(),
+                        reason: format!(
+                            "daemon.egress_network names a network this daemon cannot give: {e}"
+                        ),
+                    })?;
+                Ok(name.clone())
+            }
+            None => Ok(self.sandbox_network().await?.id),
+        }
+    }
+
+    /// The egress counts of `sandbox` (one with `network: {egress: ...}`):
+    /// names resolved and refused, connections relayed and refused; `None`
+    /// for a sandbox without a gateway.
+    pub async fn egress_stats(
+        &self,
+        sandbox: &str,
+    ) -> Result<Option<crate::egress::EgressStats>, Error> {
+        crate::egress::stats(&self.inner.docker, sandbox).await
     }
 
     /// Makes sure `image` is present, pulling it when a registry can supply
@@ -401,6 +439,8 @@ impl DockerBackend {
         if removed.is_ok() || matches!(&removed, Err(e) if is_not_found(e)) {
             // A sandbox that could write to its agent mount had its own copy.
             agent_volume::remove_private(docker, sandbox).await;
+            // A sandbox with an egress policy had a gateway and a network.
+            crate::egress::remove(docker, sandbox).await;
         }
         match removed {
             Ok(()) => Ok(()),
@@ -452,8 +492,15 @@ impl DockerBackend {
         self.agent_volume(&spec.image, req.owner).await?;
         prepared.agent = t.elapsed();
         prepare_nosuid_mounts(spec)?;
-        if spec.network == corral_core::Network::Bridge {
-            self.sandbox_network().await?;
+        match &spec.network {
+            corral_core::Network::Bridge => {
+                self.sandbox_network().await?;
+            }
+            corral_core::Network::Egress(_) => {
+                self.egress_outside().await?;
+                crate::egress::ensure_image(&self.inner.docker).await?;
+            }
+            corral_core::Network::None => {}
         }
         Ok(prepared)
     }
@@ -463,9 +510,20 @@ impl DockerBackend {
         let docker = &self.inner.docker;
         // Filled by `prepare`; a create without it fills it the same way.
         let volume = self.agent_volume(&spec.image, req.owner).await?;
-        let network = match spec.network {
-            corral_core::Network::Bridge => self.sandbox_network().await?.id,
-            corral_core::Network::None => String::new(),
+        let (network, dns) = match &spec.network {
+            corral_core::Network::Bridge => (self.sandbox_network().await?.id, None),
+            corral_core::Network::None => (String::new(), None),
+            corral_core::Network::Egress(policy) => {
+                let outside = self.egress_outside().await?;
+                let path = crate::egress::ensure(docker, id, policy, &outside).await;
+                match path {
+                    Ok(p) => (p.network, Some(p.gateway_ip)),
+                    Err(e) => {
+                        crate::egress::remove(docker, id).await;
+                        return Err(e);
+                    }
+                }
+            }
         };
         let storage_opt_supported = spec.limits.disk.is_some()
             && self.storage_opt_supported(&spec.image, req.owner).await?;
@@ -482,6 +540,7 @@ impl DockerBackend {
                 agent_volume: &volume,
                 storage_opt_supported,
                 network: &network,
+                dns: dns.as_deref(),
             },
         );
         match self
@@ -492,6 +551,9 @@ impl DockerBackend {
             Err(e) => {
                 if private_agent {
                     agent_volume::remove_private(docker, id).await;
+                }
+                if dns.is_some() {
+                    crate::egress::remove(docker, id).await;
                 }
                 Err(e)
             }
@@ -644,8 +706,19 @@ impl Backend for DockerBackend {
         Box::pin(self.do_list())
     }
 
+    fn egress_counts<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<corral_core::egress::EgressCounts>, Error>> {
+        Box::pin(self.egress_stats(sandbox_id))
+    }
+
     fn collect_garbage(&self) -> BoxFuture<'_, Result<Vec<String>, Error>> {
-        Box::pin(crate::gc::remove_dangling_volumes(self))
+        Box::pin(async move {
+            let mut removed = crate::gc::remove_orphan_gateways(self).await?;
+            removed.extend(crate::gc::remove_dangling_volumes(self).await?);
+            Ok(removed)
+        })
     }
 
     fn images(&self) -> BoxFuture<'_, Result<Vec<ImageInfo>, Error>> {

@@ -30,8 +30,12 @@ pub struct CreateParams<'a> {
     /// Whether the daemon honours `--storage-opt size=`.
     pub storage_opt_supported: bool,
     /// The network a sandbox with network access joins (corral's isolated
-    /// bridge, by id); unused for `network: none`.
+    /// bridge, by id, or its own internal egress network); unused for
+    /// `network: none`.
     pub network: &'a str,
+    /// The resolver the sandbox uses (its egress gateway's address), for a
+    /// sandbox with an egress policy.
+    pub dns: Option<&'a str>,
 }
 
 /// The host-side helper directories of a `nosuid` mount of `host`: an
@@ -229,7 +233,10 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
             Network::None => "none".to_string(),
             // Never the daemon's default bridge: there sandboxes reach each other.
             Network::Bridge => p.network.to_string(),
+            // Its own internal network: no route out but the gateway.
+            Network::Egress(_) => p.network.to_string(),
         }),
+        dns: p.dns.map(|d| vec![d.to_string()]),
         runtime: spec.runtime.clone(),
         storage_opt,
         // Never auto-remove: it destroys the state that tells an OOM of PID 1.
@@ -292,6 +299,7 @@ mod tests {
             agent_volume: "corral-agent-x",
             storage_opt_supported: false,
             network: "net-id",
+            dns: None,
         }
     }
 

@@ -41,6 +41,10 @@ pub struct DoctorReport {
     /// corral's sandbox network: present, made by corral, inter-container
     /// communication off.
     pub network: Check,
+    /// Egress policies by name: whether the daemon makes an internal
+    /// network whose bridge has no host address (probed with a network
+    /// made and removed at once).
+    pub egress: Check,
 }
 
 impl DockerBackend {
@@ -84,12 +88,14 @@ impl DockerBackend {
             storage_opt: None,
             agent_bytes: crate::agent_volume::AGENT_BINARY.len(),
             network: Check::default(),
+            egress: Check::default(),
         };
         if let Some(image) = image {
             self.ensure_image(image).await?;
             report.storage_opt = Some(self.storage_opt_supported(image, owner).await?);
         }
         report.network = self.network_check().await?;
+        report.egress = self.egress_check().await;
         Ok(report)
     }
 }
@@ -120,5 +126,67 @@ impl DockerBackend {
             },
             Err(e) => return Err(e),
         })
+    }
+}
+
+impl DockerBackend {
+    /// Whether sandboxes with an egress policy can be made: an internal
+    /// network with `inhibit_ipv4` is made, inspected and removed.
+    async fn egress_check(&self) -> Check {
+        use crate::egress::INHIBIT_IPV4;
+        let docker = self.docker();
+        let name = format!("corral-egress-probe-{}", std::process::id());
+        let check = |ok: bool, detail: String| Check {
+            name: "egress by name".into(),
+            ok,
+            detail,
+        };
+        let made = docker
+            .create_network(bollard::models::NetworkCreateRequest {
+                name: name.clone(),
+                driver: Some("bridge".into()),
+                internal: Some(true),
+                options: Some(std::collections::HashMap::from([(
+                    INHIBIT_IPV4.to_string(),
+                    "true".to_string(),
+                )])),
+                ..Default::default()
+            })
+            .await;
+        if let Err(e) = made {
+            return check(
+                false,
+                format!(
+                    "cannot make an internal network: {e}; network: {{egress: ...}} is refused"
+                ),
+            );
+        }
+        let inspected = docker
+            .inspect_network(
+                &name,
+                None::<bollard::query_parameters::InspectNetworkOptions>,
+            )
+            .await;
+        let _ = docker.remove_network(&name).await;
+        match inspected {
+            Ok(n) if n.internal == Some(true)
+                && n.options.as_ref().and_then(|o| o.get(INHIBIT_IPV4)).map(String::as_str)
+                    == Some("true") =>
+            {
+                check(
+                    true,
+                    "internal network, no host address: sandboxes with an egress policy reach \
+                     only their gateway"
+                        .into(),
+                )
+            }
+            Ok(_) => check(
+                false,
+                format!(
+                    "this daemon drops internal or {INHIBIT_IPV4}: network: {{egress: ...}} is refused"
+                ),
+            ),
+            Err(e) => check(false, format!("cannot inspect the probe network: {e}")),
+        }
     }
 }

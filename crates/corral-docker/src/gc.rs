@@ -98,6 +98,55 @@ pub(crate) async fn remove_dangling_volumes(backend: &DockerBackend) -> Result<V
     Ok(removed)
 }
 
+/// Removes the egress gateways (and their networks) whose sandbox
+/// container is gone, e.g. removed out of band while no corral watched it.
+/// A gateway is made a moment before its sandbox: young ones are left be.
+pub(crate) async fn remove_orphan_gateways(backend: &DockerBackend) -> Result<Vec<String>, Error> {
+    let docker = backend.docker();
+    let filters = HashMap::from([(
+        "label".to_string(),
+        vec![crate::egress::EGRESS_LABEL.to_string()],
+    )]);
+    let opts = ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let gateways = docker
+        .list_containers(Some(opts))
+        .await
+        .map_err(|e| crate::error::api("list egress gateways", e))?;
+    let mut removed = Vec::new();
+    for g in gateways {
+        let Some(sandbox) = g
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(crate::egress::EGRESS_LABEL))
+            .cloned()
+        else {
+            continue;
+        };
+        let created = g.created.and_then(|c| u64::try_from(c).ok()).unwrap_or(0);
+        if unix_now().saturating_sub(created) < YOUNG_VOLUME_SECS {
+            continue;
+        }
+        let name = crate::container_config::container_name(&sandbox);
+        match docker
+            .inspect_container(
+                &name,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
+            .await
+        {
+            Err(e) if crate::error::is_not_found(&e) => {
+                crate::egress::remove(docker, &sandbox).await;
+                removed.push(crate::egress::gateway_name(&sandbox));
+            }
+            _ => {}
+        }
+    }
+    Ok(removed)
+}
+
 /// Volumes younger than this are never garbage (see `remove_dangling_volumes`).
 pub const YOUNG_VOLUME_SECS: u64 = 10;
 

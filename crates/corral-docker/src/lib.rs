@@ -11,6 +11,7 @@ mod backend;
 pub mod connect;
 pub mod container_config;
 pub mod doctor;
+pub mod egress;
 pub mod error;
 mod events;
 pub mod gc;

@@ -6,7 +6,9 @@
 //! (`network: none`) is reached through an exec of the agent's `port`
 //! tool, which joins the sandbox's network namespace and relays one
 //! connection to its loopback over the exec's stdin and stdout (about one
-//! exec's cost per connection); the sandbox gains no way out by it. The
+//! exec's cost per connection); the sandbox gains no way out by it. So is
+//! a sandbox with an egress policy: the host has no address on its
+//! internal network. The
 //! tool runs as `nobody`, with the sandbox's confinement (capabilities,
 //! seccomp, no-new-privileges: what every exec into it inherits).
 
@@ -51,8 +53,12 @@ impl DockerBackend {
             .network_settings
             .and_then(|n| n.networks)
             .and_then(|nets| {
-                nets.values()
-                    .filter_map(|e| e.ip_address.as_deref())
+                nets.iter()
+                    // The host has no address on a sandbox's egress network:
+                    // such a sandbox is reached through the relay, like one
+                    // with no network.
+                    .filter(|(name, _)| !crate::egress::is_egress_network(name))
+                    .filter_map(|(_, e)| e.ip_address.as_deref())
                     .find_map(|ip| ip.parse::<IpAddr>().ok())
             });
         match address {

@@ -190,6 +190,14 @@ fn metadata_maps(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<(Map, Map), Er
     if spec.network == Network::None {
         pod_labels.insert(NETWORK_LABEL.into(), "none".into());
     }
+    if let Network::Egress(policy) = &spec.network {
+        return Err(unsupported(
+            "network.egress",
+            policy.allow.join(","),
+            "egress policies by name need corral's egress gateway, which the Kubernetes \
+             backend does not run yet; use the Docker backend, or network bridge or none",
+        ));
+    }
     Ok((pod_labels, ours))
 }
 
@@ -615,6 +623,17 @@ mod tests {
             Err(e @ Error::Unsupported { .. }) => e.to_string(),
             other => panic!("expected unsupported, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn an_egress_policy_is_refused_not_ignored() {
+        let mut spec = kube_spec();
+        spec.network = Network::Egress(corral_core::egress::EgressPolicy {
+            allow: vec!["pypi.org".into()],
+            deny: vec![],
+        });
+        let text = unsupported_text(&spec);
+        assert!(text.contains("network.egress 'pypi.org'"), "{text}");
     }
 
     #[test]

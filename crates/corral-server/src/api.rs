@@ -37,6 +37,7 @@ use crate::tenancy::Tenancy;
 use crate::wire::*;
 use corral_core::principal::Principal;
 
+mod egress;
 mod events;
 mod images;
 mod ports;
@@ -1392,6 +1393,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(ports::port_link))
         .routes(routes!(usage::sandbox_usage))
         .routes(routes!(events::events))
+        .routes(routes!(egress::egress_counts))
         .routes(routes!(images::list_images))
         .routes(routes!(images::pull_image))
         .routes(routes!(health))

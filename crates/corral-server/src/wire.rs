@@ -28,9 +28,11 @@ pub struct CreateSandbox {
     /// memory limit. Not with `profile`. What it changes must be allowed by
     /// the service's policy (`server.policy`): image, workdir, env values,
     /// startup, recovery, pristine, own labels, limits up to the maxima,
-    /// network `none`; host mounts, capabilities, weakened hardening,
-    /// runtime, host environment, `corral.*` labels and `persistent` are
-    /// refused (403 naming the field).
+    /// network `none` or an egress policy (`{"egress": {"allow": [...],
+    /// "deny": [...]}}`) that narrows the service's network and stays within
+    /// `server.policy.egress_allow`; host mounts, capabilities, weakened
+    /// hardening, runtime, host environment, `corral.*` labels and
+    /// `persistent` are refused (403 naming the field).
     #[schema(value_type = Object)]
     pub spec: Option<serde_json::Value>,
     /// Image, overriding the one of the spec, profile or defaults: one of
@@ -685,6 +687,22 @@ pub struct PullResult {
     pub image: String,
     /// How long the request waited for it, in ms (a present image: about 0).
     pub waited_ms: u64,
+}
+
+/// Body of `GET /v1/sandboxes/{id}/egress`: what the sandbox's egress
+/// gateway allowed and refused since the sandbox started.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct EgressCounts {
+    /// DNS questions for allowed names.
+    pub dns_allowed: u64,
+    /// DNS questions refused (answered NXDOMAIN).
+    pub dns_refused: u64,
+    /// Connections relayed to an allowed destination.
+    pub connections_allowed: u64,
+    /// Connections refused (a name not allowed, no name, no usable address).
+    pub connections_refused: u64,
+    /// The last refusals (at most 32), oldest first, e.g. `dns evil.test`.
+    pub recent_refusals: Vec<String>,
 }
 
 /// Body of `GET /v1/sandboxes/{id}/ports/{port}`: a link to a server

@@ -17,8 +17,19 @@ use common::{remaining, Guard};
 /// Sends one create request a client may not make: 403, kind `forbidden`,
 /// the field named, the value in the message, and no container made.
 async fn refused(label: &'static str, body: Value, field: &str, value: &str) {
+    refused_under(label, |_| {}, body, field, value).await;
+}
+
+/// [`refused`] by a service whose configuration `tweak` changed.
+async fn refused_under(
+    label: &'static str,
+    tweak: impl FnOnce(&mut corral_core::config::Config),
+    body: Value,
+    field: &str,
+    value: &str,
+) {
     let _g = Guard(label);
-    let svc = start(label, |_, _| {}).await;
+    let svc = start(label, |c, _| tweak(c)).await;
     let r = svc
         .send(svc.req("POST", "/v1/sandboxes").json(body.clone()))
         .await;
@@ -174,6 +185,102 @@ attack!(
     "image",
     "corral-test/not-on-this-daemon:1"
 );
+
+/// The operator's egress policy: a client may narrow it, never widen it.
+fn operator_egress(c: &mut corral_core::config::Config) {
+    c.defaults.network = corral_core::Network::Egress(corral_core::egress::EgressPolicy {
+        allow: vec!["pypi.test".into(), "*.mirror.test".into()],
+        deny: vec!["169.254.0.0/16".into()],
+    });
+}
+
+#[tokio::test]
+async fn egress_wider_than_the_operators() {
+    refused_under(
+        "api-trust-egress-wider",
+        operator_egress,
+        json!({"spec": {"network": {"egress": {"allow": ["pypi.test", "evil.test"],
+                                                "deny": ["169.254.0.0/16"]}}}}),
+        "spec.network.egress.allow[1]",
+        "evil.test",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn egress_dropping_the_operators_deny() {
+    refused_under(
+        "api-trust-egress-undeny",
+        operator_egress,
+        json!({"spec": {"network": {"egress": {"allow": ["a.mirror.test"], "deny": []}}}}),
+        "spec.network.egress.deny",
+        "",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn bridge_under_an_operators_egress_policy() {
+    refused_under(
+        "api-trust-egress-bridge",
+        operator_egress,
+        json!({"spec": {"network": "bridge"}}),
+        "spec.network",
+        "bridge",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn egress_outside_the_services_egress_allow() {
+    refused_under(
+        "api-trust-egress-allow",
+        |c| c.server.policy.egress_allow = Some(vec!["*.test".into()]),
+        json!({"spec": {"network": {"egress": {"allow": ["pypi.test", "github.com"]}}}}),
+        "spec.network.egress.allow[1]",
+        "github.com",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_narrower_egress_policy_is_granted_and_enforced() {
+    let label = "api-trust-egress-narrower";
+    let _g = Guard(label);
+    let svc = start(label, |c, _| operator_egress(c)).await;
+    let r = svc
+        .send(svc.req("POST", "/v1/sandboxes").json(json!({
+            "session": "narrow",
+            "spec": {"network": {"egress": {"allow": ["a.mirror.test"],
+                                            "deny": ["169.254.0.0/16"]}}}})))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    // pypi.test is the operator's, but this client gave it up.
+    let r = svc
+        .send(svc.req("POST", "/v1/sandboxes/narrow/exec").json(json!({
+            "command": "nslookup pypi.test >/dev/null 2>&1; echo pypi=$?; \
+                        nslookup a.mirror.test 2>/dev/null | grep -c '^Address' "})))
+        .await;
+    let out = r.json["stdout"].as_str().unwrap_or_default().to_string();
+    assert!(out.starts_with("pypi=1\n"), "{}", r.text);
+    // The refusal is counted for this sandbox.
+    let r = svc
+        .send(svc.req("GET", "/v1/sandboxes/narrow/egress"))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert!(r.json["dns_refused"].as_u64() >= Some(1), "{}", r.text);
+    assert!(
+        r.json["recent_refusals"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == "dns pypi.test")),
+        "{}",
+        r.text
+    );
+    let r = svc.send(svc.req("DELETE", "/v1/sandboxes/narrow")).await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    svc.stop().await;
+    assert_eq!(remaining(label), Vec::<String>::new());
+}
 
 #[tokio::test]
 async fn what_clients_may_ask_for_still_works() {

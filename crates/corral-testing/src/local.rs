@@ -585,6 +585,12 @@ impl Backend for LocalProcessBackend {
 
     fn create<'a>(&'a self, req: &'a StartRequest<'a>) -> BoxFuture<'a, Result<Placement, Error>> {
         Box::pin(async move {
+            if req.spec.network.egress().is_some() {
+                // It has no network isolation to enforce one with.
+                return Err(Error::Unsupported {
+                    what: "network.egress: the local process backend isolates nothing".into(),
+                });
+            }
             let id = req.sandbox_id;
             let n = self.inner.next.fetch_add(1, Ordering::SeqCst);
             let placement = Placement(format!("local-{id}-{n}"));

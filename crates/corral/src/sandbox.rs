@@ -203,6 +203,14 @@ impl Sandbox {
         );
     }
 
+    /// What the sandbox's egress gateway allowed and refused (see
+    /// [`corral_core::Backend::egress_counts`]); `None` without an egress
+    /// policy.
+    pub async fn egress_counts(&self) -> Result<Option<corral_core::egress::EgressCounts>, Error> {
+        let backend = &self.inner.runtime.inner.backend;
+        backend.egress_counts(self.id()).await
+    }
+
     /// The spec the sandbox was created from.
     pub fn spec(&self) -> &SandboxSpec {
         &self.inner.spec

@@ -76,6 +76,13 @@ pub async fn run(
         r.network.name,
         r.network.detail
     );
+    // Only egress policies need it: reported, not a failure of the daemon.
+    println!(
+        "egress        [{}] {}: {}",
+        if r.egress.ok { " ok " } else { "WARN" },
+        r.egress.name,
+        r.egress.detail
+    );
     if let Some(image) = image {
         println!("protections in force (probe sandbox from {image}):");
         all_ok &= print_protections(&protections);

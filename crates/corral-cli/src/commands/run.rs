@@ -227,7 +227,7 @@ impl RunArgs {
         if self.disk.is_some() {
             spec.limits.disk = self.disk;
         }
-        if let Some(network) = self.network {
+        if let Some(network) = self.network.clone() {
             spec.network = network;
         }
         if self.runtime.is_some() {

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod internet;
+
 use std::process::Command;
 use std::sync::OnceLock;
 
@@ -108,6 +110,7 @@ pub async fn connect(c: &BackendConfig) -> Result<Runtime, corral::Error> {
         pull_timeout: c.pull_timeout,
         pull_limit: c.pull_limit,
         registry_auth_file: c.registry_auth_file.clone(),
+        egress_network: None,
     })
     .await?;
     Ok(Runtime::new(
