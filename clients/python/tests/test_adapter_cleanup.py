@@ -54,8 +54,17 @@ def _child(corral_url: str, corral_spec, body: str, stdin=None):
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # The launcher a person runs in a terminal: SIGHUP and SIGINT at
+        # their defaults even when the tests themselves run under nohup
+        # (which a child would otherwise inherit, and rightly keep).
+        preexec_fn=_default_signals,
     )
     return case, proc
+
+
+def _default_signals() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_line(proc, want: str, timeout: float = 120.0) -> None:
