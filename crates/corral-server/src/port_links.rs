@@ -60,9 +60,13 @@ impl PortKey {
 
     /// `/ports/KEY/PORT/TOKEN/`: the link's path.
     pub fn path(&self, key: &str, sandbox: &str, port: u16) -> String {
-        let token = self.token(key, sandbox, port);
-        format!("/ports/{}/{port}/{token}/", segment(key))
+        format!("{}/", prefix(key, port, &self.token(key, sandbox, port)))
     }
+}
+
+/// `/ports/KEY/PORT/TOKEN`: what the proxy takes off a link's path.
+pub fn prefix(key: &str, port: u16, token: &str) -> String {
+    format!("/ports/{}/{port}/{token}", segment(key))
 }
 
 /// Where the service's port links are served: its key and its base URL

@@ -29,7 +29,7 @@ use hyper_util::rt::TokioIo;
 use super::{check_name, AppState};
 use crate::error::ApiError;
 use crate::guard::Caller;
-use crate::port_links::segment;
+use crate::port_links;
 use crate::wire::{ErrorBody, PortLink};
 
 /// The link's route without a path after the token.
@@ -71,7 +71,7 @@ pub(super) async fn port_link(
     let lease = s.lease(&caller, &id).await?;
     let keys = &s.inner.port_key;
     let token = keys.token(lease.key(), lease.id(), port);
-    let path = keys.path(lease.key(), lease.id(), port);
+    let path = format!("{}/", port_links::prefix(lease.key(), port, &token));
     // The guard checked Host: it is one of this service's names.
     let host = headers
         .get(header::HOST)
@@ -159,7 +159,7 @@ async fn forward(
         }
     });
 
-    let prefix = format!("/ports/{}/{port}/{token}", segment(&key));
+    let prefix = port_links::prefix(&key, port, &token);
     let query = req
         .uri()
         .query()
