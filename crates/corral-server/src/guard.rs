@@ -49,29 +49,11 @@ const HEALTH: &str = "/v1/health";
 /// The dashboard's page, which takes its token from the query.
 const DASHBOARD: &str = "/dashboard";
 
-/// `%XX` and `+` of a query value decoded (a token is plain ASCII;
-/// anything malformed stays as it is, and then matches no token).
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let hex = |b: u8| (b as char).to_digit(16);
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push((h * 16 + l) as u8);
-                    i += 3;
-                    continue;
-                }
-                _ => out.push(b'%'),
-            },
-            b'+' => out.push(b' '),
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+/// The `token` of a query string, decoded as a form value (`%XX`, `+`).
+fn query_token(query: &str) -> Option<String> {
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "token")
+        .map(|(_, v)| v.into_owned())
 }
 
 /// Port links (`api/ports.rs`): their own token, in the path, is the
@@ -279,11 +261,7 @@ impl Guard {
             (req.uri().path() == DASHBOARD)
                 .then(|| req.uri().query())
                 .flatten()
-                .and_then(|q| {
-                    q.split('&')
-                        .find_map(|kv| kv.strip_prefix("token="))
-                        .map(percent_decode)
-                })
+                .and_then(query_token)
         });
         let given = given.as_deref();
         match given {
@@ -454,10 +432,13 @@ fn split_host(host: &str) -> (&str, Option<u16>) {
 mod tests {
     #[test]
     fn query_tokens_are_percent_decoded_and_malformed_ones_kept() {
-        assert_eq!(super::percent_decode("abc%2Bd+e"), "abc+d e");
-        assert_eq!(super::percent_decode("a%4"), "a%4");
-        assert_eq!(super::percent_decode("%zz%41"), "%zzA");
-        assert_eq!(super::percent_decode("%é"), "%é");
+        let token = |q: &str| super::query_token(q).unwrap_or_default();
+        assert_eq!(token("token=abc%2Bd+e"), "abc+d e");
+        assert_eq!(token("token=a%4"), "a%4");
+        assert_eq!(token("token=%zz%41"), "%zzA");
+        assert_eq!(token("token=%é"), "%é");
+        assert_eq!(token("x=1&token=t"), "t");
+        assert_eq!(super::query_token("x=1"), None);
     }
 
     use super::*;
