@@ -296,19 +296,24 @@ impl Registry {
 
     /// Removes every image of this registry from the daemon.
     pub fn remove_pulled(&self) {
-        let Ok(list) = run(
-            "docker",
-            &["images", "--format", "{{.Repository}}:{{.Tag}}"],
-        ) else {
-            return;
-        };
-        let prefix = format!("{}/", self.host);
-        let ours: Vec<&str> = list.lines().filter(|l| l.starts_with(&prefix)).collect();
-        if !ours.is_empty() {
-            let mut args = vec!["rmi", "-f"];
-            args.extend(ours);
-            let _ = run("docker", &args);
-        }
+        remove_images_of(&self.host);
+    }
+}
+
+/// Removes every image named `host/...` from the daemon.
+fn remove_images_of(host: &str) {
+    let Ok(list) = run(
+        "docker",
+        &["images", "--format", "{{.Repository}}:{{.Tag}}"],
+    ) else {
+        return;
+    };
+    let prefix = format!("{host}/");
+    let ours: Vec<&str> = list.lines().filter(|l| l.starts_with(&prefix)).collect();
+    if !ours.is_empty() {
+        let mut args = vec!["rmi", "-f"];
+        args.extend(ours);
+        let _ = run("docker", &args);
     }
 }
 
@@ -464,19 +469,7 @@ impl Relay {
 
     /// Removes every image pulled through the relay from the daemon.
     pub fn remove_pulled(&self) {
-        let Ok(list) = run(
-            "docker",
-            &["images", "--format", "{{.Repository}}:{{.Tag}}"],
-        ) else {
-            return;
-        };
-        let prefix = format!("{}/", self.host);
-        let ours: Vec<&str> = list.lines().filter(|l| l.starts_with(&prefix)).collect();
-        if !ours.is_empty() {
-            let mut args = vec!["rmi", "-f"];
-            args.extend(ours);
-            let _ = run("docker", &args);
-        }
+        remove_images_of(&self.host);
     }
 }
 
