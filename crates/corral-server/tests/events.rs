@@ -11,16 +11,12 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 mod common;
-use common::service::{start, Req, Service};
+use common::service::{as_, start, Service};
 use common::Guard;
 
 const ALICE: &str = "alice-token-0123456789";
 const BOB: &str = "bob-token-0123456789";
 const ADMIN: &str = "admin-token-0123456789";
-
-fn as_(token: &str, method: &str, path: &str) -> Req {
-    Req::new(method, path).header("Authorization", &format!("Bearer {token}"))
-}
 
 /// Reads SSE events from `path` until `until` says stop (or a generous
 /// bound passes); (event name, data) in order.

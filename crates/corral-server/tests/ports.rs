@@ -14,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 mod common;
-use common::service::{start, Req, Service};
+use common::service::{as_, start, Service};
 use common::Guard;
 
 const ALICE: &str = "alice-token-0123456789";
@@ -47,10 +47,6 @@ setsid nc -ll -p 9000 -e /ws.sh </dev/null >/dev/null 2>&1 &
 for i in $(seq 1 50); do wget -q -O /dev/null http://127.0.0.1:8080/ && exit 0; sleep 0.1; done
 exit 1
 "#;
-
-fn as_(token: &str, method: &str, path: &str) -> Req {
-    Req::new(method, path).header("Authorization", &format!("Bearer {token}"))
-}
 
 async fn sandbox(s: &Service, token: &str, body: Value) -> String {
     let r = s.send(as_(token, "POST", "/v1/sandboxes").json(body)).await;
@@ -217,6 +213,13 @@ async fn a_server_in_a_sandbox_is_reached_through_its_link_and_nothing_else_is()
         .send(as_(BOB, "GET", &format!("/v1/sandboxes/{a}/ports/8080")))
         .await;
     assert_eq!(r.status, 404, "{}", r.text);
+    // Nor its usage or egress counts.
+    for route in ["usage", "egress"] {
+        let r = s
+            .send(as_(BOB, "GET", &format!("/v1/sandboxes/{a}/{route}")))
+            .await;
+        assert_eq!(r.status, 404, "{route}: {}", r.text);
+    }
     let r = s
         .send(as_(ALICE, "GET", &format!("/v1/sandboxes/{a}/ports/0")))
         .await;

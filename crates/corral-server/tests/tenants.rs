@@ -13,7 +13,7 @@ use corral_core::config::TenantConfig;
 use serde_json::{json, Value};
 
 mod common;
-use common::service::{initialize, mcp, start, Req, Resp, Service};
+use common::service::{as_, initialize, mcp, start, Resp, Service};
 use common::Guard;
 
 const ALICE: &str = "alice-token-0123456789";
@@ -52,10 +52,6 @@ async fn two_tenants(label: &str) -> Service {
         );
     })
     .await
-}
-
-fn as_(token: &str, method: &str, path: &str) -> Req {
-    Req::new(method, path).header("Authorization", &format!("Bearer {token}"))
 }
 
 async fn exec(s: &Service, token: &str, id: &str, command: &str) -> Resp {

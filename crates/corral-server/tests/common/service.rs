@@ -163,6 +163,11 @@ impl Resp {
     }
 }
 
+/// A request with `token` as its bearer token.
+pub fn as_(token: &str, method: &str, path: &str) -> Req {
+    Req::new(method, path).header("Authorization", &format!("Bearer {token}"))
+}
+
 impl Req {
     pub fn new(method: &str, path: &str) -> Req {
         Req {
