@@ -49,7 +49,7 @@ from .errors import (
     TooLargeError,
     UnsupportedError,
 )
-from .models import CommandResult, Failure, FileEntry, Health, ResetResult, SandboxInfo, Snapshot, StreamEvent, WhoAmI
+from .models import CommandResult, CommandUsage, Failure, FileEntry, Health, ResetResult, SandboxInfo, Snapshot, StreamEvent, WhoAmI
 
 __all__ = [
     "__version__",
@@ -64,6 +64,7 @@ __all__ = [
     "RetryPolicy",
     "find_token",
     "CommandResult",
+    "CommandUsage",
     "Failure",
     "FileEntry",
     "Health",

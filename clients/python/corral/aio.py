@@ -132,6 +132,11 @@ class AsyncClient:
         r = await self.request("GET", "/v1/whoami", idempotent=True)
         return WhoAmI.from_json(r.json())
 
+    async def usage(self) -> Dict[str, Any]:
+        """As :meth:`corral.Client.usage`."""
+        r = await self.request("GET", "/v1/usage", idempotent=True)
+        return dict(r.json())
+
     async def images(self) -> Dict[str, Any]:
         """As :meth:`corral.Client.images`."""
         r = await self.request("GET", "/v1/images", idempotent=True)
@@ -464,12 +469,15 @@ class AsyncSandbox:
                 log.debug("corral: refreshing %s after a reset failed: %s", self.id, exc)
         return result
 
-    async def snapshot(self, name: str, durable: bool = False) -> Snapshot:
+    async def snapshot(self, name: str, durable: bool = False, kind: Optional[str] = None) -> Snapshot:
         """As :meth:`corral.Sandbox.snapshot`."""
+        body: Dict[str, Any] = {"name": name, "durable": durable}
+        if kind is not None:
+            body["kind"] = kind
         r = await self.client.request(
             "POST",
             self._path("snapshot"),
-            json={"name": name, "durable": durable},
+            json=body,
             timeout=httpx.Timeout(_core.CREATE_TIMEOUT, connect=self.client._timeout.connect),
             resource="sandbox",
         )

@@ -151,6 +151,18 @@ class Client:
         (the operator or a tenant) and its tenant's quotas."""
         return WhoAmI.from_json(self.request("GET", "/v1/whoami", idempotent=True).json())
 
+    def usage(self) -> Dict[str, Any]:
+        """``GET /v1/usage``: every sandbox's usage at once, from the
+        service's usage sample (taken at most once per
+        ``server.metrics.usage_refresh_ms``, the one ``/metrics`` reports):
+        ``{"age_ms", "sandboxes": [{"id", "sandbox_id", "cpu_cores",
+        "usage"}]}``, ``usage`` as :meth:`Sandbox.usage` gives it,
+        ``cpu_cores`` what it used between the last two samples. Cheaper
+        than each sandbox's :meth:`Sandbox.usage` for many sandboxes;
+        :class:`~corral.errors.UnsupportedError` when the service samples
+        no usage."""
+        return dict(self.request("GET", "/v1/usage", idempotent=True).json())
+
     # -- images ------------------------------------------------------------
 
     def images(self) -> Dict[str, Any]:
@@ -614,20 +626,25 @@ class Sandbox:
 
     # -- snapshots ---------------------------------------------------------
 
-    def snapshot(self, name: str, durable: bool = False) -> Snapshot:
+    def snapshot(self, name: str, durable: bool = False, kind: Optional[str] = None) -> Snapshot:
         """Keep this sandbox's file system as snapshot ``name`` (replacing
         one of that name), to fork sandboxes from with
         :meth:`Client.fork`. It lands in the caller's own namespace: another
         principal's snapshot of the same name is not touched. It records
         the names of the sandbox's variables, not their values.
         ``durable`` keeps it until deleted; otherwise it goes with the
-        service. A bad name raises :class:`InvalidRequestError` naming
-        ``name``; a tenant past its ``max_snapshots`` or
-        ``max_snapshot_bytes`` gets :class:`CapacityError` naming it."""
+        service. ``kind`` asks for ``"delta"`` or ``"image"`` (default: the
+        service's choice, a delta for a sandbox that resets in place). A
+        bad name raises :class:`InvalidRequestError` naming ``name``; a
+        tenant past its ``max_snapshots`` or ``max_snapshot_bytes`` gets
+        :class:`CapacityError` naming it."""
+        body: Dict[str, Any] = {"name": name, "durable": durable}
+        if kind is not None:
+            body["kind"] = kind
         r = self.client.request(
             "POST",
             self._path("snapshot"),
-            json={"name": name, "durable": durable},
+            json=body,
             timeout=httpx.Timeout(_core.CREATE_TIMEOUT, connect=self.client._timeout.connect),
             resource="sandbox",
         )
@@ -636,11 +653,14 @@ class Sandbox:
     # -- usage -------------------------------------------------------------
 
     def usage(self) -> Dict[str, Any]:
-        """What the sandbox uses now (``GET /v1/sandboxes/{id}/usage``), from
-        the engine's accounting: ``cpu_ns``, ``memory_bytes`` (and
-        ``memory_peak_bytes`` where kept) against ``memory_limit_bytes``,
-        ``pids`` against ``pids_limit``, ``block_read_bytes``,
-        ``block_write_bytes``, ``net_rx_bytes``, ``net_tx_bytes``."""
+        """What the sandbox uses now (``GET /v1/sandboxes/{id}/usage``):
+        ``cpu_ns``, ``memory_bytes`` (and ``memory_peak_bytes`` where kept)
+        against ``memory_limit_bytes``, ``pids`` against ``pids_limit``,
+        ``block_read_bytes``, ``block_write_bytes``, ``net_rx_bytes``,
+        ``net_tx_bytes``, ``oom_kills`` (``None`` where not known), and
+        ``source``: ``engine`` (the engine's accounting, Docker's stats) or
+        ``agent`` (read by the sandbox's agent from its cgroup, where the
+        engine has none, as on Kubernetes)."""
         r = self.client.request("GET", self._path("usage"), idempotent=True, resource="sandbox")
         return dict(r.json())
 

@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 __all__ = [
     "Failure",
+    "CommandUsage",
     "CommandResult",
     "SandboxInfo",
     "ResetResult",
@@ -57,6 +58,36 @@ class Failure:
         )
 
 
+@dataclass(frozen=True)
+class CommandUsage:
+    """What a command's processes used, as the sandbox's agent measured them.
+
+    ``cpu_ms`` is user and kernel CPU time together (``cpu_user_ms`` +
+    ``cpu_system_ms``) of the command's main process, every descendant it
+    waited for, and the orphans of its process group reaped before it ended.
+    ``peak_memory_bytes`` is the largest resident set one of those processes
+    reached: the biggest process's peak, not the sum over processes.
+    Background processes still running when the command ended, and those
+    that left its process group (``setsid``), are not counted.
+    """
+
+    cpu_ms: float
+    cpu_user_ms: float
+    cpu_system_ms: float
+    peak_memory_bytes: int
+
+    @classmethod
+    def from_json(cls, data: Any) -> Optional["CommandUsage"]:
+        if not isinstance(data, Mapping):
+            return None
+        return cls(
+            cpu_ms=float(data.get("cpu_ms") or 0.0),
+            cpu_user_ms=float(data.get("cpu_user_ms") or 0.0),
+            cpu_system_ms=float(data.get("cpu_system_ms") or 0.0),
+            peak_memory_bytes=int(data.get("peak_memory_bytes") or 0),
+        )
+
+
 @dataclass
 class CommandResult:
     """A command's outcome.
@@ -65,8 +96,10 @@ class CommandResult:
     not UTF-8); ``stdout_bytes``/``stderr_bytes`` are the exact bytes. When
     output went over ``max_output`` its head and tail are kept and
     ``*_truncated`` is set; ``*_total_bytes`` count everything the command
-    wrote. ``failure`` is ``None`` when the command ran to its exit, whatever
-    its exit code. Shell-session results also say whether the shell was
+    wrote. ``usage`` says what its processes used (CPU time, peak memory; see
+    :class:`CommandUsage`), ``None`` where the agent did not measure it (shell
+    sessions). ``failure`` is ``None`` when the command ran to its exit,
+    whatever its exit code. Shell-session results also say whether the shell was
     ``restarted`` before the command (earlier state lost) or ``ended`` after it,
     how many bytes background jobs printed since the previous command
     (``dropped_between_bytes``, dropped), and ``trusted``: always ``False`` for
@@ -84,6 +117,7 @@ class CommandResult:
     stdout_total_bytes: int = 0
     stderr_total_bytes: int = 0
     duration_ms: float = 0.0
+    usage: Optional[CommandUsage] = None
     failure: Optional[Failure] = None
     sandbox_id: Optional[str] = None
     restarted: Optional[bool] = None
@@ -116,6 +150,7 @@ class CommandResult:
             stdout_total_bytes=int(data.get("stdout_total_bytes") or 0),
             stderr_total_bytes=int(data.get("stderr_total_bytes") or 0),
             duration_ms=float(data.get("duration_ms") or 0.0),
+            usage=CommandUsage.from_json(data.get("usage")),
             failure=Failure.from_json(data.get("failure")),
             sandbox_id=data.get("sandbox_id"),
             restarted=bool(restarted) if restarted is not None else None,
@@ -335,14 +370,18 @@ class Snapshot:
     may fork it but not replace or delete it (an operator's snapshot
     shared with tenants). ``env_names`` are the variables its sandbox set:
     their values are not kept, a fork takes them from its ``env`` (else
-    the service's defaults, else they are unset). ``image`` is the
-    engine's image holding it, ``base_image`` the image its sandbox
-    started from, ``source_sandbox`` corral's id of that sandbox,
+    the service's defaults, else they are unset). ``kind`` is how it is
+    kept: ``"delta"`` (a sandbox that resets in place: the service keeps
+    its changes, forks start from ``base_image`` and take them in; no image
+    is made) or ``"image"`` (the engine's image). ``image`` is the image a
+    fork starts from (the engine's image holding it, or for a delta the
+    source's), ``base_image`` the image its sandbox started from, ``source_sandbox`` corral's id of that sandbox,
     ``created`` seconds since the epoch, ``size`` the bytes it adds to its
     base, ``durable`` whether it is kept until deleted (otherwise it goes
     with the service)."""
 
     name: str
+    kind: str = "image"
     image: str = ""
     source_sandbox: str = ""
     base_image: str = ""
@@ -358,6 +397,7 @@ class Snapshot:
     def from_json(cls, data: Mapping[str, Any]) -> "Snapshot":
         return cls(
             name=str(data["name"]),
+            kind=str(data.get("kind") or "image"),
             image=str(data.get("image") or ""),
             source_sandbox=str(data.get("source_sandbox") or ""),
             base_image=str(data.get("base_image") or ""),

@@ -4,6 +4,8 @@ already on the daemon, and pull nothing)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import corral
@@ -68,6 +70,32 @@ def test_usage_moves_with_memory_and_stays_within_the_limit(corral_client, corra
         assert after["memory_bytes"] >= before["memory_bytes"] + (44 << 20), (before, after)
         assert after["memory_bytes"] <= after["memory_limit_bytes"], after
         assert after["cpu_ns"] >= before["cpu_ns"] and after["pids"] >= 1, after
+
+
+def test_results_say_what_a_command_used(corral_client, corral_spec):
+    with corral_client.sandbox(spec=corral_spec(limits={"memory": 256 << 20})) as sb:
+        assert sb.usage()["source"] == "engine"
+        idle = sb.run("true")
+        busy = sb.run("i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done")
+        big = sb.run("dd if=/dev/zero of=/dev/null bs=64M count=1 2>/dev/null")
+        for r in (idle, busy, big):
+            assert r.ok and isinstance(r.usage, corral.CommandUsage), r
+            assert abs(r.usage.cpu_ms - r.usage.cpu_user_ms - r.usage.cpu_system_ms) < 0.01, r.usage
+        assert busy.usage.cpu_ms >= 10 * idle.usage.cpu_ms and busy.usage.cpu_ms >= 20, (idle.usage, busy.usage)
+        assert big.usage.peak_memory_bytes >= 64 << 20, big.usage
+        assert idle.usage.peak_memory_bytes < 16 << 20, idle.usage
+        # Every sandbox at once, from the service's sample (at most 10 s old).
+        deadline = time.monotonic() + 30
+        while True:
+            every = corral_client.usage()
+            mine = [x for x in every["sandboxes"] if x["id"] == sb.id]
+            if mine or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert len(mine) == 1 and mine[0]["usage"]["memory_limit_bytes"] == 256 << 20, every
+        # A shell session's command is measured by nobody.
+        with sb.shell() as sh:
+            assert sh.run("true").usage is None
 
 
 def test_events_follow_a_sandbox_from_creation_to_removal(corral_client, corral_spec):

@@ -101,3 +101,39 @@ async def test_async_snapshot_and_fork(corral_url):
             assert name in {s.name for s in await client.snapshots()}
         finally:
             await client.delete_snapshot(name, missing_ok=True)
+
+
+def test_a_pristine_sandboxs_snapshot_is_a_delta_its_forks_take_in(corral_client):
+    """No image: the changes travel through the agents' streams. Forks
+    have them (deletions too), reset back to them, and outlive the
+    snapshot's deletion."""
+    name = unique("py-delta")
+    forks = []
+    try:
+        with corral_client.sandbox(pristine=True) as sb:
+            sb.write_file("/srv/app/config.txt", "ready\n", mkdirs=True)
+            sb.run("rm /etc/hostname.bak 2>/dev/null; rm -f /bin/cal", check=True)
+            snap = sb.snapshot(name)
+            assert (snap.kind, snap.image, snap.base_image) == ("delta", sb.image, sb.image)
+            assert snap.size > 0
+        assert corral_client.snapshot_info(name).kind == "delta"
+        forks = corral_client.fork(name, 2)
+        for f in forks:
+            assert f.read_text("/srv/app/config.txt") == "ready\n"
+            assert f.run("test -e /bin/cal && echo there || echo gone").stdout == "gone\n"
+            f.write_file("/srv/app/config.txt", "changed\n")
+            f.reset()
+            assert f.read_text("/srv/app/config.txt") == "ready\n"
+        # A delta's forks do not hold it: it deletes while they live.
+        corral_client.delete_snapshot(name)
+        assert forks[0].read_text("/srv/app/config.txt") == "ready\n"
+        # A sandbox that does not reset in place keeps no delta, and says
+        # why.
+        with corral_client.sandbox() as plain:
+            with pytest.raises(corral.UnsupportedError) as ei:
+                plain.snapshot(unique("py-delta-plain"), kind="delta")
+        assert "reset in place" in str(ei.value)
+    finally:
+        for f in forks:
+            f.delete()
+        corral_client.delete_snapshot(name, missing_ok=True)

@@ -103,7 +103,7 @@ pub fn spawn(
         .process_group(0);
 
     // Held until the child exists, so no reset closes the world meanwhile.
-    let world = pristine.current();
+    let world = pristine.enter(reaper)?;
     let mut enter: Option<(RawFd, CString)> = None;
     if let Some(w) = world.as_ref() {
         let dir = match &req.cwd {

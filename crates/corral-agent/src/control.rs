@@ -9,7 +9,9 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use crate::sys::{EventFd, ExitStatus};
+use corral_core::protocol::CommandUsage;
+
+use crate::sys::{EventFd, ExitStatus, Rusage};
 
 /// What the supervisor has not picked up yet.
 #[derive(Debug, Default)]
@@ -32,6 +34,12 @@ struct State {
     stdin_closed: bool,
     /// The session ended: nobody will read this command's result.
     abandoned: bool,
+    /// What the main process used (with the descendants it waited for),
+    /// once reaped.
+    main: Option<Rusage>,
+    /// What the orphans of its group reaped so far used, and how many.
+    orphans: Rusage,
+    orphan_count: u32,
 }
 
 /// Why a Stdin/StdinEof frame was refused.
@@ -71,14 +79,40 @@ impl Control {
         })
     }
 
-    /// Called by the reaper with the command's exit status.
-    pub fn set_exit(&self, status: ExitStatus, at: Instant) {
+    /// Called by the reaper with the command's exit status and what its
+    /// main process used.
+    pub fn set_exit(&self, status: ExitStatus, used: Rusage, at: Instant) {
         {
             let mut s = lock(&self.state);
             s.inbox.exit = Some((status, at));
             s.exited = true;
+            s.main = Some(used);
         }
         self.wake.notify();
+    }
+
+    /// Called by the reaper with what an orphan of the command's process
+    /// group used.
+    pub fn add_orphan(&self, used: Rusage) {
+        let mut s = lock(&self.state);
+        s.orphans.add(used);
+        s.orphan_count = s.orphan_count.saturating_add(1);
+    }
+
+    /// What the command's processes used so far: the main process once
+    /// reaped, and the orphans charged to it; `None` before the main
+    /// process was reaped.
+    pub fn usage(&self) -> Option<CommandUsage> {
+        let s = lock(&self.state);
+        let mut used = s.main?;
+        used.add(s.orphans);
+        let micros = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        Some(CommandUsage {
+            user_us: micros(used.user),
+            system_us: micros(used.system),
+            max_rss_bytes: used.max_rss_kib.saturating_mul(1024),
+            orphans: s.orphan_count,
+        })
     }
 
     /// True once the command's main process has been reaped.
@@ -172,10 +206,35 @@ mod tests {
     fn exit_is_delivered_once_and_remembered() {
         let c = Control::new(false).expect("control");
         assert!(!c.exited());
-        c.set_exit(ExitStatus::Code(4), Instant::now());
+        assert_eq!(c.usage(), None);
+        let ms = std::time::Duration::from_millis;
+        c.add_orphan(Rusage {
+            user: ms(5),
+            system: ms(1),
+            max_rss_kib: 9000,
+        });
+        c.set_exit(
+            ExitStatus::Code(4),
+            Rusage {
+                user: ms(20),
+                system: ms(2),
+                max_rss_kib: 100,
+            },
+            Instant::now(),
+        );
         assert!(c.exited());
         assert!(matches!(c.take().exit, Some((ExitStatus::Code(4), _))));
         assert!(c.take().exit.is_none());
         assert!(c.exited());
+        // CPU adds up over the processes; memory is the largest one's.
+        assert_eq!(
+            c.usage(),
+            Some(CommandUsage {
+                user_us: 25_000,
+                system_us: 3_000,
+                max_rss_bytes: 9000 * 1024,
+                orphans: 1,
+            })
+        );
     }
 }

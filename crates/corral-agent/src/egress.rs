@@ -9,8 +9,10 @@
 //! terminated); an allowed name is looked up upstream, its addresses are
 //! checked against the CIDR rules, and the bytes are relayed unchanged.
 //! Anything else is refused at once: an HTTP 403 or a TLS alert naming
-//! nothing of the upstream. Counts go to `/egress-stats.json`, read by
-//! `corral-agent egress-stats` through `docker exec`.
+//! nothing of the upstream. Counts go to `/egress-stats.json` (or the file
+//! `CORRAL_EGRESS_STATS` names: a pod's root is read-only, so there it is
+//! on an `emptyDir`), read by `corral-agent egress-stats` through `docker
+//! exec` or the API server's exec.
 //!
 //! Threads, blocking IO: one per connection direction, which is fine at a
 //! sandbox's scale and keeps the static binary free of a runtime.
@@ -30,8 +32,10 @@ use sniff::Sniffed;
 
 /// The environment variable holding the policy (JSON).
 pub const POLICY_ENV: &str = "CORRAL_EGRESS_POLICY";
-/// Where the counts are written.
+/// Where the counts are written by default.
 pub const STATS_PATH: &str = "/egress-stats.json";
+/// The environment variable naming another file for the counts.
+pub const STATS_ENV: &str = "CORRAL_EGRESS_STATS";
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const SNIFF_TIMEOUT: Duration = Duration::from_secs(10);
@@ -49,6 +53,15 @@ struct Gateway {
     rules: Rules,
     upstream: Vec<SocketAddr>,
     stats: Stats,
+    stats_path: String,
+}
+
+/// The file the counts go to: [`STATS_ENV`]'s, else [`STATS_PATH`].
+fn stats_path() -> String {
+    std::env::var(STATS_ENV)
+        .ok()
+        .filter(|p| p.starts_with('/'))
+        .unwrap_or_else(|| STATS_PATH.to_string())
 }
 
 impl Gateway {
@@ -73,16 +86,16 @@ impl Gateway {
             "connections_refused": s.connections_refused.load(Ordering::Relaxed),
             "recent_refusals": recent,
         });
-        let tmp = format!("{STATS_PATH}.{:?}", std::thread::current().id());
+        let tmp = format!("{}.{:?}", self.stats_path, std::thread::current().id());
         if std::fs::write(&tmp, json.to_string()).is_ok() {
-            let _ = std::fs::rename(&tmp, STATS_PATH);
+            let _ = std::fs::rename(&tmp, &self.stats_path);
         }
     }
 }
 
 /// Prints the gateway's counts (for `docker exec`).
 pub fn stats() -> i32 {
-    match std::fs::read_to_string(STATS_PATH) {
+    match std::fs::read_to_string(stats_path()) {
         Ok(s) => {
             println!("{s}");
             0
@@ -119,7 +132,19 @@ pub fn run() -> i32 {
         rules,
         upstream: dns::nameservers(),
         stats: Stats::default(),
+        stats_path: stats_path(),
     });
+    // Counts that cannot be written would read as zeros: refuse to run.
+    let probe = format!("{}.start", gw.stats_path);
+    if let Err(e) = std::fs::write(&probe, b"") {
+        eprintln!(
+            "corral-egress: cannot write the counts next to {} ({e}); set {STATS_ENV} to a \
+             writable file",
+            gw.stats_path
+        );
+        return 1;
+    }
+    let _ = std::fs::remove_file(&probe);
     gw.save();
     for port in policy.ports() {
         let listener = match TcpListener::bind(("0.0.0.0", port)) {
@@ -146,7 +171,13 @@ pub fn run() -> i32 {
             return 1;
         }
     };
-    eprintln!("corral-egress: ready, ports {:?}", policy.ports());
+    // What it runs as, for whoever reads its log (and the tests that
+    // check a pod's hardening took).
+    eprintln!(
+        "corral-egress: ready, ports {:?}, {}",
+        policy.ports(),
+        credentials()
+    );
     let mut buf = [0u8; 1500];
     loop {
         let Ok((n, peer)) = sock.recv_from(&mut buf) else {
@@ -156,6 +187,37 @@ pub fn run() -> i32 {
             let _ = sock.send_to(&reply, peer);
         }
     }
+}
+
+/// `uid U, CapEff X, root ro|rw`: the process's user, effective
+/// capabilities and whether its root is mounted read-only.
+fn credentials() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.split_whitespace().next())
+            .unwrap_or("?")
+            .to_string()
+    };
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let root = mounts
+        .lines()
+        .find(|l| l.split_whitespace().nth(4) == Some("/"))
+        .and_then(|l| l.split_whitespace().nth(5))
+        .map_or("?", |o| {
+            if o.split(',').any(|f| f == "ro") {
+                "ro"
+            } else {
+                "rw"
+            }
+        });
+    format!(
+        "uid {}, CapEff {}, root {root}",
+        field("Uid:"),
+        field("CapEff:")
+    )
 }
 
 /// The gateway's own address as seen from `peer` (the kernel's route choice).

@@ -27,6 +27,10 @@ pub struct InitOptions {
     /// Started for in-place reset (`--pristine`), with this `size=` for
     /// the tmpfs holding the changes (`--pristine-size`).
     pub pristine: Option<Option<u64>>,
+    /// Why the engine could not start the sandbox for in-place reset
+    /// (`--pristine-refused`): the handshake says so, as it says why an
+    /// agent started with `--pristine` cannot.
+    pub pristine_refused: Option<String>,
     /// Capabilities the container holds for PID 1 alone
     /// (`--agent-caps`): every command drops them.
     pub agent_caps: Vec<u32>,
@@ -74,9 +78,10 @@ pub fn run(opts: &InitOptions) -> i32 {
         }
     };
     // Before any thread: it may give PID 1 a mount namespace of its own.
-    let pristine = match opts.pristine {
-        Some(size) => crate::pristine::init(size, filtered),
-        None => crate::pristine::Pristine::off(),
+    let pristine = match (opts.pristine, &opts.pristine_refused) {
+        (Some(size), _) => crate::pristine::init(size, filtered),
+        (None, Some(reason)) => crate::pristine::Pristine::refused(reason.clone()),
+        (None, None) => crate::pristine::Pristine::off(),
     };
     crate::caps::init(&opts.agent_caps, pristine.holds_extra_caps());
     // Before any command can change them.

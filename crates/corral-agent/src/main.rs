@@ -17,12 +17,14 @@ mod command;
 mod confine;
 mod control;
 mod deadman;
+mod delta;
 mod egress;
 mod files;
 mod init;
 mod install;
 mod listen;
 mod listing;
+mod netprobe;
 mod oom;
 mod port;
 mod pristine;
@@ -34,6 +36,7 @@ mod sys;
 mod tarball;
 mod tree;
 mod tunables;
+mod usage;
 mod watchdog;
 mod writer;
 
@@ -42,7 +45,7 @@ use std::time::Duration;
 use files::{FileRequest, Op};
 use init::{InitOptions, DEFAULT_GRACE_MS};
 
-const USAGE: &str = "usage: corral-agent init [--grace-ms N] [--agent-caps KILL,SETPCAP] [--pristine [--pristine-size BYTES]]
+const USAGE: &str = "usage: corral-agent init [--grace-ms N] [--agent-caps KILL,SETPCAP] [--pristine [--pristine-size BYTES]] [--pristine-refused REASON]
        corral-agent install DIR
        corral-agent file-write PATH [--root DIR] [--mode OCTAL] [--mkdirs] [--max BYTES]
        corral-agent file-read PATH [--root DIR] [--max BYTES]
@@ -52,10 +55,12 @@ const USAGE: &str = "usage: corral-agent init [--grace-ms N] [--agent-caps KILL,
        corral-agent port PORT
        corral-agent egress-gateway
        corral-agent egress-stats
+       corral-agent netpol-probe IP ALLOWED_PORT DENIED_PORT
        corral-agent --version
 
 --agent-caps names capabilities the container holds for PID 1 alone: every
-command drops them before it runs.
+command drops them before it runs. --pristine-refused says why the engine
+could not start the sandbox for in-place reset; the handshake reports it.
 
 init serves corral on its stdin and stdout; with CORRAL_AGENT_LISTEN=PORT and
 CORRAL_AGENT_SECRET=<64 hex digits> in its environment it serves TCP port
@@ -78,7 +83,12 @@ stdout (exit 1 when nothing listens there).
 egress-gateway runs corral's egress gateway with the policy in
 CORRAL_EGRESS_POLICY (JSON with allow and deny lists): DNS on UDP 53
 answering allowed names only, and a proxy on 80, 443 and the rules' ports
-routing TLS by SNI and HTTP by Host. egress-stats prints its counts (JSON).";
+routing TLS by SNI and HTTP by Host. egress-stats prints its counts (JSON),
+kept in /egress-stats.json or the file CORRAL_EGRESS_STATS names.
+
+netpol-probe, run in a pod that a NetworkPolicy lets reach IP on
+ALLOWED_PORT only, prints whether the cluster enforces it: enforced,
+not-enforced or unreachable, with why.";
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq, Eq)]
@@ -89,6 +99,7 @@ enum Mode {
     Port(u16),
     EgressGateway,
     EgressStats,
+    NetpolProbe(netprobe::Probe),
     Version,
     Help,
 }
@@ -186,10 +197,18 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
             let mut grace_ms = DEFAULT_GRACE_MS;
             let mut pristine = None;
             let mut agent_caps = Vec::new();
+            let mut pristine_refused = None;
             let mut it = rest.iter();
             while let Some(arg) = it.next() {
                 if arg == "--pristine" {
                     pristine.get_or_insert(None);
+                    continue;
+                }
+                if arg == "--pristine-refused" {
+                    let reason = it
+                        .next()
+                        .ok_or_else(|| format!("missing value for '{arg}'"))?;
+                    pristine_refused = Some(reason.clone());
                     continue;
                 }
                 if arg == "--agent-caps" || arg.starts_with("--agent-caps=") {
@@ -230,9 +249,13 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
                     pristine = Some(Some(number));
                 }
             }
+            if pristine.is_some() && pristine_refused.is_some() {
+                return Err("'--pristine' and '--pristine-refused' exclude each other".into());
+            }
             Ok(Mode::Init(InitOptions {
                 grace: Duration::from_millis(grace_ms),
                 pristine,
+                pristine_refused,
                 agent_caps,
             }))
         }
@@ -244,6 +267,7 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
         "port" => port::parse(rest).map(Mode::Port),
         "egress-gateway" => no_more(rest).map(|()| Mode::EgressGateway),
         "egress-stats" => no_more(rest).map(|()| Mode::EgressStats),
+        "netpol-probe" => netprobe::parse(rest).map(Mode::NetpolProbe),
         "--version" | "-V" => no_more(rest).map(|()| Mode::Version),
         "--help" | "-h" | "help" => Ok(Mode::Help),
         other => Err(format!("unknown subcommand '{other}'")),
@@ -268,6 +292,7 @@ fn main() {
         Ok(Mode::Port(port)) => port::run(port),
         Ok(Mode::EgressGateway) => egress::run(),
         Ok(Mode::EgressStats) => egress::stats(),
+        Ok(Mode::NetpolProbe(probe)) => netprobe::run(probe),
         Ok(Mode::Version) => {
             println!("corral-agent {}", env!("CARGO_PKG_VERSION"));
             0
@@ -301,12 +326,14 @@ mod tests {
         let default = Mode::Init(InitOptions {
             grace: Duration::from_millis(DEFAULT_GRACE_MS),
             pristine: None,
+            pristine_refused: None,
             agent_caps: Vec::new(),
         });
         assert_eq!(parse(&["init"]), Ok(default));
         let pristine = Mode::Init(InitOptions {
             grace: Duration::from_millis(DEFAULT_GRACE_MS),
             pristine: Some(Some(1 << 20)),
+            pristine_refused: None,
             agent_caps: Vec::new(),
         });
         assert_eq!(
@@ -321,12 +348,14 @@ mod tests {
         let short = Mode::Init(InitOptions {
             grace: Duration::from_millis(1500),
             pristine: None,
+            pristine_refused: None,
             agent_caps: Vec::new(),
         });
         assert_eq!(parse(&["init", "--grace-ms", "1500"]), Ok(short));
         let kill = Mode::Init(InitOptions {
             grace: Duration::from_millis(DEFAULT_GRACE_MS),
             pristine: None,
+            pristine_refused: None,
             agent_caps: vec![caps::CAP_KILL, caps::CAP_SETPCAP],
         });
         assert_eq!(parse(&["init", "--agent-caps", "KILL,SETPCAP"]), Ok(kill));
@@ -334,6 +363,19 @@ mod tests {
         let e = parse(&["init", "--agent-caps", "ALL"]).expect_err("unknown cap");
         assert!(e.contains("'--agent-caps'") && e.contains("'ALL'"), "{e}");
         assert!(parse(&["init", "--agent-caps"]).is_err());
+        let refused = Mode::Init(InitOptions {
+            grace: Duration::from_millis(DEFAULT_GRACE_MS),
+            pristine: None,
+            pristine_refused: Some("namespace forbids it".into()),
+            agent_caps: Vec::new(),
+        });
+        assert_eq!(
+            parse(&["init", "--pristine-refused", "namespace forbids it"]),
+            Ok(refused)
+        );
+        assert!(parse(&["init", "--pristine-refused"]).is_err());
+        let e = parse(&["init", "--pristine", "--pristine-refused", "x"]).expect_err("both");
+        assert!(e.contains("'--pristine-refused'"), "{e}");
         assert!(matches!(
             parse(&["init", "--grace-ms=0"]),
             Ok(Mode::Init(_))

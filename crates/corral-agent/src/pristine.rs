@@ -5,14 +5,27 @@
 //! (to build mount namespaces and move commands into them) and CAP_SETPCAP
 //! (to take the other two out of every command's bounding set). PID 1
 //! gives itself a private mount namespace at start, while it still has one
-//! thread. Until the first reset, commands (the start-up commands) run in
-//! it, on the real root file system.
+//! thread.
+//!
+//! Commands never change the container's root file system. What they
+//! change lands in overlay upper layers on a private tmpfs (the state,
+//! mounted on a directory of `/dev/shm` in the agent's namespace only), and
+//! what resets return to is the *delta* (`delta`), a directory of that
+//! tmpfs in overlay form holding every change to the image that is kept:
+//! the start-up commands', a delta imported before the first command (a
+//! fork's snapshot), and kept resets'. The commands before the first reset
+//! (the start-up commands) run in the first world: the root an overlay
+//! over the container's root file system, every other mount bound as it is
+//! in the agent's namespace (so tmpfs content and single-file binds they
+//! write are there at the first reset, as on the real mounts), and the
+//! state's mount point covered by an empty read-only tmpfs (so no command
+//! can unlink it, which would detach the state everywhere). The first
+//! reset folds that world's upper layer into the delta.
 //!
 //! A reset kills every process but the agent, then builds a *world*: a
-//! mount namespace whose root is an overlay with the container's root file
-//! system (as the start-up commands left it) as its lower layer and an
-//! empty directory on a private tmpfs (the state, mounted on a directory
-//! of `/dev/shm` in the agent's namespace only) as its upper layer. Every other mount of
+//! mount namespace whose root is an overlay with the delta and the
+//! container's root file system as its lower layers and an empty directory
+//! of the state as its upper layer. Every other mount of
 //! the container is carried over from the agent's namespace: tmpfs mounts
 //! (`/tmp`, `/dev/shm`, ...) as fresh tmpfs with the same options and the
 //! content they had at the first reset, writable single-file binds
@@ -36,10 +49,13 @@
 //! objects are removed. PID 1's own tunables a command can write through
 //! `/proc/1` are put back too (`tunables`).
 //!
-//! A reset that keeps the changes applies the upper layer to the
-//! container's own root file system first (whiteouts become deletions,
-//! opaque directories replace what was there), so later resets, and a
-//! snapshot of the container, start from it.
+//! A reset that keeps the changes merges the upper layer into the delta
+//! first, so later resets start from it; one for an engine's copy of the
+//! container (`docker commit`) also applies the whole delta to the
+//! container's own root file system (whiteouts become deletions, opaque
+//! directories replace what was there). The delta travels as a tar archive
+//! with OCI whiteouts (`export`, `import`; the `delta` module), which is
+//! how a snapshot reaches a fork without an image.
 
 use std::ffi::{CString, OsStr};
 use std::fs;
@@ -51,8 +67,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
-use corral_core::protocol::{ResetReport, ResetSupport};
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use corral_core::protocol::{DeltaError, DeltaErrorKind, ResetReport, ResetSupport};
+
+use crate::delta;
 use crate::reaper::Reaper;
 use crate::sys;
 
@@ -226,8 +245,14 @@ impl World {
 
 #[derive(Debug, Default)]
 struct State {
+    /// Recorded at the first reset.
     base: Option<Base>,
+    /// The current world's number (0: none built yet).
     generation: u64,
+    /// The state tmpfs is mounted and the delta directory made.
+    mounted: bool,
+    /// A delta was imported.
+    imported: bool,
 }
 
 /// In-place reset for one sandbox; `None` support when not asked for.
@@ -242,6 +267,10 @@ pub struct Pristine {
     size: Option<u64>,
     world: RwLock<Option<World>>,
     state: Mutex<State>,
+    /// An import is taking the delta in: nothing else may touch it (the
+    /// import's thread holds `state` while it waits for bytes, so the
+    /// reader thread must not wait for that lock meanwhile).
+    importing: AtomicBool,
 }
 
 /// Prepares PID 1 for resets. Call once, while the agent has one thread.
@@ -267,6 +296,7 @@ pub fn init(size: Option<u64>, filtered: bool) -> Pristine {
         size,
         world: RwLock::new(None),
         state: Mutex::new(State::default()),
+        importing: AtomicBool::new(false),
     }
 }
 
@@ -308,9 +338,46 @@ fn readiness(filtered: bool) -> Result<(), String> {
             "the agent lacks capability {cap} (the sandbox was not created for in-place reset)"
         ));
     }
-    sys::unshare_mount_ns().map_err(|e| format!("cannot make a mount namespace: {e}"))?;
+    let confined = |what: &str, e: io::Error| {
+        let apparmor = fs::read_to_string("/proc/self/attr/apparmor/current")
+            .or_else(|_| fs::read_to_string("/proc/self/attr/current"))
+            .ok();
+        format!(
+            "{what}: {e}{}",
+            confinement_hint(&e, apparmor.as_deref(), &field("Seccomp:"))
+        )
+    };
+    sys::unshare_mount_ns().map_err(|e| confined("cannot make a mount namespace", e))?;
     sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
-        .map_err(|e| format!("cannot make mounts private: {e}"))
+        .map_err(|e| confined("cannot make mounts private", e))
+}
+
+/// What confines the agent when a mount or namespace call it needs was
+/// refused with the capabilities it holds: an AppArmor profile (a
+/// container runtime's default one denies every mount), else a seccomp
+/// filter (a runtime's default profile allows these calls only to a
+/// container granted CAP_SYS_ADMIN). `apparmor` is the agent's label
+/// from `/proc/self/attr`, `seccomp` the `Seccomp:` field of its status.
+fn confinement_hint(e: &io::Error, apparmor: Option<&str>, seccomp: &str) -> String {
+    if !matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) {
+        return String::new();
+    }
+    let label = apparmor
+        .map(|l| l.trim_end_matches(['\n', '\0']).trim())
+        .filter(|l| !l.is_empty() && *l != "unconfined");
+    if let Some(label) = label {
+        return format!(
+            " (the AppArmor profile '{label}' confines the agent: a container runtime's \
+             default profile denies mount; the sandbox container needs a profile that \
+             allows it)"
+        );
+    }
+    if seccomp == "2" {
+        return " (a seccomp filter refused it: the container runtime's profile allows it \
+                 only to a container granted CAP_SYS_ADMIN)"
+            .into();
+    }
+    String::new()
 }
 
 impl Pristine {
@@ -326,6 +393,24 @@ impl Pristine {
             size: None,
             world: RwLock::new(None),
             state: Mutex::new(State::default()),
+            importing: AtomicBool::new(false),
+        }
+    }
+
+    /// Asked for, but the engine could not start the sandbox for it: the
+    /// handshake says why (`init --pristine-refused`).
+    pub fn refused(reason: String) -> Pristine {
+        Pristine {
+            requested: true,
+            extra_caps: false,
+            support: ResetSupport {
+                ready: false,
+                reason,
+            },
+            size: None,
+            world: RwLock::new(None),
+            state: Mutex::new(State::default()),
+            importing: AtomicBool::new(false),
         }
     }
 
@@ -339,14 +424,191 @@ impl Pristine {
         self.extra_caps
     }
 
+    /// Whether deltas can be exported and imported.
+    pub fn deltas(&self) -> bool {
+        self.requested && self.support.ready
+    }
+
     /// The current world, held so that no reset replaces it meanwhile.
-    pub fn current(&self) -> RwLockReadGuard<'_, Option<World>> {
+    fn current(&self) -> RwLockReadGuard<'_, Option<World>> {
         self.world.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Kills every process but the agent and starts a fresh world
-    /// (first applying what changed to the root file system when `keep`).
-    pub fn reset(&self, keep: bool, reaper: &Reaper) -> ResetReport {
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The world a command runs in, held so that no reset replaces it
+    /// meanwhile: the current one, or, before anything ran, the first
+    /// world (built now). `None` when the sandbox does not reset in place
+    /// (commands run in the agent's namespace). An error after a reset
+    /// failed (there is no world, and the container's own root file
+    /// system is never handed to commands) or while an import runs.
+    pub fn enter(&self, reaper: &Reaper) -> Result<RwLockReadGuard<'_, Option<World>>, String> {
+        if !self.support.ready {
+            return Ok(self.current());
+        }
+        {
+            let current = self.current();
+            if current.is_some() {
+                return Ok(current);
+            }
+        }
+        if self.importing.load(Ordering::Acquire) {
+            return Err("a delta is being imported; commands start once it is in".into());
+        }
+        {
+            let mut world = self.world.write().unwrap_or_else(|p| p.into_inner());
+            if world.is_none() {
+                let mut state = self.lock_state();
+                if state.generation != 0 || state.base.is_some() {
+                    return Err(
+                        "the last in-place reset failed: the sandbox has no clean state to run commands in"
+                            .into(),
+                    );
+                }
+                self.ensure_state(&mut state)?;
+                let first = startup_base()?;
+                state.generation = 1;
+                let built = build(&first, 1, reaper);
+                match built {
+                    Ok(w) => *world = Some(w),
+                    Err(e) => {
+                        state.generation = 0;
+                        discard(gen_dir(1));
+                        return Err(format!("cannot prepare the sandbox's first world: {e}"));
+                    }
+                }
+            }
+        }
+        Ok(self.current())
+    }
+
+    /// Mounts the state tmpfs and makes the delta directory, once.
+    /// Called only while no command runs (before the first one, or in a
+    /// reset), so nothing races the removal of a leftover at the state's
+    /// path.
+    fn ensure_state(&self, state: &mut State) -> Result<(), String> {
+        if state.mounted {
+            return Ok(());
+        }
+        let dir = Path::new(STATE);
+        if let Ok(meta) = fs::symlink_metadata(dir) {
+            let gone = if meta.is_dir() {
+                fs::remove_dir_all(dir)
+            } else {
+                fs::remove_file(dir)
+            };
+            gone.map_err(|e| format!("cannot clear {STATE}: {e}"))?;
+        }
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| format!("cannot make {STATE}: {e}"))?;
+        let data = match self.size {
+            Some(s) => format!("mode=700,size={s}"),
+            None => "mode=700".to_string(),
+        };
+        let data = CString::new(data).map_err(|e| e.to_string())?;
+        sys::mount(
+            Some(c"corral-state"),
+            &cpath(dir)?,
+            Some(c"tmpfs"),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            Some(&data),
+        )
+        .map_err(|e| format!("cannot mount the reset state on {STATE}: {e}"))?;
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(delta_dir())
+            .map_err(|e| format!("cannot make the delta: {e}"))?;
+        state.mounted = true;
+        Ok(())
+    }
+
+    /// Writes the delta to `out` as a tar archive with OCI whiteouts, at
+    /// most `max` bytes. Resets wait meanwhile; commands go on (they never
+    /// touch the delta).
+    pub fn export(&self, out: impl io::Write, max: u64) -> Result<delta::Written, DeltaError> {
+        self.delta_ready()?;
+        let mut state = self.lock_state();
+        self.ensure_state(&mut state)
+            .map_err(|e| delta_error(DeltaErrorKind::Io, e))?;
+        delta::export(&delta_dir(), out, max)
+    }
+
+    /// Checks (on the reader thread) that an import may start now, and
+    /// marks it in progress: before the first command and the first reset,
+    /// once.
+    pub fn begin_import(&self) -> Result<(), DeltaError> {
+        self.delta_ready()?;
+        let state = self.lock_state();
+        if state.generation != 0 || state.base.is_some() || state.imported {
+            return Err(delta_error(
+                DeltaErrorKind::Unsupported,
+                "a delta is imported once, before the sandbox's first command and reset",
+            ));
+        }
+        if self.importing.swap(true, Ordering::AcqRel) {
+            return Err(delta_error(
+                DeltaErrorKind::Unsupported,
+                "another import is in progress",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Takes the archive on `input` in as the delta (after
+    /// [`Pristine::begin_import`]); on failure the delta is left empty.
+    pub fn import(&self, input: impl io::Read) -> Result<delta::Imported, DeltaError> {
+        let result = (|| {
+            let mut state = self.lock_state();
+            self.ensure_state(&mut state)
+                .map_err(|e| delta_error(DeltaErrorKind::Io, e))?;
+            let mounts = mount_points().map_err(|e| delta_error(DeltaErrorKind::Io, e))?;
+            let done = delta::import(&delta_dir(), input, &mounts);
+            match &done {
+                Ok(_) => state.imported = true,
+                Err(_) => {
+                    if let Err(e) = delta::clear(&delta_dir()) {
+                        eprintln!("corral-agent: cannot clear a failed import: {e}");
+                    }
+                }
+            }
+            done
+        })();
+        self.importing.store(false, Ordering::Release);
+        result
+    }
+
+    /// Undoes [`Pristine::begin_import`] for an import that never started.
+    pub fn abort_import(&self) {
+        self.importing.store(false, Ordering::Release);
+    }
+
+    fn delta_ready(&self) -> Result<(), DeltaError> {
+        if !self.deltas() {
+            return Err(delta_error(
+                DeltaErrorKind::Unsupported,
+                format!(
+                    "the sandbox keeps no delta: in-place reset is unavailable: {}",
+                    self.support.reason
+                ),
+            ));
+        }
+        if self.importing.load(Ordering::Acquire) {
+            return Err(delta_error(
+                DeltaErrorKind::Unsupported,
+                "an import is in progress",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Kills every process but the agent and starts a fresh world (first
+    /// merging what changed into the delta when `keep`, and applying the
+    /// delta to the container's own root file system when `to_root`).
+    pub fn reset(&self, keep: bool, to_root: bool, reaper: &Reaper) -> ResetReport {
         let started = Instant::now();
         let mut report = ResetReport::default();
         if !self.support.ready {
@@ -354,6 +616,10 @@ impl Pristine {
                 "in-place reset is unavailable: {}",
                 self.support.reason
             ));
+            return report;
+        }
+        if self.importing.load(Ordering::Acquire) {
+            report.error = Some("a delta is being imported; reset after it is in".into());
             return report;
         }
         let mut world = self.world.write().unwrap_or_else(|p| p.into_inner());
@@ -375,7 +641,7 @@ impl Pristine {
         // releases its mounts.
         let old = world.take();
         drop(old);
-        let result = self.next_world(&mut state, keep, reaper);
+        let result = self.next_world(&mut state, keep, to_root, reaper);
         match result {
             Ok((w, kept)) => {
                 *world = Some(w);
@@ -391,8 +657,11 @@ impl Pristine {
         &self,
         state: &mut State,
         keep: bool,
+        to_root: bool,
         reaper: &Reaper,
     ) -> Result<(World, u64), String> {
+        self.ensure_state(state)?;
+        let first = state.base.is_none();
         match &state.base {
             None => state.base = Some(self.record_base()?),
             Some(base) => {
@@ -404,18 +673,21 @@ impl Pristine {
         let previous = state.generation;
         let mut kept = 0;
         if previous > 0 {
-            if keep {
-                kept = fold(&gen_dir(previous).join("upper"), Path::new("/"))?;
+            // The first world is the start-up commands': always kept.
+            if keep || first {
+                kept = delta::merge(&gen_dir(previous).join("upper"), &delta_dir())?;
             }
             discard(gen_dir(previous));
+        }
+        if to_root {
+            fold(&delta_dir(), Path::new("/"))?;
         }
         state.generation += 1;
         let base = state.base.as_ref().ok_or("no base recorded")?;
         Ok((build(base, state.generation, reaper)?, kept))
     }
 
-    /// At the first reset: what every world carries over, then the state
-    /// tmpfs (in the agent's namespace only).
+    /// At the first reset: what every world carries over.
     fn record_base(&self) -> Result<Base, String> {
         let info = fs::read_to_string("/proc/self/mountinfo")
             .map_err(|e| format!("cannot read mountinfo: {e}"))?;
@@ -463,35 +735,6 @@ impl Pristine {
                 carry,
             });
         }
-        // Nothing runs now, so nothing can race these: a leftover at the
-        // state's path (a start-up command's, say) is removed, never
-        // followed.
-        let state = Path::new(STATE);
-        if let Ok(meta) = fs::symlink_metadata(state) {
-            let gone = if meta.is_dir() {
-                fs::remove_dir_all(state)
-            } else {
-                fs::remove_file(state)
-            };
-            gone.map_err(|e| format!("cannot clear {STATE}: {e}"))?;
-        }
-        fs::DirBuilder::new()
-            .mode(0o700)
-            .create(state)
-            .map_err(|e| format!("cannot make {STATE}: {e}"))?;
-        let data = match self.size {
-            Some(s) => format!("mode=700,size={s}"),
-            None => "mode=700".to_string(),
-        };
-        let data = CString::new(data).map_err(|e| e.to_string())?;
-        sys::mount(
-            Some(c"corral-state"),
-            &cpath(state)?,
-            Some(c"tmpfs"),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            Some(&data),
-        )
-        .map_err(|e| format!("cannot mount the reset state on {STATE}: {e}"))?;
         Ok(Base {
             entries,
             cwd,
@@ -541,6 +784,72 @@ fn gen_dir(generation: u64) -> PathBuf {
     Path::new(STATE).join(format!("g{generation}"))
 }
 
+/// The sandbox's delta, in overlay form: a lower layer of every world.
+fn delta_dir() -> PathBuf {
+    Path::new(STATE).join("delta")
+}
+
+fn delta_error(kind: DeltaErrorKind, message: impl Into<String>) -> DeltaError {
+    DeltaError {
+        kind,
+        message: message.into(),
+        path: None,
+    }
+}
+
+/// The mount points of the agent's namespace below `/`, relative to it
+/// (what an imported delta may not touch).
+fn mount_points() -> Result<Vec<PathBuf>, String> {
+    let info = fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("cannot read mountinfo: {e}"))?;
+    Ok(parse_mountinfo(&info)
+        .into_iter()
+        .filter_map(|m| {
+            let rel = m.path.strip_prefix("/").ok()?.to_path_buf();
+            (!rel.as_os_str().is_empty()).then_some(rel)
+        })
+        .collect())
+}
+
+/// The first world's recipe: every mount of the agent's namespace bound
+/// as it is (the start-up commands write the real tmpfs mounts and files,
+/// whose content the first reset records), and the state's mount point
+/// covered by an empty read-only tmpfs.
+fn startup_base() -> Result<Base, String> {
+    let info = fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("cannot read mountinfo: {e}"))?;
+    let root = fs::metadata("/").map_err(|e| format!("cannot stat /: {e}"))?;
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let mut entries: Vec<Entry> = parse_mountinfo(&info)
+        .into_iter()
+        .filter(|m| m.path != Path::new("/") && !m.path.starts_with(STATE))
+        .map(|m| Entry {
+            path: m.path,
+            read_only: m.read_only,
+            flags: m.flags,
+            carry: Carry::Bind,
+        })
+        .collect();
+    let cover = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    entries.push(Entry {
+        path: PathBuf::from(STATE),
+        read_only: true,
+        flags: cover,
+        carry: Carry::Tmpfs {
+            flags: cover,
+            data: "size=4k,mode=000".into(),
+            content: false,
+        },
+    });
+    Ok(Base {
+        entries,
+        cwd,
+        root_mode: root.mode() & 0o7777,
+        root_owner: (root.uid(), root.gid()),
+        shared: Vec::new(),
+    })
+}
+
 /// Removes a world's directories in the background (the overlay's work
 /// directory holds a mode-000 directory; it is opened up first).
 fn discard(dir: PathBuf) {
@@ -559,7 +868,7 @@ fn discard(dir: PathBuf) {
     }
 }
 
-/// Applies an overlay upper layer to `target` (the real root file
+/// Applies an overlay layer (the delta) to `target` (the real root file
 /// system): a whiteout (character device 0:0) deletes, an opaque directory
 /// replaces, everything else is copied over with its mode and owner.
 /// Returns the bytes of file content copied.
@@ -573,11 +882,13 @@ fn fold(upper: &Path, target: &Path) -> Result<u64, String> {
         let dst = target.join(entry.file_name());
         let meta = fs::symlink_metadata(&src).map_err(|e| format!("{}: {e}", src.display()))?;
         let here = fs::symlink_metadata(&dst).ok();
-        let whiteout = meta.file_type().is_char_device() && meta.rdev() == 0;
+        let whiteout = delta::is_whiteout(&meta);
         let replace = match &here {
             None => false,
             Some(h) => {
-                whiteout || !(meta.is_dir() && h.is_dir()) || (meta.is_dir() && is_opaque(&src))
+                whiteout
+                    || !(meta.is_dir() && h.is_dir())
+                    || (meta.is_dir() && delta::is_opaque(&src))
             }
         };
         if replace {
@@ -605,14 +916,6 @@ fn fold(upper: &Path, target: &Path) -> Result<u64, String> {
         }
     }
     Ok(bytes)
-}
-
-/// Whether an upper-layer directory hides everything below it.
-fn is_opaque(dir: &Path) -> bool {
-    let Ok(path) = CString::new(dir.as_os_str().as_bytes()) else {
-        return false;
-    };
-    sys::getxattr(&path, c"trusted.overlay.opaque").is_some_and(|v| v == b"y")
 }
 
 fn remove_any(path: &Path) -> Result<(), String> {
@@ -801,12 +1104,21 @@ fn build(base: &Base, generation: u64, reaper: &Reaper) -> Result<World, String>
         .map_err(|e| io("the upper layer", e))?;
     let root = dir.join("root");
 
-    let overlay = CString::new(format!(
-        "lowerdir=/,upperdir={},workdir={}",
+    // The delta over the container's root file system. Directory renames
+    // and metadata-only copies are kept off whatever the module's
+    // defaults, so an upper layer holds whole entries a merge can copy (a
+    // kernel that does not know the options gets the plain mount).
+    let layers = format!(
+        "lowerdir={}:/,upperdir={},workdir={}",
+        delta_dir().display(),
         upper.display(),
         dir.join("work").display()
-    ))
-    .map_err(|e| e.to_string())?;
+    );
+    let overlay = [
+        CString::new(format!("{layers},redirect_dir=off,metacopy=off,index=off"))
+            .map_err(|e| e.to_string())?,
+        CString::new(layers).map_err(|e| e.to_string())?,
+    ];
 
     // Each step with what it carries, for the error message.
     let mut steps: Vec<(Step, String)> = Vec::new();
@@ -815,6 +1127,9 @@ fn build(base: &Base, generation: u64, reaper: &Reaper) -> Result<World, String>
     for (i, e) in base.entries.iter().enumerate() {
         let label = e.path.display().to_string();
         let dst = inside(&e.path)?;
+        if let Some(step) = mount_point(base, e, dst.clone()) {
+            steps.push((step, label.clone()));
+        }
         match &e.carry {
             Carry::Bind => steps.push((
                 Step::Bind {
@@ -953,6 +1268,31 @@ fn build(base: &Base, generation: u64, reaper: &Reaper) -> Result<World, String>
     })
 }
 
+/// The step that makes `e`'s mount point, when `e` is mounted inside a
+/// mount the world makes afresh (a tmpfs, `/dev`), where it does not
+/// exist yet: Kubernetes binds `/dev/termination-log`, a file no device
+/// list carries. Directories directly in `/dev` are made with its nodes.
+fn mount_point(base: &Base, e: &Entry, dst: CString) -> Option<Step> {
+    if !matches!(e.carry, Carry::Bind | Carry::File) {
+        return None;
+    }
+    let fresh_parent = base.entries.iter().find(|o| {
+        matches!(o.carry, Carry::Dev { .. } | Carry::Tmpfs { .. })
+            && o.path != e.path
+            && e.path.starts_with(&o.path)
+    })?;
+    let meta = fs::symlink_metadata(&e.path).ok()?;
+    if meta.is_dir() {
+        let made_with_dev = matches!(fresh_parent.carry, Carry::Dev { .. })
+            && e.path.parent() == Some(fresh_parent.path.as_path());
+        return (!made_with_dev).then_some(Step::Mkdir {
+            dst,
+            mode: meta.mode() & 0o7777,
+        });
+    }
+    Some(Step::Touch { dst })
+}
+
 fn open_dir(path: &Path) -> io::Result<OwnedFd> {
     use std::os::unix::fs::OpenOptionsExt;
     Ok(fs::OpenOptions::new()
@@ -999,7 +1339,7 @@ fn describe_failure(step: u32, errno: i32, labels: &[String]) -> String {
 
 /// The builder: a forked, single-threaded child. Reports `[step, errno]`
 /// (step 0: ready) on `ready`, then waits for `go` to close.
-fn child(overlay: &CString, root: &CString, steps: &[Step], ready: RawFd, go: RawFd) -> ! {
+fn child(overlay: &[CString; 2], root: &CString, steps: &[Step], ready: RawFd, go: RawFd) -> ! {
     let fail = |step: u32, e: io::Error| -> ! {
         let errno = e.raw_os_error().unwrap_or(0);
         let mut buf = [0u8; 8];
@@ -1019,7 +1359,27 @@ fn child(overlay: &CString, root: &CString, steps: &[Step], ready: RawFd, go: Ra
     if let Err(e) = sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None) {
         fail(2, e);
     }
-    if let Err(e) = sys::mount(Some(c"overlay"), root, Some(c"overlay"), 0, Some(overlay)) {
+    let mounted = sys::mount(
+        Some(c"overlay"),
+        root,
+        Some(c"overlay"),
+        0,
+        Some(&overlay[0]),
+    )
+    .or_else(|e| {
+        if e.raw_os_error() == Some(libc::EINVAL) {
+            sys::mount(
+                Some(c"overlay"),
+                root,
+                Some(c"overlay"),
+                0,
+                Some(&overlay[1]),
+            )
+        } else {
+            Err(e)
+        }
+    });
+    if let Err(e) = mounted {
         fail(3, e);
     }
     for (i, step) in steps.iter().enumerate() {
@@ -1070,6 +1430,80 @@ fn child(overlay: &CString, root: &CString, steps: &[Step], ready: RawFd, go: Ra
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mount_inside_a_fresh_mount_gets_its_mount_point() {
+        let dir = std::env::temp_dir().join(format!("corral-mp-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("sub")).expect("dirs");
+        fs::write(dir.join("termination-log"), b"").expect("file");
+        let entry = |path: PathBuf, carry: Carry| Entry {
+            path,
+            read_only: false,
+            flags: 0,
+            carry,
+        };
+        let base = Base {
+            entries: vec![
+                entry(
+                    dir.clone(),
+                    Carry::Dev {
+                        flags: 0,
+                        data: String::new(),
+                        nodes: Vec::new(),
+                    },
+                ),
+                entry(dir.join("termination-log"), Carry::File),
+                entry(dir.join("sub"), Carry::Bind),
+                entry(dir.join("sub/deeper"), Carry::Bind),
+                entry(PathBuf::from("/etc/hosts"), Carry::File),
+            ],
+            cwd: PathBuf::from("/"),
+            root_mode: 0o755,
+            root_owner: (0, 0),
+            shared: Vec::new(),
+        };
+        let dst = || CString::new("/x").expect("c");
+        // A file under the fresh mount: made empty, then bound over.
+        assert!(matches!(
+            mount_point(&base, &base.entries[1], dst()),
+            Some(Step::Touch { .. })
+        ));
+        // A directory directly in /dev comes with its nodes.
+        assert!(mount_point(&base, &base.entries[2], dst()).is_none());
+        // Not there (or outside any fresh mount): nothing to make.
+        assert!(mount_point(&base, &base.entries[3], dst()).is_none());
+        assert!(mount_point(&base, &base.entries[4], dst()).is_none());
+        assert!(mount_point(&base, &base.entries[0], dst()).is_none());
+        fs::create_dir_all(dir.join("sub/deeper")).expect("deeper");
+        assert!(matches!(
+            mount_point(&base, &base.entries[3], dst()),
+            Some(Step::Mkdir { .. })
+        ));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_refused_mount_names_what_confines_the_agent() {
+        let denied = io::Error::from_raw_os_error(libc::EACCES);
+        let hint = confinement_hint(&denied, Some("cri-containerd.apparmor.d (enforce)\n"), "2");
+        assert!(
+            hint.contains("AppArmor profile 'cri-containerd.apparmor.d (enforce)'"),
+            "{hint}"
+        );
+        let eperm = io::Error::from_raw_os_error(libc::EPERM);
+        for unconfined in [None, Some("unconfined\n"), Some("")] {
+            let hint = confinement_hint(&eperm, unconfined, "2");
+            assert!(hint.contains("seccomp filter"), "{hint}");
+            assert_eq!(confinement_hint(&eperm, unconfined, "0"), "");
+        }
+        // Not a refusal: nothing confines, something else is wrong.
+        let other = io::Error::from_raw_os_error(libc::EINVAL);
+        assert_eq!(
+            confinement_hint(&other, Some("docker-default (enforce)"), "2"),
+            ""
+        );
+    }
 
     #[test]
     fn parses_docker_mountinfo() {

@@ -24,8 +24,9 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corral_core::protocol::{
-    ExecRequest, Frame, FrameKind, Hello, HelloAck, Item, ResetRequest, SignalRequest, SpawnError,
-    Started, SyncDecoder, PROTOCOL_VERSION,
+    DeltaError, DeltaErrorKind, DeltaReport, ExecRequest, ExportRequest, Frame, FrameKind, Hello,
+    HelloAck, ImportRequest, Item, ResetRequest, SignalRequest, SpawnError, Started, SyncDecoder,
+    PROTOCOL_VERSION,
 };
 
 use crate::control::{lock, Control, StdinRefused};
@@ -74,6 +75,23 @@ struct Running {
 
 type Table = Arc<Mutex<HashMap<u32, Running>>>;
 
+/// Bytes of an exported delta per frame.
+const DELTA_CHUNK: usize = 1 << 20;
+
+/// Chunks of an import queued for its thread: beyond them the reader
+/// waits, so corral's writes slow down rather than the agent's memory
+/// growing.
+const IMPORT_QUEUE: usize = 16;
+
+/// An import whose bytes are arriving.
+struct Importing {
+    id: u32,
+    /// To the import's thread; `None` once it stopped taking bytes.
+    tx: Option<mpsc::SyncSender<Vec<u8>>>,
+    /// Bytes still announced.
+    left: u64,
+}
+
 /// The sandbox's environment as the current session's Hello gave it.
 type Env = Arc<Vec<(String, String)>>;
 
@@ -84,6 +102,7 @@ pub struct Conn {
     writer: Arc<FrameWriter>,
     commands: Table,
     env: Mutex<Env>,
+    import: Mutex<Option<Importing>>,
 }
 
 /// Serves corral on stdin/stdout until stdin ends; returns then (the
@@ -101,6 +120,7 @@ impl Conn {
             writer,
             commands: Arc::new(Mutex::new(HashMap::new())),
             env: Mutex::new(Arc::new(Vec::new())),
+            import: Mutex::new(None),
         }
     }
 
@@ -182,6 +202,9 @@ impl Conn {
 
     /// Kills what the current session left running and forgets it.
     fn end_session(&self) {
+        // An import cut short ends with what arrived: the archive is
+        // short, so it fails and leaves the delta empty.
+        lock(&self.import).take();
         let orphaned: Vec<Running> = lock(&self.commands).drain().map(|(_, r)| r).collect();
         for r in orphaned {
             if !r.ctl.exited() {
@@ -224,6 +247,8 @@ impl Conn {
             oom_counter: self.shared.oom.name().to_string(),
             session: hello.session,
             reset: self.shared.pristine.support().cloned(),
+            deltas: self.shared.pristine.deltas(),
+            usage: true,
         };
         self.writer
             .new_session(&Frame::json(FrameKind::HelloAck, frame.id, &ack));
@@ -253,6 +278,20 @@ impl Conn {
                     self.writer.error(id, e.to_string());
                 }
             },
+            FrameKind::Export => match frame.parse::<ExportRequest>() {
+                Ok(req) => self.export(id, req),
+                Err(e) => {
+                    self.writer.error(id, e.to_string());
+                }
+            },
+            FrameKind::Import => match frame.parse::<ImportRequest>() {
+                Ok(req) => self.import(id, req),
+                Err(e) => {
+                    self.writer.error(id, e.to_string());
+                }
+            },
+            FrameKind::ImportData => self.import_data(id, frame.payload),
+            FrameKind::Usage => self.usage(id),
             FrameKind::Ping => {
                 self.writer
                     .send(&Frame::new(FrameKind::Pong, id, frame.payload));
@@ -363,6 +402,7 @@ impl Conn {
             max_output: req.max_output,
             wait_for_output: req.wait_for_output,
             oom: (self.shared.oom, oom_before),
+            reaper: self.shared.reaper.clone(),
             writer: SessionWriter::new(self.writer.clone(), self.writer.epoch()),
             on_done: Box::new(move || {
                 let mut t = lock(&table);
@@ -405,10 +445,218 @@ impl Conn {
                 .error(id, format!("reset id {id} is 0 or names a running command"));
             return;
         }
-        let report = self.shared.pristine.reset(req.keep, &self.shared.reaper);
+        let report = self
+            .shared
+            .pristine
+            .reset(req.keep, req.to_root, &self.shared.reaper);
         // The killed commands' supervisors report their ends as usual.
         self.writer
             .send(&Frame::json(FrameKind::ResetDone, id, &report));
+    }
+
+    /// Streams the delta as ExportData frames and ends with ExportDone, on
+    /// a thread of its own (the reader goes on reading, so pings keep the
+    /// dead-man switch fed).
+    fn export(&self, id: u32, req: ExportRequest) {
+        if id == 0 || self.running(id).is_some() {
+            self.writer.error(
+                id,
+                format!("export id {id} is 0 or names a running command"),
+            );
+            return;
+        }
+        let writer = SessionWriter::new(self.writer.clone(), self.writer.epoch());
+        let pristine = self.shared.pristine.clone();
+        let done = writer.clone();
+        let spawned = std::thread::Builder::new()
+            .name("export".into())
+            .stack_size(THREAD_STACK)
+            .spawn(move || {
+                let started = Instant::now();
+                let mut sink = Chunks {
+                    writer: writer.clone(),
+                    id,
+                    buf: Vec::with_capacity(DELTA_CHUNK),
+                };
+                let result = pristine.export(&mut sink, req.max_bytes).and_then(|w| {
+                    std::io::Write::flush(&mut sink)
+                        .map(|()| w)
+                        .map_err(|e| DeltaError {
+                            kind: DeltaErrorKind::Io,
+                            message: format!("cannot send the archive: {e}"),
+                            path: None,
+                        })
+                });
+                let report = match result {
+                    Ok(w) => DeltaReport {
+                        error: None,
+                        bytes: w.bytes,
+                        entries: w.entries,
+                        elapsed_us: started.elapsed().as_micros() as u64,
+                    },
+                    Err(e) => DeltaReport {
+                        error: Some(e),
+                        elapsed_us: started.elapsed().as_micros() as u64,
+                        ..Default::default()
+                    },
+                };
+                writer.send(&Frame::json(FrameKind::ExportDone, id, &report));
+            });
+        if let Err(e) = spawned {
+            let report = DeltaReport {
+                error: Some(DeltaError {
+                    kind: DeltaErrorKind::Io,
+                    message: format!("cannot start a thread for the export: {e}"),
+                    path: None,
+                }),
+                ..Default::default()
+            };
+            done.send(&Frame::json(FrameKind::ExportDone, id, &report));
+        }
+    }
+
+    /// Starts taking a delta in: its bytes follow in ImportData frames and
+    /// go to a thread of its own, which answers ImportDone.
+    fn import(&self, id: u32, req: ImportRequest) {
+        let refuse = |kind: DeltaErrorKind, message: String| {
+            let report = DeltaReport {
+                error: Some(DeltaError {
+                    kind,
+                    message,
+                    path: None,
+                }),
+                ..Default::default()
+            };
+            self.writer
+                .send(&Frame::json(FrameKind::ImportDone, id, &report));
+        };
+        if id == 0 || self.running(id).is_some() || lock(&self.import).is_some() {
+            self.writer.error(
+                id,
+                format!("import id {id} is 0, names a running command, or another import is open"),
+            );
+            return;
+        }
+        if req.size > req.max_bytes {
+            return refuse(
+                DeltaErrorKind::TooLarge,
+                format!(
+                    "the delta's {} bytes exceed the limit of {} bytes",
+                    req.size, req.max_bytes
+                ),
+            );
+        }
+        if let Err(e) = self.shared.pristine.begin_import() {
+            let report = DeltaReport {
+                error: Some(e),
+                ..Default::default()
+            };
+            self.writer
+                .send(&Frame::json(FrameKind::ImportDone, id, &report));
+            return;
+        }
+        let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(IMPORT_QUEUE);
+        let writer = SessionWriter::new(self.writer.clone(), self.writer.epoch());
+        let pristine = self.shared.pristine.clone();
+        let size = req.size;
+        let spawned = std::thread::Builder::new()
+            .name("import".into())
+            .stack_size(THREAD_STACK)
+            .spawn(move || {
+                let started = Instant::now();
+                let mut input = Incoming {
+                    rx,
+                    size,
+                    got: 0,
+                    chunk: Vec::new(),
+                    at: 0,
+                };
+                let result = pristine.import(&mut input);
+                let report = match result {
+                    Ok(done) => DeltaReport {
+                        error: None,
+                        bytes: input.got,
+                        entries: done.entries,
+                        elapsed_us: started.elapsed().as_micros() as u64,
+                    },
+                    Err(e) => DeltaReport {
+                        error: Some(e),
+                        bytes: input.got,
+                        elapsed_us: started.elapsed().as_micros() as u64,
+                        ..Default::default()
+                    },
+                };
+                // Stop taking bytes before answering.
+                drop(input);
+                writer.send(&Frame::json(FrameKind::ImportDone, id, &report));
+            });
+        match spawned {
+            Ok(_) => {
+                *lock(&self.import) = Some(Importing {
+                    id,
+                    tx: (size > 0).then_some(tx),
+                    left: size,
+                });
+                if size == 0 {
+                    lock(&self.import).take();
+                }
+            }
+            Err(e) => {
+                // The import never started: undo its mark.
+                self.shared.pristine.abort_import();
+                refuse(
+                    DeltaErrorKind::Io,
+                    format!("cannot start a thread for the import: {e}"),
+                );
+            }
+        }
+    }
+
+    /// Bytes for the open import `id`.
+    fn import_data(&self, id: u32, payload: Vec<u8>) {
+        let mut open = lock(&self.import);
+        let Some(imp) = open.as_mut().filter(|i| i.id == id) else {
+            drop(open);
+            self.writer
+                .error(id, format!("import data for {id}, which is no open import"));
+            return;
+        };
+        let len = payload.len() as u64;
+        if len > imp.left {
+            // More than announced: the import ends short of it and fails.
+            open.take();
+            drop(open);
+            self.writer
+                .error(id, format!("import {id} got more bytes than it announced"));
+            return;
+        }
+        imp.left -= len;
+        let finished = imp.left == 0;
+        if let Some(tx) = &imp.tx {
+            // Blocks while the import's queue is full; fails once the
+            // import stopped (it failed): the rest is dropped.
+            if tx.send(payload).is_err() {
+                imp.tx = None;
+            }
+        }
+        if finished {
+            open.take();
+        }
+    }
+
+    /// Answers a usage request with what the sandbox's cgroup and network
+    /// counters say now (a few small file reads, done inline).
+    fn usage(&self, id: u32) {
+        if id == 0 || self.running(id).is_some() {
+            self.writer
+                .error(id, format!("usage id {id} is 0 or names a running command"));
+            return;
+        }
+        self.writer.send(&Frame::json(
+            FrameKind::UsageReport,
+            id,
+            &crate::usage::read(),
+        ));
     }
 
     fn spawn_failed(&self, id: u32, message: String) {
@@ -417,5 +665,88 @@ impl Conn {
             id,
             &SpawnError { message },
         ));
+    }
+}
+
+/// Export bytes, sent as ExportData frames of up to [`DELTA_CHUNK`].
+struct Chunks {
+    writer: SessionWriter,
+    id: u32,
+    buf: Vec<u8>,
+}
+
+impl Chunks {
+    fn send(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let frame = Frame::new(
+            FrameKind::ExportData,
+            self.id,
+            std::mem::take(&mut self.buf),
+        );
+        self.buf = Vec::with_capacity(DELTA_CHUNK);
+        if self.writer.send(&frame) {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(
+                "the control stream ended (or a new session began)",
+            ))
+        }
+    }
+}
+
+impl std::io::Write for Chunks {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(DELTA_CHUNK - self.buf.len());
+        self.buf.extend_from_slice(&buf[..n]);
+        if self.buf.len() >= DELTA_CHUNK {
+            self.send()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.send()
+    }
+}
+
+/// An import's bytes as the reader thread hands them over: exactly
+/// `size`, or an error when the stream stops short.
+struct Incoming {
+    rx: mpsc::Receiver<Vec<u8>>,
+    size: u64,
+    got: u64,
+    chunk: Vec<u8>,
+    at: usize,
+}
+
+impl Read for Incoming {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.at == self.chunk.len() {
+            if self.got == self.size {
+                return Ok(0);
+            }
+            match self.rx.recv() {
+                Ok(chunk) => {
+                    self.got += chunk.len() as u64;
+                    self.chunk = chunk;
+                    self.at = 0;
+                }
+                Err(_) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!(
+                            "the delta stopped after {} of {} bytes",
+                            self.got, self.size
+                        ),
+                    ))
+                }
+            }
+        }
+        let n = buf.len().min(self.chunk.len() - self.at);
+        buf[..n].copy_from_slice(&self.chunk[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
     }
 }

@@ -35,6 +35,7 @@ use corral_core::protocol::{
 use crate::command::Spawned;
 use crate::control::Control;
 use crate::oom::{self, OomCounter};
+use crate::reaper::Reaper;
 use crate::sys::{self, ExitStatus};
 use crate::tree;
 use crate::writer::SessionWriter;
@@ -60,6 +61,9 @@ pub struct Job {
     pub wait_for_output: bool,
     /// The sandbox's OOM counter and its value before the spawn.
     pub oom: (OomCounter, Option<u64>),
+    /// The reaper, which charges orphans of the command's group to it
+    /// until it reports.
+    pub reaper: Arc<Reaper>,
     /// Where frames go.
     pub writer: SessionWriter,
     /// Called once the process is gone, before Exited is sent, so the id is
@@ -174,6 +178,7 @@ impl Job {
             max_output,
             wait_for_output,
             oom: (oom_counter, oom_before),
+            reaper,
             writer,
             on_done,
             go,
@@ -295,6 +300,8 @@ impl Job {
             ExitStatus::Signal(s) => (None, Some(s)),
         };
         let oom_killed = oom::oom_killed(oom_before, oom_counter.read(), signal, timed_out);
+        // Orphans of the group that died by now count; later ones do not.
+        reaper.finish(pid);
         let report = ExitReport {
             exit_code,
             signal,
@@ -306,6 +313,7 @@ impl Job {
             .unwrap_or(u64::MAX),
             stdout: out[0].totals(),
             stderr: out[1].totals(),
+            usage: ctl.usage(),
         };
         on_done();
         for o in &mut out {

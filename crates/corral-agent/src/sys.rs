@@ -27,6 +27,13 @@ fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
+/// The calling process's real user id.
+#[cfg(test)]
+pub fn getuid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
 /// The calling process's pid.
 pub fn getpid() -> i32 {
     // SAFETY: getpid has no preconditions and cannot fail.
@@ -253,21 +260,103 @@ pub fn wait_any_child_exit() -> io::Result<()> {
     cvt(unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOWAIT) }).map(drop)
 }
 
-/// Reaps one terminated child if there is one: `Some((pid, raw status))`,
-/// `None` when no child is waiting (or there are no children).
-pub fn reap_one() -> Option<(i32, libc::c_int)> {
+/// The pid of a child that has terminated and waits to be reaped, left
+/// unreaped (so its `/proc` entry can still be read); `None` when no child
+/// is waiting (or there are no children).
+pub fn exited_child() -> Option<i32> {
+    loop {
+        // SAFETY: siginfo_t is plain data; zeroed is valid storage for the
+        // kernel to fill in (and reads as "no child" when it fills nothing).
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `info` is valid, writable storage; P_ALL ignores the id.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_ALL,
+                0,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT | libc::WNOHANG,
+            )
+        };
+        if r == -1 {
+            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return None;
+        }
+        // SAFETY: waitid succeeded, so `info` holds a SIGCHLD siginfo (or
+        // the zeroes it started with when no child was waiting), whose
+        // si_pid field is the one read here.
+        let pid = unsafe { info.si_pid() };
+        return (pid > 0).then_some(pid);
+    }
+}
+
+/// Reaps `pid` if it has terminated: its raw status and what it used (its
+/// own and that of every descendant it waited for).
+pub fn reap(pid: i32) -> Option<(libc::c_int, Rusage)> {
     loop {
         let mut status: libc::c_int = 0;
-        // SAFETY: `status` is a valid, writable c_int.
-        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-        if pid > 0 {
-            return Some((pid, status));
+        // SAFETY: rusage is plain data; zeroed is valid storage.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `status` and `ru` are valid, writable storage.
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
+        if r == pid {
+            return Some((status, Rusage::from(&ru)));
         }
-        if pid == -1 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+        if r == -1 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
             continue;
         }
         return None;
     }
+}
+
+/// What reaped processes used: CPU time and the largest resident set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rusage {
+    /// CPU time in user mode.
+    pub user: Duration,
+    /// CPU time in the kernel.
+    pub system: Duration,
+    /// The largest resident set of one process, in KiB (Linux's unit).
+    pub max_rss_kib: u64,
+}
+
+impl Rusage {
+    /// Adds `other`'s CPU time; keeps the larger resident set.
+    pub fn add(&mut self, other: Rusage) {
+        self.user += other.user;
+        self.system += other.system;
+        self.max_rss_kib = self.max_rss_kib.max(other.max_rss_kib);
+    }
+}
+
+fn timeval(t: &libc::timeval) -> Duration {
+    // Negative fields never come from the kernel; read them as zero.
+    let secs = u64::try_from(t.tv_sec).unwrap_or(0);
+    let micros = u64::try_from(t.tv_usec).unwrap_or(0);
+    Duration::from_secs(secs) + Duration::from_micros(micros)
+}
+
+impl From<&libc::rusage> for Rusage {
+    fn from(ru: &libc::rusage) -> Self {
+        Rusage {
+            user: timeval(&ru.ru_utime),
+            system: timeval(&ru.ru_stime),
+            max_rss_kib: u64::try_from(ru.ru_maxrss).unwrap_or(0),
+        }
+    }
+}
+
+/// The magic number of the file system `file` lives on (`statfs`'s
+/// `f_type`): tells a cgroup file from one a command planted elsewhere.
+pub fn fs_magic(file: &std::fs::File) -> io::Result<i64> {
+    // SAFETY: statfs is plain data; zeroed is valid storage.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: the descriptor is open for the call's duration and `st` is
+    // valid, writable storage.
+    cvt(unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) })?;
+    #[allow(clippy::unnecessary_cast)] // the field's type differs by target
+    Ok(st.f_type as i64)
 }
 
 /// How a reaped process ended.
@@ -534,6 +623,30 @@ pub fn getxattr(path: &CStr, name: &CStr) -> Option<Vec<u8>> {
     usize::try_from(n)
         .ok()
         .map(|n| buf[..n.min(buf.len())].to_vec())
+}
+
+/// Sets extended attribute `name` of `path` (not following a final
+/// symlink) to `value`.
+pub fn setxattr(path: &CStr, name: &CStr, value: &[u8]) -> io::Result<()> {
+    // SAFETY: both names are NUL-terminated; value is valid for its length.
+    cvt(unsafe {
+        libc::lsetxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    })
+    .map(drop)
+}
+
+/// Makes an overlay whiteout at `path`: a character device 0:0, which the
+/// kernel lets a process make without CAP_MKNOD (and a device cgroup
+/// allows).
+pub fn mknod_whiteout(path: &CStr) -> io::Result<()> {
+    // SAFETY: path is NUL-terminated; makedev(0, 0) is the whiteout device.
+    cvt(unsafe { libc::mknod(path.as_ptr(), libc::S_IFCHR, libc::makedev(0, 0)) }).map(drop)
 }
 
 /// Creates an empty file (mode 0600) unless it exists; async-signal-safe.

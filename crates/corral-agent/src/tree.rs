@@ -24,6 +24,19 @@ pub struct ProcStat {
     pub pgrp: i32,
     /// Session id.
     pub session: i32,
+    /// The kernel's per-task flags (`PF_*`); 0 when the line ends early.
+    pub flags: u32,
+}
+
+/// `PF_EXITING`: the task is in `exit()`, past closing its files but
+/// perhaps not yet a zombie.
+const PF_EXITING: u32 = 0x4;
+
+impl ProcStat {
+    /// True once the process is on its way out: exiting, a zombie, or dead.
+    pub fn dying(&self) -> bool {
+        matches!(self.state, b'Z' | b'X' | b'x') || self.flags & PF_EXITING != 0
+    }
 }
 
 /// Parses the content of `/proc/<pid>/stat`. `None` on anything unexpected.
@@ -38,12 +51,15 @@ pub fn parse_stat(line: &str) -> Option<ProcStat> {
     let ppid = rest.next()?.parse().ok()?;
     let pgrp = rest.next()?.parse().ok()?;
     let session = rest.next()?.parse().ok()?;
+    // tty_nr and tpgid, then flags.
+    let flags = rest.nth(2).and_then(|f| f.parse().ok()).unwrap_or(0);
     Some(ProcStat {
         pid,
         state,
         ppid,
         pgrp,
         session,
+        flags,
     })
 }
 
@@ -215,13 +231,23 @@ mod tests {
             ppid,
             pgrp,
             session,
+            flags: 0,
         }
     }
 
     #[test]
     fn parses_stat_with_awkward_names() {
         let s = parse_stat("42 (a) b (c)) S 1 42 1 0 -1 4194560 1101").expect("parses");
-        assert_eq!(s, p(42, 1, 42, 1));
+        assert_eq!(
+            s,
+            ProcStat {
+                flags: 4194560,
+                ..p(42, 1, 42, 1)
+            }
+        );
+        assert!(!s.dying());
+        let exiting = parse_stat("43 (x) R 1 42 1 0 -1 4194564 0").expect("parses");
+        assert!(exiting.dying(), "PF_EXITING: {exiting:?}");
         let z = parse_stat("7 (sleep) Z 3 3 1 0").expect("parses");
         assert_eq!(z.state, b'Z');
         assert_eq!(parse_stat(""), None);

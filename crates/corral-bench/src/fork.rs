@@ -1,5 +1,8 @@
 //! Fork of a prepared sandbox into K sandboxes, against preparing K from
-//! scratch, in the same run.
+//! scratch, in the same run; and the two ways a fork travels on Docker,
+//! from the same prepared source: its changes through the agents' streams
+//! (a `delta` snapshot, the default for a sandbox that resets in place)
+//! against `docker commit` and K creates from the image.
 //!
 //! The preparation is synthetic: 50 MB of files written into the root file
 //! system (a cloned repository and its dependencies, in spirit). A real
@@ -11,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use corral::{Sandbox, SnapshotOptions};
+use corral_core::snapshot::SnapshotKind;
 use corral_core::CommandSpec;
 
 use crate::Bench;
@@ -29,12 +33,28 @@ pub(crate) struct ForkRun {
     pub(crate) k: usize,
     /// Preparing the one source sandbox (start and preparation).
     pub(crate) prepare_source: Duration,
-    /// Keeping its snapshot.
+    /// Keeping its snapshot (a delta through its agent's stream).
     pub(crate) snapshot: Duration,
-    /// Starting K sandboxes from it, all at once.
+    /// Starting K sandboxes from it, all at once (each takes the delta in).
     pub(crate) fork: Duration,
+    /// The same source kept by `docker commit` (its delta applied to the
+    /// container first), and K sandboxes started from the image.
+    pub(crate) commit: ForkWay,
     /// Starting and preparing K sandboxes from scratch, all at once.
     pub(crate) scratch: Duration,
+}
+
+/// One way from a prepared sandbox to K: the snapshot, then the fork.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ForkWay {
+    pub(crate) snapshot: Duration,
+    pub(crate) fork: Duration,
+}
+
+impl ForkWay {
+    pub(crate) fn wall(&self) -> Duration {
+        self.snapshot + self.fork
+    }
 }
 
 impl ForkRun {
@@ -76,10 +96,63 @@ impl Bench {
         format!("{}-fork", self.run_id)
     }
 
+    /// The image snapshot the fork row's `docker commit` way keeps.
+    pub(crate) fn commit_snapshot_name(&self) -> String {
+        format!("{}-fork-commit", self.run_id)
+    }
+
+    /// Snapshot `name` of `source` as `kind`, then K forks of it (checked,
+    /// then destroyed).
+    async fn fork_one_way(
+        &self,
+        source: &Sandbox,
+        name: &str,
+        kind: SnapshotKind,
+        k: usize,
+    ) -> anyhow::Result<ForkWay> {
+        let t = Instant::now();
+        let opts = SnapshotOptions {
+            kind: Some(kind),
+            ..SnapshotOptions::default()
+        };
+        let info = source
+            .snapshot(name, opts)
+            .await
+            .with_context(|| format!("keeping the {} snapshot", kind.as_str()))?;
+        let snapshot = t.elapsed();
+        if info.kind != kind {
+            bail!(
+                "asked for a {} snapshot, got {:?}",
+                kind.as_str(),
+                info.kind
+            );
+        }
+        let t = Instant::now();
+        let forks = self
+            .runtime
+            .fork(name, k)
+            .await
+            .with_context(|| format!("forking the {} snapshot", kind.as_str()))?;
+        let fork = t.elapsed();
+        let checked = async {
+            for f in &forks {
+                ok(f, CommandSpec::shell(CHECK), "checking a fork").await?;
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        destroy_all(&forks).await;
+        checked?;
+        Ok(ForkWay { snapshot, fork })
+    }
+
     /// K sandboxes prepared from scratch (all at once), then one prepared,
     /// snapshotted and forked into K.
     pub(crate) async fn fork_vs_scratch(self: &Arc<Self>, k: usize) -> anyhow::Result<ForkRun> {
-        let spec = self.spec.clone();
+        // Pristine: its changes are a delta its agent can send, and the
+        // same source can also be committed.
+        let mut spec = self.spec.clone();
+        spec.pristine = true;
         // From scratch: K starts and K preparations, all at once.
         let t = Instant::now();
         let made = futures_util::future::join_all((0..k).map(|_| async {
@@ -124,39 +197,34 @@ impl Bench {
             .context("the fork source")?;
         let prepared = ok(&source, prepare(), "preparing the source").await;
         let prepare_source = t.elapsed();
+        let commit_name = self.commit_snapshot_name();
         let run = async {
             prepared?;
-            let t = Instant::now();
-            source
-                .snapshot(&name, SnapshotOptions::default())
-                .await
-                .context("keeping the snapshot")?;
-            let snapshot = t.elapsed();
-            let t = Instant::now();
-            let forks = self.runtime.fork(&name, k).await.context("forking")?;
-            let fork = t.elapsed();
-            let checked = async {
-                for f in &forks {
-                    ok(f, CommandSpec::shell(CHECK), "checking a fork").await?;
-                }
-                anyhow::Ok(())
-            }
-            .await;
-            destroy_all(&forks).await;
-            checked?;
+            let delta = self
+                .fork_one_way(&source, &name, SnapshotKind::Delta, k)
+                .await?;
+            self.progress.inc(k as u64);
+            let commit = self
+                .fork_one_way(&source, &commit_name, SnapshotKind::Image, k)
+                .await?;
             self.progress.inc(k as u64);
             anyhow::Ok(ForkRun {
                 k,
                 prepare_source,
-                snapshot,
-                fork,
+                snapshot: delta.snapshot,
+                fork: delta.fork,
+                commit,
                 scratch,
             })
         }
         .await;
         destroy_all(std::slice::from_ref(&source)).await;
-        if let Err(e) = self.runtime.delete_snapshot(&name).await {
-            tracing::warn!(snapshot = %name, error = %e, "deleting the bench snapshot failed");
+        for n in [&name, &commit_name] {
+            if self.runtime.snapshot_info(n).await.is_ok() {
+                if let Err(e) = self.runtime.delete_snapshot(n).await {
+                    tracing::warn!(snapshot = %n, error = %e, "deleting the bench snapshot failed");
+                }
+            }
         }
         run
     }

@@ -117,8 +117,8 @@ impl Samples {
             // pool, pristine pool, commands only through corral and raw) of
             // N x M commands.
             + 7 * options.sandboxes * options.commands
-            // P sandboxes prepared from scratch, P forked.
-            + 2 * options.parallel) as u64
+            // P sandboxes prepared from scratch, P forked each way.
+            + 3 * options.parallel) as u64
     }
 }
 
@@ -201,11 +201,12 @@ impl Bench {
             }
         }
         let swept = self.sweep(settle).await;
-        // The fork row's snapshot, if an interrupt or error left it.
-        let name = self.fork_snapshot_name();
-        if self.runtime.snapshot_info(&name).await.is_ok() {
-            if let Err(e) = self.runtime.delete_snapshot(&name).await {
-                tracing::warn!(snapshot = %name, error = %e, "deleting the bench snapshot failed");
+        // The fork row's snapshots, if an interrupt or error left them.
+        for name in [self.fork_snapshot_name(), self.commit_snapshot_name()] {
+            if self.runtime.snapshot_info(&name).await.is_ok() {
+                if let Err(e) = self.runtime.delete_snapshot(&name).await {
+                    tracing::warn!(snapshot = %name, error = %e, "deleting the bench snapshot failed");
+                }
             }
         }
         swept
@@ -514,10 +515,10 @@ mod tests {
         };
         // Raw and cold starts and warm acquires, raw execs, agent and
         // shell round trips, resets; seven workload passes of 4 x 3; two
-        // sandboxes prepared and two forked.
+        // sandboxes prepared and two forked each way.
         assert_eq!(
             Samples::new(Some(5)).steps(&options),
-            3 * 5 + 5 + 2 * 5 + 5 + 7 * 12 + 2 * 2
+            3 * 5 + 5 + 2 * 5 + 5 + 7 * 12 + 3 * 2
         );
     }
 

@@ -241,6 +241,17 @@ impl Report {
                 ms(self.fork.prepare_source)
             ))),
             Row::new(
+                "fork_commit",
+                "",
+                "the same by docker commit + creates",
+                Latency::of(vec![self.fork.commit.wall()]),
+            )
+            .noted(Some(format!(
+                "snapshot {:.0} ms, fork {:.0} ms",
+                ms(self.fork.commit.snapshot),
+                ms(self.fork.commit.fork)
+            ))),
+            Row::new(
                 "prepare_from_scratch",
                 "",
                 "prepare each from scratch",
@@ -306,6 +317,13 @@ impl Report {
                 id: "fork_vs_prepare",
                 label: "fork into P vs preparing P from scratch",
                 value: times(self.fork.scratch, self.fork.fork_wall()),
+                target: 1.0,
+                applies: true,
+            },
+            Ratio {
+                id: "fork_stream_vs_commit",
+                label: "fork through the agents vs docker commit",
+                value: times(self.fork.commit.wall(), self.fork.fork_wall()),
                 target: 1.0,
                 applies: true,
             },
@@ -434,6 +452,10 @@ impl Report {
                     v["fork_ms"] = json!(ms(self.fork.fork));
                     v["prepare_source_ms"] = json!(ms(self.fork.prepare_source));
                 }
+                if row.id == "fork_commit" {
+                    v["snapshot_ms"] = json!(ms(self.fork.commit.snapshot));
+                    v["fork_ms"] = json!(ms(self.fork.commit.fork));
+                }
                 (row.id.to_string(), v)
             })
             .collect();
@@ -528,6 +550,10 @@ mod tests {
                 prepare_source: Duration::from_millis(400),
                 snapshot: Duration::from_millis(300),
                 fork: Duration::from_millis(700),
+                commit: crate::fork::ForkWay {
+                    snapshot: Duration::from_millis(1_500),
+                    fork: Duration::from_millis(500),
+                },
                 scratch: Duration::from_millis(3_000),
             },
         }
@@ -578,6 +604,7 @@ mod tests {
                 ("workload_reused_vs_plain", 40.0, 10.0, true),
                 ("workload_pristine_vs_plain", 50.0, 10.0, true),
                 ("fork_vs_prepare", 3.0, 1.0, true),
+                ("fork_stream_vs_commit", 2.0, 1.0, true),
                 ("workload_commands_vs_plain_exec", 5.0, 10.0, false),
             ]
         );
@@ -586,7 +613,7 @@ mod tests {
         let applies: Vec<bool> = other.iter().map(|x| x.applies).collect();
         assert_eq!(
             applies,
-            [true, true, true, false, false, false, false, true, false]
+            [true, true, true, false, false, false, false, true, true, false]
         );
     }
 
@@ -626,9 +653,11 @@ mod tests {
                 "workload_commands_corral",
                 "workload_commands_plain",
                 "fork_prepared",
+                "fork_commit",
                 "prepare_from_scratch",
             ])
         );
+        assert_eq!(v["rows"]["fork_commit"]["snapshot_ms"], 1500.0);
         assert_eq!(v["rows"]["fork_prepared"]["p50_ms"], 1000.0);
         assert_eq!(v["rows"]["fork_prepared"]["forks"], 8);
         assert_eq!(v["rows"]["prepare_from_scratch"]["floor"], true);
@@ -710,8 +739,8 @@ mod tests {
             lines[1],
             "workload: 4 rollouts x 3 commands, 2 in parallel; times in ms"
         );
-        // Header, workload, blank, column titles, 16 rows, blank, title, 9 ratios.
-        assert_eq!(lines.len(), 4 + 16 + 2 + 9, "{table}");
+        // Header, workload, blank, column titles, 17 rows, blank, title, 10 ratios.
+        assert_eq!(lines.len(), 4 + 17 + 2 + 10, "{table}");
         assert!(lines[4].starts_with(" 1 raw create+start"), "{table}");
         assert!(lines[4].contains("[floor]"), "{table}");
         assert!(lines[6].ends_with("  5/6 from the pool"), "{table}");
@@ -738,25 +767,35 @@ mod tests {
                 ),
             "{table}"
         );
-        assert!(lines[19].ends_with("  8 at once"), "{table}");
-        assert_eq!(lines[21], "ratios (higher is better)");
-        assert!(lines[22].ends_with("20.0x  target >= 20x  met"), "{table}");
         assert!(
-            lines[24].starts_with("   reset p50 vs cold start p50")
-                && lines[24].ends_with("20.0x  target >= 20x  met"),
+            lines[19].contains("docker commit")
+                && lines[19].ends_with("  snapshot 1500 ms, fork 500 ms"),
+            "{table}"
+        );
+        assert!(lines[20].ends_with("  8 at once"), "{table}");
+        assert_eq!(lines[22], "ratios (higher is better)");
+        assert!(lines[23].ends_with("20.0x  target >= 20x  met"), "{table}");
+        assert!(
+            lines[25].starts_with("   reset p50 vs cold start p50")
+                && lines[25].ends_with("20.0x  target >= 20x  met"),
             "{table}"
         );
         assert!(
-            lines[28].ends_with("50.0x  target >= 10x  met (target set for 16x10, 8 parallel)"),
+            lines[29].ends_with("50.0x  target >= 10x  met (target set for 16x10, 8 parallel)"),
             "{table}"
         );
         assert!(
-            lines[29].starts_with("   fork into P vs preparing P from scratch")
-                && lines[29].ends_with("3.0x  target >= 1x  met"),
+            lines[30].starts_with("   fork into P vs preparing P from scratch")
+                && lines[30].ends_with("3.0x  target >= 1x  met"),
             "{table}"
         );
         assert!(
-            lines[30].ends_with("5.0x  target >= 10x  missed (target set for 16x10, 8 parallel)"),
+            lines[31].starts_with("   fork through the agents vs docker commit")
+                && lines[31].ends_with("2.0x  target >= 1x  met"),
+            "{table}"
+        );
+        assert!(
+            lines[32].ends_with("5.0x  target >= 10x  missed (target set for 16x10, 8 parallel)"),
             "{table}"
         );
         let at_target = options(TARGET_SHAPE);

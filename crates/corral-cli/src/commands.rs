@@ -4,6 +4,7 @@ pub mod agent_image;
 pub mod bench;
 pub mod config;
 pub mod doctor;
+pub mod events;
 pub mod gc;
 pub mod images;
 pub mod mcp;

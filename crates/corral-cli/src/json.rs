@@ -79,6 +79,7 @@ mod tests {
                 "stdout_total_bytes",
                 "stderr_total_bytes",
                 "duration_ms",
+                "usage",
                 "failure",
                 "sandbox_id",
             ])

@@ -104,7 +104,7 @@ fn json_report_has_every_row_and_ratio_and_leaves_nothing() {
         ("workload_commands_plain", true),
     ];
     let rows = v["rows"].as_object().expect("rows");
-    assert_eq!(rows.len(), 16, "{v}");
+    assert_eq!(rows.len(), 17, "{v}");
     for (id, floor) in latency_rows.iter().chain(&workload_rows) {
         let row = &v["rows"][id];
         assert_eq!(row["floor"], *floor, "{id}: {row}");
@@ -148,22 +148,29 @@ fn json_report_has_every_row_and_ratio_and_leaves_nothing() {
     assert_eq!(fork["forks"], 2, "{v}");
     assert!(number(&fork["p50_ms"], "fork") > 0.0, "{v}");
     assert_eq!(v["rows"]["prepare_from_scratch"]["floor"], true, "{v}");
-    // Its snapshot is gone with the run.
-    let snaps = std::process::Command::new("docker")
-        .args(["images", "-q", "--filter", "label=corral.snapshot"])
-        .args([
-            "--filter",
-            &format!(
-                "reference=corral-snapshot:{}-fork",
-                v["run_id"].as_str().unwrap_or("")
-            ),
-        ])
-        .output()
-        .expect("docker images");
-    assert!(snaps.stdout.is_empty(), "the bench left its snapshot");
+    // The same forks by `docker commit`, to compare the agents' stream with.
+    let commit = &v["rows"]["fork_commit"];
+    assert_eq!(commit["floor"], false, "{v}");
+    assert!(number(&commit["p50_ms"], "fork_commit") > 0.0, "{v}");
+    assert!(number(&commit["snapshot_ms"], "snapshot_ms") > 0.0, "{v}");
+    // Its snapshots (the delta and the committed image) are gone with the run.
+    for suffix in ["fork", "fork-commit"] {
+        let snaps = std::process::Command::new("docker")
+            .args(["images", "-q", "--filter", "label=corral.snapshot"])
+            .args([
+                "--filter",
+                &format!(
+                    "reference=corral-snapshot:{}-{suffix}",
+                    v["run_id"].as_str().unwrap_or("")
+                ),
+            ])
+            .output()
+            .expect("docker images");
+        assert!(snaps.stdout.is_empty(), "the bench left its {suffix} snapshot");
+    }
 
     let ratios = v["ratios"].as_object().expect("ratios");
-    assert_eq!(ratios.len(), 9, "{v}");
+    assert_eq!(ratios.len(), 10, "{v}");
     for (id, target) in [
         ("warm_acquire_vs_raw_start", 20.0),
         ("agent_vs_raw_exec", 20.0),
@@ -173,6 +180,7 @@ fn json_report_has_every_row_and_ratio_and_leaves_nothing() {
         ("workload_reused_vs_plain", 10.0),
         ("workload_pristine_vs_plain", 10.0),
         ("fork_vs_prepare", 1.0),
+        ("fork_stream_vs_commit", 1.0),
         ("workload_commands_vs_plain_exec", 10.0),
     ] {
         let r = &v["ratios"][id];

@@ -186,18 +186,42 @@ pub struct PullProgress {
     pub total_bytes: u64,
 }
 
-/// What a sandbox uses now, from the engine's own accounting (its
-/// cgroup), against its limits.
+/// Who measured a [`Usage`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum UsageSource {
+    /// The engine, from outside the sandbox ([`Backend::usage`]: Docker's
+    /// stats).
+    #[default]
+    Engine,
+    /// The sandbox's agent, from its cgroup and network counters inside
+    /// (engines with no accounting of their own: Kubernetes).
+    Agent,
+}
+
+impl UsageSource {
+    /// The name on the wire: `engine` or `agent`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UsageSource::Engine => "engine",
+            UsageSource::Agent => "agent",
+        }
+    }
+}
+
+/// What a sandbox uses now, from its cgroup (read by the engine, or by the
+/// sandbox's agent from inside), against its limits.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Usage {
+    /// Who read it.
+    pub source: UsageSource,
     /// CPU time used since it started, in nanoseconds (all its processes,
     /// the dead included).
     pub cpu_ns: u64,
     /// Memory in use now, in bytes (the page cache the kernel can drop
     /// left out, as `docker stats` does; tmpfs files count).
     pub memory_bytes: u64,
-    /// The most memory it used at once, where the engine keeps it (cgroup
-    /// v1).
+    /// The most memory it used at once, where the cgroup keeps it (v1's
+    /// `max_usage_in_bytes`; v2's `memory.peak`, newer kernels only).
     pub memory_peak_bytes: Option<u64>,
     /// Its memory limit (`limits.memory`); `None`: none.
     pub memory_limit_bytes: Option<u64>,
@@ -213,6 +237,10 @@ pub struct Usage {
     pub net_rx_bytes: u64,
     /// Bytes sent over its network interfaces.
     pub net_tx_bytes: u64,
+    /// Processes the kernel's OOM killer killed in it, where the reader
+    /// can tell (the agent reads its cgroup's counter; Docker's stats do
+    /// not carry it).
+    pub oom_kills: Option<u64>,
 }
 
 /// A pull under way on the engine: which image, how far, for how long.
@@ -470,6 +498,14 @@ pub trait Backend: Send + Sync + 'static {
     /// run sandboxes pull by themselves).
     fn pulls(&self) -> Vec<PullStatus> {
         Vec::new()
+    }
+
+    /// Whether [`Backend::snapshot`] keeps snapshots as images (Docker's
+    /// `docker commit`). Without it the runtime keeps snapshots itself,
+    /// as deltas through the agent's stream, of sandboxes that reset in
+    /// place.
+    fn keeps_snapshot_images(&self) -> bool {
+        false
     }
 
     /// Keeps the file system of the sandbox at `placement` as snapshot

@@ -80,6 +80,55 @@ pub struct Config {
     pub server: ServerConfig,
     /// The cluster, when `backend: kubernetes`.
     pub kubernetes: KubernetesConfig,
+    /// Snapshots corral keeps itself (a sandbox's changes through its
+    /// agent's stream).
+    pub snapshots: SnapshotConfig,
+}
+
+/// Snapshots corral keeps itself: the changes of a sandbox that resets in
+/// place, as its agent exports them (`corral_core::snapshot::SnapshotKind::Delta`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SnapshotConfig {
+    /// Largest snapshot of a sandbox's changes, in bytes (the archive its
+    /// agent sends, held in corral's memory until deleted, and taken in by
+    /// every fork). Default 1073741824 (1 GiB); at least 1048576.
+    pub max_bytes: u64,
+    /// Directory of the durable ones (a file each, 0600 in a 0700
+    /// directory). Default `None`: `$XDG_DATA_HOME/corral/snapshots`, else
+    /// `~/.local/share/corral/snapshots` (see [`Config::snapshot_dir`]).
+    pub dir: Option<String>,
+}
+
+impl Default for SnapshotConfig {
+    fn default() -> Self {
+        SnapshotConfig {
+            max_bytes: 1 << 30,
+            dir: None,
+        }
+    }
+}
+
+impl SnapshotConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_bytes < 1 << 20 {
+            return Err(ConfigError::invalid(
+                "snapshots.max_bytes",
+                self.max_bytes.to_string(),
+                "at least 1048576 (1 MiB)",
+            ));
+        }
+        if let Some(dir) = &self.dir {
+            if !Path::new(dir).is_absolute() {
+                return Err(ConfigError::invalid(
+                    "snapshots.dir",
+                    dir,
+                    "must be an absolute path",
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// How to reach a Kubernetes cluster and how hard to lean on its API
@@ -119,8 +168,8 @@ pub struct KubernetesConfig {
     pub connect_timeout_ms: u64,
     /// Addresses (CIDRs, e.g. `10.0.0.0/8`) besides corral's own pods
     /// (label `app.kubernetes.io/name: corral`) that the sandboxes' network
-    /// policy lets reach the agent port: where corral runs outside the
-    /// cluster. Default none.
+    /// policy lets reach them (the agent port, and servers' ports through
+    /// `open_port`): where corral runs outside the cluster. Default none.
     pub controller_cidrs: Vec<String>,
     /// How long this process's Lease (`coordination.k8s.io`) lasts
     /// unrenewed, in seconds; it is renewed every third of that. A corral
@@ -136,6 +185,26 @@ pub struct KubernetesConfig {
     /// StorageClass of persistent sessions' claims. Default `None`: the
     /// cluster's default class.
     pub session_storage_class: Option<String>,
+    /// The resolvers (IPv4 addresses, at most 3) the egress gateways of
+    /// sandboxes with `network: {egress: ...}` look allowed names up
+    /// with. Default none: the cluster's DNS (the gateway pod's
+    /// `ClusterFirst`).
+    pub egress_nameservers: Vec<String>,
+    /// Run sandboxes with an egress policy even on a cluster whose network
+    /// plugin does not enforce NetworkPolicy (corral probes it before the
+    /// first such sandbox, as `doctor` does). There only the gateway's DNS
+    /// answers stand between a sandbox and the network: nothing stops it
+    /// connecting to an address directly. Default false: such a start is
+    /// refused, naming `network.egress`.
+    pub accept_unenforced_egress: bool,
+    /// The AppArmor profile of a pristine sandbox's container
+    /// (`appArmorProfile`), which must let its agent mount: `unconfined`,
+    /// or `localhost/NAME` (a profile loaded on every node). Default
+    /// `None`: the runtime's default profile, which on nodes with AppArmor
+    /// denies every mount, so such sandboxes reset by replacing the pod and
+    /// say why. Commands of such a sandbox still run under the agent's
+    /// seccomp filter, without its extra capabilities.
+    pub pristine_apparmor_profile: Option<String>,
 }
 
 /// How corral reaches the agent in a pod. Either way the connection must
@@ -173,6 +242,9 @@ impl Default for KubernetesConfig {
             lease_duration_seconds: 60,
             session_volume_size: 1 << 30,
             session_storage_class: None,
+            egress_nameservers: Vec::new(),
+            accept_unenforced_egress: false,
+            pristine_apparmor_profile: None,
         }
     }
 }
@@ -281,6 +353,36 @@ impl KubernetesConfig {
                 ));
             }
         }
+        if self.egress_nameservers.len() > 3 {
+            return Err(ConfigError::invalid(
+                "kubernetes.egress_nameservers",
+                self.egress_nameservers.join(","),
+                "at most 3 (a pod's dnsConfig takes no more)",
+            ));
+        }
+        for (i, ns) in self.egress_nameservers.iter().enumerate() {
+            if ns.parse::<std::net::Ipv4Addr>().is_err() {
+                return Err(ConfigError::invalid(
+                    format!("kubernetes.egress_nameservers[{i}]"),
+                    ns,
+                    "expected an IPv4 address such as 10.96.0.10",
+                ));
+            }
+        }
+        if let Some(profile) = &self.pristine_apparmor_profile {
+            let ok = profile == "unconfined"
+                || profile.strip_prefix("localhost/").is_some_and(|name| {
+                    !name.is_empty() && !name.chars().any(|c| c.is_whitespace() || c == '/')
+                });
+            if !ok {
+                return Err(ConfigError::invalid(
+                    "kubernetes.pristine_apparmor_profile",
+                    profile,
+                    "unconfined, or localhost/NAME for a profile loaded on the nodes; leave it \
+                     out for the runtime's default profile",
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -361,6 +463,34 @@ pub struct ServerConfig {
     /// Ceilings on what one request may ask for, and the bytes all
     /// requests in flight may hold together.
     pub limits: ServerLimits,
+    /// What `/metrics` reports about the sandboxes' usage.
+    pub metrics: MetricsConfig,
+}
+
+/// Sandbox usage in `/metrics` (`server.metrics`). Label sets stay
+/// bounded: per owner (tenants are configured) and profile, and the top
+/// sandboxes by memory and CPU, at most `top_sandboxes` of each, whose
+/// series are replaced at every sample (gone sandboxes vanish).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// How old the usage sample may be before a scrape takes a new one,
+    /// in ms: every live sandbox's usage is read at most this often,
+    /// however often `/metrics` is scraped (scrapes meanwhile get the
+    /// last sample). 0: no usage metrics. Default 10000.
+    pub usage_refresh_ms: u64,
+    /// Sandboxes named in the top-memory and top-CPU series (label
+    /// `sandbox`). 0: none. Default 10.
+    pub top_sandboxes: usize,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            usage_refresh_ms: 10_000,
+            top_sandboxes: 10,
+        }
+    }
 }
 
 /// One tenant of the service (`server.tenants.NAME`).
@@ -435,6 +565,7 @@ impl Default for ServerConfig {
             e2b_listen: None,
             policy: ClientPolicy::default(),
             limits: ServerLimits::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -539,6 +670,21 @@ impl ServerConfig {
         self.limits.validate(self.max_body_bytes).map_err(|e| {
             ConfigError::invalid(format!("server.limits.{}", e.key), e.value, e.reason)
         })?;
+        let m = &self.metrics;
+        if m.usage_refresh_ms != 0 && m.usage_refresh_ms < 500 {
+            return Err(ConfigError::invalid(
+                "server.metrics.usage_refresh_ms",
+                m.usage_refresh_ms,
+                "0 (off) or at least 500",
+            ));
+        }
+        if m.top_sandboxes > 1000 {
+            return Err(ConfigError::invalid(
+                "server.metrics.top_sandboxes",
+                m.top_sandboxes,
+                "at most 1000",
+            ));
+        }
         self.validate_policy()
     }
 
@@ -1036,6 +1182,19 @@ impl Config {
             .unwrap_or_else(|| PathBuf::from("/var/lib/corral/workspaces"))
     }
 
+    /// Where durable snapshots corral keeps itself go: `snapshots.dir` when
+    /// set, else `$XDG_DATA_HOME/corral/snapshots`, else
+    /// `~/.local/share/corral/snapshots`, else `/var/lib/corral/snapshots`.
+    pub fn snapshot_dir(&self, host: &dyn HostView) -> PathBuf {
+        if let Some(dir) = &self.snapshots.dir {
+            return PathBuf::from(dir);
+        }
+        abs_var(host, "XDG_DATA_HOME")
+            .or_else(|| abs_var(host, "HOME").map(|h| h.join(".local").join("share")))
+            .map(|dir| dir.join("corral").join("snapshots"))
+            .unwrap_or_else(|| PathBuf::from("/var/lib/corral/snapshots"))
+    }
+
     /// Where `corral serve` writes the files that hand its generated token
     /// to local clients: `server.runtime_dir` when set, else
     /// `$XDG_RUNTIME_DIR/corral/servers`, else
@@ -1146,6 +1305,7 @@ impl Config {
             }
         }
         self.daemon.validate()?;
+        self.snapshots.validate()?;
         check_spec("defaults", &self.defaults, host, true)?;
         for (name, spec) in &self.profiles {
             if !valid_name(name) {
@@ -1780,6 +1940,13 @@ persistence_root: /srv/corral
             Some("fast.ssd")
         );
         c.validate(&FakeHost).expect("valid");
+        for profile in ["unconfined", "localhost/corral-pristine"] {
+            let c = Config::from_yaml(&format!(
+                "kubernetes: {{pristine_apparmor_profile: {profile}}}"
+            ))
+            .expect("parses");
+            c.validate(&FakeHost).expect("valid");
+        }
         for (text, path, value) in [
             (
                 "kubernetes: {namespace: Bad_NS}",
@@ -1818,6 +1985,16 @@ persistence_root: /srv/corral
                 "10.0.0.0/33",
             ),
             (
+                "kubernetes: {egress_nameservers: [10.96.0.10, kube-dns]}",
+                "kubernetes.egress_nameservers[1]",
+                "kube-dns",
+            ),
+            (
+                "kubernetes: {egress_nameservers: [1.1.1.1, 1.1.1.2, 1.1.1.3, 1.1.1.4]}",
+                "kubernetes.egress_nameservers",
+                "1.1.1.1,1.1.1.2,1.1.1.3,1.1.1.4",
+            ),
+            (
                 "kubernetes: {start_timeout_ms: 0}",
                 "kubernetes.start_timeout_ms",
                 "0",
@@ -1841,6 +2018,16 @@ persistence_root: /srv/corral
                 "kubernetes: {session_storage_class: Fast_SSD}",
                 "kubernetes.session_storage_class",
                 "Fast_SSD",
+            ),
+            (
+                "kubernetes: {pristine_apparmor_profile: localhost/}",
+                "kubernetes.pristine_apparmor_profile",
+                "localhost/",
+            ),
+            (
+                "kubernetes: {pristine_apparmor_profile: runtime/default}",
+                "kubernetes.pristine_apparmor_profile",
+                "runtime/default",
             ),
         ] {
             match invalid(text) {

@@ -122,6 +122,15 @@ pub enum Error {
         /// The session key asked for.
         key: String,
     },
+    /// A sandbox's changes are more than a snapshot may hold
+    /// (`snapshots.max_bytes`): the snapshot is not taken.
+    #[error("sandbox {sandbox}: its changes exceed the snapshot limit of {cap} bytes (snapshots.max_bytes)")]
+    SnapshotTooLarge {
+        /// The sandbox.
+        sandbox: String,
+        /// The limit.
+        cap: u64,
+    },
     /// Something on the host corral runs on failed (a key file, a
     /// directory), naming the path or operation.
     #[error("{what}: {reason}")]
@@ -142,7 +151,7 @@ impl Error {
             }
             Error::Engine { kind, .. } => *kind,
             Error::ImageNotFound { .. } => FailureKind::ImageNotFound,
-            Error::InvalidSpec(_) => FailureKind::InvalidSpec,
+            Error::InvalidSpec(_) | Error::SnapshotTooLarge { .. } => FailureKind::InvalidSpec,
             Error::Unsupported { .. } | Error::Network { .. } => FailureKind::Unsupported,
             Error::ContainerLost { state, .. } if state.oom_killed => FailureKind::OomKilled,
             Error::ContainerLost { .. } => FailureKind::ContainerLost,

@@ -31,6 +31,8 @@ pub mod units;
 pub use backend::{Backend, Placement};
 pub use command::CommandSpec;
 pub use error::Error;
-pub use outcome::{CommandResult, ContainerState, ContainerStatus, Failure, FailureKind};
+pub use outcome::{
+    CommandResult, CommandUsage, ContainerState, ContainerStatus, Failure, FailureKind,
+};
 pub use policy::{Recovery, RetryPolicy};
 pub use spec::{EnvVar, Limits, Mount, Network, SandboxSpec, Security, SpecError, Tmpfs};

@@ -271,8 +271,45 @@ pub struct CommandResult {
     pub stderr_total_bytes: u64,
     /// Wall time of the command.
     pub duration: Duration,
+    /// What its processes used, as the agent measured them; `None` when
+    /// the agent did not say (an older agent, a shell session's command,
+    /// a command that never ran).
+    pub usage: Option<CommandUsage>,
     /// `None` when the command ran to its own exit (whatever the code).
     pub failure: Option<Failure>,
+}
+
+/// What a command's processes used: its main process with every
+/// descendant that was waited for, and the orphans of its process group
+/// that the agent reaped before the command's end (see
+/// [`crate::protocol::CommandUsage`]). Background processes still running
+/// at its end, and those that left its process group, are not counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommandUsage {
+    /// CPU time in user mode.
+    pub cpu_user: Duration,
+    /// CPU time in the kernel.
+    pub cpu_system: Duration,
+    /// The largest resident set size one of its processes reached, in
+    /// bytes: the peak of the biggest process, not of the tree's sum.
+    pub peak_memory_bytes: u64,
+}
+
+impl CommandUsage {
+    /// User and kernel CPU time together.
+    pub fn cpu(&self) -> Duration {
+        self.cpu_user + self.cpu_system
+    }
+}
+
+impl From<crate::protocol::CommandUsage> for CommandUsage {
+    fn from(u: crate::protocol::CommandUsage) -> Self {
+        CommandUsage {
+            cpu_user: Duration::from_micros(u.user_us),
+            cpu_system: Duration::from_micros(u.system_us),
+            peak_memory_bytes: u.max_rss_bytes,
+        }
+    }
 }
 
 impl CommandResult {

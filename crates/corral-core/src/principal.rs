@@ -618,6 +618,7 @@ mod tests {
             let q = QualifiedName::parse(q).expect(q);
             SnapshotInfo {
                 name: q.name.clone(),
+                kind: crate::snapshot::SnapshotKind::Image,
                 namespace: q.namespace.clone(),
                 image: String::new(),
                 source_sandbox: String::new(),

@@ -74,6 +74,23 @@ pub enum FrameKind {
     /// The id is a fresh one, like a command's; the answer is one
     /// [`FrameKind::ResetDone`] with it.
     Reset = 7,
+    /// Stream the sandbox's delta (see [`ExportRequest`]); payload is
+    /// [`ExportRequest`]. A fresh id; the answer is [`FrameKind::ExportData`]
+    /// frames, then one [`FrameKind::ExportDone`].
+    Export = 8,
+    /// Take a delta in as the base of a sandbox that has run nothing yet;
+    /// payload is [`ImportRequest`]. A fresh id; the delta's bytes follow
+    /// in [`FrameKind::ImportData`] frames of the same id, and the answer
+    /// is one [`FrameKind::ImportDone`].
+    Import = 9,
+    /// Bytes of the delta an [`FrameKind::Import`] announced (raw, in
+    /// order).
+    ImportData = 10,
+    /// Read what the sandbox uses now from inside (its cgroup's counters
+    /// and its network's); empty payload. The id is a fresh one, like a
+    /// reset's; the answer is one [`FrameKind::UsageReport`] with it. Sent
+    /// only to an agent whose [`HelloAck::usage`] says it answers.
+    Usage = 11,
 
     // agent -> corral
     /// Handshake answer; payload is [`HelloAck`].
@@ -103,6 +120,18 @@ pub enum FrameKind {
     /// Answer to [`FrameKind::Reset`]; payload is [`ResetReport`]. The only
     /// frame for its id.
     ResetDone = 74,
+    /// Bytes of an exported delta (raw, in order), for an
+    /// [`FrameKind::Export`].
+    ExportData = 75,
+    /// The export is over; payload is [`DeltaReport`]. Last frame for its
+    /// id.
+    ExportDone = 76,
+    /// Answer to an [`FrameKind::Import`] once its bytes are in; payload is
+    /// [`DeltaReport`]. The only frame for its id.
+    ImportDone = 77,
+    /// Answer to [`FrameKind::Usage`]; payload is [`SandboxUsage`]. The
+    /// only frame for its id.
+    UsageReport = 78,
 }
 
 impl FrameKind {
@@ -117,6 +146,10 @@ impl FrameKind {
             5 => Signal,
             6 => Ping,
             7 => Reset,
+            8 => Export,
+            9 => Import,
+            10 => ImportData,
+            11 => Usage,
             64 => HelloAck,
             65 => Started,
             66 => Stdout,
@@ -128,6 +161,10 @@ impl FrameKind {
             72 => Pong,
             73 => Error,
             74 => ResetDone,
+            75 => ExportData,
+            76 => ExportDone,
+            77 => ImportDone,
+            78 => UsageReport,
             _ => return None,
         })
     }
@@ -450,6 +487,15 @@ pub struct HelloAck {
     /// sandbox was not started for it.
     #[serde(default)]
     pub reset: Option<ResetSupport>,
+    /// Whether the agent exports and imports deltas
+    /// ([`FrameKind::Export`], [`FrameKind::Import`]): only a sandbox
+    /// that resets in place keeps its changes apart from its image.
+    #[serde(default)]
+    pub deltas: bool,
+    /// The agent answers [`FrameKind::Usage`] (absent from an older agent:
+    /// false, and corral does not ask it).
+    #[serde(default)]
+    pub usage: bool,
 }
 
 /// What the agent said about in-place reset at the handshake.
@@ -469,11 +515,83 @@ pub struct ResetSupport {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ResetRequest {
     /// Keep the changes made to the root file system since the last reset:
-    /// they are applied to the container's own root file system, so they
-    /// become part of the state later resets return to (and of a snapshot
-    /// of the container). Changes to tmpfs mounts are not kept.
+    /// they are merged into the sandbox's delta (its changes to its image:
+    /// the start-up commands', an imported delta's, earlier kept ones), so
+    /// they become part of the state later resets return to and of an
+    /// exported delta. Changes to tmpfs mounts are not kept.
     #[serde(default)]
     pub keep: bool,
+    /// Also apply the whole delta to the container's own root file system,
+    /// for an engine's copy of the container (`docker commit`); absent
+    /// means false.
+    #[serde(default)]
+    pub to_root: bool,
+}
+
+/// Stream the sandbox's delta: every change to its image's root file
+/// system that resets return to (the start-up commands', an imported
+/// delta's, kept resets'), as a tar archive with OCI whiteouts (`.wh.NAME`
+/// deletes NAME, `.wh..wh..opq` hides everything below its directory).
+/// Changes of the current world are not in it: keep them first.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ExportRequest {
+    /// The archive may not be longer than this; past it the export ends
+    /// with a `too_large` error.
+    pub max_bytes: u64,
+}
+
+/// Take in a delta (the archive [`ExportRequest`] describes) as the base
+/// every world of this sandbox starts from. Only before the sandbox's
+/// first command and first reset.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ImportRequest {
+    /// Bytes of the archive, sent in [`FrameKind::ImportData`] frames.
+    pub size: u64,
+    /// The agent refuses archives longer than this (corral's limit).
+    pub max_bytes: u64,
+}
+
+/// How an export or an import went.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeltaReport {
+    /// Why it failed; `None` on success.
+    #[serde(default)]
+    pub error: Option<DeltaError>,
+    /// Bytes of the archive sent or taken in.
+    pub bytes: u64,
+    /// Entries of the archive.
+    pub entries: u64,
+    /// Time the agent spent, in microseconds.
+    pub elapsed_us: u64,
+}
+
+/// Why an export or an import failed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeltaError {
+    /// What kind of failure.
+    pub kind: DeltaErrorKind,
+    /// For people.
+    pub message: String,
+    /// The path inside the sandbox (or the archive's entry) it concerns.
+    #[serde(default)]
+    pub path: Option<String>,
+}
+
+/// The kinds of [`DeltaError`].
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum DeltaErrorKind {
+    /// The archive would exceed the limit.
+    TooLarge,
+    /// An entry of an imported archive is refused: it climbs out of the
+    /// root, goes through a link, covers a mount, or is of a refused type.
+    UnsafeEntry,
+    /// The sandbox holds what an archive cannot carry (a file named
+    /// `.wh.*`), or the agent cannot do it now (not started for in-place
+    /// reset, a command already ran, an import in progress).
+    Unsupported,
+    /// Reading or writing failed.
+    Io,
 }
 
 /// How a reset went.
@@ -567,6 +685,74 @@ pub struct ExitReport {
     pub stdout: StreamTotals,
     /// Stderr totals.
     pub stderr: StreamTotals,
+    /// What the command's processes used; absent from an older agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<CommandUsage>,
+}
+
+/// What a command's processes used, as the agent saw them end: the main
+/// process with every descendant it waited for (`wait4`'s usage), plus the
+/// processes of its process group that were orphaned and reaped by the
+/// agent before the report went out. Processes still running at the
+/// report, and those that left the group (`setsid`), are not counted.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CommandUsage {
+    /// CPU time in user mode, in microseconds.
+    pub user_us: u64,
+    /// CPU time in the kernel, in microseconds.
+    pub system_us: u64,
+    /// The largest resident set size any one of those processes reached,
+    /// in bytes (a peak per process, not the sum over processes).
+    pub max_rss_bytes: u64,
+    /// Orphans counted (processes of the command's group the agent
+    /// reaped), beside the main process.
+    #[serde(default)]
+    pub orphans: u32,
+}
+
+/// What the sandbox uses now, as its agent reads it from inside: the
+/// sandbox's own cgroup (v2, or v1's controllers) and its network
+/// namespace's interface counters (`/proc/net/dev`, loopback left out). A
+/// value the sandbox does not expose is absent.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SandboxUsage {
+    /// The cgroup interface read: `v2`, `v1` or `none`.
+    pub cgroup: String,
+    /// CPU time of all its processes, the dead included, in nanoseconds.
+    #[serde(default)]
+    pub cpu_ns: Option<u64>,
+    /// Memory in use, without the page cache the kernel can drop (the
+    /// inactive file pages), as `docker stats` counts it.
+    #[serde(default)]
+    pub memory_bytes: Option<u64>,
+    /// The most memory used at once (v1's `max_usage_in_bytes`, v2's
+    /// `memory.peak` where the kernel has it).
+    #[serde(default)]
+    pub memory_peak_bytes: Option<u64>,
+    /// The cgroup's memory limit; absent: none.
+    #[serde(default)]
+    pub memory_limit_bytes: Option<u64>,
+    /// Processes the kernel's OOM killer killed in it.
+    #[serde(default)]
+    pub oom_kills: Option<u64>,
+    /// Processes (and threads) alive.
+    #[serde(default)]
+    pub pids: Option<u64>,
+    /// The cgroup's process limit; absent: none.
+    #[serde(default)]
+    pub pids_limit: Option<u64>,
+    /// Bytes read from block devices.
+    #[serde(default)]
+    pub block_read_bytes: Option<u64>,
+    /// Bytes written to block devices.
+    #[serde(default)]
+    pub block_write_bytes: Option<u64>,
+    /// Bytes received over its network interfaces.
+    #[serde(default)]
+    pub net_rx_bytes: Option<u64>,
+    /// Bytes sent over its network interfaces.
+    #[serde(default)]
+    pub net_tx_bytes: Option<u64>,
 }
 
 /// The command could not be started.

@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::labels::{Owner, Ownership, OWNER_HOST, OWNER_PID, OWNER_START, PERSISTENT};
 use crate::principal::QualifiedName;
@@ -121,15 +121,42 @@ impl SnapshotRequest<'_> {
     }
 }
 
+/// How a snapshot is kept.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotKind {
+    /// The engine keeps an image of the sandbox's root file system (Docker:
+    /// `docker commit`); a fork starts from that image.
+    #[default]
+    Image,
+    /// corral keeps the sandbox's changes to its image, as its agent
+    /// exported them (in memory, or a file when durable); a fork starts
+    /// from the source's image and its agent takes the changes in before
+    /// its first command. Only of sandboxes that reset in place.
+    Delta,
+}
+
+impl SnapshotKind {
+    /// `image` or `delta`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotKind::Image => "image",
+            SnapshotKind::Delta => "delta",
+        }
+    }
+}
+
 /// A snapshot a backend keeps.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SnapshotInfo {
     /// Its name.
     pub name: String,
+    /// How it is kept.
+    pub kind: SnapshotKind,
     /// The namespace it belongs to (`None`: the operator's).
     pub namespace: Option<String>,
-    /// The engine's reference to start a sandbox from it (an image for
-    /// Docker).
+    /// The image a fork starts from: the snapshot's own (an `image`
+    /// snapshot), or the source's (a `delta` one).
     pub image: String,
     /// The sandbox it was taken from.
     pub source_sandbox: String,
@@ -179,6 +206,7 @@ impl SnapshotInfo {
         let durable = labels.get(DURABLE).map(String::as_str) == Some("true");
         Some(SnapshotInfo {
             name,
+            kind: SnapshotKind::Image,
             namespace,
             image,
             source_sandbox: labels.get(SOURCE).cloned().unwrap_or_default(),

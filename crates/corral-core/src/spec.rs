@@ -272,6 +272,11 @@ impl Security {
     }
 }
 
+/// What the agent of a sandbox that resets in place holds on top of
+/// [`Security::container_caps`], for itself alone: commands drop them
+/// (corral-agent's `pristine` and `confine`).
+pub const PRISTINE_AGENT_CAPS: [&str; 3] = ["SETPCAP", "SYS_ADMIN", "SYS_CHROOT"];
+
 /// A capability's name as Docker spells it: upper case, no `CAP_` prefix.
 pub(crate) fn normalize_cap(cap: &str) -> String {
     let upper = cap.trim().to_ascii_uppercase();
@@ -438,6 +443,13 @@ impl SandboxSpec {
                 "runtime '{other}': in-place reset is only supported under runc"
             )),
         }
+    }
+
+    /// `size=` of the tmpfs that holds an in-place-reset sandbox's
+    /// changes: the disk limit bounds them, else the memory limit (which
+    /// they count against anyway); `None`: the kernel's default.
+    pub fn pristine_state_size(&self) -> Option<u64> {
+        self.limits.disk.or(self.limits.memory)
     }
 
     /// The dead-man grace the agent runs with, in ms: `agent_grace_ms`,

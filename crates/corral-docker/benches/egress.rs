@@ -10,8 +10,7 @@
 //! Environment: `EGRESS_BENCH_N` (connections per kind, default 100,
 //! 10 under `cargo test`).
 
-#[path = "../tests/common/internet.rs"]
-mod internet;
+use corral_testing::internet;
 
 use std::process::Command;
 use std::sync::Arc;

@@ -768,6 +768,10 @@ impl Backend for DockerBackend {
         })
     }
 
+    fn keeps_snapshot_images(&self) -> bool {
+        true
+    }
+
     fn snapshot<'a>(
         &'a self,
         placement: &'a Placement,

@@ -108,7 +108,7 @@ pub fn container_name(sandbox_id: &str) -> String {
 }
 
 /// What the agent of a sandbox that resets in place needs on top.
-pub const PRISTINE_CAPS: [&str; 3] = ["SETPCAP", "SYS_ADMIN", "SYS_CHROOT"];
+pub const PRISTINE_CAPS: [&str; 3] = corral_core::spec::PRISTINE_AGENT_CAPS;
 
 /// PID 1's command line.
 fn entrypoint(spec: &SandboxSpec, pristine: bool) -> Vec<String> {
@@ -125,9 +125,7 @@ fn entrypoint(spec: &SandboxSpec, pristine: bool) -> Vec<String> {
     }
     if pristine {
         args.push("--pristine".into());
-        // The changes live in memory: the disk limit bounds them, else the
-        // memory limit (which they count against anyway).
-        if let Some(size) = spec.limits.disk.or(spec.limits.memory) {
+        if let Some(size) = spec.pristine_state_size() {
             args.extend(["--pristine-size".into(), size.to_string()]);
         }
     }

@@ -90,6 +90,7 @@ pub(crate) fn usage_of(stats: &ContainerStatsResponse) -> Usage {
         block_write_bytes,
         net_rx_bytes,
         net_tx_bytes,
+        ..Usage::default()
     }
 }
 

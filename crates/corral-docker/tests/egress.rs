@@ -1,6 +1,6 @@
 //! Egress by name, attacked from inside real sandboxes.
 //!
-//! "The internet" (`common/internet.rs`): `pypi.test` (also `mirror.test`)
+//! "The internet" (`corral_testing::internet`): `pypi.test` (also `mirror.test`)
 //! and `evil.test` in containers on a network of their own, HTTP on 80,
 //! HTTPS on 443 and 8443 under a test CA made for this run, a package
 //! index, a git repository, an apt repository, a UDP echo. The sandboxes'
@@ -12,13 +12,11 @@
 //! `mirror.test:8443`. Each allowed path (curl, pip, git, apt) is checked
 //! to work, and each way around the policy is its own test and must fail.
 
-mod common;
-
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::internet::{docker, internet, remove_sandbox, run, SANDBOXES};
+use corral_testing::internet::{docker, internet, remove_sandbox, run, SANDBOXES};
 
 use corral::{Runtime, RuntimeConfig, Sandbox};
 use corral_core::egress::EgressPolicy;

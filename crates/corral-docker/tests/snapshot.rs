@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::{backend, docker, Guard, BUSYBOX};
 use corral::{ResetMode, Sandbox, SnapshotOptions};
 use corral_core::labels::Ownership;
+use corral_core::snapshot::SnapshotKind;
 use corral_core::{CommandSpec, EnvVar, SandboxSpec};
 
 fn sh(script: &str) -> CommandSpec {
@@ -78,11 +79,15 @@ async fn forks_of_a_pristine_sandbox_start_from_its_snapshot_and_reset_to_it() {
         "{expected}"
     );
 
+    // An image (`docker commit`), asked for: a pristine sandbox's delta is
+    // applied to its container first.
     let name = unique("pristine");
-    let snap = source
-        .snapshot(&name, SnapshotOptions::default())
-        .await
-        .expect("snapshot");
+    let image = SnapshotOptions {
+        kind: Some(SnapshotKind::Image),
+        ..Default::default()
+    };
+    let snap = source.snapshot(&name, image).await.expect("snapshot");
+    assert_eq!(snap.kind, SnapshotKind::Image);
     assert_eq!(snap.name, name);
     assert!(!snap.durable);
     assert_eq!(snap.ownership, Ownership::LiveOwner);

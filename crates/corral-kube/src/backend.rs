@@ -5,7 +5,10 @@
 //! (`backend/owners.rs`); persistent sessions keep their files in a claim
 //! per key (`backend/sessions.rs`).
 
+mod egress;
 mod owners;
+mod ports;
+mod pristine;
 mod sessions;
 
 use std::collections::HashMap;
@@ -17,8 +20,8 @@ use std::time::{Duration, Instant};
 use backon::{ExponentialBuilder, Retryable};
 use corral_core::agent_auth::{self, Secret};
 use corral_core::backend::{
-    AgentStream, Backend, BackendCounters, BoxFuture, ImagePresence, OnDeath, Placement, Prepared,
-    SandboxInfo, SessionStorage, StartRequest,
+    AgentStream, Backend, BackendCounters, BoxFuture, ImagePresence, OnDeath, Placement,
+    PortStream, Prepared, SandboxInfo, SessionStorage, StartRequest,
 };
 use corral_core::config::{Config, ControlPath};
 use corral_core::labels::{self, Owner};
@@ -83,6 +86,13 @@ pub struct KubeConfig {
     pub session_volume_size: u64,
     /// StorageClass of sessions' claims; `None`: the cluster's default.
     pub session_storage_class: Option<String>,
+    /// Upstream resolvers of egress gateways; empty: the cluster's DNS.
+    pub egress_nameservers: Vec<String>,
+    /// Run egress policies where NetworkPolicy is not enforced.
+    pub accept_unenforced_egress: bool,
+    /// AppArmor profile of pristine sandboxes' containers; `None`: the
+    /// runtime's default.
+    pub pristine_apparmor_profile: Option<String>,
 }
 
 /// The agent image of this build of corral.
@@ -115,6 +125,9 @@ impl From<&Config> for KubeConfig {
             lease_duration: Duration::from_secs(u64::from(k.lease_duration_seconds)),
             session_volume_size: k.session_volume_size,
             session_storage_class: k.session_storage_class.clone(),
+            egress_nameservers: k.egress_nameservers.clone(),
+            accept_unenforced_egress: k.accept_unenforced_egress,
+            pristine_apparmor_profile: k.pristine_apparmor_profile.clone(),
         }
     }
 }
@@ -146,6 +159,11 @@ struct Inner {
     direct_unreachable: Mutex<Option<Instant>>,
     /// This process's Lease, made with its first pod (`owners.rs`).
     lease: OnceCell<LeaseKeeper>,
+    /// Whether the cluster enforces NetworkPolicy, probed before the
+    /// first sandbox with an egress policy (`egress.rs`).
+    enforcement: OnceCell<crate::egress::Enforcement>,
+    /// Whether pods may hold what in-place reset needs (`pristine.rs`).
+    pristine: pristine::PristineGate,
 }
 
 /// How to reach one pod's agent.
@@ -204,6 +222,8 @@ impl KubeBackend {
                 agents: Mutex::new(HashMap::new()),
                 direct_unreachable: Mutex::new(None),
                 lease: OnceCell::new(),
+                enforcement: OnceCell::new(),
+                pristine: pristine::PristineGate::default(),
             }),
         };
         backend
@@ -286,7 +306,7 @@ impl KubeBackend {
                 let api: Api<NetworkPolicy> =
                     Api::namespaced(self.inner.client.clone(), &self.inner.namespace);
                 let config = &self.inner.config;
-                for policy in pod::network_policies(config.agent_port, &config.controller_cidrs) {
+                for policy in pod::network_policies(&config.controller_cidrs) {
                     let name = policy.metadata.name.clone().unwrap_or_default();
                     let what = format!("create network policy {name}");
                     let post = PostParams::default();
@@ -331,26 +351,83 @@ impl KubeBackend {
             sandbox: id.to_string(),
             message: format!("cannot make the agent's secret: {e}"),
         })?;
-        let mut pod = pod::pod(
-            spec,
-            &PodParams {
-                sandbox_id: id,
-                name: &name,
-                labels: &req.labels,
-                agent_image: &self.inner.config.agent_image,
-                agent_port: self.inner.config.agent_port,
-                secret: &secret,
+        let pristine = spec.in_place_reset().is_ok();
+        let refused = match pristine {
+            true => self.pristine_refusal().await,
+            false => None,
+        };
+        let params = |pristine_refused: Option<&'static str>| PodParams {
+            sandbox_id: id,
+            name: &name,
+            labels: &req.labels,
+            agent_image: &self.inner.config.agent_image,
+            agent_port: self.inner.config.agent_port,
+            secret: &secret,
+            pristine_refused,
+            pristine_apparmor: self.inner.config.pristine_apparmor_profile.as_deref(),
+        };
+        // An egress policy's gateway and policies first: the pod resolves
+        // through the gateway and never runs unconfined.
+        let gateway = match &spec.network {
+            corral_core::Network::Egress(policy) => {
+                // Checked before anything is made.
+                pod::pod(&crate::egress::without_egress(spec), &params(None))?;
+                let lease = egress::lease_of(&req.labels);
+                Some(self.make_egress(policy, id, &name, lease).await?)
+            }
+            _ => None,
+        };
+        let egress = gateway.is_some();
+        let make = |pristine_refused: Option<&str>| -> Result<Pod, Error> {
+            let params = PodParams {
+                pristine_refused,
+                ..params(None)
+            };
+            let mut pod = match gateway {
+                Some(ip) => crate::egress::sandbox_pod(spec, &params, ip)?,
+                None => pod::pod(spec, &params)?,
+            };
+            if let Some(claim) = claim {
+                session::mount(&mut pod, claim);
+            }
+            Ok(pod)
+        };
+        let pod = match make(refused.as_deref()) {
+            Ok(pod) => pod,
+            Err(e) => {
+                if egress {
+                    self.remove_egress(&name).await;
+                }
+                return Err(e);
+            }
+        };
+        self.remember(
+            &name,
+            AgentEndpoint {
+                secret: secret.clone(),
+                ip: None,
             },
-        )?;
-        self.remember(&name, AgentEndpoint { secret, ip: None });
-        if let Some(claim) = claim {
-            session::mount(&mut pod, claim);
-        }
+        );
         self.inner.limiter.acquire().await;
         let pods = &self.inner.pods;
         let what = format!("create pod {name} for sandbox {id}");
         let post = PostParams::default();
-        match self.call(&what, || pods.create(&post, &pod)).await {
+        let mut created = self.call(&what, || pods.create(&post, &pod)).await;
+        if let Err(e) = &created {
+            if pristine && refused.is_none() && pristine::maybe_refused_for_pristine(e) {
+                // Refused for the agent's extra capabilities, or for
+                // something else: the same pod without them tells.
+                let why =
+                    format!("the API server refused a pod whose agent holds CAP_SYS_ADMIN: {e}");
+                let plain = make(Some(&why))?;
+                self.inner.limiter.acquire().await;
+                created = self.call(&what, || pods.create(&post, &plain)).await;
+                if created.is_ok() {
+                    self.note_pristine(Some(why));
+                }
+            }
+        }
+        match created {
             Ok(_) => Ok(Placement(name)),
             // A retried create whose first attempt went through.
             Err(e) if status_code(&e) == Some(409) => {
@@ -367,11 +444,17 @@ impl KubeBackend {
                 if ours {
                     Ok(Placement(name))
                 } else {
+                    if egress {
+                        self.remove_egress(&name).await;
+                    }
                     Err(api_err(what, e))
                 }
             }
             Err(e) => {
                 self.forget(&name);
+                if egress {
+                    self.remove_egress(&name).await;
+                }
                 Err(api_err(what, e))
             }
         }
@@ -604,6 +687,21 @@ impl KubeBackend {
     }
 
     pub(crate) async fn do_remove(&self, name: &str, sandbox: &str) -> Result<(), Error> {
+        // A sandbox with an egress policy leaves its gateway and policies,
+        // deleted once the pod is gone (until then they confine it); when
+        // the pod outlasts the wait they stay for `gc`.
+        if let Some(had_egress) = self.remove_pod(name, sandbox).await? {
+            if had_egress {
+                self.remove_egress(name).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes pod `name` and waits for it to go: `Some(whether it had an
+    /// egress policy, or may have: one already gone)` once gone, `None`
+    /// when it is still listed after [`REMOVE_WAIT`].
+    async fn remove_pod(&self, name: &str, sandbox: &str) -> Result<Option<bool>, Error> {
         // The shortest graceful deletion, not a forced one: sandboxes hold
         // nothing worth saving, but a forced deletion (grace 0) removes the
         // object at once and leaves the kubelet to kill the containers
@@ -621,11 +719,29 @@ impl KubeBackend {
         self.forget(name);
         let deleted = match self.call(&what, || pods.delete(name, &params)).await {
             Ok(d) => d,
-            Err(e) if is_not_found(&e) => return Ok(()),
+            Err(e) if is_not_found(&e) => {
+                self.inner
+                    .watch
+                    .died(name, format!("pod {name} was deleted"));
+                return Ok(Some(true));
+            }
             Err(e) => return Err(api_err(what, e)),
         };
-        let Some(uid) = deleted.left().and_then(|p| p.metadata.uid) else {
-            return Ok(());
+        // Whoever still watches it (a sandbox this process did not remove
+        // itself) learns now, not when the watch event arrives.
+        self.inner
+            .watch
+            .died(name, format!("pod {name} is being deleted"));
+        let Some(deleted) = deleted.left() else {
+            return Ok(Some(true));
+        };
+        let had_egress = deleted
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(crate::egress::EGRESS_FOR_LABEL));
+        let Some(uid) = deleted.metadata.uid else {
+            return Ok(Some(had_egress));
         };
         let gone = tokio::time::timeout(
             REMOVE_WAIT,
@@ -642,8 +758,9 @@ impl KubeBackend {
                 sandbox,
                 "pod deleted but still listed after {REMOVE_WAIT:?}"
             );
+            return Ok(None);
         }
-        Ok(())
+        Ok(Some(had_egress))
     }
 
     async fn do_list(&self) -> Result<Vec<SandboxInfo>, Error> {
@@ -754,6 +871,9 @@ impl Backend for KubeBackend {
             let t = Instant::now();
             self.ensure_policies().await?;
             self.ensure_lease(req.owner).await?;
+            if let corral_core::Network::Egress(policy) = &req.spec.network {
+                self.ensure_egress_enforced(policy, req.owner).await?;
+            }
             Ok(Prepared {
                 image: Duration::ZERO,
                 agent: t.elapsed(),
@@ -828,7 +948,19 @@ impl Backend for KubeBackend {
     }
 
     fn collect_garbage(&self) -> BoxFuture<'_, Result<Vec<String>, Error>> {
-        Box::pin(self.remove_expired_leases())
+        Box::pin(async move {
+            // Judged by their owners' Leases: before expired ones go.
+            let mut removed = self.remove_orphan_egress().await?;
+            removed.extend(self.remove_expired_leases().await?);
+            Ok(removed)
+        })
+    }
+
+    fn egress_counts<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<corral_core::egress::EgressCounts>, Error>> {
+        Box::pin(self.gateway_counts(sandbox_id))
     }
 
     fn image_present<'a>(&'a self, _image: &'a str) -> BoxFuture<'a, Result<ImagePresence, Error>> {
@@ -839,6 +971,14 @@ impl Backend for KubeBackend {
         // knows. Saying "absent" would be as false as "present"; the
         // caller decides as if the image might be pulled.
         Box::pin(async { Ok(ImagePresence::Unknown) })
+    }
+
+    fn open_port<'a>(
+        &'a self,
+        placement: &'a Placement,
+        port: u16,
+    ) -> BoxFuture<'a, Result<PortStream, Error>> {
+        Box::pin(self.connect_port(placement, port))
     }
 
     fn close(&self) -> BoxFuture<'_, ()> {

@@ -2,8 +2,8 @@
 //! needs in its namespace (asked with SelfSubjectAccessReviews, so the
 //! answer is the cluster's own), the RuntimeClasses on offer, whether the
 //! nodes can run the agent image (a short-lived pod runs only
-//! `corral-agent --version` from it), and what cannot be checked from the
-//! API.
+//! `corral-agent --version` from it), whether the namespace's Pod Security
+//! level admits in-place reset, and what cannot be checked from the API.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -35,7 +35,10 @@ pub const PERMISSIONS: &[(&str, &str, &str, &str)] = &[
     ("", "pods", "", "watch"),
     ("", "pods", "", "delete"),
     ("", "pods", "portforward", "create"),
-    // Only `doctor`'s agent image check reads a log.
+    // An egress gateway's counts (`corral-agent egress-stats`).
+    ("", "pods", "exec", "create"),
+    // Only `doctor`'s agent image check and the NetworkPolicy probe read
+    // a log.
     ("", "pods", "log", "get"),
     // A pull back-off's cause is in the pod's events.
     ("", "events", "", "list"),
@@ -49,6 +52,9 @@ pub const PERMISSIONS: &[(&str, &str, &str, &str)] = &[
     ("coordination.k8s.io", "leases", "", "delete"),
     ("networking.k8s.io", "networkpolicies", "", "create"),
     ("networking.k8s.io", "networkpolicies", "", "get"),
+    // Each egress policy's two, deleted with their sandbox; gc lists them.
+    ("networking.k8s.io", "networkpolicies", "", "list"),
+    ("networking.k8s.io", "networkpolicies", "", "delete"),
 ];
 
 /// Label of `doctor`'s agent image check pod (besides a sandbox's labels,
@@ -185,8 +191,13 @@ pub struct KubeReport {
     pub namespace: String,
     /// The agent's image.
     pub agent_image: String,
-    /// One check per permission, then RuntimeClasses and network policy.
+    /// One check per permission, then RuntimeClasses, the agent image and
+    /// whether NetworkPolicy is enforced (a probe).
     pub checks: Vec<Check>,
+    /// Whether the namespace's Pod Security level admits what in-place
+    /// reset needs (not a protection: without it, pristine sandboxes are
+    /// replaced at each reset).
+    pub pristine: Check,
 }
 
 impl KubeBackend {
@@ -267,14 +278,11 @@ impl KubeBackend {
             },
         });
         checks.push(self.agent_image_check(owner).await);
-        checks.push(Check {
-            name: "network policies".into(),
-            ok: true,
-            detail: "enforced only where the cluster's network plugin enforces NetworkPolicy; \
-                     the API cannot tell, so network: none isolates only there"
-                .into(),
-        });
+        // A probe, not the API: only the network plugin knows.
+        checks.push(self.network_policy_check(owner).await);
+        let pristine = self.pristine_check().await;
         Ok(KubeReport {
+            pristine,
             endpoint: self.endpoint_url().to_string(),
             server_version: version.git_version,
             namespace: self.namespace().to_string(),
@@ -514,9 +522,10 @@ mod tests {
                 (group.to_string(), resource, verb.to_string())
             })
             .collect();
-        // A port-forward is a websocket upgrade of a GET; the Role grants
-        // both.
+        // A port-forward and an exec are websocket upgrades of a GET; the
+        // Role grants both verbs.
         wanted.push(("".into(), "pods/portforward".into(), "get".into()));
+        wanted.push(("".into(), "pods/exec".into(), "get".into()));
         granted.sort();
         wanted.sort();
         assert_eq!(granted, wanted);

@@ -12,6 +12,7 @@
 mod backend;
 pub mod control;
 pub mod doctor;
+pub mod egress;
 pub mod error;
 pub mod lease;
 pub mod pod;

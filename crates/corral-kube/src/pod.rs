@@ -11,20 +11,19 @@ use std::collections::{BTreeMap, HashMap};
 use corral_core::agent_auth::{self, Secret};
 use corral_core::labels;
 use corral_core::protocol::{AGENT_DIR, AGENT_PATH};
+use corral_core::spec::PRISTINE_AGENT_CAPS;
 use corral_core::{Error, Network, SandboxSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, Pod, PodSpec,
-    ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
+    AppArmorProfile, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, Pod,
+    PodSpec, ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
-    IPBlock, NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
-    NetworkPolicySpec,
+    IPBlock, NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
 };
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 /// The pod's container that runs the sandbox (its PID 1 is the agent).
 pub const SANDBOX_CONTAINER: &str = "sandbox";
@@ -35,10 +34,10 @@ pub const AGENT_VOLUME: &str = "corral-agent";
 /// Label of pods with `network: none`; the egress policy selects it.
 pub const NETWORK_LABEL: &str = "corral.network";
 /// Name stem of the policy that denies every sandbox all inbound traffic
-/// but the controller's to the agent port.
+/// but the controller's.
 pub const INGRESS_POLICY: &str = "corral-sandbox-ingress";
 /// The label (and value) of corral's own pods, which the ingress policy
-/// lets reach the agent port.
+/// lets reach sandboxes (a sandbox may not carry it).
 pub const CONTROLLER_LABEL: (&str, &str) = ("app.kubernetes.io/name", "corral");
 /// The name of the agent's container port.
 pub const AGENT_PORT_NAME: &str = "corral-agent";
@@ -64,6 +63,15 @@ pub struct PodParams<'a> {
     pub agent_port: u16,
     /// The sandbox's secret, which a connection to the agent must prove.
     pub secret: &'a Secret,
+    /// Why pods of this namespace cannot hold what in-place reset needs
+    /// (its Pod Security level, an admission refusal): a spec that asks
+    /// for it gets a pod without the agent's extra capabilities, whose
+    /// agent tells the runtime this reason. `None`: they may.
+    pub pristine_refused: Option<&'a str>,
+    /// The AppArmor profile of a container whose agent may reset in place
+    /// (`kubernetes.pristine_apparmor_profile`: `unconfined` or
+    /// `localhost/NAME`); `None`: the runtime's default.
+    pub pristine_apparmor: Option<&'a str>,
 }
 
 fn unsupported(field: &str, value: impl std::fmt::Display, why: &str) -> Error {
@@ -166,6 +174,14 @@ fn metadata_maps(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<(Map, Map), Er
                  starting and ending with an alphanumeric)",
             ));
         }
+        if (key.as_str(), value.as_str()) == CONTROLLER_LABEL {
+            return Err(unsupported(
+                &field,
+                value,
+                "the label of corral's own pods, which the ingress policy lets reach every \
+                 sandbox's ports: a sandbox may not carry it",
+            ));
+        }
         pod_labels.insert(key.clone(), value.clone());
     }
     let mut ours: BTreeMap<String, String> = p
@@ -194,8 +210,8 @@ fn metadata_maps(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<(Map, Map), Er
         return Err(unsupported(
             "network.egress",
             policy.allow.join(","),
-            "egress policies by name need corral's egress gateway, which the Kubernetes \
-             backend does not run yet; use the Docker backend, or network bridge or none",
+            "a sandbox with an egress policy needs its gateway: its pod is made by \
+             egress::sandbox_pod, never by pod::pod alone",
         ));
     }
     Ok((pod_labels, ours))
@@ -329,10 +345,23 @@ pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
         limits.insert("ephemeral-storage".to_string(), Quantity(disk.to_string()));
     }
 
-    let capabilities = sec.drop_all_caps.then(|| Capabilities {
-        drop: Some(vec!["ALL".into()]),
+    // In-place reset as on Docker: the agent alone holds three capabilities
+    // more (commands drop them and the agent's seccomp filter refuses what
+    // they would open), unless the namespace forbids them.
+    let pristine = spec.in_place_reset().is_ok();
+    let granted = pristine && p.pristine_refused.is_none();
+    let capabilities = sec.drop_all_caps.then(|| {
         // Commands' and the agent's own, which commands drop (`--agent-caps`).
-        add: Some(sec.container_caps()),
+        let mut add = sec.container_caps();
+        if granted {
+            add.extend(PRISTINE_AGENT_CAPS.iter().map(|c| c.to_string()));
+            add.sort();
+            add.dedup();
+        }
+        Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            add: Some(add),
+        }
     });
     let mut command = vec![
         AGENT_PATH.to_string(),
@@ -343,6 +372,16 @@ pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
     let own = sec.agent_only_caps();
     if !own.is_empty() {
         command.extend(["--agent-caps".to_string(), own.join(",")]);
+    }
+    match p.pristine_refused {
+        _ if !pristine => {}
+        None => {
+            command.push("--pristine".to_string());
+            if let Some(size) = spec.pristine_state_size() {
+                command.extend(["--pristine-size".to_string(), size.to_string()]);
+            }
+        }
+        Some(reason) => command.extend(["--pristine-refused".to_string(), reason.to_string()]),
     }
     let sandbox = Container {
         name: SANDBOX_CONTAINER.into(),
@@ -395,6 +434,12 @@ pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
                 type_: "RuntimeDefault".into(),
                 ..Default::default()
             }),
+            // The runtime's default AppArmor profile denies mount: an
+            // operator may name one that lets the agent build its worlds.
+            app_armor_profile: p
+                .pristine_apparmor
+                .filter(|_| granted)
+                .map(apparmor_profile),
             ..Default::default()
         }),
         volume_mounts: Some(mounts),
@@ -435,6 +480,21 @@ pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
         }),
         status: None,
     })
+}
+
+/// `unconfined` or `localhost/NAME` (validated by the config) as a
+/// container's AppArmor profile.
+fn apparmor_profile(profile: &str) -> AppArmorProfile {
+    match profile.strip_prefix("localhost/") {
+        Some(name) => AppArmorProfile {
+            type_: "Localhost".into(),
+            localhost_profile: Some(name.to_string()),
+        },
+        None => AppArmorProfile {
+            type_: "Unconfined".into(),
+            localhost_profile: None,
+        },
+    }
 }
 
 /// A policy's name: `base` and a digest of its spec. Another version of
@@ -488,12 +548,14 @@ pub fn agent_container(agent_image: &str, command: &[&str]) -> Container {
 }
 
 /// The namespace's two policies: no sandbox accepts inbound connections
-/// (Docker's bridge without inter-container traffic) but corral's own to
-/// the agent port (from its pods, labelled [`CONTROLLER_LABEL`], or from
-/// `controller_cidrs`), and a `network: none` sandbox sends nothing out.
-/// Enforced only where the cluster's network plugin enforces policies;
-/// the agent's handshake holds either way.
-pub fn network_policies(agent_port: u16, controller_cidrs: &[String]) -> [NetworkPolicy; 2] {
+/// (Docker's bridge without inter-container traffic) but corral's own
+/// (from its pods, labelled [`CONTROLLER_LABEL`], or from
+/// `controller_cidrs`): to the agent port, and to servers in the sandbox
+/// (`Backend::open_port`, as the Docker host reaches its containers);
+/// and a `network: none` sandbox sends nothing out. Enforced only where
+/// the cluster's network plugin enforces policies; the agent's handshake
+/// holds either way.
+pub fn network_policies(controller_cidrs: &[String]) -> [NetworkPolicy; 2] {
     let policy = |base: &str,
                   selector: LabelSelector,
                   types: &[&str],
@@ -536,11 +598,8 @@ pub fn network_policies(agent_port: u16, controller_cidrs: &[String]) -> [Networ
     }));
     let controller = NetworkPolicyIngressRule {
         from: Some(from),
-        ports: Some(vec![NetworkPolicyPort {
-            port: Some(IntOrString::Int(i32::from(agent_port))),
-            protocol: Some("TCP".into()),
-            end_port: None,
-        }]),
+        // Every port: the agent's and the servers' a user opens.
+        ports: None,
     };
     [
         policy(
@@ -589,6 +648,18 @@ mod tests {
     }
 
     fn run(spec: &SandboxSpec) -> Result<Pod, Error> {
+        run_refused(spec, None)
+    }
+
+    fn run_refused(spec: &SandboxSpec, pristine_refused: Option<&str>) -> Result<Pod, Error> {
+        run_with(spec, pristine_refused, None)
+    }
+
+    fn run_with(
+        spec: &SandboxSpec,
+        pristine_refused: Option<&str>,
+        pristine_apparmor: Option<&str>,
+    ) -> Result<Pod, Error> {
         let labels = HashMap::from([
             (labels::SANDBOX.to_string(), "sb-1".to_string()),
             (labels::OWNER_HOST.to_string(), "node-a".to_string()),
@@ -603,6 +674,8 @@ mod tests {
                 agent_image: "corral-agent:9",
                 agent_port: 7150,
                 secret: &Secret::new([0xa5; 32]),
+                pristine_refused,
+                pristine_apparmor,
             },
         )
     }
@@ -697,6 +770,89 @@ mod tests {
             (sec(&pod).run_as_user, sec(&pod).run_as_group),
             (Some(1000), None)
         );
+    }
+
+    #[test]
+    fn a_pristine_spec_gives_its_agent_the_reset_capabilities() {
+        let mut spec = kube_spec();
+        spec.pristine = true;
+        spec.limits.memory = Some(64 << 20);
+        let pod = run(&spec).expect("maps");
+        let add = sec(&pod)
+            .capabilities
+            .as_ref()
+            .and_then(|c| c.add.clone())
+            .expect("caps");
+        for cap in PRISTINE_AGENT_CAPS {
+            assert!(add.iter().any(|c| c == cap), "{cap} missing: {add:?}");
+        }
+        assert!(add.windows(2).all(|w| w[0] < w[1]), "sorted once: {add:?}");
+        // Without the prefix: Kubernetes refuses `CAP_SYS_ADMIN` beside
+        // allowPrivilegeEscalation false, and the runtime adds it.
+        assert!(add.iter().all(|c| !c.starts_with("CAP_")), "{add:?}");
+        assert_eq!(sec(&pod).allow_privilege_escalation, Some(false));
+        assert_eq!(sec(&pod).privileged, Some(false));
+        let command = sandbox(&pod).command.clone().unwrap_or_default();
+        assert_eq!(
+            command[command.len() - 3..],
+            ["--pristine", "--pristine-size", "67108864"]
+        );
+
+        // Refused by the namespace: no extra capability, and the agent
+        // says why at the handshake.
+        let why = "namespace ns enforces Pod Security 'baseline'";
+        let pod = run_refused(&spec, Some(why)).expect("maps");
+        let add = sec(&pod)
+            .capabilities
+            .as_ref()
+            .and_then(|c| c.add.clone())
+            .expect("caps");
+        assert_eq!(add, vec!["CHOWN", "DAC_OVERRIDE", "FOWNER"]);
+        let command = sandbox(&pod).command.clone().unwrap_or_default();
+        assert_eq!(command[command.len() - 2..], ["--pristine-refused", why]);
+        assert!(!command.contains(&"--pristine".to_string()));
+
+        // The runtime's AppArmor profile unless the operator names one,
+        // and only for a pod whose agent may reset in place.
+        assert_eq!(sec(&run(&spec).expect("maps")).app_armor_profile, None);
+        let local = run_with(&spec, None, Some("localhost/corral-pristine")).expect("maps");
+        assert_eq!(
+            sec(&local).app_armor_profile,
+            Some(AppArmorProfile {
+                type_: "Localhost".into(),
+                localhost_profile: Some("corral-pristine".into()),
+            })
+        );
+        let open = run_with(&spec, None, Some("unconfined")).expect("maps");
+        assert_eq!(
+            sec(&open)
+                .app_armor_profile
+                .as_ref()
+                .map(|p| p.type_.as_str()),
+            Some("Unconfined")
+        );
+        for (s, refused) in [(kube_spec(), None), (spec.clone(), Some(why))] {
+            let pod = run_with(&s, refused, Some("unconfined")).expect("maps");
+            assert_eq!(sec(&pod).app_armor_profile, None, "{refused:?}");
+        }
+
+        // A spec that cannot reset in place, or does not ask: neither.
+        spec.security.read_only_root = true;
+        for s in [spec.clone(), kube_spec()] {
+            for refused in [None, Some(why)] {
+                let pod = run_refused(&s, refused).expect("maps");
+                let command = sandbox(&pod).command.clone().unwrap_or_default();
+                assert!(
+                    command.iter().all(|a| !a.starts_with("--pristine")),
+                    "{command:?}"
+                );
+                let add = sec(&pod).capabilities.as_ref().and_then(|c| c.add.clone());
+                assert!(
+                    add.is_some_and(|a| !a.contains(&"SYS_ADMIN".to_string())),
+                    "{pod:?}"
+                );
+            }
+        }
     }
 
     #[test]
@@ -862,6 +1018,14 @@ mod tests {
         spec.labels.insert("bad key!".into(), "x".into());
         assert!(unsupported_text(&spec).contains("labels.bad key!"));
         spec.labels.remove("bad key!");
+        spec.labels
+            .insert(CONTROLLER_LABEL.0.into(), CONTROLLER_LABEL.1.into());
+        let text = unsupported_text(&spec);
+        assert!(
+            text.contains("labels.app.kubernetes.io/name 'corral'"),
+            "{text}"
+        );
+        spec.labels.remove(CONTROLLER_LABEL.0);
         spec.labels.insert("ok".into(), "no spaces please".into());
         let text = unsupported_text(&spec);
         assert!(
@@ -879,16 +1043,16 @@ mod tests {
             pod.metadata.labels.as_ref().expect("labels")[NETWORK_LABEL],
             "none"
         );
-        let [ingress, egress] = network_policies(7150, &["10.0.0.0/8".to_string()]);
+        let [ingress, egress] = network_policies(&["10.0.0.0/8".to_string()]);
         // Named by stem and spec: stable for one spec, new for another.
         let name = |p: &NetworkPolicy| p.metadata.name.clone().expect("name");
         assert!(name(&ingress).starts_with(&format!("{INGRESS_POLICY}-")));
         assert!(name(&egress).starts_with(&format!("{EGRESS_POLICY}-")));
         assert!(is_dns_label(&name(&ingress)) && is_dns_label(&name(&egress)));
-        let [again, _] = network_policies(7150, &["10.0.0.0/8".to_string()]);
+        let [again, _] = network_policies(&["10.0.0.0/8".to_string()]);
         assert_eq!(name(&again), name(&ingress));
-        let [other_port, same_egress] = network_policies(7151, &["10.0.0.0/8".to_string()]);
-        assert_ne!(name(&other_port), name(&ingress));
+        let [other_cidrs, same_egress] = network_policies(&["10.1.0.0/16".to_string()]);
+        assert_ne!(name(&other_cidrs), name(&ingress));
         assert_eq!(name(&same_egress), name(&egress));
         let sel = |p: &NetworkPolicy| {
             p.spec
@@ -912,7 +1076,7 @@ mod tests {
             sel(&egress).match_labels.expect("labels")[NETWORK_LABEL],
             "none"
         );
-        // Inbound: only corral, only to the agent port.
+        // Inbound: only corral (to the agent and to servers it opens).
         let rules = ingress
             .spec
             .as_ref()
@@ -933,9 +1097,7 @@ mod tests {
             Some("10.0.0.0/8")
         );
         assert!(from[0].namespace_selector.is_none() && from[1].pod_selector.is_none());
-        let ports = rules[0].ports.clone().expect("ports");
-        assert_eq!(ports.len(), 1);
-        assert_eq!(ports[0].port, Some(IntOrString::Int(7150)));
+        assert_eq!(rules[0].ports, None, "every port, for corral alone");
         // Outbound of network: none: nothing.
         let e = egress.spec.as_ref().expect("spec");
         assert!(e.egress.is_none() && e.ingress.is_none());

@@ -323,6 +323,8 @@ mod tests {
                 agent_image: "corral-agent:9",
                 agent_port: 7150,
                 secret: &corral_core::agent_auth::Secret::new([1; 32]),
+                pristine_refused: None,
+                pristine_apparmor: None,
             },
         )
         .expect("a persistent spec maps")

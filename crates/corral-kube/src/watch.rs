@@ -62,9 +62,16 @@ impl PodWatch {
     }
 
     fn fire(&self, pod: &Pod, how: String) {
-        let Some(name) = pod.metadata.name.as_deref() else {
-            return;
-        };
+        if let Some(name) = pod.metadata.name.as_deref() {
+            self.died(name, how);
+        }
+    }
+
+    /// Calls pod `name`'s callback now, if it has one: its deletion was
+    /// accepted by the API server, which this process knows before any
+    /// watch event can say so (a command sent meanwhile must not reach the
+    /// dying pod's agent, which runs until the kubelet kills it).
+    pub fn died(&self, name: &str, how: String) {
         let callback = self.routes.lock().ok().and_then(|mut r| r.remove(name));
         if let Some(callback) = callback {
             callback(how);
@@ -86,5 +93,44 @@ impl Drop for PodWatch {
                 task.abort();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn a_deletion_told_directly_fires_the_route_once_and_only_its_own() {
+        let watch = PodWatch::default();
+        let fired = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(Mutex::new(String::new()));
+        for name in ["corral-a-1", "corral-b-1"] {
+            let (fired, seen) = (fired.clone(), seen.clone());
+            let key = name.to_string();
+            let callback: OnDeath = Arc::new(move |how: String| {
+                fired.fetch_add(1, Ordering::SeqCst);
+                if let Ok(mut s) = seen.lock() {
+                    *s = format!("{name}: {how}");
+                }
+            });
+            if let Ok(mut routes) = watch.routes.lock() {
+                routes.insert(key, callback);
+            }
+        }
+        watch.died("corral-a-1", "pod corral-a-1 is being deleted".into());
+        assert_eq!(fired.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            seen.lock().map(|s| s.clone()).unwrap_or_default(),
+            "corral-a-1: pod corral-a-1 is being deleted"
+        );
+        // Once: the watch's own event for it later finds no route.
+        watch.died("corral-a-1", "pod corral-a-1 was deleted".into());
+        assert_eq!(fired.load(Ordering::SeqCst), 1);
+        // Unwatched (the runtime removing it itself): nothing fires.
+        watch.unwatch("corral-b-1");
+        watch.died("corral-b-1", "gone".into());
+        assert_eq!(fired.load(Ordering::SeqCst), 1);
     }
 }

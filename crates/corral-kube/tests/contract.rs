@@ -34,10 +34,39 @@ struct Kube {
     backend: KubeBackend,
 }
 
+/// ERROR events corral logged in this test process: the only one is an
+/// agent protocol violation, which no case here may provoke (a pod deleted
+/// mid-command included).
+static ERRORS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+struct CountErrors;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountErrors {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if *event.metadata().level() == tracing::Level::ERROR {
+            ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// Counts corral's ERROR events and shows its warnings on stderr.
+fn watch_logs() {
+    use tracing_subscriber::layer::{Layer, SubscriberExt};
+    use tracing_subscriber::util::SubscriberInitExt;
+    let shown = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(tracing_subscriber::filter::LevelFilter::WARN);
+    let _ = tracing_subscriber::registry()
+        .with(shown)
+        .with(CountErrors)
+        .try_init();
+}
+
 impl Kube {
     /// The cluster `CORRAL_TEST_KUBECONFIG` names, or `None` after saying
     /// why `test` is skipped.
     async fn connect(test: &str) -> Option<Kube> {
+        watch_logs();
         let Some(kubeconfig) = std::env::var("CORRAL_TEST_KUBECONFIG")
             .ok()
             .filter(|v| !v.is_empty())
@@ -303,5 +332,243 @@ async fn pods_are_made_run_listed_watched_and_removed() {
         .remove(&placement, &id)
         .await
         .expect("removing a pod already gone is success");
+    k.assert_clean(&test).await;
+}
+
+/// A namespace whose Pod Security level forbids the agent's CAP_SYS_ADMIN
+/// still starts pristine sandboxes: without in-place reset, saying why
+/// (the runtime's reason, naming the namespace and its level), and a
+/// reset replaces the pod. Makes (and deletes) a namespace of its own
+/// labelled `pod-security.kubernetes.io/enforce: baseline`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_namespace_at_baseline_replaces_pristine_pods_and_says_why() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let Some(k) =
+        Kube::connect("a_namespace_at_baseline_replaces_pristine_pods_and_says_why").await
+    else {
+        return;
+    };
+    let test = format!("k-psa-{}", std::process::id());
+    let namespaces: Api<Namespace> = Api::all(k.backend.client().clone());
+    let ns: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": test,
+            "labels": {
+                "pod-security.kubernetes.io/enforce": "baseline",
+                TEST_LABEL: test,
+            }
+        }
+    }))
+    .expect("namespace");
+    namespaces
+        .create(&Default::default(), &ns)
+        .await
+        .expect("create the test namespace");
+    let config = KubeConfig {
+        namespace: Some(test.clone()),
+        ..k.backend.config().clone()
+    };
+    let outcome = tokio::spawn(async move {
+        let backend = KubeBackend::connect(&config).await.expect("connect");
+        let rt = Runtime::new(
+            Arc::new(backend.clone()),
+            RuntimeConfig {
+                shared_slots: false,
+                reap_orphans: false,
+                ..RuntimeConfig::default()
+            },
+        );
+        // What doctor reports of it.
+        let check = backend.pristine_check().await;
+        assert!(!check.ok, "{check:?}");
+        assert!(check.detail.contains("'baseline'"), "{check:?}");
+        let mut s = SandboxSpec::new(image());
+        s.limits.pids = None;
+        for t in &mut s.tmpfs {
+            t.options.clear();
+        }
+        s.pristine = true;
+        let sb = rt.create(&s).await.expect("a pristine pod still starts");
+        let why = sb.resets_in_place().expect_err("no in-place reset here");
+        assert!(
+            why.contains(&format!("namespace {}", backend.namespace()))
+                && why.contains("'baseline'"),
+            "{why}"
+        );
+        // Commands hold nothing more than usual, and neither does the agent.
+        let r = sb
+            .run(&corral::CommandSpec::shell("grep CapEff /proc/1/status"))
+            .await;
+        let eff = String::from_utf8_lossy(&r.stdout).to_string();
+        let bits =
+            u64::from_str_radix(eff.split_whitespace().nth(1).unwrap_or(""), 16).expect("CapEff");
+        assert_eq!(bits & (1 << 21), 0, "the agent holds CAP_SYS_ADMIN: {eff}");
+        let before = sb.container_id();
+        let outcome = sb.reset().await.expect("reset");
+        assert_eq!(outcome.mode, corral::ResetMode::Replaced, "{outcome:?}");
+        assert!(
+            outcome
+                .fallback_reason
+                .as_deref()
+                .is_some_and(|r| r.contains("Pod Security 'baseline'")),
+            "{outcome:?}"
+        );
+        assert_ne!(sb.container_id(), before);
+        sb.destroy().await.expect("destroy");
+        rt.backend().close().await;
+    })
+    .await;
+    let _ = namespaces.delete(&test, &DeleteParams::default()).await;
+    if let Err(e) = outcome {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
+/// A server in a pod is reached through the pod's address
+/// (`Backend::open_port`): busybox `httpd` answers a request; a port with
+/// nothing listening is an error naming the port; the agent's own port is
+/// refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn ports_of_a_pod_are_reached_through_its_address() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some(k) = Kube::connect("ports_of_a_pod_are_reached_through_its_address").await else {
+        return;
+    };
+    let test = format!("k-ports-{}", std::process::id());
+    let sb = k.runtime.create(&spec(&k, &test)).await.expect("create");
+    let r = sb
+        .run(&corral::CommandSpec::shell(
+            "mkdir -p /tmp/www && echo hello-from-the-pod > /tmp/www/index.html \
+             && httpd -p 8080 -h /tmp/www",
+        ))
+        .await;
+    assert_eq!((r.failure.clone(), r.exit_code), (None, Some(0)), "{r:?}");
+    let backend = k.runtime.backend();
+    let mut conn = backend
+        .open_port(&sb.placement(), 8080)
+        .await
+        .expect("open port 8080");
+    conn.write_all(b"GET /index.html HTTP/1.0\r\nHost: sandbox\r\n\r\n")
+        .await
+        .expect("send");
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(10), conn.read_to_string(&mut answer))
+        .await
+        .expect("an answer in time")
+        .expect("read");
+    assert!(
+        answer.starts_with("HTTP/1.") && answer.contains(" 200 "),
+        "{answer}"
+    );
+    assert!(answer.contains("hello-from-the-pod"), "{answer}");
+
+    let e = match backend.open_port(&sb.placement(), 8081).await {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("connected to a port nothing listens on"),
+    };
+    assert!(e.contains("port 8081"), "{e}");
+    let agent_port = k.backend.config().agent_port;
+    let e = match backend.open_port(&sb.placement(), agent_port).await {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("opened the agent's port"),
+    };
+    assert!(e.contains("agent's control port"), "{e}");
+    sb.destroy().await.expect("destroy");
+    k.assert_clean(&test).await;
+}
+
+/// A pod deleted by someone else (as `kubectl delete` does: graceful, the
+/// agent running on until the kubelet kills it) is seen before the next
+/// command: under `fail` the command is `container_lost` and never runs in
+/// the dying pod; under `recreate` it runs in a new pod.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_deleted_elsewhere_never_runs_the_next_command() {
+    let Some(k) = Kube::connect("a_pod_deleted_elsewhere_never_runs_the_next_command").await else {
+        return;
+    };
+    let test = format!("k-deleted-{}", std::process::id());
+    let mut failing = spec(&k, &test);
+    failing.recovery = corral::Recovery::Fail;
+    let mut recreating = spec(&k, &test);
+    recreating.recovery = corral::Recovery::Recreate;
+    let (a, b) = tokio::join!(k.runtime.create(&failing), k.runtime.create(&recreating));
+    let (a, b) = (a.expect("create"), b.expect("create"));
+    for sb in [&a, &b] {
+        let r = sb
+            .run(&corral::CommandSpec::shell("echo old > /tmp/marker"))
+            .await;
+        assert_eq!(r.failure, None, "{r:?}");
+        // Deleted with a grace: the object shows a deletion timestamp
+        // while the agent still runs.
+        k.pods()
+            .delete(
+                sb.placement().id(),
+                &DeleteParams {
+                    grace_period_seconds: Some(10),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("delete out of band");
+    }
+    // The watch's event, not the kubelet, tells corral.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let r = a
+        .run(&corral::CommandSpec::shell(
+            "echo ran >> /tmp/marker; cat /tmp/marker",
+        ))
+        .await;
+    assert!(r.stdout.is_empty(), "it ran: {r:?}");
+    let f = r.failure.expect("lost");
+    assert_eq!(f.kind, corral::FailureKind::ContainerLost, "{f}");
+    let old = b.container_id();
+    let r = b
+        .run(&corral::CommandSpec::shell(
+            "cat /tmp/marker 2>/dev/null || echo fresh",
+        ))
+        .await;
+    assert_eq!(r.failure, None, "{r:?}");
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "fresh\n");
+    assert_ne!(b.container_id(), old);
+    a.destroy().await.expect("destroy");
+    b.destroy().await.expect("destroy");
+    k.assert_clean(&test).await;
+    assert_eq!(
+        ERRORS.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "corral logged an error (a protocol violation) after the deletions"
+    );
+}
+
+/// A removal through the backend (another part of this process, `gc`, a
+/// test removing out of band) closes the sandbox's control stream before
+/// it returns, not when the watch's event arrives: the very next command
+/// cannot reach the dying pod's agent.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_removal_closes_the_stream_before_it_returns() {
+    let Some(k) = Kube::connect("a_removal_closes_the_stream_before_it_returns").await else {
+        return;
+    };
+    let test = format!("k-removal-{}", std::process::id());
+    let mut s = spec(&k, &test);
+    s.recovery = corral::Recovery::Fail;
+    let sb = k.runtime.create(&s).await.expect("create");
+    assert!(sb.looks_alive());
+    k.runtime
+        .backend()
+        .remove(&sb.placement(), sb.id())
+        .await
+        .expect("remove out of band");
+    assert!(
+        !sb.looks_alive(),
+        "the removal returned with the stream to the removed pod still open"
+    );
+    let r = sb.run(&corral::CommandSpec::shell("echo ran")).await;
+    assert!(r.stdout.is_empty(), "it ran: {r:?}");
+    assert_eq!(
+        r.failure.map(|f| f.kind),
+        Some(corral::FailureKind::ContainerLost)
+    );
+    sb.destroy().await.expect("destroy");
     k.assert_clean(&test).await;
 }

@@ -68,6 +68,8 @@ struct Shared {
     /// Owners of every sandbox the service hands out, and quotas.
     tenancy: Tenancy,
     metrics: Metrics,
+    /// The sandboxes' usage for `/metrics`, sampled when scraped.
+    usage: crate::metrics::usage::UsageSampler,
     closing: AtomicBool,
     /// `server.limits`: what one request may ask for, and the budget.
     ceilings: Ceilings,
@@ -106,8 +108,15 @@ impl AppState {
         let ceilings = Ceilings::new(&config.server.limits, config.server.max_body_bytes);
         metrics.watch_ceilings(ceilings.clone());
         let tenancy = Tenancy::new(&config.server, provider.clone());
+        let owners = tenancy.clone();
+        let usage = crate::metrics::usage::UsageSampler::new(
+            config.server.metrics.clone(),
+            provider.clone(),
+            Arc::new(move |key: &str| owners.owner(key)),
+        );
         AppState {
             inner: Arc::new(Shared {
+                usage,
                 tenancy,
                 provider,
                 runtime,
@@ -125,6 +134,11 @@ impl AppState {
     /// The key of its port links (shared with the MCP endpoint).
     pub fn port_key(&self) -> &crate::port_links::PortKey {
         &self.inner.port_key
+    }
+
+    /// The sandboxes' usage sample (`/metrics`, `GET /v1/usage`).
+    pub(crate) fn usage_sampler(&self) -> &crate::metrics::usage::UsageSampler {
+        &self.inner.usage
     }
 
     /// The configuration it serves with.
@@ -1320,13 +1334,19 @@ async fn whoami(State(s): State<AppState>, Caller(caller): Caller) -> Json<WhoAm
     get, path = "/metrics", tag = "service",
     responses((status = 200, content_type = "text/plain", body = String), (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody))
 )]
-async fn metrics(State(s): State<AppState>) -> Response {
+async fn metrics(State(s): State<AppState>, Caller(caller): Caller) -> Response {
+    let usage = s
+        .inner
+        .usage
+        .current()
+        .await
+        .map(|sample| s.inner.usage.view(sample, caller));
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        s.inner.metrics.render(),
+        s.inner.metrics.render(usage),
     )
         .into_response()
 }
@@ -1392,6 +1412,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(snapshots::fork))
         .routes(routes!(ports::port_link))
         .routes(routes!(usage::sandbox_usage))
+        .routes(routes!(usage::all_usage))
         .routes(routes!(events::events))
         .routes(routes!(egress::egress_counts))
         .routes(routes!(images::list_images))

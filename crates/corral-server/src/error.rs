@@ -151,6 +151,11 @@ impl ApiError {
     /// The answer for a backend error; a bad spec names its field under
     /// `field_prefix` (e.g. `spec`).
     pub fn runtime(err: &Error, field_prefix: &str) -> Self {
+        if let Error::SnapshotTooLarge { .. } = err {
+            let mut e = ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", err.to_string());
+            e.detail.field = Some("snapshots.max_bytes".into());
+            return e;
+        }
         let mut e = ApiError::failure(&err.failure());
         if let Error::InvalidSpec(spec) = err {
             e.detail.field = Some(if field_prefix.is_empty() {

@@ -717,6 +717,7 @@ impl Handler {
             // Its own namespace: another's snapshot of this name is not
             // touched.
             namespace: principal.snapshot_namespace(),
+            kind: None,
         };
         match lease.snapshot(&a.name, opts).await {
             Ok(info) => Ok(with_notes(
@@ -776,7 +777,11 @@ impl Handler {
                 a.name
             )));
         }
-        match self.session.replace(spec).await {
+        let base = match runtime.fork_base(info).await {
+            Ok(b) => b,
+            Err(e) => return Ok(render::error(format!("cannot restore '{}': {e}", a.name))),
+        };
+        match self.session.replace(spec, base).await {
             Ok(lease) => Ok(render::ok(format!(
                 "restored snapshot '{}': this session's sandbox is now {}, started from it; \
                  processes and shell sessions from before are gone",

@@ -2,7 +2,10 @@
 //! (command latency, failures by kind) plus, read at scrape time, the
 //! provider's sandboxes and pools and the runtime's counters (starts,
 //! retries, slot waits, recreations, resets), and what the service's
-//! ceilings hold (`server.limits`).
+//! ceilings hold (`server.limits`), and the sandboxes' usage with bounded
+//! labels (`usage.rs`).
+
+pub mod usage;
 
 use std::fmt;
 
@@ -100,10 +103,19 @@ impl Metrics {
         }
     }
 
-    /// The text exposition format.
-    pub fn render(&self) -> String {
+    /// The text exposition format, with the usage metrics of `usage` (what
+    /// the scrape's caller may see of the last usage sample) after the
+    /// rest.
+    pub fn render(&self, usage: Option<usage::UsageView>) -> String {
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
         let mut out = String::new();
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+        let mut result = encode_registry(&mut out, &self.registry);
+        if let Some(view) = usage {
+            let mut extra = Registry::with_prefix("corral");
+            extra.register_collector(Box::new(view));
+            result = result.and_then(|()| encode_registry(&mut out, &extra));
+        }
+        if let Err(e) = result.and_then(|()| encode_eof(&mut out)) {
             tracing::warn!(error = %e, "encoding metrics failed");
         }
         out

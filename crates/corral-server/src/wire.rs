@@ -214,12 +214,47 @@ pub struct CommandOutcome {
     pub stderr_total_bytes: u64,
     /// Wall time, in ms.
     pub duration_ms: f64,
+    /// What the command's processes used, as the sandbox's agent measured
+    /// them; null when it did not say (shell sessions, a command that
+    /// never ran, an older agent).
+    #[serde(default)]
+    pub usage: Option<CommandUsageBody>,
     /// Null when the command ran to its exit (whatever the exit code).
     pub failure: Option<FailureBody>,
     /// corral's id of the sandbox it ran in; null when there was none: the
     /// sandbox's container was lost earlier (under the `fail` recovery
     /// policy), or (`corral run`) the sandbox could not be created.
     pub sandbox_id: Option<String>,
+}
+
+/// What a command's processes used: its main process with every
+/// descendant that was waited for, plus the orphans of its process group
+/// the agent reaped before the command ended. Background processes still
+/// running at its end, and those that left its process group (`setsid`),
+/// are not counted.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CommandUsageBody {
+    /// CPU time, user and kernel together, in ms.
+    pub cpu_ms: f64,
+    /// CPU time in user mode, in ms.
+    pub cpu_user_ms: f64,
+    /// CPU time in the kernel, in ms.
+    pub cpu_system_ms: f64,
+    /// The largest resident set one of its processes reached, in bytes:
+    /// the biggest process's peak, not the sum over processes.
+    pub peak_memory_bytes: u64,
+}
+
+impl From<&corral_core::CommandUsage> for CommandUsageBody {
+    fn from(u: &corral_core::CommandUsage) -> Self {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+        CommandUsageBody {
+            cpu_ms: ms(u.cpu()),
+            cpu_user_ms: ms(u.cpu_user),
+            cpu_system_ms: ms(u.cpu_system),
+            peak_memory_bytes: u.peak_memory_bytes,
+        }
+    }
 }
 
 /// How a reset was done.
@@ -392,6 +427,42 @@ pub struct CreateSnapshot {
     /// service (removed by `corral gc` once the service is gone).
     #[serde(default)]
     pub durable: bool,
+    /// How to keep it; default: the service's choice (`delta` for a
+    /// sandbox that resets in place, unless durable on an engine that
+    /// keeps images; `image` otherwise).
+    #[serde(default)]
+    pub kind: Option<SnapshotKind>,
+}
+
+/// How a snapshot is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotKind {
+    /// An image the engine keeps (Docker: `docker commit`); forks start
+    /// from it.
+    Image,
+    /// The changes of a sandbox that resets in place, which the service
+    /// keeps (in memory, or a file when durable); forks start from the
+    /// source's image and take the changes in. No image, no registry.
+    Delta,
+}
+
+impl From<SnapshotKind> for corral_core::snapshot::SnapshotKind {
+    fn from(k: SnapshotKind) -> Self {
+        match k {
+            SnapshotKind::Image => corral_core::snapshot::SnapshotKind::Image,
+            SnapshotKind::Delta => corral_core::snapshot::SnapshotKind::Delta,
+        }
+    }
+}
+
+impl From<corral_core::snapshot::SnapshotKind> for SnapshotKind {
+    fn from(k: corral_core::snapshot::SnapshotKind) -> Self {
+        match k {
+            corral_core::snapshot::SnapshotKind::Image => SnapshotKind::Image,
+            corral_core::snapshot::SnapshotKind::Delta => SnapshotKind::Delta,
+        }
+    }
 }
 
 /// A snapshot: a sandbox's file system kept under a name, to fork
@@ -410,7 +481,11 @@ pub struct SnapshotBody {
     /// values are not kept: a fork takes them from its request's `env`
     /// and the service's defaults, else leaves them unset.
     pub env_names: Vec<String>,
-    /// The engine's image holding it (`corral-snapshot:<name>` on Docker).
+    /// How it is kept.
+    pub kind: SnapshotKind,
+    /// The image a fork starts from: the engine's image holding it
+    /// (`corral-snapshot:<name>` on Docker) for an `image` snapshot, the
+    /// source's image for a `delta` one.
     pub image: String,
     /// corral's id of the sandbox it was taken from.
     pub source_sandbox: String,
@@ -418,7 +493,7 @@ pub struct SnapshotBody {
     pub base_image: String,
     /// Creation time, seconds since the epoch.
     pub created: i64,
-    /// Bytes it holds beyond its base image.
+    /// Bytes it holds beyond its base image (a delta: its archive).
     pub size: i64,
     /// Kept until deleted, whatever becomes of the service.
     pub durable: bool,
@@ -437,6 +512,7 @@ impl SnapshotBody {
             owner: q.owner().id(),
             read_only,
             env_names: s.env_names.clone(),
+            kind: s.kind.into(),
             image: s.image.clone(),
             source_sandbox: s.source_sandbox.clone(),
             base_image: s.spec.image.clone(),
@@ -545,6 +621,7 @@ impl CommandOutcome {
             stdout_total_bytes: r.stdout_total_bytes,
             stderr_total_bytes: r.stderr_total_bytes,
             duration_ms: r.duration.as_secs_f64() * 1000.0,
+            usage: r.usage.as_ref().map(CommandUsageBody::from),
             failure: r.failure.as_ref().map(FailureBody::from),
             sandbox_id: sandbox_id.map(String::from),
         }
@@ -726,6 +803,10 @@ pub struct PortLink {
 /// the engine's accounting (its cgroup), against its limits.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct UsageBody {
+    /// Who read it: `engine` (the engine's accounting, Docker's stats) or
+    /// `agent` (the sandbox's agent from inside: its cgroup and network
+    /// counters, where the engine has none, as on Kubernetes).
+    pub source: String,
     /// CPU time used since it started, in ns (its processes, the dead too).
     pub cpu_ns: u64,
     /// Memory in use now, in bytes (droppable page cache left out; tmpfs
@@ -747,11 +828,41 @@ pub struct UsageBody {
     pub net_rx_bytes: u64,
     /// Bytes sent over its network.
     pub net_tx_bytes: u64,
+    /// Processes the kernel's OOM killer killed in it; null where the
+    /// reader cannot tell (Docker's stats do not carry it).
+    pub oom_kills: Option<u64>,
+}
+
+/// Body of `GET /v1/usage`: the caller's sandboxes' usage from the
+/// service's last usage sample.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct UsageListBody {
+    /// How old the sample is, in ms (a new one is taken when it is older
+    /// than `server.metrics.usage_refresh_ms`).
+    pub age_ms: u64,
+    /// One per sandbox, by id.
+    pub sandboxes: Vec<SandboxUsageBody>,
+}
+
+/// One sandbox's usage in a sample.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SandboxUsageBody {
+    /// Its id (the session key).
+    pub id: String,
+    /// corral's id of its current container incarnation.
+    pub sandbox_id: String,
+    /// CPU cores it used between the sample before and this one; null
+    /// when it was not in that one.
+    pub cpu_cores: Option<f64>,
+    /// What it uses, as `GET /v1/sandboxes/{id}/usage` says.
+    pub usage: UsageBody,
 }
 
 impl From<corral_core::backend::Usage> for UsageBody {
     fn from(u: corral_core::backend::Usage) -> Self {
         UsageBody {
+            source: u.source.as_str().to_string(),
+            oom_kills: u.oom_kills,
             cpu_ns: u.cpu_ns,
             memory_bytes: u.memory_bytes,
             memory_peak_bytes: u.memory_peak_bytes,

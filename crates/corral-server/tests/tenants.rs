@@ -313,6 +313,166 @@ async fn a_tenant_cannot_reach_what_another_owns() {
     s.stop().await;
 }
 
+/// A pristine sandbox's snapshot is a delta the service keeps (no image):
+/// another tenant can neither see, fork, overwrite nor delete it, its own
+/// of the same name stays apart, its quota counts it, and a durable one is
+/// the owner's file the other cannot reach either.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_cannot_reach_another_tenants_delta_snapshot() {
+    let label = "tenants-delta";
+    let _g = Guard(label);
+    let snap = format!("delta-ready-{}", corral::host::random_hex(6));
+    let s = two_tenants(label).await;
+    for (token, file) in [(ALICE, "/srv-alice"), (BOB, "/srv-bob")] {
+        let r = s
+            .send(as_(token, "POST", "/v1/sandboxes").json(json!({
+                "session": "ep-1", "spec": {"pristine": true}
+            })))
+            .await;
+        assert_eq!(r.status, 201, "{}", r.text);
+        let r = exec(&s, token, "ep-1", &format!("echo mine > {file}")).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    let r = s
+        .send(as_(ALICE, "POST", "/v1/sandboxes/ep-1/snapshot").json(json!({"name": snap})))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.json["kind"], "delta", "{}", r.text);
+    assert_eq!(r.json["owner"], "tenant:alice");
+    assert_eq!(r.json["image"], "corral-test/busybox", "{}", r.text);
+    let durable = format!("{snap}-kept");
+    let r = s
+        .send(
+            as_(ALICE, "POST", "/v1/sandboxes/ep-1/snapshot")
+                .json(json!({"name": durable, "durable": true, "kind": "delta"})),
+        )
+        .await;
+    assert_eq!(
+        (r.status, &r.json["kind"]),
+        (201, &json!("delta")),
+        "{}",
+        r.text
+    );
+    // No image was made for either.
+    let images = Command::new("docker")
+        .args(["images", "-q", &format!("corral-snapshot/alice:{snap}")])
+        .output()
+        .expect("docker images");
+    assert!(images.stdout.is_empty(), "an image for a delta snapshot");
+
+    for name in [&snap, &durable] {
+        for (method, path, body) in [
+            ("GET", format!("/v1/snapshots/{name}"), None),
+            ("GET", format!("/v1/snapshots/alice%2F{name}"), None),
+            (
+                "POST",
+                format!("/v1/snapshots/alice%2F{name}/fork"),
+                Some(json!({"count": 1})),
+            ),
+            ("DELETE", format!("/v1/snapshots/alice%2F{name}"), None),
+        ] {
+            let mut req = as_(BOB, method, &path);
+            if let Some(b) = body {
+                req = req.json(b);
+            }
+            let r = s.send(req).await;
+            assert_eq!(r.status, 404, "{method} {path} as bob: {}", r.text);
+        }
+    }
+    // Naming Alice's namespace in a snapshot is no way to overwrite hers.
+    let r = s
+        .send(
+            as_(BOB, "POST", "/v1/sandboxes/ep-1/snapshot")
+                .json(json!({"name": format!("alice/{snap}")})),
+        )
+        .await;
+    assert_eq!((r.status, r.field()), (403, "name"), "{}", r.text);
+    let r = s.send(as_(BOB, "GET", "/v1/snapshots")).await;
+    assert_eq!(r.json["snapshots"], json!([]), "{}", r.text);
+    // Bob's own of the same name is his: a fork of it has his file only.
+    let r = s
+        .send(as_(BOB, "POST", "/v1/sandboxes/ep-1/snapshot").json(json!({"name": snap})))
+        .await;
+    assert_eq!(
+        (r.status, &r.json["owner"]),
+        (201, &json!("tenant:bob")),
+        "{}",
+        r.text
+    );
+    // His quota (one snapshot) counts deltas as it counts images.
+    let r = s
+        .send(as_(BOB, "POST", "/v1/sandboxes/ep-1/snapshot").json(json!({"name": "another"})))
+        .await;
+    assert_eq!((r.status, r.field()), (503, "max_snapshots"), "{}", r.text);
+    let r = s.send(as_(BOB, "DELETE", "/v1/sandboxes/ep-1")).await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    let r = s
+        .send(
+            as_(BOB, "POST", &format!("/v1/snapshots/{snap}/fork"))
+                .json(json!({"count": 1, "session_prefix": "fork"})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let r = exec(&s, BOB, "fork-0", "cat /srv-bob; cat /srv-alice 2>&1").await;
+    assert!(
+        stdout(&r).starts_with("mine\n") && stdout(&r).contains("No such file"),
+        "{}",
+        r.text
+    );
+
+    // Alice's forks have her file, from the kept one as from the other.
+    for (name, prefix) in [(&snap, "a"), (&durable, "b")] {
+        let r = s
+            .send(
+                as_(ALICE, "POST", &format!("/v1/snapshots/{name}/fork"))
+                    .json(json!({"count": 2, "session_prefix": prefix})),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.text);
+        for i in 0..2 {
+            let r = exec(
+                &s,
+                ALICE,
+                &format!("{prefix}-{i}"),
+                "cat /srv-alice; cat /srv-bob 2>&1",
+            )
+            .await;
+            assert!(
+                stdout(&r).starts_with("mine\n") && stdout(&r).contains("No such file"),
+                "{}",
+                r.text
+            );
+        }
+    }
+    let r = s.send(as_(ADMIN, "GET", "/v1/snapshots")).await;
+    let mut names: Vec<&str> = r.json["snapshots"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|s| s["name"].as_str()).collect())
+        .unwrap_or_default();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            format!("alice/{snap}"),
+            format!("alice/{durable}"),
+            format!("bob/{snap}")
+        ],
+        "{}",
+        r.text
+    );
+    for name in [&snap, &durable] {
+        let r = s
+            .send(as_(ALICE, "DELETE", &format!("/v1/snapshots/{name}")))
+            .await;
+        assert_eq!(r.status, 204, "{}", r.text);
+    }
+    let r = s
+        .send(as_(BOB, "GET", &format!("/v1/snapshots/{snap}")))
+        .await;
+    assert_eq!(r.status, 200, "bob's stays: {}", r.text);
+    s.stop().await;
+}
+
 /// The session id an MCP answer carries.
 fn session_id(r: &Resp) -> String {
     r.text

@@ -10,7 +10,12 @@
 //! output cap, a timeout killing the whole tree, many commands on one
 //! sandbox, a missing image typed), limits (an OOM of a command and of PID
 //! 1 typed), recovery (a sandbox removed out of band is `container_lost`
-//! under `fail` and replaced under `recreate`), files, shells and pools.
+//! under `fail` and replaced under `recreate`), files, shells, pools,
+//! snapshots and forks of sandboxes that reset in place, and usage (a
+//! command's CPU time and peak memory; a sandbox's usage from the engine
+//! and from its agent), and in-place reset (a reset pristine sandbox reads
+//! as a new one, the agent's extra capabilities never reach a command, a
+//! pristine pool, the fallback to replacement saying why).
 //! After every case, failed or not, nothing of it is left: the suite
 //! asserts so and sweeps what is.
 //!
@@ -23,7 +28,10 @@ mod files;
 mod limits;
 mod pools;
 mod recovery;
+mod reset;
 mod shells;
+mod snapshots;
+mod usage;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -40,7 +48,10 @@ pub use files::*;
 pub use limits::*;
 pub use pools::*;
 pub use recovery::*;
+pub use reset::*;
 pub use shells::*;
+pub use snapshots::*;
+pub use usage::*;
 
 /// The label every sandbox of a case carries (value: the case's
 /// [`Case::label`]), by which its leftovers are found.
@@ -255,9 +266,24 @@ macro_rules! contract_suite {
             shell_timeouts_interrupt_the_command_and_keep_the_session,
             shell_named_sessions_are_independent_and_exit_ends_one,
             shell_killed_by_the_oom_killer_is_oom_killed,
+            // Usage.
+            usage_of_commands_counts_cpu_and_peak_memory,
+            usage_of_the_sandbox_moves_with_what_it_does,
             // Pools.
             pool_same_key_same_sandbox_until_released,
             pool_warm_hands_over_started_sandboxes_and_refills,
+            // Snapshots and forks.
+            snapshot_forks_of_n_have_the_files_and_reset_to_the_snapshot,
+            snapshot_a_fork_of_a_fork_has_both_layers,
+            snapshot_fork_is_all_or_nothing,
+            snapshot_a_durable_delta_outlives_its_runtime,
+            // In-place reset.
+            reset_in_place_is_indistinguishable_from_a_new_sandbox,
+            reset_in_place_commands_get_none_of_the_agents_privileges,
+            reset_in_place_clears_ipc_objects_and_dev,
+            reset_in_place_undoes_writes_to_sys_and_pid1,
+            reset_in_place_serves_a_pristine_pool,
+            reset_replaces_what_cannot_reset_in_place_and_says_why,
         );
     };
     (@cases $target:path; $($case:ident),* $(,)?) => {

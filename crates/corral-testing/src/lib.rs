@@ -16,14 +16,18 @@
 //! expands [`contract_suite!`] over a [`contract::Target`]).
 //!
 //! [`registry`] is a real registry on loopback (Debian's `docker-registry`)
-//! for the tests that pull.
+//! for the tests that pull; [`internet`] the servers and names the egress
+//! tests reach (or must not); [`served`] a real `corral serve` process for
+//! the tests of commands that talk to a service.
 //!
 //! Never use it for untrusted code, and never wire it into a front end:
 //! no production crate depends on this one (it is `publish = false` and
 //! only ever a dev-dependency).
 
 pub mod contract;
+pub mod internet;
 mod local;
 pub mod registry;
+pub mod served;
 
 pub use local::{Faults, LocalConfig, LocalProcessBackend, UNSAFE_NOT_A_SANDBOX};

@@ -53,14 +53,31 @@ pub(crate) enum Closed {
     Violation(String),
 }
 
+/// What a route's id was issued for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Exchange {
+    /// A command: `Started`, output, `Exited` (or `SpawnFailed`).
+    Command,
+    /// A reset: one `ResetDone` (or an `Error`).
+    Reset,
+    /// An export: `ExportData` frames of at most this many bytes in all,
+    /// then one `ExportDone` (or an `Error`).
+    Export(u64),
+    /// An import: one `ImportDone` (or an `Error`).
+    Import,
+    /// A usage reading: one `UsageReport` (or an `Error`).
+    Usage,
+}
+
 /// One command's route.
 struct Route {
     /// Where its frames go; `None` once its waiter is gone (frames are then
     /// checked and dropped until its last one arrives).
     tx: Option<mpsc::UnboundedSender<Frame>>,
     started: bool,
-    /// A reset's route: its one frame is `ResetDone` (or an `Error`).
-    reset: bool,
+    exchange: Exchange,
+    /// Bytes of `ExportData` routed so far.
+    exported: u64,
     budget: Arc<Budget>,
 }
 
@@ -123,10 +140,10 @@ impl Routes {
     /// Starts routing frames for `id`, keeping at most `cap` output bytes
     /// queued for its receiver.
     fn add(&mut self, id: u32, cap: usize) -> RouteRx {
-        self.add_route(id, cap, false)
+        self.add_route(id, cap, Exchange::Command)
     }
 
-    fn add_route(&mut self, id: u32, cap: usize, reset: bool) -> RouteRx {
+    fn add_route(&mut self, id: u32, cap: usize, exchange: Exchange) -> RouteRx {
         let (tx, rx) = mpsc::unbounded_channel();
         let budget = Arc::new(Budget {
             cap: AtomicUsize::new(cap),
@@ -138,7 +155,8 @@ impl Routes {
             Route {
                 tx: Some(tx),
                 started: false,
-                reset,
+                exchange,
+                exported: 0,
                 budget: budget.clone(),
             },
         );
@@ -146,7 +164,14 @@ impl Routes {
     }
 
     /// Checks one frame against what corral asked for and routes it.
+    /// Once the stream was closed from outside (its container died or
+    /// went), what the agent still sends is dropped unchecked: the
+    /// commands it belongs to already ended typed, and a dying agent
+    /// reporting them is no violation.
     fn route(&mut self, frame: Frame, issued: u32) -> Result<(), String> {
+        if self.closed.is_some() {
+            return Ok(());
+        }
         let id = frame.id;
         let kind = frame.kind;
         if id == 0 {
@@ -166,14 +191,33 @@ impl Routes {
                 format!("{kind:?} frame for command {id}, which corral never started")
             });
         };
-        if route.reset {
-            if !matches!(kind, FrameKind::ResetDone | FrameKind::Error) {
-                return Err(format!("{kind:?} frame for reset {id}"));
+        let last = match (route.exchange, kind) {
+            (Exchange::Command, _) => None,
+            (_, FrameKind::Error)
+            | (Exchange::Reset, FrameKind::ResetDone)
+            | (Exchange::Export(_), FrameKind::ExportDone)
+            | (Exchange::Import, FrameKind::ImportDone)
+            | (Exchange::Usage, FrameKind::UsageReport) => Some(true),
+            (Exchange::Export(cap), FrameKind::ExportData) => {
+                route.exported = route.exported.saturating_add(frame.payload.len() as u64);
+                if route.exported > cap {
+                    return Err(format!(
+                        "export {id} sent more than the {cap} bytes asked for"
+                    ));
+                }
+                Some(false)
             }
+            (exchange, kind) => return Err(format!("{kind:?} frame for {exchange:?} {id}")),
+        };
+        if let Some(last) = last {
             if let Some(tx) = &route.tx {
-                let _ = tx.send(frame);
+                if tx.send(frame).is_err() {
+                    route.tx = None;
+                }
             }
-            self.map.remove(&id);
+            if last {
+                self.map.remove(&id);
+            }
             return Ok(());
         }
         let last = match (kind, route.started) {
@@ -340,6 +384,8 @@ impl AgentConn {
                 oom_counter: String::new(),
                 session: String::new(),
                 reset: None,
+                deltas: false,
+                usage: false,
             },
         };
         let agent_err = |message: String| Error::Agent {
@@ -418,11 +464,18 @@ impl AgentConn {
 
     /// Routes the answer to reset `id` to the returned receiver.
     pub fn register_reset(&self, id: u32) -> Result<RouteRx, String> {
+        self.register_exchange(id, Exchange::Reset)
+    }
+
+    /// Routes the frames of exchange `id` (a reset, an export, an import, a
+    /// usage reading)
+    /// to the returned receiver.
+    pub fn register_exchange(&self, id: u32, exchange: Exchange) -> Result<RouteRx, String> {
         let mut routes = lock(&self.routes);
         if let Some(why) = &routes.closed {
             return Err(describe(why));
         }
-        Ok(routes.add_route(id, 0, true))
+        Ok(routes.add_route(id, 0, exchange))
     }
 
     /// Stops delivering frames for `id`. The route stays until the agent's
@@ -576,8 +629,13 @@ async fn read_stream(
                 }
                 Phase::Session => {
                     let issued = issued.load(Ordering::Relaxed);
-                    if let Err(v) = lock(&routes).route(frame, issued) {
+                    let mut r = lock(&routes);
+                    if let Err(v) = r.route(frame, issued) {
                         break 'stream Closed::Violation(v);
+                    }
+                    if r.closed.is_some() {
+                        // Closed from outside: nothing more to read.
+                        break 'stream Closed::Ended(String::new());
                     }
                 }
             }
@@ -653,6 +711,21 @@ mod tests {
     }
 
     #[test]
+    fn frames_after_the_container_died_are_dropped_not_violations() {
+        let (mut r, mut rx) = routes_with(1);
+        r.route(f(FrameKind::Started, 1), 1).expect("started");
+        assert_eq!(rx.try_recv().map(|f| f.kind), Ok(FrameKind::Started));
+        // The death watch closes the stream: the command ends typed...
+        r.close(Closed::Ended("pod p was deleted".into()));
+        // ...and the dying agent still reports it.
+        r.route(f(FrameKind::Stdout, 1), 1).expect("dropped");
+        r.route(f(FrameKind::Exited, 1), 1).expect("dropped");
+        r.route(f(FrameKind::Started, 7), 1).expect("dropped");
+        assert!(rx.try_recv().is_err(), "nothing reaches the ended command");
+        assert_eq!(r.closed, Some(Closed::Ended("pod p was deleted".into())));
+    }
+
+    #[test]
     fn abandoned_commands_are_still_checked_until_their_end() {
         let (mut r, rx) = routes_with(1);
         drop(rx);
@@ -663,11 +736,56 @@ mod tests {
     }
 
     #[test]
+    fn a_request_takes_its_answer_and_nothing_else() {
+        let mut r = Routes::default();
+        let mut rx = r.add_route(4, 0, Exchange::Usage);
+        let e = r
+            .route(f(FrameKind::Started, 4), 4)
+            .expect_err("not the answer");
+        assert!(e.contains("Started frame for Usage"), "{e}");
+        let mut r = Routes::default();
+        let mut rx2 = r.add_route(4, 0, Exchange::Usage);
+        r.route(f(FrameKind::UsageReport, 4), 4)
+            .expect("the answer");
+        assert_eq!(rx2.try_recv().map(|f| f.kind), Ok(FrameKind::UsageReport));
+        // One answer only: the route is gone after it.
+        assert!(r.route(f(FrameKind::UsageReport, 4), 4).is_err());
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
     fn connection_level_frames() {
         let mut r = Routes::default();
         assert!(r.route(f(FrameKind::Pong, 0), 0).is_ok());
         assert!(r.route(f(FrameKind::Error, 0), 0).is_err());
         assert!(r.route(f(FrameKind::Exited, 0), 0).is_err());
+    }
+
+    #[test]
+    fn exchanges_take_only_their_own_frames() {
+        let mut r = Routes::default();
+        let _rx = r.add_route(1, 0, Exchange::Export(8));
+        r.route(Frame::new(FrameKind::ExportData, 1, vec![0; 8]), 1)
+            .expect("data within the cap");
+        let e = r
+            .route(Frame::new(FrameKind::ExportData, 1, vec![0; 1]), 1)
+            .expect_err("past the cap");
+        assert!(e.contains("more than"), "{e}");
+        let mut r = Routes::default();
+        let _rx = r.add_route(2, 0, Exchange::Export(8));
+        r.route(f(FrameKind::ExportDone, 2), 2).expect("done");
+        assert!(
+            r.route(f(FrameKind::ExportDone, 2), 2).is_err(),
+            "after its end"
+        );
+        let _rx = r.add_route(3, 0, Exchange::Import);
+        assert!(r.route(f(FrameKind::ExportData, 3), 3).is_err());
+        let _rx = r.add_route(4, 0, Exchange::Reset);
+        assert!(r.route(f(FrameKind::ImportDone, 4), 4).is_err());
+        let _rx = r.add_route(5, 0, Exchange::Import);
+        r.route(f(FrameKind::ImportDone, 5), 5)
+            .expect("import done");
+        assert!(!r.map.contains_key(&5), "an import ends with its answer");
     }
 
     #[test]

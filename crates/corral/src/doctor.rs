@@ -40,6 +40,87 @@ pub async fn probe(runtime: &Runtime, spec: &SandboxSpec) -> Result<Vec<Check>, 
     Ok(evaluate(spec, &String::from_utf8_lossy(&result.stdout)))
 }
 
+/// Whether sandboxes of `spec` reset in place here: starts one with
+/// `pristine` on, changes a file and leaves a process behind, resets it
+/// and checks both are gone. Not a protection: `ok` false (with the
+/// reason the runtime gives, such as a namespace's Pod Security level or
+/// an AppArmor profile refusing the agent's mounts) means pristine
+/// sandboxes are replaced at each reset instead.
+pub async fn reset_probe(runtime: &Runtime, spec: &SandboxSpec) -> Check {
+    let check = |ok: bool, detail: String| Check {
+        name: "in-place reset".into(),
+        ok,
+        detail,
+    };
+    let mut spec = spec.clone();
+    spec.pristine = true;
+    if let Err(why) = spec.in_place_reset() {
+        return check(false, format!("not for this spec: {why}"));
+    }
+    let sandbox = match runtime.create(&spec).await {
+        Ok(sb) => sb,
+        Err(e) => return check(false, format!("the probe sandbox did not start: {e}")),
+    };
+    let verdict = match sandbox.resets_in_place() {
+        Err(why) => check(false, format!("unavailable: {why}")),
+        Ok(()) => reset_once(&sandbox).await,
+    };
+    if let Err(e) = sandbox.destroy().await {
+        tracing::warn!(sandbox = sandbox.id(), error = %e, "removing the doctor's reset probe failed");
+    }
+    verdict
+}
+
+async fn reset_once(sandbox: &crate::Sandbox) -> Check {
+    let check = |ok: bool, detail: String| Check {
+        name: "in-place reset".into(),
+        ok,
+        detail,
+    };
+    let cmd = |script: &str| CommandSpec::shell(script).timeout(Duration::from_secs(30));
+    let mess = sandbox
+        .run(&cmd(
+            "echo probe > /etc/corral-doctor && (sleep 1000 >/dev/null 2>&1 &)",
+        ))
+        .await;
+    if mess.failure.is_some() || mess.exit_code != Some(0) {
+        return check(false, format!("the probe's command failed: {mess:?}"));
+    }
+    let outcome = match sandbox.reset().await {
+        Ok(o) => o,
+        Err(e) => return check(false, format!("the reset failed: {e}")),
+    };
+    let after = sandbox
+        .run(&cmd(
+            "ls /etc/corral-doctor 2>/dev/null; ps -o args | grep -c '[s]leep 1000'",
+        ))
+        .await;
+    let clean = String::from_utf8_lossy(&after.stdout).trim() == "0";
+    match (outcome.mode, clean) {
+        (crate::ResetMode::InPlace, true) => check(
+            true,
+            format!(
+                "available: {:.1} ms, {} process(es) killed, the file change undone",
+                outcome.elapsed_ms, outcome.killed
+            ),
+        ),
+        (crate::ResetMode::InPlace, false) => check(
+            false,
+            format!(
+                "reset in place but not clean: {}",
+                String::from_utf8_lossy(&after.stdout).trim()
+            ),
+        ),
+        (crate::ResetMode::Replaced, _) => check(
+            false,
+            format!(
+                "the sandbox was replaced: {}",
+                outcome.fallback_reason.unwrap_or_default()
+            ),
+        ),
+    }
+}
+
 fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
     text.lines()
         .find_map(|l| l.strip_prefix(key))

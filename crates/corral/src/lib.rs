@@ -23,6 +23,7 @@
 //! ```
 
 mod conn;
+mod delta;
 pub mod doctor;
 pub mod events;
 mod files;
@@ -36,12 +37,14 @@ mod sandbox;
 pub mod seal;
 mod shell;
 mod snapshots;
+mod usage;
 pub mod workspace;
 
 pub use corral_core::*;
 
+pub use delta::Delta;
 pub use files::{DirEntry, EntryKind, FileError, FileOptions};
-pub use provider::{Lease, Provider, ProviderStats};
+pub use provider::{Held, Lease, Provider, ProviderStats};
 pub use reset::{ResetMode, ResetOutcome};
 pub use runtime::{GcReport, Runtime, RuntimeConfig, StartTimings};
 pub use sandbox::{ExecEvent, Execution, OutputStream, Recovered, Sandbox, StdinWriter};

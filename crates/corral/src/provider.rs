@@ -32,7 +32,7 @@ use tokio::sync::Notify;
 
 use crate::seal::{self, Verdict};
 use crate::workspace::{self, SessionDirs};
-use crate::{Runtime, Sandbox};
+use crate::{Delta, Runtime, Sandbox};
 use corral_core::Error;
 
 /// How long an acquire waits for room when every live sandbox is in use.
@@ -155,6 +155,17 @@ struct Counters {
     restarted: AtomicU64,
     released: AtomicU64,
     discarded_changed: AtomicU64,
+}
+
+/// A sandbox the provider holds now ([`Provider::held`]).
+#[derive(Clone)]
+pub struct Held {
+    /// The session key it is bound to; `None`: a warm pool's spare.
+    pub key: Option<String>,
+    /// The profile (pool) it was made from; `None`: a spec of its own.
+    pub profile: Option<String>,
+    /// The sandbox.
+    pub sandbox: Sandbox,
 }
 
 /// The provider's state and counters at one moment.
@@ -362,7 +373,7 @@ impl Provider {
             }));
         };
         let spec = pool.spec.clone();
-        self.acquire_inner(key, Some(profile), &spec).await
+        self.acquire_inner(key, Some(profile), &spec, None).await
     }
 
     /// A persistent session's sandbox: its workspace (`/workspace`, the
@@ -411,7 +422,7 @@ impl Provider {
                 }
             }
         }
-        let lease = self.acquire_inner(key, None, &spec).await?;
+        let lease = self.acquire_inner(key, None, &spec, None).await?;
         // A backend keeping the session's files records its sandbox itself.
         if let Some(dirs) = &dirs {
             let cid = lease.container_id();
@@ -556,12 +567,19 @@ impl Provider {
     /// evicted), so callers holding a key can tell an eviction from a
     /// sandbox.
     pub async fn lease(&self, key: &str) -> Option<Result<Lease, Error>> {
-        let (spec, profile) = {
+        let (spec, profile, base) = {
             let st = lock(&self.inner.state);
             let e = st.sessions.get(key)?;
-            (e.sandbox.spec().clone(), e.profile.clone())
+            (
+                e.sandbox.spec().clone(),
+                e.profile.clone(),
+                e.sandbox.base(),
+            )
         };
-        Some(self.acquire_inner(key, profile.as_deref(), &spec).await)
+        Some(
+            self.acquire_inner(key, profile.as_deref(), &spec, base)
+                .await,
+        )
     }
 
     /// Whether a sandbox is bound to `key`.
@@ -572,7 +590,19 @@ impl Provider {
     /// The session's sandbox made from `spec` (no pool): the one bound to
     /// `key`, else a new one.
     pub async fn acquire_spec(&self, key: &str, spec: &SandboxSpec) -> Result<Lease, Error> {
-        self.acquire_inner(key, None, spec).await
+        self.acquire_inner(key, None, spec, None).await
+    }
+
+    /// [`Provider::acquire_spec`] for a fork: a new sandbox's agent first
+    /// takes `base` in (a delta snapshot's, [`Runtime::fork_base`]), and so
+    /// does every sandbox that later replaces it (`auto_restart`).
+    pub async fn acquire_fork(
+        &self,
+        key: &str,
+        spec: &SandboxSpec,
+        base: Option<Delta>,
+    ) -> Result<Lease, Error> {
+        self.acquire_inner(key, None, spec, base).await
     }
 
     async fn acquire_inner(
@@ -580,6 +610,7 @@ impl Provider {
         key: &str,
         profile: Option<&str>,
         spec: &SandboxSpec,
+        base: Option<Delta>,
     ) -> Result<Lease, Error> {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(Error::ShutDown { key: key.into() });
@@ -632,7 +663,11 @@ impl Provider {
                     if let Some(v) = victim {
                         self.discard(v);
                     }
-                    let created = self.inner.runtime.create_for(spec, Some(key)).await;
+                    let created = self
+                        .inner
+                        .runtime
+                        .create_from(spec, base.clone(), Some(key))
+                        .await;
                     let sandbox = match created {
                         Ok(sb) => sb,
                         Err(e) => {
@@ -1033,6 +1068,25 @@ impl Provider {
                 return false;
             }
         }
+    }
+
+    /// Every sandbox bound to a session or waiting in a pool, looked at
+    /// without leasing it (an observer's view: no idle timer is reset).
+    pub fn held(&self) -> Vec<Held> {
+        let st = lock(&self.inner.state);
+        let sessions = st.sessions.iter().map(|(k, e)| Held {
+            key: Some(k.clone()),
+            profile: e.profile.clone(),
+            sandbox: e.sandbox.clone(),
+        });
+        let pooled = st.pools.iter().flat_map(|(profile, q)| {
+            q.iter().map(|p| Held {
+                key: None,
+                profile: Some(profile.clone()),
+                sandbox: p.sandbox.clone(),
+            })
+        });
+        sessions.chain(pooled).collect()
     }
 
     /// State and counters now.

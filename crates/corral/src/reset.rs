@@ -107,7 +107,12 @@ impl Sandbox {
                     format!("the in-place reset failed: {e}")
                 }
             },
-            Err(why) => why,
+            Err(why) => {
+                if self.spec().pristine {
+                    self.log_fallback_once(&why);
+                }
+                why
+            }
         };
         self.replace().await?;
         metrics.resets_replaced.fetch_add(1, Ordering::Relaxed);
@@ -119,8 +124,29 @@ impl Sandbox {
         })
     }
 
+    /// Logs the first time this runtime resets a sandbox by replacement
+    /// for `why` (a spec's field, the agent's or the engine's reason), so
+    /// an operator learns why pristine sandboxes are slow here once, not
+    /// at every episode. At most 64 reasons are remembered.
+    fn log_fallback_once(&self, why: &str) {
+        let mut logged = self
+            .runtime()
+            .inner
+            .reset_fallbacks_logged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if logged.len() < 64 && logged.insert(why.to_string()) {
+            tracing::warn!(
+                sandbox = self.id(),
+                reason = why,
+                "pristine reset is not done in place: the sandbox is replaced at each reset"
+            );
+        }
+    }
+
     /// After the start-up commands: the first in-place reset, which fixes
-    /// the state later resets return to. Nothing for other sandboxes.
+    /// the state later resets return to (the start-up commands' changes
+    /// become the sandbox's delta). Nothing for other sandboxes.
     pub(crate) async fn enter_pristine(&self) -> Result<(), Error> {
         if self.resets_in_place().is_err() {
             return Ok(());
@@ -137,10 +163,20 @@ impl Sandbox {
 
     /// One `Reset` exchange with the agent.
     pub(crate) async fn agent_reset(&self, keep: bool) -> Result<ResetReport, String> {
+        self.agent_reset_with(keep, false).await
+    }
+
+    /// One `Reset` exchange with the agent; `to_root` also applies the
+    /// sandbox's delta to its container's root file system.
+    pub(crate) async fn agent_reset_with(
+        &self,
+        keep: bool,
+        to_root: bool,
+    ) -> Result<ResetReport, String> {
         let conn = self.current_conn();
         let id = conn.next_id();
         let mut rx = conn.register_reset(id)?;
-        let frame = Frame::json(FrameKind::Reset, id, &ResetRequest { keep });
+        let frame = Frame::json(FrameKind::Reset, id, &ResetRequest { keep, to_root });
         conn.send(frame).await?;
         let answer = tokio::time::timeout(RESET_TIMEOUT, rx.recv())
             .await

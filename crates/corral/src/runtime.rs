@@ -15,6 +15,7 @@ use tokio::sync::OnceCell;
 use tracing::Instrument;
 
 use crate::conn::AgentConn;
+use crate::delta::Delta;
 use crate::host::{self, RealHost};
 use crate::limits::{default_slot_dir, Limiter};
 use crate::metrics::{Metrics, MetricsSnapshot, StartPhase};
@@ -46,6 +47,11 @@ pub struct RuntimeConfig {
     /// sandboxes (0600); `None`: `$XDG_DATA_HOME/corral/seal.key`, else
     /// `~/.local/share/corral/seal.key`.
     pub seal_key_file: Option<PathBuf>,
+    /// Largest delta snapshot, in bytes (`snapshots.max_bytes`).
+    pub snapshot_max_bytes: u64,
+    /// Where durable delta snapshots go; `None`: the default of
+    /// [`Config::snapshot_dir`].
+    pub snapshot_dir: Option<PathBuf>,
 }
 
 impl Default for RuntimeConfig {
@@ -61,6 +67,8 @@ impl Default for RuntimeConfig {
             reap_interval: Duration::from_secs(300),
             slow_start: Duration::from_secs(5),
             seal_key_file: None,
+            snapshot_max_bytes: 1 << 30,
+            snapshot_dir: None,
         }
     }
 }
@@ -81,6 +89,8 @@ impl From<&Config> for RuntimeConfig {
             reap_interval: Duration::from_millis(d.reap_interval_ms),
             slow_start: Duration::from_millis(d.slow_start_ms),
             seal_key_file: d.seal_key_file.as_ref().map(PathBuf::from),
+            snapshot_max_bytes: config.snapshots.max_bytes,
+            snapshot_dir: Some(config.snapshot_dir(&RealHost)),
         }
     }
 }
@@ -146,6 +156,10 @@ pub(crate) struct RuntimeInner {
     pub(crate) exec_slots: Limiter,
     breaker: Mutex<Breaker>,
     pub(crate) events: crate::events::EventLog,
+    /// The delta snapshots this runtime keeps.
+    pub(crate) held: crate::snapshots::HeldSnapshots,
+    /// Why resets could not be done in place, each logged once.
+    pub(crate) reset_fallbacks_logged: Mutex<std::collections::HashSet<String>>,
 }
 
 /// A span for one phase of a start, a child of the `sandbox_start` span.
@@ -187,6 +201,13 @@ impl Runtime {
                 ),
                 breaker: Mutex::new(Breaker::new(config.breaker.clone())),
                 events: crate::events::EventLog::default(),
+                held: crate::snapshots::HeldSnapshots::new(
+                    config
+                        .snapshot_dir
+                        .clone()
+                        .unwrap_or_else(|| Config::default().snapshot_dir(&RealHost)),
+                ),
+                reset_fallbacks_logged: Mutex::default(),
                 config,
             }),
         };
@@ -372,12 +393,23 @@ impl Runtime {
         spec: &SandboxSpec,
         session: Option<&str>,
     ) -> Result<Sandbox, Error> {
+        self.create_from(spec, None, session).await
+    }
+
+    /// [`Runtime::create_for`] of a sandbox whose agent first takes `base`
+    /// in (a fork of a delta snapshot), before anything runs.
+    pub(crate) async fn create_from(
+        &self,
+        spec: &SandboxSpec,
+        base: Option<Delta>,
+        session: Option<&str>,
+    ) -> Result<Sandbox, Error> {
         let id = format!("sb-{}", host::random_hex(12));
         let tenant = spec
             .labels
             .get(crate::events::TENANT_LABEL)
             .map(String::as_str);
-        match self.create_as(spec, id.clone()).await {
+        match self.create_as(spec, id.clone(), base).await {
             Ok(sb) => {
                 if let Some(key) = session {
                     sb.set_session(key);
@@ -406,7 +438,12 @@ impl Runtime {
         }
     }
 
-    async fn create_as(&self, spec: &SandboxSpec, id: String) -> Result<Sandbox, Error> {
+    async fn create_as(
+        &self,
+        spec: &SandboxSpec,
+        id: String,
+        base: Option<Delta>,
+    ) -> Result<Sandbox, Error> {
         let span = tracing::info_span!("sandbox_start", sandbox = %id, image = %spec.image);
         let started = self.start_new(spec, &id).instrument(span).await?;
         let sandbox = Sandbox::new(
@@ -415,6 +452,7 @@ impl Runtime {
             spec.clone(),
             started.conn,
             self.clone(),
+            base,
         );
         let mut timings = started.timings;
         let mut guard = RemoveOnDrop::new(
@@ -458,6 +496,7 @@ impl Runtime {
             spec.clone(),
             conn,
             self.clone(),
+            None,
         ))
     }
 

@@ -65,6 +65,10 @@ struct Inner {
     shells: Mutex<HashMap<String, Attached>>,
     /// The provider session key it serves, once a provider handed it out.
     session: Mutex<Option<String>>,
+    /// The delta its agent takes in before anything runs (a fork of a
+    /// delta snapshot): at its start, and again in every new container
+    /// that replaces its own.
+    base: Option<crate::delta::Delta>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -121,6 +125,7 @@ impl Sandbox {
         spec: SandboxSpec,
         conn: AgentConn,
         runtime: Runtime,
+        base: Option<crate::delta::Delta>,
     ) -> Self {
         let conn: Arc<ConnSlot> = Arc::new(Mutex::new(Arc::new(conn)));
         watch(&runtime, &placement, &conn);
@@ -138,6 +143,7 @@ impl Sandbox {
                 timings: Mutex::new(StartTimings::default()),
                 shells: Mutex::new(HashMap::new()),
                 session: Mutex::new(None),
+                base,
             }),
         }
     }
@@ -164,18 +170,6 @@ impl Sandbox {
     pub async fn open_port(&self, port: u16) -> Result<corral_core::backend::PortStream, Error> {
         let backend = &self.inner.runtime.inner.backend;
         backend.open_port(&self.placement(), port).await
-    }
-
-    /// What the sandbox uses now (CPU time, memory now and at peak, pids,
-    /// block and network I/O), from the engine's accounting, with its
-    /// spec's limits beside.
-    pub async fn usage(&self) -> Result<corral_core::backend::Usage, Error> {
-        let backend = &self.inner.runtime.inner.backend;
-        let mut usage = backend.usage(&self.placement()).await?;
-        let limits = &self.inner.spec.limits;
-        usage.memory_limit_bytes = limits.memory;
-        usage.pids_limit = limits.pids.and_then(|p| u64::try_from(p).ok());
-        Ok(usage)
     }
 
     /// Notes the provider session key this sandbox now serves (its events
@@ -393,10 +387,20 @@ impl Sandbox {
         }
     }
 
-    /// Runs the spec's start-up commands in order; the first that fails
-    /// fails the start. Returns (and records in the metrics) the time taken.
+    /// The delta a fork takes in before anything runs, if it is one.
+    pub fn base(&self) -> Option<crate::delta::Delta> {
+        self.inner.base.clone()
+    }
+
+    /// Takes the fork's delta in (if any), then runs the spec's start-up
+    /// commands in order; the first that fails fails the start. Returns
+    /// (and records in the metrics) the time taken.
     pub(crate) async fn run_startup(&self) -> Result<Duration, Error> {
         let t = Instant::now();
+        if let Some(base) = &self.inner.base {
+            let max = self.inner.runtime.config().snapshot_max_bytes;
+            Box::pin(self.import_delta(base, max)).await?;
+        }
         for (i, script) in self.inner.spec.startup.iter().enumerate() {
             let r = self
                 .run_once(
@@ -974,6 +978,7 @@ impl Execution {
                         r.stdout_truncated = report.stdout.truncated;
                         r.stderr_truncated = report.stderr.truncated;
                         r.duration = Duration::from_micros(report.duration_us);
+                        r.usage = report.usage.map(Into::into);
                         if report.timed_out {
                             let t = self.timeout.unwrap_or_default();
                             r.failure = Some(Failure::new(

@@ -28,9 +28,11 @@ use corral_bench::{Bench, BenchOptions};
 /// included, from a warm pool, from a pool that resets and reuses
 /// sandboxes, and from a pristine pool that resets every released sandbox
 /// in place for the next episode). Last, P sandboxes forked from a
-/// prepared one (50 MB written; snapshot, then fork) against P prepared
-/// from scratch at once.
-/// Every container (and the fork row's snapshot) it makes is removed, also
+/// prepared pristine one (50 MB written; snapshot, then fork) against P
+/// prepared from scratch at once, the fork done both ways from the same
+/// source: its changes through the agents' streams (the default) and
+/// `docker commit` with P creates from the image.
+/// Every container (and the fork row's snapshots) it makes is removed, also
 /// on Ctrl-C (exit 130).
 #[derive(Args, Debug)]
 pub struct BenchArgs {

@@ -9,10 +9,13 @@ use clap::Args;
 /// Check the daemon: reachable, API version, runtimes, cgroup version,
 /// storage-opt support, corral's sandbox network (isolated bridge), and
 /// (with an image that has /bin/sh) which protections are actually in force
-/// inside a default sandbox. With `backend: kubernetes`: the API server,
-/// corral's permissions in its namespace, RuntimeClasses, the agent image,
-/// and what holds inside a probe pod of the config's `defaults`. Exits 1
-/// when a protection or permission does not hold.
+/// inside a default sandbox and whether a pristine one resets in place.
+/// With `backend: kubernetes`: the API server, corral's permissions in its
+/// namespace, RuntimeClasses, the agent image, whether the namespace's Pod
+/// Security level admits in-place reset, what holds inside a probe pod of
+/// the config's `defaults` and whether a pristine one resets in place (if
+/// not, why: Pod Security, seccomp, AppArmor). Exits 1 when a protection
+/// or permission does not hold (in-place reset is reported, not required).
 #[derive(Args, Debug)]
 pub struct DoctorArgs {
     /// Image for the probe sandbox [default: $CORRAL_IMAGE or corral-test/busybox].
@@ -34,9 +37,15 @@ pub async fn run(
     let (runtime, backend) = super::connect_docker(config).await?;
     let image = (!args.no_probe).then(|| args.image.clone().unwrap_or_else(super::default_image));
     let r = backend.doctor(image.as_deref(), runtime.owner()).await?;
-    let protections = match &image {
-        Some(image) => corral::doctor::probe(&runtime, &corral::SandboxSpec::new(image)).await?,
-        None => Vec::new(),
+    let (protections, reset) = match &image {
+        Some(image) => {
+            let spec = corral::SandboxSpec::new(image);
+            (
+                corral::doctor::probe(&runtime, &spec).await?,
+                Some(corral::doctor::reset_probe(&runtime, &spec).await),
+            )
+        }
+        None => (Vec::new(), None),
     };
     println!("daemon        {} (reachable)", r.endpoint);
     println!("version       {} (API {})", r.server_version, r.api_version);
@@ -87,6 +96,9 @@ pub async fn run(
         println!("protections in force (probe sandbox from {image}):");
         all_ok &= print_protections(&protections);
     }
+    if let Some(reset) = &reset {
+        print_capability(reset);
+    }
     Ok(if all_ok {
         ExitCode::SUCCESS
     } else {
@@ -127,6 +139,12 @@ async fn kubernetes(
             c.detail
         );
     }
+    println!(
+        "  [{}] {:<30} {}",
+        if r.pristine.ok { " ok " } else { "WARN" },
+        r.pristine.name,
+        r.pristine.detail
+    );
     if !args.no_probe {
         let mut spec = settings.defaults.clone();
         if let Some(image) = args.image {
@@ -150,12 +168,24 @@ async fn kubernetes(
             }],
         };
         all_ok &= print_protections(&protections);
+        print_capability(&corral::doctor::reset_probe(&runtime, &spec).await);
     }
     Ok(if all_ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     })
+}
+
+/// Prints what a probe found of a capability (not a protection: WARN,
+/// never a failure of `doctor`).
+fn print_capability(c: &corral::backend::Check) {
+    println!(
+        "  [{}] {:<24} {}",
+        if c.ok { " ok " } else { "WARN" },
+        c.name,
+        c.detail
+    );
 }
 
 /// Prints what the probe sandbox found; true when every protection holds.

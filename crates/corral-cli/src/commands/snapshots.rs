@@ -13,9 +13,12 @@ use super::ps::ownership_name;
 /// library take them too), or delete them.
 ///
 /// A snapshot is a sandbox's root file system and spec (its variables'
-/// names, not their values), kept by the backend (Docker: the image
-/// corral-snapshot:NAME). Durable ones are kept until deleted; others go
-/// with the process that took them (`corral gc`). The CLI is the operator:
+/// names, not their values): an image the engine keeps (KIND image;
+/// Docker: corral-snapshot:NAME), or the changes of a sandbox that resets
+/// in place, kept by corral (KIND delta: a file in snapshots.dir when
+/// durable, else the memory of the process that took it). Durable ones are
+/// kept until deleted; others go with the process that took them
+/// (`corral gc` removes images whose owner is gone). The CLI is the operator:
 /// it lists every principal's snapshots; those of `corral serve`'s tenants
 /// and MCP sessions are named NAMESPACE/NAME (OWNER says whose).
 #[derive(Args, Debug)]
@@ -66,6 +69,7 @@ pub async fn run(
                 "{}",
                 json!({
                     "name": s.qualified().to_string(),
+                    "kind": s.kind.as_str(),
                     "owner": s.qualified().owner().id(),
                     "image": s.image,
                     "source_sandbox": s.source_sandbox,
@@ -80,8 +84,8 @@ pub async fn run(
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:<28} {:<16} {:<28} {:>10} {:<8} SOURCE",
-        "NAME", "OWNER", "BASE IMAGE", "SIZE", "KEPT"
+        "{:<28} {:<16} {:<6} {:<28} {:>10} {:<8} SOURCE",
+        "NAME", "OWNER", "KIND", "BASE IMAGE", "SIZE", "KEPT"
     );
     for s in &list {
         let kept = if s.durable {
@@ -91,9 +95,10 @@ pub async fn run(
         };
         let owner = s.qualified().owner().id();
         println!(
-            "{:<28} {:<16} {:<28} {:>10} {:<8} {}",
+            "{:<28} {:<16} {:<6} {:<28} {:>10} {:<8} {}",
             s.qualified().to_string(),
             owner.split(':').take(2).collect::<Vec<_>>().join(":"),
+            s.kind.as_str(),
             s.spec.image,
             format!("{:.1}M", s.size as f64 / 1e6),
             kept,

@@ -3,8 +3,6 @@
 
 #![allow(dead_code)]
 
-pub mod internet;
-
 use std::process::Command;
 use std::sync::OnceLock;
 

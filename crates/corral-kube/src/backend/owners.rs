@@ -126,6 +126,12 @@ impl KubeBackend {
         Ok(removed)
     }
 
+    /// The name of this process's Lease, once made (its pods and egress
+    /// objects carry it as `corral.lease`).
+    pub fn lease_name(&self) -> Option<String> {
+        self.inner.lease.get().map(|k| k.name().to_string())
+    }
+
     /// Gives up this process's Lease (see `Backend::close`).
     pub(super) async fn release_lease(&self) {
         if let Some(keeper) = self.inner.lease.get() {

@@ -129,16 +129,20 @@ async fn tenant_snapshots(
 
 /// Keep a sandbox's file system as a named snapshot (replacing one of that
 /// name). A sandbox that resets in place (a pristine pool's) first keeps
-/// its changes as its new pristine state, which ends its processes; any
-/// other sandbox is paused while it is copied and goes on as it was.
+/// its changes as its new pristine state, which ends its processes, and by
+/// default its changes become a `delta` snapshot the service keeps (no
+/// image, no registry; durable ones on Docker become images); any other
+/// sandbox is paused while the engine copies it into an image and goes on
+/// as it was.
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/snapshot", tag = "snapshots",
     params(("id" = String, Path, description = "Sandbox id")),
     request_body = CreateSnapshot,
     responses(
         (status = 201, description = "Taken", body = SnapshotBody),
-        (status = 400, description = "A bad name (field `name`), or a persistent sandbox", body = ErrorBody),
+        (status = 400, description = "A bad name (field `name`), a persistent sandbox, or a sandbox the engine cannot snapshot (field `pristine`: Kubernetes snapshots sandboxes that reset in place)", body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 410, description = "The sandbox's container was lost", body = ErrorBody),
+        (status = 413, description = "The sandbox's changes exceed `snapshots.max_bytes` (kind `too_large`); nothing is kept", body = ErrorBody),
         (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody), (status = 415, description = "A JSON body not sent as application/json", body = ErrorBody),
     )
 )]
@@ -166,6 +170,7 @@ pub(super) async fn take_snapshot(
     let opts = SnapshotOptions {
         durable: req.durable,
         namespace: target.namespace.clone(),
+        kind: req.kind.map(Into::into),
     };
     let info = lease
         .snapshot(&target.name, opts)
@@ -270,6 +275,7 @@ pub(super) async fn delete_snapshot(
         (status = 403, description = "Refused: the snapshot's spec has a field the service's policy keeps from clients, named in `field`; or a browser Origin or a foreign Host", body = ErrorBody),
         (status = 404, body = ErrorBody),
         (status = 409, description = "A session key of the forks is taken", body = ErrorBody),
+        (status = 413, description = "The snapshot's changes exceed `snapshots.max_bytes` (kind `too_large`)", body = ErrorBody),
         (status = 503, description = "Daemon unavailable (`daemon_unavailable`), or no room for the sandbox now (`capacity`, with `Retry-After`); both retryable", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait before trying again, with kind `capacity`"))),
         (status = 401, description = "No or a wrong bearer token", body = ErrorBody),
@@ -363,12 +369,20 @@ impl AppState {
             e
         })?;
 
+        let base = s
+            .inner
+            .runtime
+            .fork_base(&info)
+            .await
+            .map_err(|_| no_snapshot(name))?;
         let reservation = s
             .inner
             .tenancy
             .reserve(caller, &keys)
             .map_err(|e| ApiError::quota(&e))?;
-        let starts = keys.iter().map(|k| provider.acquire_spec(k, &spec));
+        let starts = keys
+            .iter()
+            .map(|k| provider.acquire_fork(k, &spec, base.clone()));
         let results = futures_util::future::join_all(starts).await;
         let mut failed = None;
         let mut made = Vec::with_capacity(count);

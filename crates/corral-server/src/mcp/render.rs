@@ -101,6 +101,14 @@ fn command_text(r: &CommandResult, notes: &[String], budget: u64) -> String {
         }
         (None, None) => {}
     }
+    if let Some(u) = &r.usage {
+        let _ = writeln!(
+            out,
+            "used: cpu {:.3} s, peak memory {:.1} MiB (largest process)",
+            u.cpu().as_secs_f64(),
+            u.peak_memory_bytes as f64 / f64::from(1u32 << 20)
+        );
+    }
     stream(
         &mut out,
         "stdout",

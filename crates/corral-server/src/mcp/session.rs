@@ -53,7 +53,7 @@ pub(super) struct Session {
     books: Mutex<Books>,
     /// The spec of a snapshot the session restored, used in place of the
     /// context's from then on.
-    restored: Mutex<Option<SandboxSpec>>,
+    restored: Mutex<Option<(SandboxSpec, Option<corral::Delta>)>>,
     /// The session as a principal, once bound.
     principal: OnceLock<Principal>,
 }
@@ -160,12 +160,12 @@ impl Session {
         self.used.store(true, Ordering::Release);
         let provider = self.ctx.provider.clone();
         let key = self.key.clone();
-        let spec = self.spec();
+        let (spec, base) = self.recipe();
         // Its own task, so a client that gives up mid-start cannot leave a
         // half-registered sandbox: the start completes (or fails) and the
         // release, waiting on the gate, sees the result.
         let acquired = tokio::spawn(async move {
-            let r = provider.acquire_spec(&key, &spec).await;
+            let r = provider.acquire_fork(&key, &spec, base).await;
             drop(gate);
             r
         })
@@ -218,15 +218,28 @@ impl Session {
     /// The spec the session's sandbox is made from: a restored snapshot's,
     /// else the context's.
     pub(super) fn spec(&self) -> SandboxSpec {
+        self.recipe().0
+    }
+
+    /// What the session's sandbox is made from: a restored snapshot's spec
+    /// and delta (a delta snapshot's), else the context's spec.
+    fn recipe(&self) -> (SandboxSpec, Option<corral::Delta>) {
         let restored = self.restored.lock().unwrap_or_else(|p| p.into_inner());
-        restored.clone().unwrap_or_else(|| self.ctx.spec.clone())
+        restored
+            .clone()
+            .unwrap_or_else(|| (self.ctx.spec.clone(), None))
     }
 
     /// Replaces the session's sandbox with one made from `spec` (a
-    /// snapshot's fork spec, already checked): the current sandbox, if any,
-    /// is released first, then the new one started under the same key.
+    /// snapshot's fork spec, already checked) whose agent first takes
+    /// `base` in (a delta snapshot's): the current sandbox, if any, is
+    /// released first, then the new one started under the same key.
     /// When it cannot start, the session goes back to its own spec.
-    pub(super) async fn replace(&self, spec: SandboxSpec) -> Result<Lease, LeaseError> {
+    pub(super) async fn replace(
+        &self,
+        spec: SandboxSpec,
+        base: Option<corral::Delta>,
+    ) -> Result<Lease, LeaseError> {
         let gate = self.gate.clone().lock_owned().await;
         if self.released.load(Ordering::Acquire) || self.closing.is_cancelled() {
             return Err(LeaseError::Ended);
@@ -235,12 +248,13 @@ impl Session {
             release_key(&self.ctx.provider, &self.key).await;
         }
         let reservation = self.reserve().map_err(|f| LeaseError::Failed(*f))?;
-        *self.restored.lock().unwrap_or_else(|p| p.into_inner()) = Some(spec.clone());
+        *self.restored.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((spec.clone(), base.clone()));
         let provider = self.ctx.provider.clone();
         let key = self.key.clone();
         // Its own task, as in `lease`.
         let acquired = tokio::spawn(async move {
-            let r = provider.acquire_spec(&key, &spec).await;
+            let r = provider.acquire_fork(&key, &spec, base).await;
             drop(gate);
             r
         })

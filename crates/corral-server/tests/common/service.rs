@@ -52,6 +52,7 @@ pub async fn start(label: &str, tweak: impl FnOnce(&mut Config, &Path)) -> Servi
     // Other people's tests share the daemon: reap nothing of theirs.
     let backend = runtime(RuntimeConfig {
         reap_orphans: false,
+        snapshot_dir: Some(dir.join("snapshots")),
         ..RuntimeConfig::default()
     })
     .await;

@@ -1,12 +1,13 @@
-//! "The internet" of the egress tests and benchmark, made on this machine:
-//! two servers (`pypi.test`, which is also `mirror.test`, and `evil.test`)
-//! in containers on a network of their own, serving HTTP on 80 and HTTPS
-//! on 443 and 8443 with a test CA made for this run, a package index with
-//! one tiny wheel, a git repository over HTTPS, `/big` (32 MiB) and a UDP
-//! echo on 53 and 443; and `corral-test/net` with the test CA trusted
-//! (`Internet::image`). Torn down when the process exits.
-
-#![allow(dead_code)]
+//! "The internet" of the egress tests and benchmarks (Docker's and
+//! Kubernetes'), made on this machine: two servers (`pypi.test`, which is
+//! also `mirror.test`, and `evil.test`) in containers on a network of
+//! their own, serving HTTP on 80 and HTTPS on 443 and 8443 with a test CA
+//! made for this run, a package index with one tiny wheel, a git
+//! repository over HTTPS, `/big` (32 MiB) and a UDP echo on 53 and 443;
+//! and `corral-test/net` with the test CA trusted (`Internet::image`).
+//! [`Internet::join`] puts the servers on another network too, under the
+//! same names (a local cluster's pod network). Torn down when the process
+//! exits. Needs the `docker` CLI, `openssl` and a daemon.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,15 +15,32 @@ use std::sync::{Mutex, OnceLock};
 
 /// One internet per test binary.
 pub struct Internet {
+    /// The prefix of everything it made (`corral-egtest-<pid>`).
     pub tag: String,
+    /// The servers' own network, whose resolver knows their names.
     pub network: String,
+    /// `corral-test/net` with the test CA trusted.
     pub image: String,
+    /// `evil.test`'s address on [`Internet::network`].
     pub evil_ip: String,
+    /// `pypi.test`'s (and `mirror.test`'s) address there.
     pub pypi_ip: String,
+    /// The CA, certificates and server script.
     pub dir: PathBuf,
 }
 
+/// The servers' addresses on a network they joined ([`Internet::join`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Joined {
+    /// `pypi.test`'s (and `mirror.test`'s).
+    pub pypi_ip: String,
+    /// `evil.test`'s.
+    pub evil_ip: String,
+}
+
 static INTERNET: OnceLock<Internet> = OnceLock::new();
+/// Docker sandboxes whose containers, gateways and networks the teardown
+/// removes (a test that fails leaves nothing).
 pub static SANDBOXES: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 const SERVER: &str = r#"
@@ -103,6 +121,7 @@ for port, tls in [(443, True), (8443, True)]:
 serve(80, False)
 "#;
 
+/// Runs `cmd`, asserting it succeeds; its stdout, trimmed.
 pub fn run(cmd: &mut Command) -> String {
     let out = cmd.output().expect("run a command");
     assert!(
@@ -114,10 +133,12 @@ pub fn run(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// `docker ARGS`, asserting it succeeds; its stdout, trimmed.
 pub fn docker(args: &[&str]) -> String {
     run(Command::new("docker").args(args))
 }
 
+/// Removes a Docker sandbox's container, gateway and egress network.
 pub fn remove_sandbox(id: &str) {
     let _ = Command::new("docker")
         .args(["rm", "-f", &format!("corral-{id}")])
@@ -158,6 +179,7 @@ fn openssl(dir: &Path, args: &[&str]) {
     run(Command::new("openssl").current_dir(dir).args(args));
 }
 
+/// The internet, made on first use.
 pub fn internet() -> &'static Internet {
     INTERNET.get_or_init(|| {
         let script = concat!(
@@ -281,4 +303,36 @@ pub fn internet() -> &'static Internet {
             dir,
         }
     })
+}
+
+impl Internet {
+    /// Connects the servers to `network` too, under the same names (its
+    /// embedded resolver answers them there); their addresses on it.
+    /// Joining twice is fine.
+    pub fn join(&self, network: &str) -> Joined {
+        let server = |who: &str, aliases: &[&str]| {
+            let name = format!("{}-{who}", self.tag);
+            let mut args = vec!["network", "connect"];
+            for a in aliases {
+                args.extend(["--alias", a]);
+            }
+            args.extend([network, name.as_str()]);
+            let out = Command::new("docker").args(&args).output().expect("docker");
+            let text = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success() || text.contains("already exists"),
+                "connect {name} to {network}: {text}"
+            );
+            docker(&[
+                "inspect",
+                "-f",
+                &format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}"),
+                &name,
+            ])
+        };
+        Joined {
+            pypi_ip: server("pypi", &["pypi.test", "mirror.test"]),
+            evil_ip: server("evil", &["evil.test"]),
+        }
+    }
 }

@@ -1,0 +1,245 @@
+//! A sandbox's delta through its agent's own stream: [`Sandbox::export_delta`]
+//! and [`Sandbox::import_delta`].
+//!
+//! A sandbox that resets in place keeps every change to its image that its
+//! resets return to (the start-up commands', kept resets', an imported
+//! delta's) apart from the image, in its agent's memory. The agent sends it
+//! as a tar archive with OCI whiteouts, and takes one in as the base of a
+//! fresh sandbox before its first command: a snapshot and its forks need
+//! no image and no registry, on any engine that runs the agent.
+//!
+//! Both directions are bounded: an export asks for at most the limit and a
+//! frame past it is a protocol violation; an import announces its size,
+//! which the agent checks against the same limit. The agent checks every
+//! entry it takes in as hostile input (the archive may come from a
+//! compromised sandbox); corral only carries the bytes.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use corral_core::protocol::{
+    DeltaErrorKind, DeltaReport, ExportRequest, Frame, FrameKind, ImportRequest, MAX_PAYLOAD,
+};
+use corral_core::Error;
+
+use crate::conn::Exchange;
+use crate::sandbox::Sandbox;
+
+/// Bytes of a delta per frame sent to an agent.
+const CHUNK: usize = 1 << 20;
+
+/// Longest an export or an import may take, for each 64 MiB of its limit
+/// or size (at least once): the bytes go through memory on both ends.
+const TIME_PER_64_MIB: Duration = Duration::from_secs(60);
+
+/// A sandbox's changes to its image, as the tar archive (OCI whiteouts)
+/// its agent exported: cheap to clone, shared by every fork.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Delta {
+    bytes: Bytes,
+}
+
+impl std::fmt::Debug for Delta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delta")
+            .field("bytes", &self.bytes.len())
+            .finish()
+    }
+}
+
+impl Delta {
+    /// A delta from the bytes of its archive (an exported one, or one read
+    /// back from a file). Nothing is checked here: the agent that imports
+    /// it checks every entry.
+    pub fn from_bytes(bytes: impl Into<Bytes>) -> Delta {
+        Delta {
+            bytes: bytes.into(),
+        }
+    }
+
+    /// The archive.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// True for an empty archive.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+}
+
+fn deadline(bytes: u64) -> Duration {
+    TIME_PER_64_MIB * u32::try_from(bytes / (64 << 20) + 1).unwrap_or(u32::MAX)
+}
+
+impl Sandbox {
+    fn delta_error(&self, report: &DeltaReport, what: &str, cap: u64) -> Option<Error> {
+        let e = report.error.as_ref()?;
+        Some(match e.kind {
+            DeltaErrorKind::TooLarge => Error::SnapshotTooLarge {
+                sandbox: self.id().to_string(),
+                cap,
+            },
+            _ => Error::Agent {
+                sandbox: self.id().to_string(),
+                message: format!(
+                    "{what} failed ({}): {}",
+                    serde_json::to_value(e.kind)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default(),
+                    e.message
+                ),
+            },
+        })
+    }
+
+    fn no_deltas(&self) -> Option<Error> {
+        if self.conn_hello().deltas {
+            return None;
+        }
+        let why = self
+            .resets_in_place()
+            .err()
+            .unwrap_or_else(|| "its agent keeps no delta".into());
+        Some(Error::Unsupported {
+            what: format!(
+                "a delta of sandbox {} through its agent: it does not reset in place ({why})",
+                self.id()
+            ),
+        })
+    }
+
+    /// The sandbox's delta as its agent keeps it (changes of the current
+    /// world are not in it: keep them with a `keep` reset first), at most
+    /// `max_bytes` (past it: [`Error::SnapshotTooLarge`]).
+    pub async fn export_delta(&self, max_bytes: u64) -> Result<Delta, Error> {
+        if let Some(e) = self.no_deltas() {
+            return Err(e);
+        }
+        let agent = |message: String| Error::Agent {
+            sandbox: self.id().to_string(),
+            message,
+        };
+        let conn = self.current_conn();
+        let id = conn.next_id();
+        let mut rx = conn
+            .register_exchange(id, Exchange::Export(max_bytes))
+            .map_err(agent)?;
+        conn.send(Frame::json(
+            FrameKind::Export,
+            id,
+            &ExportRequest { max_bytes },
+        ))
+        .await
+        .map_err(agent)?;
+        let mut bytes = Vec::new();
+        let limit = deadline(max_bytes);
+        let receive = async {
+            while let Some(frame) = rx.recv().await {
+                match frame.kind {
+                    FrameKind::ExportData => bytes.extend_from_slice(&frame.payload),
+                    FrameKind::ExportDone => return Ok(frame),
+                    _ => {
+                        return Err(format!(
+                            "the agent refused the export: {}",
+                            String::from_utf8_lossy(&frame.payload)
+                        ))
+                    }
+                }
+            }
+            Err(format!(
+                "the control stream ended: {}",
+                conn.closed_reason()
+            ))
+        };
+        let done = tokio::time::timeout(limit, receive)
+            .await
+            .map_err(|_| agent(format!("the export took longer than {limit:?}")))?
+            .map_err(agent)?;
+        let report: DeltaReport = done
+            .parse()
+            .map_err(|e| agent(format!("unreadable export report: {e}")))?;
+        if let Some(e) = self.delta_error(&report, "exporting the delta", max_bytes) {
+            return Err(e);
+        }
+        if report.bytes != bytes.len() as u64 {
+            return Err(agent(format!(
+                "the export reported {} bytes and sent {}",
+                report.bytes,
+                bytes.len()
+            )));
+        }
+        Ok(Delta::from_bytes(bytes))
+    }
+
+    /// Takes `delta` in as this sandbox's base, before its first command
+    /// and first reset (the agent refuses it later); `max_bytes` is the
+    /// limit the agent checks its size against.
+    pub(crate) async fn import_delta(&self, delta: &Delta, max_bytes: u64) -> Result<(), Error> {
+        if let Some(e) = self.no_deltas() {
+            return Err(e);
+        }
+        let started = Instant::now();
+        let agent = |message: String| Error::Agent {
+            sandbox: self.id().to_string(),
+            message,
+        };
+        let conn = self.current_conn();
+        let id = conn.next_id();
+        let mut rx = conn
+            .register_exchange(id, Exchange::Import)
+            .map_err(agent)?;
+        let size = delta.len() as u64;
+        let limit = deadline(size);
+        let exchange = async {
+            conn.send(Frame::json(
+                FrameKind::Import,
+                id,
+                &ImportRequest { size, max_bytes },
+            ))
+            .await?;
+            const { assert!(CHUNK <= MAX_PAYLOAD) };
+            for chunk in delta.as_bytes().chunks(CHUNK) {
+                conn.send(Frame::new(FrameKind::ImportData, id, chunk.to_vec()))
+                    .await?;
+            }
+            match rx.recv().await {
+                Some(frame) => Ok(frame),
+                None => Err(format!(
+                    "the control stream ended: {}",
+                    conn.closed_reason()
+                )),
+            }
+        };
+        let answer = tokio::time::timeout(limit, exchange)
+            .await
+            .map_err(|_| agent(format!("the import took longer than {limit:?}")))?
+            .map_err(agent)?;
+        if answer.kind != FrameKind::ImportDone {
+            return Err(agent(format!(
+                "the agent refused the import: {}",
+                String::from_utf8_lossy(&answer.payload)
+            )));
+        }
+        let report: DeltaReport = answer
+            .parse()
+            .map_err(|e| agent(format!("unreadable import report: {e}")))?;
+        if let Some(e) = self.delta_error(&report, "importing the delta", max_bytes) {
+            return Err(e);
+        }
+        tracing::debug!(
+            sandbox = self.id(),
+            bytes = size,
+            entries = report.entries,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "imported a delta"
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,366 @@
+//! The snapshots corral keeps itself: deltas (`SnapshotKind::Delta`), the
+//! changes of sandboxes that reset in place as their agents exported them.
+//!
+//! A non-durable one lives in this process's memory: it goes with its
+//! owner (the process) by construction, so nothing is left for `gc`, on
+//! any engine. A durable one is two files in the snapshot directory
+//! (`Config::snapshot_dir`; a volume when `corral serve` runs in a
+//! cluster): `NAME.tar`, the archive, and `NAME.json`, the labels a backend
+//! would put on an image snapshot (`SnapshotRequest::labels`) with the
+//! base image, time and size. The directory is 0700 and the files 0600,
+//! written to a temporary name and renamed, so a reader never sees half a
+//! snapshot. The operator's live in `operator/`, a principal's in
+//! `ns/NAMESPACE/` (names are checked, so they never climb out).
+//!
+//! A file that does not read back as a snapshot of its own name is
+//! skipped with a warning, never trusted; the archive itself is checked
+//! entry by entry by the agent of every fork that takes it in.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use corral_core::principal::QualifiedName;
+use corral_core::snapshot::{SnapshotInfo, SnapshotKind};
+use corral_core::Error;
+use serde::{Deserialize, Serialize};
+
+use crate::delta::Delta;
+
+/// One kept delta.
+#[derive(Debug, Clone)]
+pub(crate) struct Held {
+    pub info: SnapshotInfo,
+    pub delta: Delta,
+}
+
+/// What `NAME.json` holds.
+#[derive(Debug, Serialize, Deserialize)]
+struct Record {
+    labels: HashMap<String, String>,
+    image: String,
+    created: i64,
+    size: i64,
+}
+
+/// The deltas this process keeps.
+#[derive(Debug)]
+pub(crate) struct HeldSnapshots {
+    memory: Mutex<HashMap<QualifiedName, Held>>,
+    dir: PathBuf,
+}
+
+fn host_err(what: String, e: impl std::fmt::Display) -> Error {
+    Error::Host {
+        what,
+        reason: e.to_string(),
+    }
+}
+
+impl HeldSnapshots {
+    /// A store whose durable snapshots live in `dir`.
+    pub fn new(dir: PathBuf) -> HeldSnapshots {
+        HeldSnapshots {
+            memory: Mutex::new(HashMap::new()),
+            dir,
+        }
+    }
+
+    fn memory(&self) -> std::sync::MutexGuard<'_, HashMap<QualifiedName, Held>> {
+        self.memory.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The directory of `namespace`'s durable snapshots.
+    fn ns_dir(&self, namespace: Option<&str>) -> PathBuf {
+        match namespace {
+            None => self.dir.join("operator"),
+            Some(ns) => self.dir.join("ns").join(ns),
+        }
+    }
+
+    fn paths(&self, q: &QualifiedName) -> (PathBuf, PathBuf) {
+        let dir = self.ns_dir(q.namespace.as_deref());
+        (
+            dir.join(format!("{}.tar", q.name)),
+            dir.join(format!("{}.json", q.name)),
+        )
+    }
+
+    /// Keeps `held` (replacing one of its name): in memory, or as files
+    /// when durable.
+    pub async fn put(&self, held: Held, labels: HashMap<String, String>) -> Result<(), Error> {
+        let q = held.info.qualified();
+        if !held.info.durable {
+            self.memory().insert(q.clone(), held);
+            // A durable one of the same name is replaced.
+            return self.remove_files(&q).await.map(drop);
+        }
+        let (tar, json) = self.paths(&q);
+        let dir = self.ns_dir(q.namespace.as_deref());
+        let record = Record {
+            labels,
+            image: held.info.image.clone(),
+            created: held.info.created,
+            size: held.info.size,
+        };
+        let record = serde_json::to_vec_pretty(&record)
+            .map_err(|e| host_err(format!("recording snapshot {q}"), e))?;
+        let bytes = held.delta.clone();
+        let root = self.dir.clone();
+        tokio::task::spawn_blocking(move || -> Result<(), Error> {
+            private_dirs(&root, &dir)?;
+            write_atomic(&tar, bytes.as_bytes())?;
+            write_atomic(&json, &record)
+        })
+        .await
+        .map_err(|e| host_err(format!("keeping snapshot {q}"), e))??;
+        self.memory().remove(&q);
+        Ok(())
+    }
+
+    /// Every kept delta's description.
+    pub async fn list(&self) -> Vec<SnapshotInfo> {
+        let mut out: Vec<SnapshotInfo> = self.memory().values().map(|h| h.info.clone()).collect();
+        let dir = self.dir.clone();
+        let files = tokio::task::spawn_blocking(move || read_records(&dir))
+            .await
+            .unwrap_or_default();
+        for info in files {
+            if !out.iter().any(|o| o.qualified() == info.qualified()) {
+                out.push(info);
+            }
+        }
+        out
+    }
+
+    /// Delta `q` with its description; `None` when this store has none of
+    /// that name.
+    pub async fn get(&self, q: &QualifiedName) -> Result<Option<Held>, Error> {
+        if let Some(h) = self.memory().get(q) {
+            return Ok(Some(h.clone()));
+        }
+        let (tar, json) = self.paths(q);
+        let wanted = q.clone();
+        tokio::task::spawn_blocking(move || -> Result<Option<Held>, Error> {
+            let Some(info) = read_record(&json, &wanted) else {
+                return Ok(None);
+            };
+            let bytes = std::fs::read(&tar)
+                .map_err(|e| host_err(format!("reading snapshot {}", tar.display()), e))?;
+            Ok(Some(Held {
+                info,
+                delta: Delta::from_bytes(bytes),
+            }))
+        })
+        .await
+        .map_err(|e| host_err(format!("reading snapshot {q}"), e))?
+    }
+
+    /// Forgets delta `q`; false when this store had none of that name.
+    pub async fn remove(&self, q: &QualifiedName) -> Result<bool, Error> {
+        let in_memory = self.memory().remove(q).is_some();
+        let on_disk = self.remove_files(q).await?;
+        Ok(in_memory || on_disk)
+    }
+
+    async fn remove_files(&self, q: &QualifiedName) -> Result<bool, Error> {
+        let (tar, json) = self.paths(q);
+        let what = format!("deleting snapshot {q}");
+        tokio::task::spawn_blocking(move || -> Result<bool, Error> {
+            let mut found = false;
+            for p in [json, tar] {
+                match std::fs::remove_file(&p) {
+                    Ok(()) => found = true,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(host_err(format!("removing {}", p.display()), e)),
+                }
+            }
+            Ok(found)
+        })
+        .await
+        .map_err(|e| host_err(what, e))?
+    }
+}
+
+/// Makes `root` and `dir` below it, 0700 (tightened when looser).
+fn private_dirs(root: &Path, dir: &Path) -> Result<(), Error> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| host_err(format!("making {}", dir.display()), e))?;
+    let mut at = dir.to_path_buf();
+    loop {
+        std::fs::set_permissions(&at, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| host_err(format!("securing {}", at.display()), e))?;
+        if at == root || !at.pop() || !at.starts_with(root) {
+            return Ok(());
+        }
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file (0600) and a rename.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    let tmp = path.with_extension(format!("tmp-{}", crate::host::random_hex(8)));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        host_err(format!("writing {}", path.display()), e)
+    })
+}
+
+/// Snapshot `wanted` from its record file, when it reads back as one of
+/// that very name.
+fn read_record(json: &Path, wanted: &QualifiedName) -> Option<SnapshotInfo> {
+    let text = match std::fs::read(json) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            tracing::warn!(file = %json.display(), error = %e, "cannot read a snapshot record");
+            return None;
+        }
+    };
+    let record: Record = match serde_json::from_slice(&text) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(file = %json.display(), error = %e, "skipping a snapshot record that does not parse");
+            return None;
+        }
+    };
+    let mut info =
+        SnapshotInfo::from_labels(&record.labels, record.image, record.created, record.size)?;
+    if info.qualified() != *wanted || !info.durable {
+        tracing::warn!(file = %json.display(), "skipping a snapshot record of another name");
+        return None;
+    }
+    info.kind = SnapshotKind::Delta;
+    Some(info)
+}
+
+/// Every durable delta under `dir`.
+fn read_records(dir: &Path) -> Vec<SnapshotInfo> {
+    let mut dirs: Vec<(PathBuf, Option<String>)> = vec![(dir.join("operator"), None)];
+    if let Ok(entries) = std::fs::read_dir(dir.join("ns")) {
+        for e in entries.flatten() {
+            if let Some(ns) = e.file_name().to_str() {
+                dirs.push((e.path(), Some(ns.to_string())));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (d, namespace) in dirs {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.extension().and_then(|x| x.to_str()) != Some("json") {
+                continue;
+            }
+            let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
+                continue;
+            };
+            let text = match &namespace {
+                Some(ns) => format!("{ns}/{name}"),
+                None => name.to_string(),
+            };
+            let Ok(q) = QualifiedName::parse(&text) else {
+                continue;
+            };
+            if let Some(info) = read_record(&path, &q) {
+                out.push(info);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_core::labels::Owner;
+    use corral_core::snapshot::SnapshotRequest;
+    use corral_core::SandboxSpec;
+
+    fn held(name: &str, ns: Option<&str>, durable: bool) -> (Held, HashMap<String, String>) {
+        let spec = SandboxSpec::new("busybox");
+        let owner = Owner {
+            host: "h".into(),
+            pid: 1,
+            start: 1,
+        };
+        let req = SnapshotRequest {
+            name,
+            namespace: ns,
+            sandbox_id: "sb-1",
+            spec: &spec,
+            owner: &owner,
+            durable,
+        };
+        let labels = req.labels();
+        let mut info =
+            SnapshotInfo::from_labels(&labels, "busybox".into(), 7, 3).expect("a snapshot");
+        info.kind = SnapshotKind::Delta;
+        (
+            Held {
+                info,
+                delta: Delta::from_bytes(b"tar".to_vec()),
+            },
+            labels,
+        )
+    }
+
+    #[tokio::test]
+    async fn durable_deltas_are_private_files_that_read_back_by_name() {
+        let root = std::env::temp_dir().join(format!("corral-held-{}", crate::host::random_hex(8)));
+        let store = HeldSnapshots::new(root.clone());
+        let (h, labels) = held("ready", Some("alice"), true);
+        store.put(h, labels).await.expect("put");
+        let (h, labels) = held("mem", None, false);
+        store.put(h, labels).await.expect("put");
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode(&root), 0o700);
+        assert_eq!(mode(&root.join("ns/alice/ready.tar")), 0o600);
+        let mut names: Vec<String> = store
+            .list()
+            .await
+            .iter()
+            .map(|i| i.qualified().to_string())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["alice/ready", "mem"]);
+        // A store of a later process finds the durable one only.
+        let later = HeldSnapshots::new(root.clone());
+        let q = QualifiedName::parse("alice/ready").expect("name");
+        let got = later.get(&q).await.expect("read").expect("found");
+        assert_eq!(got.delta.as_bytes(), b"tar");
+        assert_eq!(got.info.kind, SnapshotKind::Delta);
+        assert!(later
+            .get(&QualifiedName::parse("mem").expect("name"))
+            .await
+            .expect("read")
+            .is_none());
+        // A record copied under another name is not trusted.
+        std::fs::copy(
+            root.join("ns/alice/ready.json"),
+            root.join("ns/alice/other.json"),
+        )
+        .expect("copy");
+        let other = QualifiedName::parse("alice/other").expect("name");
+        assert!(later.get(&other).await.expect("read").is_none());
+        assert!(later.remove(&q).await.expect("remove"));
+        assert!(!later.remove(&q).await.expect("remove again"));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
