@@ -140,6 +140,23 @@ pub struct GcReport {
     pub snapshots_removed: Vec<String>,
 }
 
+/// How far a [`Runtime::gc_with`] has got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GcStep {
+    /// The sandboxes to remove are known: `total` of them.
+    Sandboxes {
+        /// How many will be removed (or fail to be).
+        total: usize,
+    },
+    /// One more of them was removed, or failed to be.
+    SandboxDone,
+    /// What the engine kept for sandboxes gone (volumes, Leases) is being
+    /// removed.
+    Volumes,
+    /// Snapshots whose owner is gone are being removed.
+    Snapshots,
+}
+
 /// corral's runtime over one backend. Cheap to clone; share one per process.
 #[derive(Clone)]
 pub struct Runtime {
@@ -320,31 +337,51 @@ impl Runtime {
     /// Removes orphans: sandboxes whose owning corral process is gone. With
     /// `all`, removes every non-persistent corral sandbox, owned or not.
     pub async fn gc(&self, all: bool) -> Result<GcReport, Error> {
+        self.gc_with(all, |_| {}).await
+    }
+
+    /// [`Runtime::gc`], telling `progress` how far it has got (for a
+    /// progress bar: a daemon with many orphans takes a while).
+    pub async fn gc_with(
+        &self,
+        all: bool,
+        mut progress: impl FnMut(GcStep),
+    ) -> Result<GcReport, Error> {
         let mut report = GcReport::default();
+        let mut doomed = Vec::new();
         for info in self.list_sandboxes().await? {
             let remove = match info.ownership {
                 Ownership::Orphan => true,
                 Ownership::LiveOwner | Ownership::ForeignHost => all,
                 Ownership::Persistent => false,
             };
-            if !remove {
+            if remove {
+                doomed.push(info);
+            } else {
                 report.kept.push(info);
-                continue;
             }
-            match self
+        }
+        progress(GcStep::Sandboxes {
+            total: doomed.len(),
+        });
+        for info in doomed {
+            let outcome = self
                 .inner
                 .backend
                 .remove(&info.placement, &info.sandbox_id)
-                .await
-            {
+                .await;
+            match outcome {
                 Ok(()) => report.removed.push(info),
                 Err(e) => {
                     tracing::warn!(sandbox = %info.sandbox_id, error = %e, "gc could not remove a sandbox");
                     report.failed.push((info, e.to_string()));
                 }
             }
+            progress(GcStep::SandboxDone);
         }
+        progress(GcStep::Volumes);
         report.volumes_removed = self.inner.backend.collect_garbage().await?;
+        progress(GcStep::Snapshots);
         report.snapshots_removed = self.gc_snapshots(all).await?;
         Ok(report)
     }
