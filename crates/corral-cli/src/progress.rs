@@ -55,10 +55,12 @@ impl Progress {
         if !on {
             return Progress { bar: None };
         }
-        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-        bar.set_style(style(SPINNER));
-        bar.set_prefix(prefix);
-        bar.set_message(phase.into());
+        // Drawn from its first frame with its prefix and phase.
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden())
+            .with_style(style(SPINNER))
+            .with_prefix(prefix)
+            .with_message(phase.into());
+        bar.set_draw_target(ProgressDrawTarget::stderr());
         bar.enable_steady_tick(Duration::from_millis(100));
         Progress { bar: Some(bar) }
     }
@@ -106,6 +108,9 @@ impl Progress {
         if let Some(bar) = self.bar.take() {
             bar.set_style(style(DONE));
             bar.finish_with_message(summary.into());
+            // The cursor stays on the bar's line: what is written next
+            // starts on a line of its own.
+            eprintln!();
         }
     }
 

@@ -35,8 +35,8 @@ pub async fn run(config: crate::commands::BackendConfig, args: GcArgs) -> anyhow
     let report = backend
         .gc_with(args.all, |step| match step {
             GcStep::Sandboxes { total } => {
-                bar.count(total as u64);
                 bar.message("sandboxes removed");
+                bar.count(total as u64);
             }
             GcStep::SandboxDone => bar.inc(),
             GcStep::Volumes => bar.phase("removing unused volumes"),
