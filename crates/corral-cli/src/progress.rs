@@ -1,5 +1,6 @@
 //! Progress bars and spinners for the CLI's long-running actions (gc,
-//! pulls, starting sandboxes, workloads), one helper for all of them.
+//! pulls, starting sandboxes, workloads, doctor's probes, `corral serve`'s
+//! warm pools filling), one helper for all of them.
 //!
 //! They are drawn on stderr for a person watching: only when stderr is a
 //! terminal and the user asked for neither `--quiet` nor `--json`. Off a
@@ -93,6 +94,13 @@ impl Progress {
     pub fn message(&self, message: impl Into<String>) {
         if let Some(bar) = &self.bar {
             bar.set_message(message.into());
+        }
+    }
+
+    /// `done` items done.
+    pub fn set(&self, done: u64) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(done);
         }
     }
 

@@ -223,3 +223,106 @@ fn workload_counts_sandboxes_done_on_a_terminal_only() {
     assert!(!err.contains("sandboxes done"), "{err:?}");
     assert_no_bar(&err);
 }
+
+/// `corral serve` with a warm pool of two, on a terminal: the bar ends at
+/// 2/2 once both are started; SIGTERM then removes them. Off a terminal
+/// the same service draws nothing.
+#[test]
+fn serve_counts_its_warm_pools_filling_on_a_terminal_only() {
+    use std::io::Read;
+    use std::time::{Duration, Instant};
+
+    images();
+    let config = std::env::temp_dir().join(format!("corral-pools-{}.yaml", std::process::id()));
+    std::fs::write(
+        &config,
+        "provider:\n  pools:\n    quick:\n      spec:\n        image: corral-test/busybox\n      \
+         warm: 2\n",
+    )
+    .expect("config");
+    let config = config.display().to_string();
+    let serve = format!("exec {CORRAL} --config {config} serve --listen 127.0.0.1:0");
+
+    let mut script = Command::new("script")
+        .args(["-qec", &serve, "/dev/null"])
+        .env("TERM", "xterm")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("script");
+    let mut stdout = script.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut shown = String::new();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !shown.contains("sandboxes warm (pools quick)") && Instant::now() < deadline {
+        if let Ok(bytes) = rx.recv_timeout(Duration::from_millis(200)) {
+            shown.push_str(&String::from_utf8_lossy(&bytes));
+        }
+    }
+    // corral serve is script's child (exec'd by its shell): SIGTERM ends it
+    // and its pool.
+    let children = Command::new("pgrep")
+        .args(["-P", &script.id().to_string()])
+        .output()
+        .expect("pgrep");
+    for pid in String::from_utf8_lossy(&children.stdout).split_whitespace() {
+        let _ = Command::new("kill").args(["-TERM", pid]).status();
+    }
+    let ended = Instant::now() + Duration::from_secs(60);
+    while script.try_wait().ok().flatten().is_none() && Instant::now() < ended {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = script.kill();
+    let _ = script.wait();
+    while let Ok(bytes) = rx.recv_timeout(Duration::from_millis(200)) {
+        shown.push_str(&String::from_utf8_lossy(&bytes));
+    }
+    assert!(
+        shown.contains("2/2 sandboxes warm (pools quick)"),
+        "{shown:?}"
+    );
+    assert!(shown.contains("corral serve: shutting down"), "{shown:?}");
+
+    // Off a terminal: the service starts its pool and draws nothing.
+    let mut serve = Command::new(CORRAL)
+        .args(["--config", &config, "serve", "--listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve");
+    std::thread::sleep(Duration::from_secs(3));
+    let _ = Command::new("kill")
+        .args(["-TERM", &serve.id().to_string()])
+        .status();
+    let out = serve.wait_with_output().expect("serve ends");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("corral serve: listening on"), "{err}");
+    assert!(!err.contains("sandboxes warm"), "{err:?}");
+    assert_no_bar(&err);
+    let _ = std::fs::remove_file(&config);
+}
+
+#[test]
+fn doctor_shows_its_phase_on_a_terminal_only() {
+    images();
+    let shown = on_a_terminal(&format!("{CORRAL} doctor"));
+    assert!(shown.contains("checking the daemon"), "{shown:?}");
+    assert!(
+        shown.contains("probing a sandbox from corral-test/busybox"),
+        "{shown:?}"
+    );
+    assert!(shown.contains("protections in force"), "{shown:?}");
+    let (_, out, err) = off_a_terminal(&["doctor"]);
+    assert!(out.contains("protections in force"), "{out}");
+    assert!(!err.contains("checking the daemon"), "{err:?}");
+    assert_no_bar(&err);
+}
