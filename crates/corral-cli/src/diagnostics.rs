@@ -39,7 +39,9 @@ pub enum CliError {
     /// An argument that must name something was empty or out of range.
     #[error("invalid {what} '{value}': {reason}")]
     BadArgument {
-        /// The argument (`IMAGE`, `PORT`).
+        /// The subcommand (`pull`, `port`).
+        command: &'static str,
+        /// The argument (`IMAGE`, `PORT`, `--interval-ms`).
         what: &'static str,
         /// Its value.
         value: String,
@@ -311,7 +313,9 @@ fn cli_help(e: &CliError) -> Vec<String> {
         CliError::NoSandbox { .. } => "`corral ps` lists the sandboxes".to_string(),
         CliError::AmbiguousSandbox { .. } => "give more of the sandbox's id".to_string(),
         CliError::NoCommand { .. } => "`corral --help` lists the commands".to_string(),
-        CliError::BadArgument { what, .. } => format!("`corral --help` says what {what} takes"),
+        CliError::BadArgument { command, what, .. } => {
+            format!("`corral {command} --help` says what {what} takes")
+        }
         CliError::ServiceUnreachable { .. } => {
             "start the service (`corral serve`), or point --url at where it listens".to_string()
         }

@@ -212,6 +212,34 @@ fn an_unknown_sandbox_or_snapshot_points_at_the_list() {
     assert_eq!(help(&err), ["`corral --help` lists the commands"]);
 }
 
+#[test]
+fn a_bad_argument_points_at_the_commands_help() {
+    let (code, _, err) = corral(&["top", "--interval-ms", "100"], &[]);
+    assert_eq!(code, 125, "{err}");
+    assert!(
+        err.starts_with("error: invalid --interval-ms '100': below 200\n"),
+        "{err}"
+    );
+    assert_eq!(
+        help(&err),
+        ["`corral top --help` says what --interval-ms takes"]
+    );
+    let (code, _, err) = corral(&["port", "some-sandbox", "0"], &[]);
+    assert_eq!(code, 125, "{err}");
+    assert!(
+        err.starts_with("error: invalid PORT '0': a port is 1 to 65535\n"),
+        "{err}"
+    );
+    assert_eq!(help(&err), ["`corral port --help` says what PORT takes"]);
+    let (code, _, err) = corral(&["pull", " "], &[]);
+    assert_eq!(code, 125, "{err}");
+    assert!(
+        err.starts_with("error: invalid IMAGE ' ': name an image"),
+        "{err}"
+    );
+    assert_eq!(help(&err), ["`corral pull --help` says what IMAGE takes"]);
+}
+
 /// Another holder of the only shared start slot (here `flock`, as another
 /// corral process holds it) makes a start wait past the wait limit.
 #[test]

@@ -107,7 +107,7 @@ pub async fn run(
         }
         Some(Err(e)) => {
             if let Err(s) = swept {
-                eprintln!("corral: {s:#}");
+                crate::diagnostics::Diagnostic::of(&s).emit();
             }
             Err(e)
         }

@@ -18,6 +18,7 @@ use crate::progress::{self, Progress};
 /// the config's `defaults` and whether a pristine one resets in place (if
 /// not, why: Pod Security, seccomp, AppArmor). Exits 1 when a protection
 /// or permission does not hold (in-place reset is reported, not required).
+/// On a terminal a spinner shows which check is under way (--quiet: none).
 #[derive(Args, Debug)]
 pub struct DoctorArgs {
     /// Image for the probe sandbox [default: $CORRAL_IMAGE or corral-test/busybox].

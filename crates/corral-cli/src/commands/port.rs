@@ -33,6 +33,7 @@ pub struct PortArgs {
 pub async fn run(config: super::BackendConfig, args: PortArgs) -> anyhow::Result<ExitCode> {
     if args.port == 0 {
         return Err(CliError::BadArgument {
+            command: "port",
             what: "PORT",
             value: "0".into(),
             reason: "a port is 1 to 65535",

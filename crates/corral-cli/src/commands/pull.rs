@@ -17,7 +17,9 @@ use crate::progress::{self, Progress};
 /// the image is present, 125 with the typed failure otherwise
 /// (image_not_found: the registry has no such name or tag; daemon_unavailable:
 /// the registry or daemon could not be reached, or the pull took longer than
-/// daemon.pull_timeout_ms, and trying again may help).
+/// daemon.pull_timeout_ms, and trying again may help). On a terminal a
+/// spinner shows the layers and bytes (--quiet: none; off a terminal, a
+/// line every 2 s).
 #[derive(Args, Debug)]
 pub struct PullArgs {
     /// The image, `[registry/]repository[:tag]` (the tag defaults to latest).
@@ -39,6 +41,7 @@ pub async fn run(config: super::BackendConfig, args: PullArgs) -> anyhow::Result
     let image = args.image.trim();
     if image.is_empty() {
         return Err(CliError::BadArgument {
+            command: "pull",
             what: "IMAGE",
             value: args.image.clone(),
             reason: "name an image such as python:3.12-slim",
