@@ -184,12 +184,13 @@ pub fn warn(message: impl std::fmt::Display) {
     eprintln!("{label}: {message}");
 }
 
-/// The flag, variable and key that raise a start or exec slot limit.
-fn slot_limit_names(what: &str) -> (&'static str, &'static str, &'static str) {
-    if what == "exec" {
-        ("--exec-limit", "CORRAL_EXEC_LIMIT", "daemon.exec_limit")
-    } else {
-        ("--start-limit", "CORRAL_START_LIMIT", "daemon.start_limit")
+/// The flag, variable and key that raise a start or exec slot limit;
+/// `None` for a wait that no limit caused (the circuit breaker's).
+fn slot_limit_names(what: &str) -> Option<(&'static str, &'static str, &'static str)> {
+    match what {
+        "exec" => Some(("--exec-limit", "CORRAL_EXEC_LIMIT", "daemon.exec_limit")),
+        "start" => Some(("--start-limit", "CORRAL_START_LIMIT", "daemon.start_limit")),
+        _ => None,
     }
 }
 
@@ -248,13 +249,15 @@ fn core_help(e: &CoreError) -> Vec<String> {
             "start-up command {index} comes from --startup or the config's `startup:`; run it \
              as the command (`corral run -- SCRIPT`) to see why it fails"
         ),
-        CoreError::SlotTimeout { what, limit, .. } => {
-            let (flag, var, key) = slot_limit_names(what);
-            format!(
+        CoreError::SlotTimeout { what, limit, .. } => match slot_limit_names(what) {
+            Some((flag, var, key)) => format!(
                 "raise {flag} (or {var}, {key}; now {limit}, 0: unlimited) or \
                  daemon.slot_wait_timeout_ms, or run fewer corral processes at once"
-            )
-        }
+            ),
+            None => "the daemon has been failing starts (circuit breaker open): check it \
+                     (`corral doctor`), then try again"
+                .to_string(),
+        },
         CoreError::Agent { .. } | CoreError::ShutDown { .. } | CoreError::Host { .. } => {
             return Vec::new()
         }
@@ -397,6 +400,18 @@ mod tests {
             reason: "no such host".into(),
         });
         assert!(Diagnostic::of(&e).help[0].contains("`corral pull py:9`"));
+
+        // The breaker's wait is no limit's: no flag to raise.
+        let e = anyhow::Error::new(CoreError::SlotTimeout {
+            what: "start (circuit breaker open)",
+            limit: 8,
+            waited: Duration::from_secs(600),
+        });
+        let help = &Diagnostic::of(&e).help[0];
+        assert!(
+            help.contains("circuit breaker") && !help.contains("--start-limit"),
+            "{help}"
+        );
 
         // Text alone gives no help: nothing is guessed from a message.
         let e = anyhow::anyhow!("no Docker daemon answered");

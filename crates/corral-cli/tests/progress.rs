@@ -190,19 +190,17 @@ fn a_starting_run_shows_a_spinner_on_a_terminal_only() {
     images();
     let shown = on_a_terminal(&format!("{CORRAL} run -- echo ran-it"));
     assert!(shown.contains("ran-it"), "{shown:?}");
-    assert!(
-        shown.contains("starting a sandbox from corral-test/busybox"),
-        "{shown:?}"
-    );
+    // The spinner names the image and the phase of the start it is in.
+    assert!(shown.contains("corral-test/busybox: "), "{shown:?}");
     let quiet = on_a_terminal(&format!("{CORRAL} --quiet run -- echo ran-it"));
     assert!(quiet.contains("ran-it"), "{quiet:?}");
-    assert!(!quiet.contains("starting a sandbox"), "{quiet:?}");
+    assert!(!quiet.contains("corral-test/busybox: "), "{quiet:?}");
     // --json on a terminal: stdout is the JSON object, and no spinner.
     let json = on_a_terminal(&format!("{CORRAL} run --json -- echo ran-it"));
-    assert!(!json.contains("starting a sandbox"), "{json:?}");
+    assert!(!json.contains("corral-test/busybox: "), "{json:?}");
     let (code, out, err) = off_a_terminal(&["run", "--", "echo ran-it"]);
     assert_eq!((code, out.as_str()), (0, "ran-it\n"), "{err}");
-    assert!(!err.contains("starting a sandbox"), "{err:?}");
+    assert!(!err.contains("corral-test/busybox: "), "{err:?}");
     assert_no_bar(&err);
 }
 
@@ -292,7 +290,7 @@ fn serve_counts_its_warm_pools_filling_on_a_terminal_only() {
     assert!(shown.contains("corral serve: shutting down"), "{shown:?}");
 
     // Off a terminal: the service starts its pool and draws nothing.
-    let mut serve = Command::new(CORRAL)
+    let serve = Command::new(CORRAL)
         .args(["--config", &config, "serve", "--listen", "127.0.0.1:0"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -325,4 +323,49 @@ fn doctor_shows_its_phase_on_a_terminal_only() {
     assert!(out.contains("protections in force"), "{out}");
     assert!(!err.contains("checking the daemon"), "{err:?}");
     assert_no_bar(&err);
+}
+
+/// While another holder has the only shared start slot (here `flock`, as
+/// another corral process holds it), `corral run`'s spinner says it waits
+/// for one; the run goes on when the slot is free.
+#[test]
+fn a_run_waiting_for_a_start_slot_says_so() {
+    use std::time::{Duration, Instant};
+
+    images();
+    let dir = std::env::temp_dir().join(format!("corral-progress-slots-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("slot dir");
+    let lock = dir.join("start-0.lock");
+    std::fs::write(&lock, "").expect("slot file");
+    let mut holder = Command::new("flock")
+        .arg(&lock)
+        .args(["sleep", "3"])
+        .spawn()
+        .expect("flock");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !Command::new("flock")
+        .args(["-n", "-E", "7"])
+        .arg(&lock)
+        .arg("true")
+        .status()
+        .is_ok_and(|s| s.code() == Some(7))
+    {
+        assert!(Instant::now() < deadline, "flock never held the slot");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let config = dir.join("corral.yaml");
+    std::fs::write(&config, format!("daemon:\n  slot_dir: {}\n", dir.display())).expect("config");
+    let shown = on_a_terminal(&format!(
+        "{CORRAL} --config {} --start-limit 1 run -- echo ran-it",
+        config.display()
+    ));
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        shown.contains("waiting for a start slot (--start-limit)"),
+        "{shown:?}"
+    );
+    assert!(shown.contains("ran-it"), "{shown:?}");
 }

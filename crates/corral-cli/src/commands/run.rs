@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use corral::metrics::StartPhase;
 use corral::{OutputStream, Recovered, Sandbox};
 use corral_core::command::DEFAULT_MAX_OUTPUT;
 use corral_core::config::Config;
@@ -310,8 +311,8 @@ pub async fn run(
         progress::wanted(args.json),
         "run",
         match &args.from_snapshot {
-            Some(name) => format!("starting a sandbox from snapshot {name}"),
-            None => format!("starting a sandbox from {}", spec.image),
+            Some(name) => format!("snapshot {name}: starting a sandbox"),
+            None => format!("{}: starting a sandbox", spec.image),
         },
     );
     let created = match &args.from_snapshot {
@@ -321,7 +322,12 @@ pub async fn run(
             .fork_with(name, 1, &spec.env)
             .await
             .map(|mut v| v.remove(0)),
-        None => backend.create(&spec).await,
+        None => {
+            let image = spec.image.clone();
+            let watch =
+                |phase: StartPhase| starting.message(format!("{image}: {}", phase_text(phase)));
+            backend.create_watched(&spec, &watch).await
+        }
     };
     starting.clear();
     let sandbox = match created {
@@ -379,6 +385,20 @@ pub async fn run(
         return Ok(ExitCode::from(125));
     }
     Ok(ExitCode::from(exit_code(&result)))
+}
+
+/// What the spinner of a starting sandbox says in each phase.
+fn phase_text(phase: StartPhase) -> &'static str {
+    match phase {
+        StartPhase::BreakerWait => "waiting: the daemon has been failing (circuit breaker open)",
+        StartPhase::SlotWait => "waiting for a start slot (--start-limit)",
+        StartPhase::Image | StartPhase::AgentVolume => "getting the image",
+        StartPhase::Create => "creating the sandbox",
+        StartPhase::Start => "starting the sandbox",
+        StartPhase::Attach => "connecting to the sandbox's agent",
+        StartPhase::Startup => "running the start-up commands",
+        StartPhase::FirstCommand => "running the command",
+    }
 }
 
 /// Forwarded stdin kept for a retry after the container is recreated; a
