@@ -11,6 +11,8 @@ use anyhow::Context;
 use clap::Args;
 use corral::Backend;
 
+use crate::diagnostics::CliError;
+
 /// Forward a local port to a server inside a sandbox.
 ///
 /// Forward a local port to a port of a server inside a sandbox (HTTP,
@@ -30,8 +32,13 @@ pub struct PortArgs {
 
 pub async fn run(config: super::BackendConfig, args: PortArgs) -> anyhow::Result<ExitCode> {
     if args.port == 0 {
-        eprintln!("corral port: PORT 0 is not a port (1 to 65535)");
-        return Ok(ExitCode::from(125));
+        return Err(CliError::BadArgument {
+            command: "port",
+            what: "PORT",
+            value: "0".into(),
+            reason: "a port is 1 to 65535",
+        }
+        .into());
     }
     let runtime = super::connect(config).await?;
     let backend = runtime.backend().clone();
@@ -47,19 +54,17 @@ pub async fn run(config: super::BackendConfig, args: PortArgs) -> anyhow::Result
     let sandbox = match matches.as_slice() {
         [one] => *one,
         [] => {
-            eprintln!("corral port: no sandbox '{wanted}' (see corral ps)");
-            return Ok(ExitCode::from(125));
+            return Err(CliError::NoSandbox {
+                wanted: wanted.to_string(),
+            }
+            .into())
         }
         many => {
-            eprintln!(
-                "corral port: '{wanted}' names {} sandboxes ({}); give more of the id",
-                many.len(),
-                many.iter()
-                    .map(|s| s.sandbox_id.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            return Ok(ExitCode::from(125));
+            return Err(CliError::AmbiguousSandbox {
+                wanted: wanted.to_string(),
+                ids: many.iter().map(|s| s.sandbox_id.clone()).collect(),
+            }
+            .into())
         }
     };
     let listener = tokio::net::TcpListener::bind(args.listen.trim())
