@@ -53,6 +53,9 @@ const DIRECT_RETRY: Duration = Duration::from_secs(60);
 /// How long a removal waits for the pod object to be gone.
 const REMOVE_WAIT: Duration = Duration::from_secs(30);
 
+/// Times an unconditional pod deletion answered 409 is tried again.
+const DELETE_CONFLICT_RETRIES: u32 = 5;
+
 /// How to reach the cluster and how hard to lean on it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KubeConfig {
@@ -717,7 +720,23 @@ impl KubeBackend {
         let pods = &self.inner.pods;
         let what = format!("delete pod {name} of sandbox {sandbox}");
         self.forget(name);
-        let deleted = match self.call(&what, || pods.delete(name, &params)).await {
+        // The deletion has no precondition, so a 409 is the API server's own
+        // write conflict (its graceful deletion racing the kubelet's status
+        // update), which upstream retries inside the server and some API
+        // servers return instead: ask again, as for any transient error.
+        let mut conflicts = 0;
+        let deleted = loop {
+            match self.call(&what, || pods.delete(name, &params)).await {
+                Err(e) if status_code(&e) == Some(409) && conflicts < DELETE_CONFLICT_RETRIES => {
+                    conflicts += 1;
+                    self.inner.retries.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(pod = name, error = %e, "pod deletion conflicted, retrying");
+                    tokio::time::sleep(Duration::from_millis(50 * u64::from(conflicts))).await;
+                }
+                other => break other,
+            }
+        };
+        let deleted = match deleted {
             Ok(d) => d,
             Err(e) if is_not_found(&e) => {
                 self.inner

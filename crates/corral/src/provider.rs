@@ -750,6 +750,13 @@ impl Provider {
             st.live += 1;
             return Plan::Create(None);
         }
+        // At the limit with a start for this pool under way: wait for it
+        // rather than evict a session and start one more (a pod start is
+        // seconds on a cluster; the refill's sandbox lands in the pool and
+        // wakes this acquire).
+        if profile.is_some_and(|p| st.refilling.get(p).is_some_and(|n| *n > 0)) {
+            return Plan::Wait;
+        }
         // At the limit: evict a warm spare first (no one's state), else the
         // least recently used idle session.
         let spare = st
