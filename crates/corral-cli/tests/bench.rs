@@ -166,7 +166,10 @@ fn json_report_has_every_row_and_ratio_and_leaves_nothing() {
             ])
             .output()
             .expect("docker images");
-        assert!(snaps.stdout.is_empty(), "the bench left its {suffix} snapshot");
+        assert!(
+            snaps.stdout.is_empty(),
+            "the bench left its {suffix} snapshot"
+        );
     }
 
     let ratios = v["ratios"].as_object().expect("ratios");

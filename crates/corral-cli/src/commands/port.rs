@@ -36,29 +36,10 @@ pub async fn run(config: super::BackendConfig, args: PortArgs) -> anyhow::Result
     let runtime = super::connect(config).await?;
     let backend = runtime.backend().clone();
     let list = backend.list().await?;
-    let wanted = args.sandbox.trim();
-    let matches: Vec<_> = list
-        .iter()
-        .filter(|s| {
-            !wanted.is_empty()
-                && (s.sandbox_id.starts_with(wanted) || s.placement.id().starts_with(wanted))
-        })
-        .collect();
-    let sandbox = match matches.as_slice() {
-        [one] => *one,
-        [] => {
-            eprintln!("corral port: no sandbox '{wanted}' (see corral ps)");
-            return Ok(ExitCode::from(125));
-        }
-        many => {
-            eprintln!(
-                "corral port: '{wanted}' names {} sandboxes ({}); give more of the id",
-                many.len(),
-                many.iter()
-                    .map(|s| s.sandbox_id.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+    let sandbox = match super::find_sandbox(&list, &args.sandbox, "port") {
+        Ok(s) => s,
+        Err(message) => {
+            eprintln!("{message}");
             return Ok(ExitCode::from(125));
         }
     };
