@@ -131,13 +131,13 @@ pub fn default_image() -> String {
 }
 
 /// The one sandbox of the engine's `list` whose id (or container id)
-/// starts with `wanted`, as `corral ps` shows them; otherwise the message
-/// `COMMAND` prints (none, or several, named).
+/// starts with `wanted`, as `corral ps` shows them; otherwise the error
+/// naming none or the several it matches.
 pub fn find_sandbox(
     list: &[corral_core::backend::SandboxInfo],
     wanted: &str,
-    command: &str,
-) -> Result<corral_core::backend::SandboxInfo, String> {
+) -> Result<corral_core::backend::SandboxInfo, crate::diagnostics::CliError> {
+    use crate::diagnostics::CliError;
     let wanted = wanted.trim();
     let matches: Vec<_> = list
         .iter()
@@ -148,16 +148,12 @@ pub fn find_sandbox(
         .collect();
     match matches.as_slice() {
         [one] => Ok((*one).clone()),
-        [] => Err(format!(
-            "corral {command}: no sandbox '{wanted}' (see corral ps)"
-        )),
-        many => Err(format!(
-            "corral {command}: '{wanted}' names {} sandboxes ({}); give more of the id",
-            many.len(),
-            many.iter()
-                .map(|s| s.sandbox_id.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
+        [] => Err(CliError::NoSandbox {
+            wanted: wanted.to_string(),
+        }),
+        many => Err(CliError::AmbiguousSandbox {
+            wanted: wanted.to_string(),
+            ids: many.iter().map(|s| s.sandbox_id.clone()).collect(),
+        }),
     }
 }

@@ -9,7 +9,11 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod commands;
+mod diagnostics;
 mod json;
+mod progress;
+
+use diagnostics::{CliError, Diagnostic};
 
 /// Hardened container sandboxes for AI agents and RL rollouts.
 #[derive(Parser)]
@@ -46,6 +50,11 @@ struct Cli {
     /// $CORRAL_EXEC_LIMIT and the config's `daemon.exec_limit` [default: 16].
     #[arg(long, global = true)]
     exec_limit: Option<usize>,
+
+    /// Draw no progress bars or spinners (they are drawn only when stderr
+    /// is a terminal anyway).
+    #[arg(long, short = 'q', global = true)]
+    quiet: bool,
 
     #[command(subcommand)]
     command: Command,
@@ -109,7 +118,8 @@ fn generated(command: &Command) -> Option<ExitCode> {
                 Some(name) => match cli.find_subcommand(name) {
                     Some(sub) => sub.clone().name(format!("corral-{name}")),
                     None => {
-                        eprintln!("corral man: no command '{name}'; `corral --help` lists them");
+                        let e = CliError::NoCommand { name: name.clone() };
+                        Diagnostic::of(&e.into()).emit();
                         return Some(ExitCode::from(125));
                     }
                 },
@@ -117,7 +127,7 @@ fn generated(command: &Command) -> Option<ExitCode> {
             match clap_mangen::Man::new(page).render(&mut std::io::stdout()) {
                 Ok(()) => Some(ExitCode::SUCCESS),
                 Err(e) => {
-                    eprintln!("corral man: {e}");
+                    Diagnostic::new(format!("cannot write the man page: {e}")).emit();
                     Some(ExitCode::from(125))
                 }
             }
@@ -128,6 +138,7 @@ fn generated(command: &Command) -> Option<ExitCode> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    progress::set_quiet(cli.quiet);
     let flags = commands::config::Flags {
         endpoint: cli.endpoint,
         start_limit: cli.start_limit,
@@ -152,7 +163,7 @@ fn main() -> ExitCode {
     let settings = match commands::config::load(cli.config.as_deref(), &flags) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("corral: {e:#}");
+            Diagnostic::of(&e).emit();
             return ExitCode::from(125);
         }
     };
@@ -162,7 +173,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("corral: cannot start the async runtime: {e}");
+            Diagnostic::new(format!("cannot start the async runtime: {e}")).emit();
             return ExitCode::from(125);
         }
     };
@@ -200,7 +211,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("corral: {e:#}");
+            Diagnostic::of(&e).emit();
             ExitCode::from(125)
         }
     }

@@ -204,7 +204,31 @@ fn corral_events_follows_a_lifecycle_in_order_and_resumes_after_an_id() {
         .expect("run");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(125), "{err}");
-    assert!(err.contains("401"), "{err}");
+    assert!(err.starts_with("error: the service at "), "{err}");
+    assert!(err.contains("answered 401"), "{err}");
+    assert!(
+        err.contains(
+            "\nhelp: the --token given was refused: give the service's token (its \
+             server.token, CORRAL_TOKEN or server.admin_token)\n"
+        ),
+        "{err}"
+    );
+    // The same token from the environment: the help names the variable.
+    let out = Command::new(CORRAL)
+        .args(["events", "--url", &s.url()])
+        .env("CORRAL_TOKEN", "wrong-token")
+        .env_remove("CORRAL_CONFIG")
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains(
+            "\nhelp: the token in CORRAL_TOKEN was refused: set CORRAL_TOKEN (or give --token) \
+             to the service's token\n"
+        ),
+        "{err}"
+    );
     // No service there: says where it looked.
     let out = Command::new(CORRAL)
         .args(["events", "--url", "http://127.0.0.1:9"])
@@ -213,4 +237,10 @@ fn corral_events_follows_a_lifecycle_in_order_and_resumes_after_an_id() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(125), "{err}");
     assert!(err.contains("127.0.0.1:9"), "{err}");
+    assert!(
+        err.contains(
+            "\nhelp: start the service (`corral serve`), or point --url at where it listens\n"
+        ),
+        "{err}"
+    );
 }

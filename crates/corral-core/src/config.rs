@@ -30,6 +30,10 @@ use crate::pool::ProviderConfig;
 use crate::server_limits::ServerLimits;
 use crate::spec::{HostView, SandboxSpec, SpecError};
 
+mod keys;
+
+pub use keys::known_keys;
+
 /// The example configuration shipped at `examples/corral.yaml`: every key
 /// with its default value and what it does.
 pub const EXAMPLE_YAML: &str = include_str!("../../../examples/corral.yaml");

@@ -98,10 +98,9 @@ pub async fn connect(explicit: Option<&str>) -> Result<(Docker, String), Error> 
     }
     Err(Error::EngineUnavailable {
         engine: "Docker",
-        detail: format!(
-            "tried {}; start a daemon or point DOCKER_HOST (or --endpoint) at one",
-            tried.join("; ")
-        ),
+        // What to do about it is the front end's to say (the CLI's
+        // `help:` line), in its own terms.
+        detail: format!("tried {}", tried.join("; ")),
     })
 }
 

@@ -46,7 +46,7 @@ pub use delta::Delta;
 pub use files::{DirEntry, EntryKind, FileError, FileOptions};
 pub use provider::{Held, Lease, Provider, ProviderStats};
 pub use reset::{ResetMode, ResetOutcome};
-pub use runtime::{GcReport, Runtime, RuntimeConfig, StartTimings};
+pub use runtime::{GcReport, GcStep, PhaseWatch, Runtime, RuntimeConfig, StartTimings};
 pub use sandbox::{ExecEvent, Execution, OutputStream, Recovered, Sandbox, StdinWriter};
 pub use shell::{SessionResult, ShellOptions, ShellSession};
 pub use snapshots::SnapshotOptions;

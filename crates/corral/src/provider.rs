@@ -666,7 +666,7 @@ impl Provider {
                     let created = self
                         .inner
                         .runtime
-                        .create_from(spec, base.clone(), Some(key))
+                        .create_from(spec, base.clone(), Some(key), None)
                         .await;
                     let sandbox = match created {
                         Ok(sb) => sb,

@@ -140,6 +140,23 @@ pub struct GcReport {
     pub snapshots_removed: Vec<String>,
 }
 
+/// How far a [`Runtime::gc_with`] has got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GcStep {
+    /// The sandboxes to remove are known: `total` of them.
+    Sandboxes {
+        /// How many will be removed (or fail to be).
+        total: usize,
+    },
+    /// One more of them was removed, or failed to be.
+    SandboxDone,
+    /// What the engine kept for sandboxes gone (volumes, Leases) is being
+    /// removed.
+    Volumes,
+    /// Snapshots whose owner is gone are being removed.
+    Snapshots,
+}
+
 /// corral's runtime over one backend. Cheap to clone; share one per process.
 #[derive(Clone)]
 pub struct Runtime {
@@ -165,6 +182,19 @@ pub(crate) struct RuntimeInner {
 /// A span for one phase of a start, a child of the `sandbox_start` span.
 pub(crate) fn phase_span(phase: StartPhase) -> tracing::Span {
     tracing::debug_span!("start_phase", phase = phase.as_str())
+}
+
+/// Told each phase a start enters, as it enters it
+/// ([`Runtime::create_watched`]): what a progress display shows while a
+/// start waits for a slot, pulls an image or runs start-up commands.
+pub type PhaseWatch<'a> = Option<&'a (dyn Fn(StartPhase) + Send + Sync)>;
+
+/// Tells `watch` that `phase` begins; the phase's span.
+fn enter(watch: PhaseWatch<'_>, phase: StartPhase) -> tracing::Span {
+    if let Some(watch) = watch {
+        watch(phase);
+    }
+    phase_span(phase)
 }
 
 /// A started sandbox with its agent connected, before it becomes a [`Sandbox`].
@@ -320,31 +350,51 @@ impl Runtime {
     /// Removes orphans: sandboxes whose owning corral process is gone. With
     /// `all`, removes every non-persistent corral sandbox, owned or not.
     pub async fn gc(&self, all: bool) -> Result<GcReport, Error> {
+        self.gc_with(all, |_| {}).await
+    }
+
+    /// [`Runtime::gc`], telling `progress` how far it has got (for a
+    /// progress bar: a daemon with many orphans takes a while).
+    pub async fn gc_with(
+        &self,
+        all: bool,
+        mut progress: impl FnMut(GcStep),
+    ) -> Result<GcReport, Error> {
         let mut report = GcReport::default();
+        let mut doomed = Vec::new();
         for info in self.list_sandboxes().await? {
             let remove = match info.ownership {
                 Ownership::Orphan => true,
                 Ownership::LiveOwner | Ownership::ForeignHost => all,
                 Ownership::Persistent => false,
             };
-            if !remove {
+            if remove {
+                doomed.push(info);
+            } else {
                 report.kept.push(info);
-                continue;
             }
-            match self
+        }
+        progress(GcStep::Sandboxes {
+            total: doomed.len(),
+        });
+        for info in doomed {
+            let outcome = self
                 .inner
                 .backend
                 .remove(&info.placement, &info.sandbox_id)
-                .await
-            {
+                .await;
+            match outcome {
                 Ok(()) => report.removed.push(info),
                 Err(e) => {
                     tracing::warn!(sandbox = %info.sandbox_id, error = %e, "gc could not remove a sandbox");
                     report.failed.push((info, e.to_string()));
                 }
             }
+            progress(GcStep::SandboxDone);
         }
+        progress(GcStep::Volumes);
         report.volumes_removed = self.inner.backend.collect_garbage().await?;
+        progress(GcStep::Snapshots);
         report.snapshots_removed = self.gc_snapshots(all).await?;
         Ok(report)
     }
@@ -386,6 +436,17 @@ impl Runtime {
         self.create_for(spec, None).await
     }
 
+    /// [`Runtime::create`], telling `watch` each phase the start enters
+    /// (waiting for a slot, the image, creating, starting, attaching,
+    /// start-up commands).
+    pub async fn create_watched(
+        &self,
+        spec: &SandboxSpec,
+        watch: &(dyn Fn(StartPhase) + Send + Sync),
+    ) -> Result<Sandbox, Error> {
+        self.create_from(spec, None, None, Some(watch)).await
+    }
+
     /// [`Runtime::create`] for provider session `session` (its events
     /// carry the key from the first on).
     pub(crate) async fn create_for(
@@ -393,7 +454,7 @@ impl Runtime {
         spec: &SandboxSpec,
         session: Option<&str>,
     ) -> Result<Sandbox, Error> {
-        self.create_from(spec, None, session).await
+        self.create_from(spec, None, session, None).await
     }
 
     /// [`Runtime::create_for`] of a sandbox whose agent first takes `base`
@@ -403,13 +464,14 @@ impl Runtime {
         spec: &SandboxSpec,
         base: Option<Delta>,
         session: Option<&str>,
+        watch: PhaseWatch<'_>,
     ) -> Result<Sandbox, Error> {
         let id = format!("sb-{}", host::random_hex(12));
         let tenant = spec
             .labels
             .get(crate::events::TENANT_LABEL)
             .map(String::as_str);
-        match self.create_as(spec, id.clone(), base).await {
+        match self.create_as(spec, id.clone(), base, watch).await {
             Ok(sb) => {
                 if let Some(key) = session {
                     sb.set_session(key);
@@ -443,9 +505,10 @@ impl Runtime {
         spec: &SandboxSpec,
         id: String,
         base: Option<Delta>,
+        watch: PhaseWatch<'_>,
     ) -> Result<Sandbox, Error> {
         let span = tracing::info_span!("sandbox_start", sandbox = %id, image = %spec.image);
-        let started = self.start_new(spec, &id).instrument(span).await?;
+        let started = self.start_new(spec, &id, watch).instrument(span).await?;
         let sandbox = Sandbox::new(
             id,
             started.placement,
@@ -462,7 +525,7 @@ impl Runtime {
         );
         let startup = sandbox
             .run_startup()
-            .instrument(phase_span(StartPhase::Startup))
+            .instrument(enter(watch, StartPhase::Startup))
             .await;
         guard.disarm();
         timings.startup = match startup {
@@ -569,7 +632,12 @@ impl Runtime {
 
     /// Validates `spec`, then has the backend create and start sandbox `id`
     /// and connects to its agent, under the start limit and the breaker.
-    pub(crate) async fn start_new(&self, spec: &SandboxSpec, id: &str) -> Result<Started, Error> {
+    pub(crate) async fn start_new(
+        &self,
+        spec: &SandboxSpec,
+        id: &str,
+        watch: PhaseWatch<'_>,
+    ) -> Result<Started, Error> {
         let total = Instant::now();
         let mut timings = StartTimings::default();
         spec.validate(&RealHost)?;
@@ -581,19 +649,22 @@ impl Runtime {
             owner: &self.inner.owner,
         };
         let backend = &self.inner.backend;
-        let prepared = backend.prepare(&req).await?;
+        let prepared = backend
+            .prepare(&req)
+            .instrument(enter(watch, StartPhase::Image))
+            .await?;
         timings.image = prepared.image;
         timings.agent_volume = prepared.agent;
 
         timings.breaker_wait = self
             .breaker_admit()
-            .instrument(phase_span(StartPhase::BreakerWait))
+            .instrument(enter(watch, StartPhase::BreakerWait))
             .await?;
         let slot = self
             .inner
             .start_slots
             .acquire()
-            .instrument(phase_span(StartPhase::SlotWait))
+            .instrument(enter(watch, StartPhase::SlotWait))
             .await?;
         timings.slot_wait = slot.waited;
         if !slot.waited.is_zero() {
@@ -604,7 +675,7 @@ impl Runtime {
         let t = Instant::now();
         let created = backend
             .create(&req)
-            .instrument(phase_span(StartPhase::Create))
+            .instrument(enter(watch, StartPhase::Create))
             .await;
         timings.create = t.elapsed();
         let placement = match created {
@@ -626,7 +697,7 @@ impl Runtime {
         let t2 = Instant::now();
         let start = backend
             .start(&req, &placement)
-            .instrument(phase_span(StartPhase::Start))
+            .instrument(enter(watch, StartPhase::Start))
             .await;
         timings.start = t2.elapsed();
         match &start {
@@ -645,7 +716,7 @@ impl Runtime {
                     }
                     self.connect(&placement, id, spec).await
                 }
-                .instrument(phase_span(StartPhase::Attach))
+                .instrument(enter(watch, StartPhase::Attach))
                 .await;
                 timings.attach = t.elapsed();
                 r

@@ -638,7 +638,7 @@ impl Sandbox {
         if let Err(e) = runtime.remove(old, id).await {
             tracing::warn!(sandbox = %id, container = %old, error = %e, "removing the sandbox's earlier container failed");
         }
-        let started = runtime.start_new(&self.inner.spec, id).await?;
+        let started = runtime.start_new(&self.inner.spec, id, None).await?;
         let placement = started.placement.clone();
         self.swap(started.placement, started.conn);
         self.set_timings(started.timings);

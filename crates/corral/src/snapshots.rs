@@ -325,7 +325,7 @@ impl Runtime {
         let info = self.snapshot_info(name).await?;
         let base = self.fork_base(&info).await?;
         let spec = info.fork_spec_with(env);
-        let starts = (0..n).map(|_| self.create_from(&spec, base.clone(), None));
+        let starts = (0..n).map(|_| self.create_from(&spec, base.clone(), None, None));
         let results = futures_util::future::join_all(starts).await;
         let mut made = Vec::with_capacity(n);
         let mut failed = None;

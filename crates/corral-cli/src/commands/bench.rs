@@ -6,7 +6,6 @@
 //! [`Bench::clean_up`] shuts the provider down and removes every container
 //! of the run.
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -84,7 +83,8 @@ impl BenchArgs {
             commands: self.commands,
             parallel: self.parallel,
             samples: self.samples,
-            progress: !self.json && std::io::stderr().is_terminal(),
+            // corral-bench draws its own bar, on the CLI's terms.
+            progress: crate::progress::wanted(self.json),
             rows: self.rows,
         }
     }
@@ -121,7 +121,7 @@ pub async fn run(
         }
         Some(Err(e)) => {
             if let Err(s) = swept {
-                eprintln!("corral: {s:#}");
+                crate::diagnostics::Diagnostic::of(&s).emit();
             }
             Err(e)
         }

@@ -127,7 +127,7 @@ pub fn run(named: Option<&Path>, flags: &Flags, args: ConfigArgs) -> ExitCode {
                     ExitCode::SUCCESS
                 }
                 (Err(e), _) => {
-                    eprintln!("corral: {e:#}");
+                    crate::diagnostics::Diagnostic::of(&e).emit();
                     ExitCode::from(1)
                 }
             }
@@ -143,7 +143,7 @@ pub fn run(named: Option<&Path>, flags: &Flags, args: ConfigArgs) -> ExitCode {
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
-                    eprintln!("corral: {e:#}");
+                    crate::diagnostics::Diagnostic::of(&e).emit();
                     ExitCode::from(1)
                 }
             }

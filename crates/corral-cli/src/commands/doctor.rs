@@ -4,6 +4,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 
+use crate::progress::{self, Progress};
+
 /// Check the daemon (or cluster) and the protections in force.
 ///
 /// Check the daemon: reachable, API version, runtimes, cgroup version,
@@ -16,6 +18,7 @@ use clap::Args;
 /// the config's `defaults` and whether a pristine one resets in place (if
 /// not, why: Pod Security, seccomp, AppArmor). Exits 1 when a protection
 /// or permission does not hold (in-place reset is reported, not required).
+/// On a terminal a spinner shows which check is under way (--quiet: none).
 #[derive(Args, Debug)]
 pub struct DoctorArgs {
     /// Image for the probe sandbox [default: $CORRAL_IMAGE or corral-test/busybox].
@@ -36,17 +39,22 @@ pub async fn run(
     }
     let (runtime, backend) = super::connect_docker(config).await?;
     let image = (!args.no_probe).then(|| args.image.clone().unwrap_or_else(super::default_image));
+    let checking = Progress::spinner(progress::wanted(false), "doctor", "checking the daemon");
     let r = backend.doctor(image.as_deref(), runtime.owner()).await?;
     let (protections, reset) = match &image {
         Some(image) => {
             let spec = corral::SandboxSpec::new(image);
+            checking.phase(format!("probing a sandbox from {image}"));
+            let protections = corral::doctor::probe(&runtime, &spec).await?;
+            checking.phase("probing in-place reset");
             (
-                corral::doctor::probe(&runtime, &spec).await?,
+                protections,
                 Some(corral::doctor::reset_probe(&runtime, &spec).await),
             )
         }
         None => (Vec::new(), None),
     };
+    checking.clear();
     println!("daemon        {} (reachable)", r.endpoint);
     println!("version       {} (API {})", r.server_version, r.api_version);
     println!("os / kernel   {} / {}", r.os, r.kernel);

@@ -28,19 +28,15 @@ pub async fn run(config: super::BackendConfig, args: EgressArgs) -> anyhow::Resu
     let runtime = super::connect(config).await?;
     let backend = runtime.backend().clone();
     let list = backend.list().await?;
-    let sandbox = match super::find_sandbox(&list, &args.sandbox, "egress") {
-        Ok(s) => s,
-        Err(message) => {
-            eprintln!("{message}");
-            return Ok(ExitCode::from(125));
-        }
-    };
+    let sandbox = super::find_sandbox(&list, &args.sandbox)?;
     let Some(c) = backend.egress_counts(&sandbox.sandbox_id).await? else {
-        eprintln!(
-            "corral egress: sandbox {} has no egress policy (network: {{egress: ...}})",
-            sandbox.sandbox_id
-        );
-        return Ok(ExitCode::from(125));
+        return Err(crate::diagnostics::CliError::BadArgument {
+            command: "egress",
+            what: "SANDBOX",
+            value: sandbox.sandbox_id,
+            reason: "it has no egress policy (network: {egress: ...}), so nothing counts what it reaches",
+        }
+        .into());
     };
     if args.json {
         println!(

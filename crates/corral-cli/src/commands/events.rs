@@ -14,7 +14,7 @@
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
@@ -27,6 +27,8 @@ use http_body_util::{BodyExt, Empty};
 use hyper::header;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
+
+use crate::diagnostics::{CliError, TokenSource};
 
 /// The event kinds the service names (`corral::events::EventKind`).
 const KINDS: [&str; 9] = [
@@ -165,7 +167,7 @@ fn default_url(config: &Config) -> String {
 /// The token a local service generated for `target`, from its file in
 /// `dir` (only files this user owns and others cannot write, as the Python
 /// client reads them; never for a host that is not loopback).
-fn discovered_token(dir: &Path, target: &Target) -> Option<String> {
+fn discovered_token(dir: &Path, target: &Target) -> Option<(String, PathBuf)> {
     let Target::Tcp { host, port, .. } = target else {
         return None;
     };
@@ -179,7 +181,7 @@ fn discovered_token(dir: &Path, target: &Target) -> Option<String> {
     }
     // This process's uid: the owner of its /proc entry.
     let me = std::fs::metadata("/proc/self").ok()?.uid();
-    let mut best: Option<(u8, String)> = None;
+    let mut best: Option<(u8, String, PathBuf)> = None;
     for entry in std::fs::read_dir(dir).ok()?.flatten() {
         let name = entry.file_name();
         let name = name.to_string_lossy();
@@ -218,27 +220,39 @@ fn discovered_token(dir: &Path, target: &Target) -> Option<String> {
         } else {
             continue;
         };
-        if best.as_ref().is_none_or(|(r, _)| rank < *r) {
-            best = Some((rank, token.to_string()));
+        if best.as_ref().is_none_or(|(r, _, _)| rank < *r) {
+            best = Some((rank, token.to_string(), entry.path()));
         }
     }
-    best.map(|(_, t)| t)
+    best.map(|(_, t, path)| (t, path))
 }
 
-/// The token to send, or `None` (the Unix socket's owner needs none).
-fn token_for(args: &EventsArgs, config: &Config, target: &Target) -> Option<String> {
+/// The token to send, or `None` (the Unix socket's owner needs none), and
+/// where it came from (for the help when it is refused).
+fn token_for(args: &EventsArgs, config: &Config, target: &Target) -> (Option<String>, TokenSource) {
     if let Some(t) = &args.token {
-        return Some(t.clone());
+        return (Some(t.clone()), TokenSource::Flag);
     }
     if matches!(target, Target::Unix(_)) {
-        return None;
+        return (None, TokenSource::None);
     }
-    config
-        .server
-        .admin_token
-        .clone()
-        .or_else(|| config.server.token.clone())
-        .or_else(|| discovered_token(&config.runtime_dir(&RealHost), target))
+    if let Some(t) = &config.server.admin_token {
+        return (Some(t.clone()), TokenSource::Config("server.admin_token"));
+    }
+    if let Some(t) = &config.server.token {
+        // CORRAL_TOKEN overrides the file's server.token when set.
+        let from_env = std::env::var("CORRAL_TOKEN").is_ok_and(|v| !v.is_empty());
+        let source = if from_env {
+            TokenSource::Env("CORRAL_TOKEN")
+        } else {
+            TokenSource::Config("server.token")
+        };
+        return (Some(t.clone()), source);
+    }
+    match discovered_token(&config.runtime_dir(&RealHost), target) {
+        Some((t, path)) => (Some(t), TokenSource::File(path)),
+        None => (None, TokenSource::None),
+    }
 }
 
 /// Whether an event passes `--sandbox` and `--kind`.
@@ -300,7 +314,10 @@ async fn connect(
         Target::Tcp { host, port, .. } => {
             let stream = tokio::net::TcpStream::connect((host.as_str(), *port))
                 .await
-                .with_context(|| format!("cannot reach the service at {host}:{port}"))?;
+                .map_err(|e| CliError::ServiceUnreachable {
+                    url: format!("{host}:{port}"),
+                    reason: e.to_string(),
+                })?;
             let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
                 .await
                 .context("HTTP handshake with the service")?;
@@ -308,9 +325,12 @@ async fn connect(
             Ok(send)
         }
         Target::Unix(path) => {
-            let stream = tokio::net::UnixStream::connect(path)
-                .await
-                .with_context(|| format!("cannot reach the service at unix://{path}"))?;
+            let stream = tokio::net::UnixStream::connect(path).await.map_err(|e| {
+                CliError::ServiceUnreachable {
+                    url: format!("unix://{path}"),
+                    reason: e.to_string(),
+                }
+            })?;
             let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
                 .await
                 .context("HTTP handshake with the service")?;
@@ -324,7 +344,7 @@ async fn connect(
 pub async fn run(config: &Config, args: EventsArgs) -> anyhow::Result<ExitCode> {
     let url = args.url.clone().unwrap_or_else(|| default_url(config));
     let target = Target::parse(&url)?;
-    let token = token_for(&args, config, &target);
+    let (token, token_source) = token_for(&args, config, &target);
     let query = match args.since {
         Some(id) => format!("/v1/events?after={id}"),
         None => "/v1/events".to_string(),
@@ -357,12 +377,13 @@ pub async fn run(config: &Config, args: EventsArgs) -> anyhow::Result<ExitCode> 
             .ok()
             .and_then(|v| v["error"]["message"].as_str().map(String::from))
             .unwrap_or_else(|| String::from_utf8_lossy(&body).trim().to_string());
-        let hint = if status == hyper::StatusCode::UNAUTHORIZED {
-            " (give --token, or set server.admin_token or CORRAL_TOKEN)"
-        } else {
-            ""
-        };
-        bail!("the service at {url} answered {status}: {message}{hint}");
+        return Err(CliError::ServiceRefused {
+            url,
+            status: status.as_u16(),
+            message,
+            token: token_source,
+        }
+        .into());
     }
     let mut events = sse_stream::SseStream::new(resp.into_body());
     let mut printed = 0u64;
@@ -515,7 +536,9 @@ mod tests {
             "writable",
             0o622,
         );
-        let at = |url: &str| discovered_token(&dir, &Target::parse(url).expect("url"));
+        let at = |url: &str| {
+            discovered_token(&dir, &Target::parse(url).expect("url")).map(|(token, _)| token)
+        };
         assert_eq!(at("http://127.0.0.1:7070").as_deref(), Some("exact"));
         assert_eq!(at("http://localhost:7070").as_deref(), Some("exact"));
         assert_eq!(at("http://127.0.0.1:7071"), None, "others may write it");

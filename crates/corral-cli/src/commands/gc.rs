@@ -3,7 +3,11 @@
 use std::process::ExitCode;
 
 use clap::Args;
+use corral::GcStep;
 use corral_core::outcome::short;
+
+use crate::diagnostics::Diagnostic;
+use crate::progress::{self, Progress};
 
 /// Remove orphaned sandboxes, volumes and snapshots.
 ///
@@ -14,6 +18,8 @@ use corral_core::outcome::short;
 /// Kubernetes an owner is alive while its Lease is renewed, whatever host
 /// it runs on: pods whose Lease expired are removed, and so are expired
 /// Leases; persistent sessions' volumes are never removed.
+///
+/// On a terminal a progress bar counts the sandboxes removed (--quiet: none).
 #[derive(Args, Debug)]
 pub struct GcArgs {
     /// Also remove sandboxes and snapshots whose owner is alive or on
@@ -25,7 +31,25 @@ pub struct GcArgs {
 
 pub async fn run(config: crate::commands::BackendConfig, args: GcArgs) -> anyhow::Result<ExitCode> {
     let backend = super::connect(config).await?;
-    let report = backend.gc(args.all).await?;
+    let bar = Progress::spinner(progress::wanted(false), "gc", "listing sandboxes");
+    let report = backend
+        .gc_with(args.all, |step| match step {
+            GcStep::Sandboxes { total } => {
+                bar.message("sandboxes removed");
+                bar.count(total as u64);
+            }
+            GcStep::SandboxDone => bar.inc(),
+            GcStep::Volumes => bar.phase("removing unused volumes"),
+            GcStep::Snapshots => bar.phase("removing orphaned snapshots"),
+        })
+        .await?;
+    let done = report.removed.len() + report.failed.len();
+    bar.finish(format!(
+        "{}/{done} sandboxes removed, {} volumes, {} snapshots",
+        report.removed.len(),
+        report.volumes_removed.len(),
+        report.snapshots_removed.len()
+    ));
     for s in &report.removed {
         println!(
             "removed {} ({}, {})",
@@ -45,11 +69,12 @@ pub async fn run(config: crate::commands::BackendConfig, args: GcArgs) -> anyhow
         println!("removed snapshot {name}");
     }
     for (s, e) in &report.failed {
-        eprintln!(
-            "corral: could not remove {} ({}): {e}",
+        Diagnostic::new(format!(
+            "could not remove {} ({}): {e}",
             s.sandbox_id,
             short(&s.placement.0)
-        );
+        ))
+        .emit();
     }
     println!(
         "{} removed, {} kept, {} failed",

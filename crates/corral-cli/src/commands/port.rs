@@ -11,6 +11,8 @@ use anyhow::Context;
 use clap::Args;
 use corral::Backend;
 
+use crate::diagnostics::CliError;
+
 /// Forward a local port to a server inside a sandbox.
 ///
 /// Forward a local port to a port of a server inside a sandbox (HTTP,
@@ -30,19 +32,18 @@ pub struct PortArgs {
 
 pub async fn run(config: super::BackendConfig, args: PortArgs) -> anyhow::Result<ExitCode> {
     if args.port == 0 {
-        eprintln!("corral port: PORT 0 is not a port (1 to 65535)");
-        return Ok(ExitCode::from(125));
+        return Err(CliError::BadArgument {
+            command: "port",
+            what: "PORT",
+            value: "0".into(),
+            reason: "a port is 1 to 65535",
+        }
+        .into());
     }
     let runtime = super::connect(config).await?;
     let backend = runtime.backend().clone();
     let list = backend.list().await?;
-    let sandbox = match super::find_sandbox(&list, &args.sandbox, "port") {
-        Ok(s) => s,
-        Err(message) => {
-            eprintln!("{message}");
-            return Ok(ExitCode::from(125));
-        }
-    };
+    let sandbox = super::find_sandbox(&list, &args.sandbox)?;
     let listener = tokio::net::TcpListener::bind(args.listen.trim())
         .await
         .with_context(|| format!("cannot listen on --listen '{}'", args.listen))?;

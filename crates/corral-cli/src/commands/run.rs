@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use corral::metrics::StartPhase;
 use corral::{OutputStream, Recovered, Sandbox};
 use corral_core::command::DEFAULT_MAX_OUTPUT;
 use corral_core::config::Config;
@@ -14,15 +15,19 @@ use corral_core::{
 };
 use tokio::io::AsyncReadExt;
 
+use crate::diagnostics::{self, Diagnostic};
 use crate::json;
+use crate::progress::{self, Progress};
 
 /// Run COMMAND with /bin/sh -c in a new hardened sandbox, then remove it.
 ///
 /// Output is passed through and corral exits with the command's exit code.
 /// When the command does not exit by itself, the exit code says why:
 /// 124 timeout, 137 OOM-killed, 127 could not start, 125 any other failure
-/// (container lost, daemon unavailable, image not found, invalid spec).
+/// (container lost, daemon unavailable, image not found, invalid spec),
+/// reported as `error: ...` with a `help: ...` line saying what to do next.
 /// With --json, one JSON object describes the outcome instead.
+/// On a terminal a spinner shows while the sandbox starts (--quiet: none).
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct RunArgs {
@@ -293,15 +298,23 @@ pub async fn run(
     let script = args.command.join(" ");
     let spec = match args.spec(settings) {
         Ok(s) => s,
-        Err(e) => return finish_early(&args, FailureKind::InvalidSpec, format!("{e:#}")),
+        Err(e) => return finish_early(&args, FailureKind::InvalidSpec, Diagnostic::of(&e)),
     };
     // Listen for Ctrl-C and SIGTERM before anything is created, so an
     // interrupt at any point (even mid-create) ends in teardown, not a leak.
     let mut interrupt = Interrupt::listen()?;
     let backend = match super::connect(config).await {
         Ok(b) => b,
-        Err(e) => return finish_early(&args, FailureKind::DaemonUnavailable, format!("{e:#}")),
+        Err(e) => return finish_early(&args, FailureKind::DaemonUnavailable, Diagnostic::of(&e)),
     };
+    let starting = Progress::spinner(
+        progress::wanted(args.json),
+        "run",
+        match &args.from_snapshot {
+            Some(name) => format!("snapshot {name}: starting a sandbox"),
+            None => format!("{}: starting a sandbox", spec.image),
+        },
+    );
     let created = match &args.from_snapshot {
         // The snapshot keeps its variables' names, not their values: they
         // come from this run's --env flags and the configured defaults.
@@ -309,14 +322,17 @@ pub async fn run(
             .fork_with(name, 1, &spec.env)
             .await
             .map(|mut v| v.remove(0)),
-        None => backend.create(&spec).await,
+        None => {
+            let image = spec.image.clone();
+            let watch =
+                |phase: StartPhase| starting.message(format!("{image}: {}", phase_text(phase)));
+            backend.create_watched(&spec, &watch).await
+        }
     };
+    starting.clear();
     let sandbox = match created {
         Ok(s) => s,
-        Err(e) => {
-            let f = e.failure();
-            return finish_early(&args, f.kind, f.message);
-        }
+        Err(e) => return finish_early(&args, e.kind(), Diagnostic::of_core(&e)),
     };
 
     let result = tokio::select! {
@@ -330,22 +346,28 @@ pub async fn run(
                 durable: true,
                 ..Default::default()
             };
-            match sandbox.snapshot(name, opts).await {
+            let keeping = Progress::spinner(
+                progress::wanted(args.json),
+                "run",
+                format!("keeping snapshot {name}"),
+            );
+            let kept = sandbox.snapshot(name, opts).await;
+            keeping.clear();
+            match kept {
                 Ok(info) => eprintln!("corral: kept snapshot {} ({})", info.name, info.image),
                 Err(e) => {
-                    eprintln!("corral: could not keep snapshot {name}: {e}");
+                    let mut d = Diagnostic::of_core(&e);
+                    d.error = format!("could not keep snapshot {name}: {}", d.error);
+                    d.emit();
                     snapshot_failed = true;
                 }
             }
         } else {
-            eprintln!("corral: the command failed; no snapshot {name} kept");
+            diagnostics::warn(format!("the command failed; no snapshot {name} kept"));
         }
     }
     if let Err(e) = sandbox.destroy().await {
-        eprintln!(
-            "corral: warning: could not remove sandbox {}: {e}",
-            sandbox.id()
-        );
+        diagnostics::warn(format!("could not remove sandbox {}: {e}", sandbox.id()));
     }
     let Some(result) = result else {
         eprintln!("corral: interrupted; sandbox {} removed", sandbox.id());
@@ -357,12 +379,26 @@ pub async fn run(
             serde_json::to_string(&json::result(&result, Some(sandbox.id())))?
         );
     } else if let Some(f) = &result.failure {
-        eprintln!("corral: {f}");
+        Diagnostic::of_failure(f).emit();
     }
     if snapshot_failed {
         return Ok(ExitCode::from(125));
     }
     Ok(ExitCode::from(exit_code(&result)))
+}
+
+/// What the spinner of a starting sandbox says in each phase.
+fn phase_text(phase: StartPhase) -> &'static str {
+    match phase {
+        StartPhase::BreakerWait => "waiting: the daemon has been failing (circuit breaker open)",
+        StartPhase::SlotWait => "waiting for a start slot (--start-limit)",
+        StartPhase::Image | StartPhase::AgentVolume => "getting the image",
+        StartPhase::Create => "creating the sandbox",
+        StartPhase::Start => "starting the sandbox",
+        StartPhase::Attach => "connecting to the sandbox's agent",
+        StartPhase::Startup => "running the start-up commands",
+        StartPhase::FirstCommand => "running the command",
+    }
 }
 
 /// Forwarded stdin kept for a retry after the container is recreated; a
@@ -458,13 +494,25 @@ async fn execute(sandbox: &Sandbox, args: &RunArgs, script: String) -> CommandRe
     sandbox.run_with(&cmd, sink).await
 }
 
-/// Reports a failure that happened before the command could run.
-fn finish_early(args: &RunArgs, kind: FailureKind, message: String) -> anyhow::Result<ExitCode> {
-    let result = CommandResult::failed(corral_core::Failure::new(kind, message), Duration::ZERO);
+/// Reports a failure that happened before the command could run: as the
+/// JSON outcome with --json, else as `error:` (the failure's kind and
+/// message) and the diagnostic's help.
+fn finish_early(
+    args: &RunArgs,
+    kind: FailureKind,
+    diagnostic: Diagnostic,
+) -> anyhow::Result<ExitCode> {
+    let failure = corral_core::Failure::new(kind, diagnostic.error);
+    if !args.json {
+        Diagnostic {
+            error: failure.to_string(),
+            help: diagnostic.help,
+        }
+        .emit();
+    }
+    let result = CommandResult::failed(failure, Duration::ZERO);
     if args.json {
         println!("{}", serde_json::to_string(&json::result(&result, None))?);
-    } else if let Some(f) = &result.failure {
-        eprintln!("corral: {f}");
     }
     Ok(ExitCode::from(exit_code(&result)))
 }

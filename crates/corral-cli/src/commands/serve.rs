@@ -10,6 +10,8 @@ use corral::Provider;
 use corral_core::config::{AuthMode, Config};
 use tokio_util::sync::CancellationToken;
 
+use crate::progress::{self, Progress};
+
 /// Serve the HTTP API (with SSE, OpenAPI, metrics) and MCP over HTTP.
 ///
 /// Serve corral's HTTP API: sandboxes by session key, commands (JSON or
@@ -44,6 +46,9 @@ use tokio_util::sync::CancellationToken;
 ///
 /// On SIGINT or SIGTERM, requests in flight get `server.shutdown_grace_ms`,
 /// then every non-persistent sandbox is removed.
+///
+/// On a terminal a progress bar counts the warm pools' sandboxes
+/// (`provider.pools`) until they are all started (--quiet: none).
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// TCP address to listen on, e.g. 127.0.0.1:7070 (port 0: any free
@@ -126,6 +131,7 @@ pub async fn run(
     } else {
         config.defaults.image.clone()
     };
+    let pools = (progress::wanted(false), provider.clone(), shutdown.clone());
     corral_server::serve(config, backend, provider, image, shutdown, |bound| {
         let unix = bound
             .unix
@@ -153,7 +159,40 @@ pub async fn run(
                  E2B_API_KEY is a token)"
             );
         }
+        let (drawn, provider, shutdown) = pools;
+        if drawn {
+            tokio::spawn(show_pools_filling(provider, shutdown));
+        }
     })
     .await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Counts the warm pools' sandboxes ready against their targets until the
+/// pools are full (the bar's last line stays) or the service stops.
+async fn show_pools_filling(provider: Provider, shutdown: CancellationToken) {
+    let targets = &provider.config().pools;
+    let target: usize = targets.values().map(|p| p.warm).sum();
+    if target == 0 {
+        return;
+    }
+    let names = targets.keys().cloned().collect::<Vec<_>>().join(", ");
+    let bar = Progress::counter(true, "pools", target as u64, "sandboxes warm");
+    loop {
+        let ready: usize = provider
+            .stats()
+            .pooled
+            .iter()
+            .map(|(name, n)| (*n).min(targets.get(name).map_or(0, |p| p.warm)))
+            .sum();
+        bar.set(ready as u64);
+        if ready >= target {
+            bar.finish(format!("{ready}/{target} sandboxes warm (pools {names})"));
+            return;
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+        }
+    }
 }

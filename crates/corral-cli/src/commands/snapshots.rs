@@ -51,7 +51,7 @@ pub async fn run(
             match runtime.delete_snapshot(name).await {
                 Ok(()) => println!("deleted {name}"),
                 Err(e) => {
-                    eprintln!("corral: {e}");
+                    crate::diagnostics::Diagnostic::of_core(&e).emit();
                     failed = true;
                 }
             }

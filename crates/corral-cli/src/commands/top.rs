@@ -222,11 +222,13 @@ fn draw(frame: &mut Frame, rows: &[RowData], key: SortKey, note: &str) {
 
 pub async fn run(config: super::BackendConfig, args: TopArgs) -> anyhow::Result<ExitCode> {
     if args.interval_ms < 200 {
-        eprintln!(
-            "corral top: --interval-ms {} is below 200",
-            args.interval_ms
-        );
-        return Ok(ExitCode::from(125));
+        return Err(crate::diagnostics::CliError::BadArgument {
+            command: "top",
+            what: "--interval-ms",
+            value: args.interval_ms.to_string(),
+            reason: "below 200",
+        }
+        .into());
     }
     let runtime = super::connect(config).await?;
     let backend = runtime.backend().clone();

@@ -8,8 +8,11 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use corral_core::{CommandSpec, Network, Recovery, SandboxSpec};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde_json::json;
 use tokio::sync::Semaphore;
+
+use crate::progress::{self, Progress};
 
 /// Run a rollout-shaped load and print a JSON summary.
 ///
@@ -17,7 +20,8 @@ use tokio::sync::Semaphore;
 /// their output), P sandboxes at a time, and print a JSON summary: commands
 /// that succeeded, failures by kind, sandboxes affected, the backend's
 /// retry/slot/breaker counters. A sandbox stops at its first failure.
-/// Exits 0 when every command succeeded, 1 otherwise.
+/// Exits 0 when every command succeeded, 1 otherwise. On a terminal a
+/// progress bar on stderr counts the sandboxes done (--quiet: none).
 #[derive(Args, Debug)]
 pub struct WorkloadArgs {
     /// Image [default: $CORRAL_IMAGE or corral-test/busybox].
@@ -90,7 +94,18 @@ pub async fn run(
             (i, ok, failure)
         })
     });
-    let results = futures_util::future::join_all(tasks).await;
+    let bar = Progress::counter(
+        progress::wanted(false),
+        "workload",
+        args.sandboxes as u64,
+        "sandboxes done",
+    );
+    let mut pending: FuturesUnordered<_> = tasks.collect();
+    let mut results = Vec::with_capacity(args.sandboxes);
+    while let Some(r) = pending.next().await {
+        bar.inc();
+        results.push(r);
+    }
     let mut ok_total = 0;
     let mut failures: BTreeMap<String, usize> = BTreeMap::new();
     let mut affected = Vec::new();
@@ -108,8 +123,13 @@ pub async fn run(
             }
         }
     }
+    affected.sort_unstable();
     let m = backend.metrics();
     let expected = args.sandboxes * args.commands;
+    bar.finish(format!(
+        "{} sandboxes done, {ok_total}/{expected} commands ok",
+        args.sandboxes
+    ));
     println!(
         "{}",
         json!({
