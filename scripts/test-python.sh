@@ -9,10 +9,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-docker.sh
-scripts/build-test-images.sh
-cargo build -q --bin corral
+scripts/build-test-images.sh --net
+cargo build -q --bin corral --bin corral-internet
 scripts/python-env.sh
 export CORRAL_BIN="${CORRAL_BIN:-$PWD/target/debug/corral}"
+export CORRAL_INTERNET_BIN="${CORRAL_INTERNET_BIN:-$PWD/target/debug/corral-internet}"
 cd clients/python
 status=0
 ../../target/pyenv/bin/python -m pytest -q "$@" || status=$?

@@ -445,6 +445,11 @@ class AsyncSandbox:
         r = await self.client.request("GET", self._path("usage"), idempotent=True, resource="sandbox")
         return dict(r.json())
 
+    async def egress(self) -> Dict[str, Any]:
+        """As :meth:`corral.Sandbox.egress`."""
+        r = await self.client.request("GET", self._path("egress"), idempotent=True, resource="sandbox")
+        return dict(r.json())
+
     async def port_url(self, port: int) -> str:
         """As :meth:`corral.Sandbox.port_url`."""
         r = await self.client.request("GET", self._path(f"ports/{int(port)}"), idempotent=True, resource="sandbox")

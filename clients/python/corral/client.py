@@ -664,6 +664,19 @@ class Sandbox:
         r = self.client.request("GET", self._path("usage"), idempotent=True, resource="sandbox")
         return dict(r.json())
 
+    # -- egress ------------------------------------------------------------
+
+    def egress(self) -> Dict[str, Any]:
+        """What the egress gateway of a sandbox with ``network: {egress:
+        ...}`` allowed and refused (``GET /v1/sandboxes/{id}/egress``):
+        ``dns_allowed``, ``dns_refused``, ``connections_allowed``,
+        ``connections_refused`` and ``recent_refusals`` (the last ones,
+        oldest first, e.g. ``"dns evil.test"``). Raises
+        :class:`~corral.errors.NotFoundError` for a sandbox without an
+        egress policy (and for another's)."""
+        r = self.client.request("GET", self._path("egress"), idempotent=True, resource="sandbox")
+        return dict(r.json())
+
     # -- ports -------------------------------------------------------------
 
     def port_url(self, port: int) -> str:

@@ -68,6 +68,7 @@ EXPECTED_TOOLS = {
     "snapshot",
     "restore",
     "port_url",
+    "egress",
 }
 
 # Snapshots the tests took, removed at the end of the module (by name:

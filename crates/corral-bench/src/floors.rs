@@ -19,6 +19,13 @@ impl Bench {
     /// Raw create+start of the bench image running `sleep`, with corral's
     /// labels; returns the container id.
     pub(crate) async fn raw_start(&self) -> anyhow::Result<String> {
+        // As the sandboxes: the network is part of a start's cost.
+        self.raw_start_on(&self.options.image, "none").await
+    }
+
+    /// Raw create+start of `image` running `sleep` on `network`, with
+    /// corral's labels; returns the container id.
+    pub(crate) async fn raw_start_on(&self, image: &str, network: &str) -> anyhow::Result<String> {
         let seq = self.raw_seq.fetch_add(1, Ordering::Relaxed);
         let id = format!("{}-raw-{seq}", self.run_id);
         let labels: HashMap<String, String> = [
@@ -29,12 +36,11 @@ impl Bench {
         .chain(self.runtime.owner().labels())
         .collect();
         let body = ContainerCreateBody {
-            image: Some(self.options.image.clone()),
+            image: Some(image.to_string()),
             cmd: Some(vec!["sleep".into(), "600".into()]),
             labels: Some(labels),
             host_config: Some(HostConfig {
-                // As the sandboxes: the network is part of a start's cost.
-                network_mode: Some("none".into()),
+                network_mode: Some(network.to_string()),
                 ..Default::default()
             }),
             ..Default::default()
@@ -68,6 +74,47 @@ impl Bench {
             }
             _ => Ok(()),
         }
+    }
+
+    /// A raw `docker exec` of `sh -c script` (a measurement, so up to 15
+    /// minutes); its stdout, or an error with its exit code and output.
+    pub(crate) async fn raw_output(&self, container: &str, script: &str) -> anyhow::Result<String> {
+        let docker = self.backend.docker();
+        let exec = async {
+            let exec = docker
+                .create_exec(
+                    container,
+                    CreateExecOptions::<String> {
+                        attach_stdout: Some(true),
+                        attach_stderr: Some(true),
+                        cmd: Some(vec!["sh".into(), "-c".into(), script.into()]),
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            let mut out = String::new();
+            if let StartExecResults::Attached { mut output, .. } =
+                docker.start_exec(&exec.id, None).await?
+            {
+                while let Some(item) = output.next().await {
+                    if let bollard::container::LogOutput::StdOut { message } = item? {
+                        out.push_str(&String::from_utf8_lossy(&message));
+                    }
+                }
+            }
+            docker.inspect_exec(&exec.id).await.map(|i| (i, out))
+        };
+        let (info, out) = tokio::time::timeout(std::time::Duration::from_secs(900), exec)
+            .await
+            .with_context(|| format!("raw exec in {container} timed out"))?
+            .with_context(|| format!("raw exec in {container}"))?;
+        if info.exit_code != Some(0) {
+            bail!(
+                "raw exec of `{script}` in {container} exited {:?}: {out}",
+                info.exit_code
+            );
+        }
+        Ok(out)
     }
 
     /// One raw `docker exec` of `true`: create, start attached and drained,

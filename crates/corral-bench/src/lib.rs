@@ -14,14 +14,17 @@
 //! [`SANDBOX_BENCH_LABEL`]`=<run id>` (spec labels may not use the reserved
 //! `corral.` prefix). [`Bench::clean_up`] shuts the provider down and kills
 //! and removes every container with this run's labels or this process's
-//! owner labels; a front end calls it at the end, after an error, and on an
-//! interrupt (having dropped the [`Bench::measure`] future first).
+//! owner labels, and the network rows' test internet (`corral-internet`,
+//! servers the bench talks to through the `docker` CLI, as the floors
+//! bypass corral); a front end calls it at the end, after an error, and on
+//! an interrupt (having dropped the [`Bench::measure`] future first).
 //!
 //! Errors are `anyhow` with context, as they were when this lived in the
 //! CLI: every one ends the run and is printed, none is acted on.
 
 mod floors;
 mod fork;
+mod net;
 mod report;
 mod reset;
 mod stats;
@@ -78,6 +81,40 @@ pub struct BenchOptions {
     pub samples: Option<usize>,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// Which rows run.
+    pub rows: Rows,
+}
+
+/// Which rows a run measures (`corral bench --rows`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Rows {
+    /// Starts, round trips, resets, workloads and forks.
+    #[default]
+    Default,
+    /// The egress gateway and port links against direct connections.
+    Net,
+    /// Both, default rows first.
+    All,
+}
+
+impl Rows {
+    /// Parses `default`, `net` or `all`; `None` for anything else.
+    pub fn parse(text: &str) -> Option<Rows> {
+        match text {
+            "default" => Some(Rows::Default),
+            "net" => Some(Rows::Net),
+            "all" => Some(Rows::All),
+            _ => None,
+        }
+    }
+
+    fn core(self) -> bool {
+        matches!(self, Rows::Default | Rows::All)
+    }
+
+    fn net(self) -> bool {
+        matches!(self, Rows::Net | Rows::All)
+    }
 }
 
 /// How many samples each latency row takes.
@@ -87,6 +124,10 @@ struct Samples {
     round_trips: usize,
     /// Resets are cheap: at least as many as starts, and more by default.
     resets: usize,
+    /// Connections per kind of the network rows (HTTP, HTTPS, port links).
+    connections: usize,
+    /// 32 MiB transfers per side of the network rows.
+    transfers: usize,
 }
 
 impl Samples {
@@ -97,18 +138,36 @@ impl Samples {
                 raw_exec: n,
                 round_trips: n,
                 resets: n,
+                connections: n,
+                // 32 MiB each: a few tell the rate.
+                transfers: n.min(5),
             },
             None => Samples {
                 starts: 10,
                 raw_exec: 50,
                 round_trips: 200,
                 resets: 50,
+                connections: 100,
+                transfers: 3,
             },
         }
     }
 
     /// Progress steps of a whole run of `options`.
     fn steps(&self, options: &BenchOptions) -> u64 {
+        let mut steps = 0;
+        if options.rows.core() {
+            steps += self.core_steps(options);
+        }
+        if options.rows.net() {
+            // Both sides of HTTP, HTTPS and the port links; both transfers.
+            steps += (2 * 3 * self.connections + 2 * self.transfers) as u64;
+        }
+        steps
+    }
+
+    /// Progress steps of the default rows.
+    fn core_steps(&self, options: &BenchOptions) -> u64 {
         (3 * self.starts
             + self.raw_exec
             + 2 * self.round_trips
@@ -136,6 +195,9 @@ pub struct Bench {
     progress: ProgressBar,
     /// The provider while one exists, so an interrupt can shut it down.
     provider: Mutex<Option<Provider>>,
+    /// The network rows' servers while they exist, so an interrupt or an
+    /// error removes them too.
+    internet: Mutex<Option<corral_internet::Internet>>,
 }
 
 impl Bench {
@@ -173,6 +235,7 @@ impl Bench {
             raw_seq: AtomicUsize::new(0),
             progress,
             provider: Mutex::new(None),
+            internet: Mutex::new(None),
         }))
     }
 
@@ -201,6 +264,11 @@ impl Bench {
             }
         }
         let swept = self.sweep(settle).await;
+        // After the sweep: its sandboxes' gateways were on its network.
+        let internet = lock(&self.internet).take();
+        if let Some(net) = internet {
+            let _ = tokio::task::spawn_blocking(move || net.tear_down()).await;
+        }
         // The fork row's snapshots, if an interrupt or error left them.
         for name in [self.fork_snapshot_name(), self.commit_snapshot_name()] {
             if self.runtime.snapshot_info(&name).await.is_ok() {
@@ -216,6 +284,19 @@ impl Bench {
     /// the rollout tasks; [`clean_up`](Self::clean_up) removes what they
     /// had in flight.
     pub async fn measure(self: &Arc<Self>) -> anyhow::Result<Report> {
+        let core = match self.options.rows.core() {
+            true => Some(self.measure_core().await?),
+            false => None,
+        };
+        let net = match self.options.rows.net() {
+            true => Some(self.measure_net().await?),
+            false => None,
+        };
+        Ok(Report { core, net })
+    }
+
+    /// The default rows.
+    async fn measure_core(self: &Arc<Self>) -> anyhow::Result<report::CoreReport> {
         let n = &self.samples;
         self.progress.set_message("warming up");
         let sb = self.warm_up().await?;
@@ -305,7 +386,7 @@ impl Bench {
             .set_message("fork a prepared sandbox vs prepare each");
         let fork = self.fork_vs_scratch(self.options.parallel).await?;
 
-        Ok(Report {
+        Ok(report::CoreReport {
             raw_start,
             cold_start,
             warm_acquire,
@@ -512,6 +593,7 @@ mod tests {
             parallel: 2,
             samples: Some(5),
             progress: false,
+            rows: Rows::Default,
         };
         // Raw and cold starts and warm acquires, raw execs, agent and
         // shell round trips, resets; seven workload passes of 4 x 3; two
@@ -520,6 +602,33 @@ mod tests {
             Samples::new(Some(5)).steps(&options),
             3 * 5 + 5 + 2 * 5 + 5 + 7 * 12 + 3 * 2
         );
+        // The network rows: both sides of HTTP, HTTPS and the port links,
+        // and of the transfers (at most five each).
+        let net = BenchOptions {
+            rows: Rows::Net,
+            ..options.clone()
+        };
+        assert_eq!(Samples::new(Some(5)).steps(&net), 2 * 3 * 5 + 2 * 5);
+        assert_eq!(Samples::new(Some(50)).steps(&net), 2 * 3 * 50 + 2 * 5);
+        let all = BenchOptions {
+            rows: Rows::All,
+            ..options
+        };
+        assert_eq!(
+            Samples::new(Some(5)).steps(&all),
+            3 * 5 + 5 + 2 * 5 + 5 + 7 * 12 + 3 * 2 + 2 * 3 * 5 + 2 * 5
+        );
+    }
+
+    #[test]
+    fn rows_parse_by_name_and_nothing_else() {
+        assert_eq!(Rows::parse("default"), Some(Rows::Default));
+        assert_eq!(Rows::parse("net"), Some(Rows::Net));
+        assert_eq!(Rows::parse("all"), Some(Rows::All));
+        assert_eq!(Rows::parse("network"), None);
+        assert!(Rows::All.core() && Rows::All.net());
+        assert!(Rows::Default.core() && !Rows::Default.net());
+        assert!(!Rows::Net.core() && Rows::Net.net());
     }
 
     #[test]

@@ -12,9 +12,18 @@ use crate::{Bench, BenchOptions};
 /// The throughput target is set for this workload: rollouts, commands, parallel.
 const TARGET_SHAPE: (usize, usize, usize) = (16, 10, 8);
 
-/// Everything one run measured; [`table`](Report::table) and
-/// [`json`](Report::json) show it.
+/// Everything one run measured: the default rows, the network rows, or
+/// both (`--rows`); [`table`](Report::table) and [`json`](Report::json)
+/// show it.
 pub struct Report {
+    /// The default rows (starts, round trips, resets, workloads, forks).
+    pub(crate) core: Option<CoreReport>,
+    /// The network rows (egress gateway, port links).
+    pub(crate) net: Option<crate::net::NetReport>,
+}
+
+/// The default rows of a run.
+pub(crate) struct CoreReport {
     pub(crate) raw_start: Latency,
     pub(crate) cold_start: Latency,
     pub(crate) warm_acquire: Latency,
@@ -68,7 +77,7 @@ impl<'a> Header<'a> {
 }
 
 /// One line of the table.
-struct Row<'a> {
+pub(crate) struct Row<'a> {
     id: &'static str,
     num: &'static str,
     label: &'static str,
@@ -76,10 +85,17 @@ struct Row<'a> {
     latency: Latency,
     workload: Option<&'a Workload>,
     note: Option<String>,
+    /// Keys the row's JSON object has besides the common ones.
+    extra: serde_json::Map<String, Value>,
 }
 
 impl<'a> Row<'a> {
-    fn new(id: &'static str, num: &'static str, label: &'static str, latency: Latency) -> Self {
+    pub(crate) fn new(
+        id: &'static str,
+        num: &'static str,
+        label: &'static str,
+        latency: Latency,
+    ) -> Self {
         Row {
             id,
             num,
@@ -88,10 +104,17 @@ impl<'a> Row<'a> {
             latency,
             workload: None,
             note: None,
+            extra: serde_json::Map::new(),
         }
     }
 
-    fn floor(mut self) -> Self {
+    /// The row with `key: value` in its JSON object.
+    pub(crate) fn with(mut self, key: &str, value: Value) -> Self {
+        self.extra.insert(key.to_string(), value);
+        self
+    }
+
+    pub(crate) fn floor(mut self) -> Self {
         self.floor = true;
         self
     }
@@ -101,21 +124,21 @@ impl<'a> Row<'a> {
         self
     }
 
-    fn noted(mut self, note: Option<String>) -> Self {
+    pub(crate) fn noted(mut self, note: Option<String>) -> Self {
         self.note = note;
         self
     }
 }
 
 /// A ratio against its target (higher is better).
-struct Ratio {
-    id: &'static str,
-    label: &'static str,
-    value: f64,
-    target: f64,
+pub(crate) struct Ratio {
+    pub(crate) id: &'static str,
+    pub(crate) label: &'static str,
+    pub(crate) value: f64,
+    pub(crate) target: f64,
     /// False when the target was set for another workload shape than the
     /// one run.
-    applies: bool,
+    pub(crate) applies: bool,
 }
 
 impl Ratio {
@@ -124,7 +147,7 @@ impl Ratio {
     }
 }
 
-impl Report {
+impl CoreReport {
     fn rows(&self) -> Vec<Row<'_>> {
         let mut warm = Row::new(
             "warm_acquire",
@@ -137,6 +160,9 @@ impl Report {
             self.pool_hits,
             self.pool_hits + self.pool_misses
         ));
+        let warm = warm
+            .with("pool_hits", json!(self.pool_hits))
+            .with("pool_misses", json!(self.pool_misses));
         let mut reset = Row::new(
             "reset",
             "",
@@ -147,6 +173,7 @@ impl Report {
             "all in place, {} processes killed",
             self.reset_killed
         ));
+        let reset = reset.with("killed", json!(self.reset_killed));
         vec![
             Row::new("raw_create_start", "1", "raw create+start", self.raw_start).floor(),
             Row::new(
@@ -239,7 +266,11 @@ impl Report {
                 ms(self.fork.snapshot),
                 ms(self.fork.fork),
                 ms(self.fork.prepare_source)
-            ))),
+            )))
+            .with("forks", json!(self.fork.k))
+            .with("snapshot_ms", json!(ms(self.fork.snapshot)))
+            .with("fork_ms", json!(ms(self.fork.fork)))
+            .with("prepare_source_ms", json!(ms(self.fork.prepare_source))),
             Row::new(
                 "fork_commit",
                 "",
@@ -250,7 +281,9 @@ impl Report {
                 "snapshot {:.0} ms, fork {:.0} ms",
                 ms(self.fork.commit.snapshot),
                 ms(self.fork.commit.fork)
-            ))),
+            )))
+            .with("snapshot_ms", json!(ms(self.fork.commit.snapshot)))
+            .with("fork_ms", json!(ms(self.fork.commit.fork))),
             Row::new(
                 "prepare_from_scratch",
                 "",
@@ -337,6 +370,41 @@ impl Report {
             },
         ]
     }
+}
+
+/// A ratio's value or target as the table shows it: one decimal, two
+/// below 1 (a target of a third is 0.33, not 0).
+fn shown(x: f64, whole: bool) -> String {
+    if whole && x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else if x < 1.0 {
+        format!("{x:.2}")
+    } else {
+        format!("{x:.1}")
+    }
+}
+
+impl Report {
+    /// The rows of the parts that ran, default rows first.
+    fn rows(&self) -> Vec<Row<'_>> {
+        let mut rows = self.core.as_ref().map(|c| c.rows()).unwrap_or_default();
+        if let Some(net) = &self.net {
+            rows.extend(net.rows());
+        }
+        rows
+    }
+
+    fn ratios(&self, args: &BenchOptions) -> Vec<Ratio> {
+        let mut ratios = self
+            .core
+            .as_ref()
+            .map(|c| c.ratios(args))
+            .unwrap_or_default();
+        if let Some(net) = &self.net {
+            ratios.extend(net.ratios());
+        }
+        ratios
+    }
 
     /// The table `corral bench` prints: a header, a line per row, the
     /// ratios against their targets.
@@ -354,16 +422,29 @@ impl Report {
         use std::fmt::Write;
         let args = header.options;
         let mut out = String::new();
+        // The default rows' sandboxes have no network; the network rows
+        // say what theirs are on their own rows.
+        let network = if self.core.is_some() {
+            "network none, "
+        } else {
+            ""
+        };
         let _ = writeln!(
             out,
-            "corral bench: image {}, network none, {} CPUs, run {}",
+            "corral bench: image {}, {network}{} CPUs, run {}",
             header.image, header.cpus, header.run_id
         );
-        let _ = writeln!(
-            out,
-            "workload: {} rollouts x {} commands, {} in parallel; times in ms\n",
-            args.sandboxes, args.commands, args.parallel
-        );
+        if self.core.is_some() {
+            let _ = writeln!(
+                out,
+                "workload: {} rollouts x {} commands, {} in parallel; times in ms",
+                args.sandboxes, args.commands, args.parallel
+            );
+        }
+        if let Some(net) = &self.net {
+            let _ = writeln!(out, "{}; times in ms", net.describe());
+        }
+        out.push('\n');
         let _ = writeln!(
             out,
             "   {:<46} {:>5} {:>9} {:>9} {:>9}  throughput",
@@ -409,8 +490,10 @@ impl Report {
             };
             let _ = writeln!(
                 out,
-                "   {:<46} {:>9.1}x  target >= {:.0}x  {verdict}",
-                r.label, r.value, r.target
+                "   {:<46} {:>9}x  target >= {}x  {verdict}",
+                r.label,
+                shown(r.value, false),
+                shown(r.target, true)
             );
         }
         out
@@ -439,22 +522,8 @@ impl Report {
                         v["reused_sandboxes"] = json!(reused);
                     }
                 }
-                if row.id == "warm_acquire" {
-                    v["pool_hits"] = json!(self.pool_hits);
-                    v["pool_misses"] = json!(self.pool_misses);
-                }
-                if row.id == "reset" {
-                    v["killed"] = json!(self.reset_killed);
-                }
-                if row.id == "fork_prepared" {
-                    v["forks"] = json!(self.fork.k);
-                    v["snapshot_ms"] = json!(ms(self.fork.snapshot));
-                    v["fork_ms"] = json!(ms(self.fork.fork));
-                    v["prepare_source_ms"] = json!(ms(self.fork.prepare_source));
-                }
-                if row.id == "fork_commit" {
-                    v["snapshot_ms"] = json!(ms(self.fork.commit.snapshot));
-                    v["fork_ms"] = json!(ms(self.fork.commit.fork));
+                for (key, value) in row.extra {
+                    v[key] = value;
                 }
                 (row.id.to_string(), v)
             })
@@ -522,8 +591,8 @@ mod tests {
     /// Floors 20x slower than corral's latency rows (a reset 20x faster
     /// than a cold start); corral's workloads 10x (end to end) and 5x
     /// (commands only) the plain commands/s.
-    fn report() -> Report {
-        Report {
+    fn report() -> CoreReport {
+        CoreReport {
             raw_start: lat(200),
             cold_start: lat(300),
             warm_acquire: lat(10),
@@ -559,6 +628,128 @@ mod tests {
         }
     }
 
+    /// The network rows: the gateway at half the direct speed for HTTP,
+    /// 0.83 for HTTPS, a quarter of the throughput (missing its target),
+    /// a port link at a quarter.
+    fn net() -> crate::net::NetReport {
+        crate::net::NetReport {
+            http_direct: lat(1),
+            http_egress: lat(2),
+            https_direct: lat(20),
+            https_egress: lat(24),
+            big_direct: lat(100),
+            big_egress: lat(400),
+            port_direct: lat(1),
+            port_link: lat(4),
+        }
+    }
+
+    #[test]
+    fn net_rows_have_floors_rates_and_ratios_with_targets() {
+        let opts = options((4, 3, 2));
+        let only = Report {
+            core: None,
+            net: Some(net()),
+        };
+        let table = only.table_of(&header(&opts));
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(
+            lines[0],
+            "corral bench: image corral-test/busybox, 2 CPUs, run bench-0123456789"
+        );
+        // Header, the network line, blank, column titles, 8 rows, blank,
+        // title, 4 ratios; no workload line.
+        assert_eq!(lines.len(), 3 + 1 + 8 + 2 + 4, "{table}");
+        assert_eq!(
+            lines[1],
+            "network: 1 connections per kind, 1 transfers of 32 MiB, 1 port round trips; times in ms"
+        );
+        assert!(
+            lines[4].starts_with("   HTTP connect+GET, direct") && lines[4].contains("[floor]"),
+            "{table}"
+        );
+        assert!(
+            lines[5].starts_with("10 HTTP connect+GET through the egress gateway"),
+            "{table}"
+        );
+        assert!(lines[8].ends_with("  336 MB/s at p50"), "{table}");
+        assert!(lines[9].ends_with("  84 MB/s at p50"), "{table}");
+        assert!(
+            lines[11].starts_with("13 HTTP round trip through a corral serve link"),
+            "{table}"
+        );
+        assert_eq!(lines[13], "ratios (higher is better)");
+        assert!(
+            lines[14].ends_with("0.50x  target >= 0.33x  met"),
+            "{table}"
+        );
+        assert!(
+            lines[15].ends_with("0.83x  target >= 0.80x  met"),
+            "{table}"
+        );
+        assert!(
+            lines[16].starts_with("   egress 32 MiB throughput vs direct")
+                && lines[16].ends_with("0.25x  target >= 0.50x  missed"),
+            "{table}"
+        );
+        assert!(
+            lines[17].ends_with("0.25x  target >= 0.25x  met"),
+            "{table}"
+        );
+
+        let v = only.json_of(&header(&opts), &MetricsSnapshot::default());
+        assert_eq!(
+            keys(&v["rows"]),
+            BTreeSet::from([
+                "net_http_direct",
+                "net_http_egress",
+                "net_https_direct",
+                "net_https_egress",
+                "net_32mib_direct",
+                "net_32mib_egress",
+                "port_direct",
+                "port_link",
+            ])
+        );
+        assert_eq!(
+            keys(&v["ratios"]),
+            BTreeSet::from([
+                "egress_http_vs_direct",
+                "egress_https_vs_direct",
+                "egress_32mib_vs_direct",
+                "port_link_vs_direct",
+            ])
+        );
+        assert_eq!(v["rows"]["net_http_direct"]["floor"], true);
+        assert_eq!(v["rows"]["net_http_egress"]["p50_ms"], 2.0);
+        let rate = v["rows"]["net_32mib_egress"]["mb_per_s"]
+            .as_f64()
+            .expect("a rate");
+        assert!((rate - 83.886_08).abs() < 1e-6, "{rate}");
+        assert_eq!(
+            v["ratios"]["egress_32mib_vs_direct"],
+            json!({"label": "egress 32 MiB throughput vs direct", "value": 0.25,
+                   "target": 0.5, "met": false, "target_applies": true})
+        );
+
+        // Both: every default row and ratio kept, the network ones after.
+        let all = Report {
+            core: Some(report()),
+            net: Some(net()),
+        };
+        let v = all.json_of(&header(&opts), &MetricsSnapshot::default());
+        assert_eq!(keys(&v["rows"]).len(), 17 + 8);
+        assert_eq!(keys(&v["ratios"]).len(), 10 + 4);
+        assert!(keys(&v["rows"]).contains("fork_commit"));
+        assert!(keys(&v["ratios"]).contains("fork_stream_vs_commit"));
+        let table = all.table_of(&header(&opts));
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 5 + 17 + 8 + 2 + 10 + 4, "{table}");
+        assert!(lines[3].is_empty(), "{table}");
+        assert!(lines[1].starts_with("workload: 4 rollouts"), "{table}");
+        assert!(lines[2].starts_with("network: 1 connections"), "{table}");
+    }
+
     fn options(shape: (usize, usize, usize)) -> BenchOptions {
         BenchOptions {
             image: "corral-test/busybox".into(),
@@ -567,6 +758,7 @@ mod tests {
             parallel: shape.2,
             samples: None,
             progress: false,
+            rows: crate::Rows::Default,
         }
     }
 
@@ -620,7 +812,11 @@ mod tests {
     #[test]
     fn json_has_every_row_ratio_and_counter() {
         let opts = options((4, 3, 2));
-        let v = report().json_of(&header(&opts), &MetricsSnapshot::default());
+        let v = Report {
+            core: Some(report()),
+            net: None,
+        }
+        .json_of(&header(&opts), &MetricsSnapshot::default());
         assert_eq!(
             keys(&v),
             BTreeSet::from([
@@ -729,7 +925,11 @@ mod tests {
     #[test]
     fn table_has_a_line_per_row_and_ratio_with_the_verdicts() {
         let opts = options((4, 3, 2));
-        let table = report().table_of(&header(&opts));
+        let table = Report {
+            core: Some(report()),
+            net: None,
+        }
+        .table_of(&header(&opts));
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(
             lines[0],
@@ -799,7 +999,11 @@ mod tests {
             "{table}"
         );
         let at_target = options(TARGET_SHAPE);
-        let table = report().table_of(&header(&at_target));
+        let table = Report {
+            core: Some(report()),
+            net: None,
+        }
+        .table_of(&header(&at_target));
         assert!(
             table.trim_end().ends_with("target >= 10x  missed"),
             "{table}"

@@ -4,6 +4,7 @@ pub mod agent_image;
 pub mod bench;
 pub mod config;
 pub mod doctor;
+pub mod egress;
 pub mod events;
 pub mod gc;
 pub mod images;
@@ -127,4 +128,32 @@ pub async fn connect_docker(config: BackendConfig) -> anyhow::Result<(Runtime, D
 /// The image used when `--image` is not given.
 pub fn default_image() -> String {
     std::env::var("CORRAL_IMAGE").unwrap_or_else(|_| "corral-test/busybox".to_string())
+}
+
+/// The one sandbox of the engine's `list` whose id (or container id)
+/// starts with `wanted`, as `corral ps` shows them; otherwise the error
+/// naming none or the several it matches.
+pub fn find_sandbox(
+    list: &[corral_core::backend::SandboxInfo],
+    wanted: &str,
+) -> Result<corral_core::backend::SandboxInfo, crate::diagnostics::CliError> {
+    use crate::diagnostics::CliError;
+    let wanted = wanted.trim();
+    let matches: Vec<_> = list
+        .iter()
+        .filter(|s| {
+            !wanted.is_empty()
+                && (s.sandbox_id.starts_with(wanted) || s.placement.id().starts_with(wanted))
+        })
+        .collect();
+    match matches.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => Err(CliError::NoSandbox {
+            wanted: wanted.to_string(),
+        }),
+        many => Err(CliError::AmbiguousSandbox {
+            wanted: wanted.to_string(),
+            ids: many.iter().map(|s| s.sandbox_id.clone()).collect(),
+        }),
+    }
 }

@@ -262,3 +262,89 @@ fn sigterm_while_the_warm_pool_fills_removes_every_sandbox() {
     // row: the provider holds them, or its refill tasks are creating them.
     interrupt_when(&["--samples", "16"], "label=corral-bench", 4, "-TERM");
 }
+
+#[test]
+fn net_rows_report_the_gateway_and_port_links_against_direct_and_leave_nothing() {
+    // The test internet's client image.
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/build-test-images.sh"
+    );
+    let status = Command::new("bash")
+        .args([script, "--net"])
+        .status()
+        .expect("run build-test-images.sh --net");
+    assert!(status.success(), "building corral-test/net failed");
+    let child = bench(
+        &["--json", "--rows", "net", "--samples", "3"],
+        Stdio::piped(),
+    );
+    let owner = format!("label=corral.owner.pid={}", child.id());
+    let out = child.wait_with_output().expect("wait corral bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let rows = v["rows"].as_object().expect("rows");
+    let mut ids: Vec<&str> = rows.keys().map(String::as_str).collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        [
+            "net_32mib_direct",
+            "net_32mib_egress",
+            "net_http_direct",
+            "net_http_egress",
+            "net_https_direct",
+            "net_https_egress",
+            "port_direct",
+            "port_link",
+        ],
+        "{v}"
+    );
+    for (id, row) in rows {
+        assert!(number(&row["p50_ms"], id) > 0.0, "{id}: {row}");
+    }
+    for id in ["net_http_egress", "net_https_egress", "port_link"] {
+        assert_eq!(rows[id]["n"], 3, "{id}: {}", rows[id]);
+    }
+    assert_eq!(rows["net_32mib_egress"]["n"], 3);
+    assert!(number(&rows["net_32mib_egress"]["mb_per_s"], "rate") > 0.0);
+    let ratios = v["ratios"].as_object().expect("ratios");
+    assert_eq!(ratios.len(), 4, "{v}");
+    for (id, r) in ratios {
+        assert!(number(&r["value"], id) > 0.0, "{id}: {r}");
+        assert!(number(&r["target"], id) > 0.0, "{id}: {r}");
+    }
+    // Nothing of the run is left: sandboxes, gateways, raw containers, the
+    // test internet's servers and network.
+    assert!(containers(&[&owner]).is_empty(), "containers left behind");
+    let run = v["run_id"].as_str().expect("run id");
+    let servers = containers(&[&format!("name=corral-{run}-net")]);
+    assert!(
+        servers.is_empty(),
+        "the test internet was left: {servers:?}"
+    );
+    let nets = Command::new("docker")
+        .args([
+            "network",
+            "ls",
+            "-q",
+            "--filter",
+            &format!("name=corral-{run}-net"),
+        ])
+        .output()
+        .expect("docker network ls");
+    assert!(
+        nets.stdout.is_empty(),
+        "the test internet's network was left"
+    );
+
+    // A bad --rows is named with its value.
+    let out = Command::new(CORRAL)
+        .args(["bench", "--rows", "network"])
+        .output()
+        .expect("run corral bench");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--rows") && err.contains("'network'"), "{err}");
+}

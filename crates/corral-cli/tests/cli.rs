@@ -701,7 +701,15 @@ fn help_lists_every_command_on_one_short_line() {
             "a command's summary is one short line: {line:?}"
         );
     }
-    for name in ["run", "serve", "pull", "port", "completions", "man"] {
+    for name in [
+        "run",
+        "serve",
+        "pull",
+        "port",
+        "egress",
+        "completions",
+        "man",
+    ] {
         assert!(
             commands.iter().any(|l| l.trim_start().starts_with(name)),
             "{name}: {text}"

@@ -1486,6 +1486,7 @@ mod tests {
         assert!(text.contains("pypi.test:http"), "{text}");
     }
     use crate::spec::EnvVar;
+    use crate::spec::Network;
 
     struct FakeHost;
     impl HostView for FakeHost {
@@ -1553,6 +1554,94 @@ mod tests {
         let mut missing = Vec::new();
         missing_keys(&want, &have, "", &mut missing);
         assert!(missing.is_empty(), "examples/corral.yaml lacks {missing:?}");
+    }
+
+    #[test]
+    fn the_example_files_egress_map_parses() {
+        let line = "  network: bridge\n";
+        assert!(
+            EXAMPLE_YAML.contains(line),
+            "examples/corral.yaml sets network"
+        );
+        let want = crate::egress::EgressPolicy {
+            allow: vec![
+                "pypi.org".into(),
+                "*.pythonhosted.org".into(),
+                "git.example.com:9418".into(),
+            ],
+            deny: vec!["169.254.0.0/16".into()],
+        };
+        // The flow form the example's comment shows, and the block form.
+        let flow = "  network: {egress: {allow: [pypi.org, \"*.pythonhosted.org\", \
+                    \"git.example.com:9418\"], deny: [169.254.0.0/16]}}\n";
+        let block = "  network:\n    egress:\n      allow:\n        - pypi.org\n        \
+                     - \"*.pythonhosted.org\"\n        - git.example.com:9418\n      \
+                     deny: [169.254.0.0/16]\n";
+        for form in [flow, block] {
+            let text = EXAMPLE_YAML.replacen(line, form, 1);
+            let c = Config::from_yaml(&text).unwrap_or_else(|e| panic!("{form}: {e}"));
+            assert_eq!(c.defaults.network, Network::Egress(want.clone()), "{form}");
+            c.validate(&FakeHost).expect("valid");
+            // What `corral config show` prints reads back the same, in the
+            // map form rather than a YAML tag.
+            let shown = c.to_yaml().expect("to yaml");
+            assert!(
+                shown.contains("egress:") && !shown.contains("!egress"),
+                "{shown}"
+            );
+            assert_eq!(Config::from_yaml(&shown).expect("reads back"), c);
+        }
+        // The strings and the tagged form keep working.
+        for (text, want) in [
+            ("defaults: {network: none}", Network::None),
+            ("defaults: {network: bridge}", Network::Bridge),
+            (
+                "defaults: {network: !egress {allow: [pypi.org]}}",
+                Network::Egress(crate::egress::EgressPolicy {
+                    allow: vec!["pypi.org".into()],
+                    deny: vec![],
+                }),
+            ),
+        ] {
+            let c = Config::from_yaml(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(c.defaults.network, want, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_bad_network_names_the_field_and_the_value() {
+        for (text, field, value) in [
+            ("defaults: {network: bogus}", "defaults.network", "bogus"),
+            ("defaults: {network: 7}", "defaults.network", "7"),
+            (
+                "defaults: {network: {egres: {allow: [pypi.org]}}}",
+                "defaults.network",
+                "egres",
+            ),
+            (
+                "defaults: {network: {egress: {alow: [pypi.org]}}}",
+                "defaults.network",
+                "alow",
+            ),
+            (
+                "defaults: {network: {egress: {allow: [pypi.org]}, deny: []}}",
+                "defaults.network",
+                "deny",
+            ),
+            ("profiles: {p: {network: {}}}", "profiles.p.network", "map"),
+        ] {
+            let e = Config::from_yaml(text).expect_err(text).to_string();
+            assert!(e.contains(field), "{text}: {e}");
+            assert!(e.contains(value), "{text}: {e}");
+        }
+        // A rule that parses as YAML but not as a rule: named by validation.
+        let c = Config::from_yaml("defaults: {network: {egress: {allow: [\"pypi.org:http\"]}}}")
+            .expect("parses");
+        let e = c.validate(&FakeHost).expect_err("bad rule").to_string();
+        assert!(
+            e.contains("network.egress.allow[0]") && e.contains("pypi.org:http"),
+            "{e}"
+        );
     }
 
     fn missing_keys(

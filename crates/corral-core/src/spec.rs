@@ -284,8 +284,11 @@ pub(crate) fn normalize_cap(cap: &str) -> String {
 }
 
 /// Network attachment: `bridge`, `none`, or `{egress: {allow, deny}}`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+///
+/// Written as a string or a one-key map in YAML and JSON alike (serde's
+/// derive would want a YAML tag, `!egress`, which is still read); see
+/// [`Network`]'s `Deserialize`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Network {
     /// Network access through corral's own bridge network (`corral`), made
     /// with inter-container communication off: the sandbox reaches outside
@@ -300,6 +303,87 @@ pub enum Network {
     /// corral's egress gateway (a resolver answering allowed names only and
     /// a proxy routing TLS by SNI and HTTP by Host).
     Egress(crate::egress::EgressPolicy),
+}
+
+/// What a network value may be, in error messages.
+const NETWORK_EXPECTED: &str = "bridge, none or {egress: {allow: [...], deny: [...]}}";
+
+impl Serialize for Network {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        match self {
+            Network::Bridge => serializer.serialize_str("bridge"),
+            Network::None => serializer.serialize_str("none"),
+            Network::Egress(policy) => {
+                let mut map = serializer.serialize_map(Some(1))?;
+                map.serialize_entry("egress", policy)?;
+                map.end()
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Network {
+    /// `bridge`, `none`, `{egress: {...}}` (YAML or JSON), or YAML's tagged
+    /// `!egress {...}`; anything else is an error quoting the value.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct NetworkVisitor;
+
+        fn unit<E: serde::de::Error>(name: &str) -> Result<Network, E> {
+            Network::parse(name).ok_or_else(|| {
+                E::invalid_value(serde::de::Unexpected::Str(name), &NETWORK_EXPECTED)
+            })
+        }
+
+        impl<'de> serde::de::Visitor<'de> for NetworkVisitor {
+            type Value = Network;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(NETWORK_EXPECTED)
+            }
+
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Network, E> {
+                unit(v)
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Network, A::Error> {
+                use serde::de::Error;
+                let Some(key) = map.next_key::<String>()? else {
+                    return Err(A::Error::invalid_value(
+                        serde::de::Unexpected::Map,
+                        &NETWORK_EXPECTED,
+                    ));
+                };
+                if key != "egress" {
+                    return Err(A::Error::unknown_field(&key, &["egress"]));
+                }
+                let policy = map.next_value::<crate::egress::EgressPolicy>()?;
+                if let Some(extra) = map.next_key::<String>()? {
+                    return Err(A::Error::unknown_field(&extra, &[]));
+                }
+                Ok(Network::Egress(policy))
+            }
+
+            fn visit_enum<A: serde::de::EnumAccess<'de>>(
+                self,
+                data: A,
+            ) -> Result<Network, A::Error> {
+                use serde::de::VariantAccess;
+                let (name, variant) = data.variant::<String>()?;
+                if name == "egress" {
+                    variant.newtype_variant().map(Network::Egress)
+                } else {
+                    variant.unit_variant()?;
+                    unit(&name)
+                }
+            }
+        }
+
+        deserializer.deserialize_any(NetworkVisitor)
+    }
 }
 
 impl Network {
@@ -746,6 +830,45 @@ mod tests {
         }
         fn path_exists(&self, path: &str) -> bool {
             path == "/srv/data"
+        }
+    }
+
+    #[test]
+    fn network_reads_the_same_from_json_as_from_yaml() {
+        let read = |json: &str| -> Result<Network, String> {
+            let mut de = serde_json::Deserializer::from_str(json);
+            serde_path_to_error::deserialize::<_, SandboxSpec>(&mut de)
+                .map(|s| s.network)
+                .map_err(|e| format!("{}: {}", e.path(), e.inner()))
+        };
+        assert_eq!(read(r#"{"network": "none"}"#), Ok(Network::None));
+        assert_eq!(read(r#"{"network": "bridge"}"#), Ok(Network::Bridge));
+        assert_eq!(
+            read(r#"{"network": {"egress": {"allow": ["pypi.org"], "deny": ["10.0.0.0/8"]}}}"#),
+            Ok(Network::Egress(crate::egress::EgressPolicy {
+                allow: vec!["pypi.org".into()],
+                deny: vec!["10.0.0.0/8".into()],
+            }))
+        );
+        // What it writes is what it reads.
+        let policy = Network::Egress(crate::egress::EgressPolicy {
+            allow: vec!["pypi.org".into()],
+            deny: vec![],
+        });
+        let json = serde_json::to_string(&policy).expect("json");
+        assert_eq!(json, r#"{"egress":{"allow":["pypi.org"],"deny":[]}}"#);
+        for (json, value) in [
+            (r#"{"network": "bogus"}"#, "bogus"),
+            (r#"{"network": {"egres": {}}}"#, "egres"),
+            (
+                r#"{"network": {"egress": {"allow": "pypi.org"}}}"#,
+                "pypi.org",
+            ),
+            (r#"{"network": ["none"]}"#, "sequence"),
+        ] {
+            let e = read(json).expect_err(json);
+            assert!(e.starts_with("network"), "{json}: {e}");
+            assert!(e.contains(value), "{json}: {e}");
         }
     }
 

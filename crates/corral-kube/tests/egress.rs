@@ -40,7 +40,7 @@ use corral_kube::egress::{
 use corral_kube::lease::LEASE_LABEL;
 use corral_kube::{KubeBackend, KubeConfig};
 use corral_testing::contract::TEST_LABEL;
-use corral_testing::internet::{internet, Joined};
+use corral_testing::internet::{self, internet, Joined};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
@@ -107,7 +107,7 @@ fn joined(test: &str) -> Option<Joined> {
         ));
         return None;
     };
-    Some(internet().join(&network))
+    Some(internet::join(internet(), &network))
 }
 
 fn runtime(backend: &KubeBackend) -> Runtime {

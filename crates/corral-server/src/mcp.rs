@@ -11,7 +11,8 @@
 //! ([`Sandbox::run`](corral::Sandbox::run) of `/bin/sh -c`),
 //! `read_file`, `write_file`, `list_files`, `shell_run` and `shell_close`
 //! (stateful shells), `reset` ([`Sandbox::reset`](corral::Sandbox::reset):
-//! back to the state right after start), `snapshot` and `restore` (the
+//! back to the state right after start), `egress` (what a sandbox with an
+//! egress policy let through and refused), `snapshot` and `restore` (the
 //! session's sandbox replaced by a fork of a snapshot whose spec gives
 //! nothing the session's own does not). Arguments are checked in `args.rs` (a bad one is an
 //! invalid-params error naming the field and the value); results are
@@ -661,6 +662,34 @@ impl Handler {
         ))
     }
 
+    /// What this sandbox's egress policy let through and refused: DNS
+    /// names resolved and refused, connections relayed and refused, and
+    /// the last refusals (e.g. "dns evil.test"). Only for a sandbox whose
+    /// network is an egress allow-list (`network: {egress: ...}`).
+    #[tool(
+        input_schema = schema::<args::Egress>(),
+        annotations(read_only_hint = true)
+    )]
+    async fn egress(&self, params: JsonObject) -> Result<CallToolResult, ErrorData> {
+        const TOOL: &str = "egress";
+        let args::Egress {} = args::parse(TOOL, params)?;
+        let (lease, notes) = match self.lease().await {
+            Ok(l) => l,
+            Err(r) => return Ok(r),
+        };
+        match lease.sandbox().egress_counts().await {
+            Ok(Some(counts)) => Ok(render::egress(counts, &notes)),
+            Ok(None) => Ok(render::error(
+                "this sandbox has no egress policy (its network is not network: {egress: ...}), \
+                 so nothing counts what it reaches",
+            )),
+            Err(e) => Ok(render::error(render::failure_line(
+                "egress counts failed",
+                &e.failure(),
+            ))),
+        }
+    }
+
     /// Run a command in a persistent shell session (default "main"): the
     /// working directory, exported variables and functions carry over
     /// between calls, like a terminal. Each call returns that command's
@@ -950,6 +979,7 @@ mod tests {
         assert_eq!(
             names,
             [
+                "egress",
                 "list_files",
                 "port_url",
                 "read_file",

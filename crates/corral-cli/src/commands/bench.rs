@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use corral_bench::{Bench, BenchOptions};
+use corral_bench::{Bench, BenchOptions, Rows};
 
 /// Measure corral against floors taken in the same run.
 ///
@@ -31,6 +31,11 @@ use corral_bench::{Bench, BenchOptions};
 /// prepared from scratch at once, the fork done both ways from the same
 /// source: its changes through the agents' streams (the default) and
 /// `docker commit` with P creates from the image.
+/// With `--rows net` (or `all`): the egress gateway against direct
+/// connections to the same servers (HTTP and HTTPS connection setup, 32 MiB)
+/// and a port link of a `corral serve` against the container's address,
+/// on a test internet made for the run (needs `corral-test/net`,
+/// `openssl` and the `docker` CLI).
 /// Every container (and the fork row's snapshots) it makes is removed, also
 /// on Ctrl-C (exit 130).
 #[derive(Args, Debug)]
@@ -53,6 +58,14 @@ pub struct BenchArgs {
     /// Print one JSON object instead of the table (and no progress bar).
     #[arg(long)]
     json: bool,
+    /// Which rows: default (starts, round trips, resets, workloads, forks),
+    /// net (egress gateway and port links against direct), or all.
+    #[arg(long, default_value = "default", value_parser = rows, value_name = "default|net|all")]
+    rows: Rows,
+}
+
+fn rows(text: &str) -> Result<Rows, String> {
+    Rows::parse(text).ok_or_else(|| format!("'{text}' is not default, net or all"))
 }
 
 fn at_least_one(text: &str) -> Result<usize, String> {
@@ -72,6 +85,7 @@ impl BenchArgs {
             samples: self.samples,
             // corral-bench draws its own bar, on the CLI's terms.
             progress: crate::progress::wanted(self.json),
+            rows: self.rows,
         }
     }
 }

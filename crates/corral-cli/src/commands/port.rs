@@ -43,30 +43,7 @@ pub async fn run(config: super::BackendConfig, args: PortArgs) -> anyhow::Result
     let runtime = super::connect(config).await?;
     let backend = runtime.backend().clone();
     let list = backend.list().await?;
-    let wanted = args.sandbox.trim();
-    let matches: Vec<_> = list
-        .iter()
-        .filter(|s| {
-            !wanted.is_empty()
-                && (s.sandbox_id.starts_with(wanted) || s.placement.id().starts_with(wanted))
-        })
-        .collect();
-    let sandbox = match matches.as_slice() {
-        [one] => *one,
-        [] => {
-            return Err(CliError::NoSandbox {
-                wanted: wanted.to_string(),
-            }
-            .into())
-        }
-        many => {
-            return Err(CliError::AmbiguousSandbox {
-                wanted: wanted.to_string(),
-                ids: many.iter().map(|s| s.sandbox_id.clone()).collect(),
-            }
-            .into())
-        }
-    };
+    let sandbox = super::find_sandbox(&list, &args.sandbox)?;
     let listener = tokio::net::TcpListener::bind(args.listen.trim())
         .await
         .with_context(|| format!("cannot listen on --listen '{}'", args.listen))?;

@@ -110,6 +110,12 @@ pub(super) struct ShellClose {
 #[schemars(crate = "rmcp::schemars")]
 pub(super) struct Reset {}
 
+/// Arguments of `egress`: none.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(crate = "rmcp::schemars")]
+pub(super) struct Egress {}
+
 /// Arguments of `port_url`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

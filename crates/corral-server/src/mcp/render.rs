@@ -36,6 +36,32 @@ pub(super) fn ok(text: impl Into<String>) -> CallToolResult {
     result(text.into(), None, false)
 }
 
+/// What the sandbox's egress gateway allowed and refused: a line of
+/// counts and the last refusals for the model, the REST API's
+/// `EgressCounts` as structured content.
+pub(super) fn egress(c: corral_core::egress::EgressCounts, notes: &[String]) -> CallToolResult {
+    let mut text = String::new();
+    for note in notes {
+        let _ = writeln!(text, "{note}");
+    }
+    let _ = write!(
+        text,
+        "egress: {} DNS names allowed, {} refused; {} connections allowed, {} refused",
+        c.dns_allowed, c.dns_refused, c.connections_allowed, c.connections_refused
+    );
+    if !c.recent_refusals.is_empty() {
+        let _ = write!(text, "\nlast refusals: {}", c.recent_refusals.join(", "));
+    }
+    let body = crate::wire::EgressCounts {
+        dns_allowed: c.dns_allowed,
+        dns_refused: c.dns_refused,
+        connections_allowed: c.connections_allowed,
+        connections_refused: c.connections_refused,
+        recent_refusals: c.recent_refusals,
+    };
+    result(text, serde_json::to_value(body).ok(), false)
+}
+
 /// A failure as one line: kind, whether a retry may help, message.
 pub(super) fn failure_line(what: &str, f: &Failure) -> String {
     format!(
