@@ -58,7 +58,7 @@ cargo test --workspace --all-targets --no-fail-fast "$@"
 
 echo "== Python client and MCP tests (real corral serve / corral mcp)"
 scripts/python-env.sh
-cargo build --bin corral
+cargo build --bin corral --bin corral-internet
 CORRAL_BIN="$PWD/target/debug/corral" target/pyenv/bin/python -m pytest -q clients/python/tests
 echo "== the same e2b SDK tests under the oldest e2b SDK corral serves"
 E2B_SDK_DIR="$PWD/target/pyenv/e2b-oldest" CORRAL_BIN="$PWD/target/debug/corral" \
