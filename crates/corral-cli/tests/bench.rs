@@ -3,27 +3,13 @@
 //! No timing is asserted: that is what the bench reports, not what it is.
 
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
+use corral_testing::images;
 
-fn images() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../scripts/build-test-images.sh"
-        );
-        let status = Command::new("bash")
-            .arg(script)
-            .status()
-            .expect("run build-test-images.sh");
-        assert!(status.success(), "building the test images failed");
-    });
-}
+const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
 
 fn bench(args: &[&str], stdout: Stdio) -> Child {
     images();

@@ -11,13 +11,14 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use corral::{Runtime, RuntimeConfig};
 use corral_core::{CommandSpec, FailureKind, Network, Recovery, RetryPolicy, SandboxSpec};
 use corral_docker::{DockerBackend, DockerConfig};
 use corral_faultproxy::{Action, FaultProxy, Matcher, Rule};
+
+use corral_testing::images;
 
 const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
 const SANDBOXES: usize = 32;
@@ -28,21 +29,6 @@ const SANDBOXES: usize = 32;
 const PID1_OOM: &str = "echo 1000 > /proc/1/oom_score_adj; \
     for i in 1 2 3 4 5 6; do dd if=/dev/zero of=/dev/null bs=10M count=2000 & done; wait";
 const COMMANDS: usize = 50;
-
-fn images() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../scripts/build-test-images.sh"
-        );
-        let status = Command::new("bash")
-            .arg(script)
-            .status()
-            .expect("run build-test-images.sh");
-        assert!(status.success(), "building the test images failed");
-    });
-}
 
 fn socket(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("corral-chaos-{name}-{}.sock", std::process::id()))

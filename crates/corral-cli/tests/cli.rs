@@ -2,27 +2,13 @@
 
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
+use corral_testing::images;
 
-fn images() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../scripts/build-test-images.sh"
-        );
-        let status = Command::new("bash")
-            .arg(script)
-            .status()
-            .expect("run build-test-images.sh");
-        assert!(status.success(), "building the test images failed");
-    });
-}
+const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
 
 /// Runs corral with `args`, optional stdin; returns (exit code, stdout, stderr).
 fn corral(args: &[&str], stdin: Option<&[u8]>) -> (i32, Vec<u8>, String) {

@@ -5,25 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+
+use corral_testing::images;
 
 const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
 const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/corral.yaml");
-
-fn images() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../scripts/build-test-images.sh"
-        );
-        let status = Command::new("bash")
-            .arg(script)
-            .status()
-            .expect("run build-test-images.sh");
-        assert!(status.success(), "building the test images failed");
-    });
-}
 
 /// A scratch directory, removed when dropped.
 struct Scratch(PathBuf);

@@ -5,27 +5,12 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 
 use serde_json::Value;
 
-const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
+use corral_testing::images;
 
-fn images() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../scripts/build-test-images.sh"
-        );
-        let ok = Command::new("bash")
-            .arg(script)
-            .status()
-            .expect("run build-test-images.sh")
-            .success();
-        assert!(ok, "building the test images failed");
-    });
-}
+const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
 
 /// A directory of this test's own, removed at the end.
 struct TempDir(PathBuf);

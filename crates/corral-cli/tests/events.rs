@@ -12,21 +12,10 @@ use std::time::{Duration, Instant};
 use corral_testing::served::Served;
 use serde_json::Value;
 
+use corral_testing::images;
+
 const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
 const LABEL: &str = "cli-events";
-
-fn images() {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../scripts/build-test-images.sh"
-    );
-    let ok = Command::new("bash")
-        .arg(script)
-        .status()
-        .expect("run build-test-images.sh")
-        .success();
-    assert!(ok, "building the test images failed");
-}
 
 /// Removes this test's containers however it ends.
 struct Sweep;

@@ -12,20 +12,10 @@ use std::time::Duration;
 use corral::{CommandSpec, Runtime, RuntimeConfig, SandboxSpec};
 use corral_docker::{DockerBackend, DockerConfig};
 
+use corral_testing::images;
+
 const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
 const LABEL: &str = "cli-port";
-
-fn images() {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../scripts/build-test-images.sh"
-    );
-    let status = Command::new("bash")
-        .arg(script)
-        .status()
-        .expect("run build-test-images.sh");
-    assert!(status.success(), "building the test images failed");
-}
 
 /// Removes this test's containers however it ends.
 struct Cleanup;

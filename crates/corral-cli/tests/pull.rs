@@ -6,19 +6,9 @@ use std::process::Command;
 use corral_testing::registry::Registry;
 use serde_json::Value;
 
-const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
+use corral_testing::images;
 
-fn images() {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../scripts/build-test-images.sh"
-    );
-    let status = Command::new("bash")
-        .arg(script)
-        .status()
-        .expect("run build-test-images.sh");
-    assert!(status.success(), "building the test images failed");
-}
+const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
 
 /// Runs corral with `args`; returns (exit code, stdout, stderr).
 fn corral(args: &[&str]) -> (i32, String, String) {

@@ -25,24 +25,13 @@ use corral_kube::control::{self, ControlError};
 use corral_testing::contract::{sh, text};
 use double::{container_ip, DockerAsPodNetworkDouble, PORT};
 
+use corral_testing::images;
+
 const IMAGE: &str = "corral-test/busybox";
 
 /// Handshakes the agent runs at once per budget (its `MAX_PENDING`): as
 /// many idle connections as fill one.
 const AGENT_BUDGET: usize = 16;
-
-fn images() {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../scripts/build-test-images.sh"
-    );
-    let ok = Command::new("bash")
-        .arg(script)
-        .status()
-        .expect("run build-test-images.sh")
-        .success();
-    assert!(ok, "building the test images failed");
-}
 
 /// Removes the test's containers even when it fails.
 struct Guard(&'static str);

@@ -31,3 +31,21 @@ pub mod registry;
 pub mod served;
 
 pub use local::{Faults, LocalConfig, LocalProcessBackend, UNSAFE_NOT_A_SANDBOX};
+
+/// Builds the offline test images (`scripts/build-test-images.sh`, which
+/// skips those already there) once per test process.
+pub fn images() {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../scripts/build-test-images.sh"
+        );
+        let ok = std::process::Command::new("bash")
+            .arg(script)
+            .status()
+            .expect("run build-test-images.sh")
+            .success();
+        assert!(ok, "building the test images failed");
+    });
+}

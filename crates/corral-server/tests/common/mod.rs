@@ -9,22 +9,7 @@ use std::process::Command;
 
 pub const BUSYBOX: &str = "corral-test/busybox";
 
-/// Builds the offline test images once per test binary.
-pub fn images() {
-    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    BUILT.get_or_init(|| {
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../scripts/build-test-images.sh"
-        );
-        let ok = Command::new("bash")
-            .arg(script)
-            .status()
-            .expect("run build-test-images.sh")
-            .success();
-        assert!(ok, "building the test images failed");
-    });
-}
+pub use corral_testing::images;
 
 /// Containers labelled `corraltest=<label>`.
 pub fn remaining(label: &str) -> Vec<String> {
