@@ -103,6 +103,39 @@ impl<T: tokio::io::AsyncRead + AsyncWrite + Send + Unpin> PortIo for T {}
 /// One connection to a port inside a sandbox ([`Backend::open_port`]).
 pub type PortStream = Box<dyn PortIo>;
 
+/// How long a direct connection to a port inside a sandbox may take.
+pub const PORT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A TCP connection to a server at `ip:port` inside sandbox `sandbox`
+/// (`place` names it for a person: "the sandbox", "pod NAME"), for the
+/// backends that reach it at its own address; nothing accepting there is
+/// an [`Error::Agent`] saying so.
+pub async fn connect_port(
+    sandbox: &str,
+    place: &str,
+    ip: std::net::IpAddr,
+    port: u16,
+) -> Result<PortStream, Error> {
+    let refused = |why: String| Error::Agent {
+        sandbox: sandbox.to_string(),
+        message: format!(
+            "nothing accepts connections on port {port} of {place} ({ip}:{port}: {why})"
+        ),
+    };
+    let connect = tokio::net::TcpStream::connect((ip, port));
+    match tokio::time::timeout(PORT_CONNECT_TIMEOUT, connect).await {
+        Ok(Ok(stream)) => {
+            let _ = stream.set_nodelay(true);
+            Ok(Box::new(stream))
+        }
+        Ok(Err(e)) => Err(refused(e.to_string())),
+        Err(_) => Err(refused(format!(
+            "no answer within {} s",
+            PORT_CONNECT_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
 /// Called once when the engine reports that a watched sandbox died, with
 /// a sentence saying how.
 pub type OnDeath = Arc<dyn Fn(String) + Send + Sync>;

@@ -13,7 +13,6 @@
 //! seccomp, no-new-privileges: what every exec into it inherits).
 
 use std::net::IpAddr;
-use std::time::Duration;
 
 use bollard::container::LogOutput;
 use bollard::exec::{StartExecOptions, StartExecResults};
@@ -26,9 +25,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::error::api;
 use crate::DockerBackend;
-
-/// Longest a connection to a sandbox's server may take to open.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Bytes buffered between the exec's stream and the caller's.
 const RELAY_BUFFER: usize = 256 * 1024;
@@ -62,7 +58,9 @@ impl DockerBackend {
                     .find_map(|ip| ip.parse::<IpAddr>().ok())
             });
         match address {
-            Some(ip) => direct(container, ip, port).await,
+            Some(ip) => {
+                corral_core::backend::connect_port(container, "the sandbox", ip, port).await
+            }
             None => self.relay(container, port).await,
         }
     }
@@ -158,26 +156,5 @@ impl DockerBackend {
             let _ = to_caller.shutdown().await;
         });
         Ok(Box::new(ours))
-    }
-}
-
-/// A TCP connection to `ip:port`; nothing listening is named.
-async fn direct(container: &str, ip: IpAddr, port: u16) -> Result<PortStream, Error> {
-    let refused = |why: String| Error::Agent {
-        sandbox: container.to_string(),
-        message: format!(
-            "nothing accepts connections on port {port} of the sandbox ({ip}:{port}: {why})"
-        ),
-    };
-    match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect((ip, port))).await {
-        Ok(Ok(stream)) => {
-            let _ = stream.set_nodelay(true);
-            Ok(Box::new(stream))
-        }
-        Ok(Err(e)) => Err(refused(e.to_string())),
-        Err(_) => Err(refused(format!(
-            "no answer within {} s",
-            CONNECT_TIMEOUT.as_secs()
-        ))),
     }
 }

@@ -11,10 +11,9 @@
 //! port is not a server's: it is refused.
 
 use std::io;
-use std::net::IpAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use corral_core::backend::{Placement, PortStream};
 use corral_core::config::ControlPath;
@@ -23,9 +22,6 @@ use kube::api::Portforwarder;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::{api_err, lock, KubeBackend, DIRECT_RETRY};
-
-/// Longest a connection to a sandbox's server may take to open.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl KubeBackend {
     pub(super) async fn connect_port(
@@ -57,7 +53,8 @@ impl KubeBackend {
                     message: format!("pod {name} has no IP yet"),
                 });
             };
-            return direct_connect(name, ip, port).await;
+            return corral_core::backend::connect_port(name, &format!("pod {name}"), ip, port)
+                .await;
         }
         self.inner.limiter.acquire().await;
         let pods = &self.inner.pods;
@@ -75,27 +72,6 @@ impl KubeBackend {
             });
         };
         Ok(Box::new(Forwarded { stream, forwarder }))
-    }
-}
-
-/// A TCP connection to `ip:port`; nothing listening is named.
-async fn direct_connect(pod: &str, ip: IpAddr, port: u16) -> Result<PortStream, Error> {
-    let refused = |why: String| Error::Agent {
-        sandbox: pod.to_string(),
-        message: format!(
-            "nothing accepts connections on port {port} of pod {pod} ({ip}:{port}: {why})"
-        ),
-    };
-    match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect((ip, port))).await {
-        Ok(Ok(stream)) => {
-            let _ = stream.set_nodelay(true);
-            Ok(Box::new(stream))
-        }
-        Ok(Err(e)) => Err(refused(e.to_string())),
-        Err(_) => Err(refused(format!(
-            "no answer within {} s",
-            CONNECT_TIMEOUT.as_secs()
-        ))),
     }
 }
 
