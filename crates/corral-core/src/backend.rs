@@ -436,6 +436,18 @@ pub trait Backend: Send + Sync + 'static {
     /// is pulled).
     fn image_present<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<ImagePresence, Error>>;
 
+    /// The snapshot whose image `image` resolves to on the engine, by any
+    /// spelling it accepts (tag, digest, image id or a prefix of one), as
+    /// its labels record it; `None` for an image that is no snapshot's or
+    /// is absent. Engines that keep no snapshot images have none.
+    fn image_snapshot<'a>(
+        &'a self,
+        image: &'a str,
+    ) -> BoxFuture<'a, Result<Option<crate::principal::QualifiedName>, Error>> {
+        let _ = image;
+        Box::pin(async { Ok(None) })
+    }
+
     /// What the egress gateway of `sandbox_id` (a sandbox with `network:
     /// {egress: ...}`) allowed and refused; `None` for a sandbox without
     /// one or a backend without egress policies.

@@ -15,6 +15,7 @@ pub mod egress;
 pub mod error;
 pub mod file_error;
 pub mod image_pull;
+pub mod image_ref;
 pub mod labels;
 pub mod outcome;
 pub mod output;

@@ -329,6 +329,30 @@ impl Principal {
         }
     }
 
+    /// Whether it may start a sandbox from `image`, a reference it named
+    /// itself: one that points into a snapshot repository, however
+    /// spelled ([`crate::image_ref::Reference::snapshot_namespace`]), only
+    /// when it may read that snapshot. A snapshot is another's files, and
+    /// naming its image must not get round [`Principal::may_snapshot`].
+    /// A reference the engine resolves to a snapshot's image by other
+    /// means (an image id, a digest) is the caller's to check with
+    /// [`Principal::may_snapshot`] on what the engine found.
+    pub fn may_name_image(&self, image: &str, sharing: &Sharing) -> bool {
+        let reference = crate::image_ref::Reference::parse(image);
+        let Some(namespace) = reference.snapshot_namespace() else {
+            return true;
+        };
+        // Without a tag an engine takes `latest`; a digest alone names no
+        // snapshot that could have been shared by name.
+        let name = match (reference.tag, &reference.digest) {
+            (Some(tag), _) => tag,
+            (None, None) => "latest".to_string(),
+            (None, Some(_)) => String::new(),
+        };
+        let q = QualifiedName { namespace, name };
+        self.may_snapshot(SnapshotAccess::Read, &q, sharing)
+    }
+
     /// Snapshot `name` among `all`, as this principal names it and may
     /// `access` it: the first of [`Principal::snapshot_candidates`] that
     /// exists and it may see. Every front end looks snapshots up here.
@@ -610,6 +634,45 @@ mod tests {
         );
         assert_eq!(model.display_snapshot(&own), "x");
         assert_eq!(Principal::Operator.display_snapshot(&own), "alice.mcp-01/x");
+    }
+
+    #[test]
+    fn a_snapshot_image_is_named_only_by_who_may_read_the_snapshot() {
+        let sharing = Sharing {
+            tenants: vec!["base".into()],
+            mcp: Vec::new(),
+        };
+        let bob = tenant("bob");
+        for foreign in [
+            "corral-snapshot/alice:secret",
+            "corral-snapshot/alice",
+            "docker.io/corral-snapshot/alice:secret",
+            "corral-snapshot/alice@sha256:00",
+            "corral-snapshot/alice.mcp-01:x",
+            "corral-snapshot:secret",
+            "corral-snapshot",
+            "corral-snapshot@sha256:00",
+            "docker.io/library/corral-snapshot:secret",
+            "index.docker.io/library/corral-snapshot:other@sha256:00",
+        ] {
+            assert!(!bob.may_name_image(foreign, &sharing), "{foreign}");
+        }
+        // Its own, its MCP sessions' for a tenant, and shared ones.
+        for own in [
+            "corral-snapshot/bob:x",
+            "docker.io/corral-snapshot/bob:x",
+            "corral-snapshot:base",
+            "docker.io/library/corral-snapshot:base",
+            "busybox",
+            "127.0.0.1:5000/corral-snapshot:secret",
+        ] {
+            assert!(bob.may_name_image(own, &sharing), "{own}");
+        }
+        assert!(bob.may_name_image("corral-snapshot/bob.mcp-01:x", &Sharing::default()));
+        assert!(!bob
+            .mcp_session("mcp-02")
+            .may_name_image("corral-snapshot/bob:x", &sharing));
+        assert!(Principal::Operator.may_name_image("corral-snapshot/alice:secret", &sharing));
     }
 
     #[test]

@@ -772,6 +772,13 @@ impl Backend for DockerBackend {
         true
     }
 
+    fn image_snapshot<'a>(
+        &'a self,
+        image: &'a str,
+    ) -> BoxFuture<'a, Result<Option<corral_core::principal::QualifiedName>, Error>> {
+        Box::pin(self.snapshot_of_image(image))
+    }
+
     fn snapshot<'a>(
         &'a self,
         placement: &'a Placement,

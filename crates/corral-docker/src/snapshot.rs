@@ -26,7 +26,7 @@ use crate::error::{api, is_not_found, status_code};
 use crate::DockerBackend;
 
 /// The repository every snapshot image is tagged in.
-pub const REPOSITORY: &str = "corral-snapshot";
+pub const REPOSITORY: &str = corral_core::image_ref::SNAPSHOT_REPOSITORY;
 
 /// The image reference of snapshot `name` in the operator's namespace.
 pub fn image_ref(name: &str) -> String {
@@ -140,6 +140,36 @@ impl DockerBackend {
         }
         out.sort_by_key(|a| a.0.qualified());
         Ok(out)
+    }
+
+    /// The snapshot `image` resolves to, by its labels: the daemon resolves
+    /// the reference exactly as a create would (tag, digest, image id or a
+    /// prefix of one), so no spelling gets past. An untagged image of a
+    /// replaced snapshot still carries them.
+    pub(crate) async fn snapshot_of_image(
+        &self,
+        image: &str,
+    ) -> Result<Option<QualifiedName>, Error> {
+        let inspected = match self.docker().inspect_image(image).await {
+            Ok(i) => i,
+            Err(e) if is_not_found(&e) => return Ok(None),
+            // A reference the daemon cannot read names nothing it holds.
+            Err(e) if status_code(&e) == Some(400) => return Ok(None),
+            Err(e) => return Err(api(format!("inspect image {image}"), e)),
+        };
+        let labels = inspected.config.and_then(|c| c.labels).unwrap_or_default();
+        let Some(name) = labels.get(snapshot::NAME) else {
+            return Ok(None);
+        };
+        // Not parsed: whatever the labels say, a principal reads only its
+        // own namespace, and a malformed one is nobody's but the operator's.
+        Ok(Some(QualifiedName {
+            namespace: labels
+                .get(snapshot::NAMESPACE)
+                .filter(|n| !n.is_empty())
+                .cloned(),
+            name: name.clone(),
+        }))
     }
 
     pub(crate) async fn remove_snapshot(&self, name: &str) -> Result<(), Error> {

@@ -35,7 +35,7 @@ use crate::guard::{require_json, Caller};
 use crate::metrics::Metrics;
 use crate::tenancy::Tenancy;
 use crate::wire::*;
-use corral_core::principal::Principal;
+use corral_core::principal::{Principal, SnapshotAccess};
 
 mod egress;
 mod events;
@@ -530,10 +530,18 @@ fn pool_spec(pool: &corral::pool::PoolConfig) -> SandboxSpec {
     spec
 }
 
-/// An image a client chose (in request field `field`) that the policy only
-/// allows when it is already on the daemon: refused (403) when it is not,
-/// so that no client makes the daemon pull from a registry.
-async fn check_image(s: &AppState, field: &str, image: &str) -> Result<(), ApiError> {
+/// An image `caller` chose (in request field `field`): refused (403) when
+/// the policy does not allow it; when it is a snapshot's image the caller
+/// may not read (however spelled, or whatever the engine resolves it to:
+/// the snapshot's owner decides, [`Principal::may_name_image`], whatever
+/// the policy lists); and, without an allow-list, when it is not already
+/// on the daemon, so that no client makes the daemon pull from a registry.
+async fn check_image(
+    s: &AppState,
+    caller: &Principal,
+    field: &str,
+    image: &str,
+) -> Result<(), ApiError> {
     let rule = s
         .inner
         .config
@@ -541,12 +549,36 @@ async fn check_image(s: &AppState, field: &str, image: &str) -> Result<(), ApiEr
         .policy
         .check_image(field, image)
         .map_err(|r| ApiError::refused(&r, ""))?;
+    let sharing = s.inner.tenancy.sharing();
+    if !caller.may_name_image(image, sharing) {
+        // The same answer whether or not the snapshot exists.
+        return Err(ApiError::forbidden(
+            field,
+            format!(
+                "{field} '{image}' is not allowed: it names a snapshot's image, and a client \
+                 starts only from snapshots it may read, by forking them (POST \
+                 /v1/snapshots/{{name}}/fork)"
+            ),
+        ));
+    }
+    let runtime = &s.inner.runtime;
+    let engine = runtime.backend().name();
+    let resolved = runtime.image_snapshot(image).await.map_err(|e| {
+        let mut err = ApiError::runtime(&e, "");
+        err.detail.field = Some(field.to_string());
+        err
+    })?;
+    if let Some(q) = resolved {
+        if !caller.may_snapshot(SnapshotAccess::Read, &q, sharing) {
+            // Answered as if absent: an image id tells nothing more.
+            return unlisted_image(field, image, engine, ImagePresence::Absent);
+        }
+    }
     if rule == ImageRule::Listed {
         return Ok(());
     }
-    let runtime = &s.inner.runtime;
     match runtime.image_present(image).await {
-        Ok(presence) => unlisted_image(field, image, runtime.backend().name(), presence),
+        Ok(presence) => unlisted_image(field, image, engine, presence),
         Err(e) => {
             let mut err = ApiError::runtime(&e, "");
             err.detail.field = Some(field.to_string());
@@ -607,7 +639,7 @@ fn allow_pattern(image: &str) -> String {
         (status = 201, description = "Created", body = SandboxInfo),
         (status = 200, description = "The session key already had this sandbox", body = SandboxInfo),
         (status = 400, description = "Bad request, spec or image", body = ErrorBody),
-        (status = 403, description = "Refused: a field the service's policy keeps from clients (host mounts, added capabilities, weakened hardening, runtime, host environment, corral.* labels, persistent, limits removed or above the maxima, an image not allowed), named in `field`; or a browser Origin or a foreign Host", body = ErrorBody),
+        (status = 403, description = "Refused: a field the service's policy keeps from clients (host mounts, added capabilities, weakened hardening, runtime, host environment, corral.* labels, persistent, limits removed or above the maxima, an image not allowed, a snapshot's image the caller may not read, however spelled: its owner decides, as for a fork), named in `field`; or a browser Origin or a foreign Host", body = ErrorBody),
         (status = 409, description = "The session key is taken by the operator (which shares tenant `default`'s namespace)", body = ErrorBody),
         (status = 503, description = "Daemon unavailable (`daemon_unavailable`), or no room for the sandbox now (`capacity`, with `Retry-After`: the engine is full, or the tenant's `max_sandboxes` quota is spent, named in `field`); both retryable", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait before trying again, with kind `capacity`"))),
@@ -663,7 +695,7 @@ impl AppState {
             }
         }
         if let Some(field) = chosen_image {
-            check_image(s, field, &spec.image).await?;
+            check_image(s, &caller, field, &spec.image).await?;
         }
         let reservation = s
             .inner

@@ -13,7 +13,7 @@ use corral_core::config::TenantConfig;
 use serde_json::{json, Value};
 
 mod common;
-use common::service::{as_, initialize, mcp, start, Resp, Service};
+use common::service::{as_, initialize, mcp, start, Req, Resp, Service};
 use common::Guard;
 
 const ALICE: &str = "alice-token-0123456789";
@@ -556,4 +556,210 @@ async fn an_mcp_session_answers_only_the_principal_that_opened_it() {
         .await;
     assert!(r.status < 300, "{}", r.text);
     s.stop().await;
+}
+
+/// The image id (`sha256:...`) of `image` on the daemon.
+fn image_id(image: &str) -> String {
+    let out = Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", image])
+        .output()
+        .expect("docker image inspect");
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(id.starts_with("sha256:"), "no id for {image}: {out:?}");
+    id
+}
+
+/// A snapshot is another's files: naming its image (any spelling the
+/// daemon resolves to it, its image id included) starts nothing for a
+/// tenant that may not read it, on REST (`image`, `spec.image`, a pull),
+/// E2B (`templateID`) and MCP (`restore`), with no allow-list
+/// (`server.policy.images` empty: "any image on the daemon") and with one
+/// that lists everything. Its owner still may.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_cannot_start_another_tenants_snapshot_by_naming_its_image() {
+    for listed in [false, true] {
+        let label = if listed {
+            "tenants-snapimg-listed"
+        } else {
+            "tenants-snapimg"
+        };
+        let _g = Guard(label);
+        let snap = format!("secret-{}", corral::host::random_hex(6));
+        let alice_image = format!("corral-snapshot/alice:{snap}");
+        let ops_image = format!("corral-snapshot:{snap}");
+        let _images = Images(vec![alice_image.clone(), ops_image.clone()]);
+        let s = start(label, |c, _| {
+            c.server.admin_token = Some(ADMIN.into());
+            c.server.e2b_listen = Some("127.0.0.1:0".into());
+            if listed {
+                c.server.policy.images = vec!["*".into()];
+            }
+            for (name, token) in [("alice", ALICE), ("bob", BOB)] {
+                c.server.tenants.insert(
+                    name.into(),
+                    TenantConfig {
+                        token: Some(token.into()),
+                        ..TenantConfig::default()
+                    },
+                );
+            }
+        })
+        .await;
+
+        // Alice and the operator each keep a secret in a snapshot.
+        for (token, file) in [(ALICE, "/srv-alice"), (ADMIN, "/srv-ops")] {
+            let r = s
+                .send(as_(token, "POST", "/v1/sandboxes").json(json!({"session": "prep"})))
+                .await;
+            assert_eq!(r.status, 201, "{}", r.text);
+            let r = exec(&s, token, "prep", &format!("echo secret > {file}")).await;
+            assert_eq!(r.status, 200, "{}", r.text);
+            let r = s
+                .send(as_(token, "POST", "/v1/sandboxes/prep/snapshot").json(json!({"name": snap})))
+                .await;
+            assert_eq!(r.status, 201, "{}", r.text);
+        }
+        let alice_id = image_id(&alice_image);
+        let ops_id = image_id(&ops_image);
+        let hex = |id: &str| id.trim_start_matches("sha256:").to_string();
+        let spellings = [
+            alice_image.clone(),
+            format!("docker.io/corral-snapshot/alice:{snap}"),
+            format!("index.docker.io/corral-snapshot/alice:{snap}"),
+            ops_image.clone(),
+            format!("docker.io/library/corral-snapshot:{snap}"),
+            format!("library/corral-snapshot:{snap}"),
+            alice_id.clone(),
+            hex(&alice_id),
+            hex(&alice_id)[..12].to_string(),
+            format!("sha256:{}", &hex(&ops_id)[..16]),
+            ops_id.clone(),
+        ];
+
+        // REST: as `image`, as `spec.image`, and as a pull.
+        for image in &spellings {
+            for (body, field) in [
+                (json!({"image": image}), "image"),
+                (json!({"spec": {"image": image}}), "spec.image"),
+            ] {
+                let r = s.send(as_(BOB, "POST", "/v1/sandboxes").json(body)).await;
+                assert_eq!(
+                    (r.status, r.field()),
+                    (403, field),
+                    "bob started {image}: {}",
+                    r.text
+                );
+                assert!(!r.text.contains("secret\n"), "{}", r.text);
+            }
+            let r = s
+                .send(as_(BOB, "POST", "/v1/images/pull").json(json!({"image": image})))
+                .await;
+            assert_eq!(r.status, 403, "bob pulled {image}: {}", r.text);
+        }
+        // A snapshot that does not exist is answered the same way.
+        let r = s
+            .send(
+                as_(BOB, "POST", "/v1/sandboxes")
+                    .json(json!({"image": "corral-snapshot/alice:none-such"})),
+            )
+            .await;
+        assert_eq!((r.status, r.field()), (403, "image"), "{}", r.text);
+        assert!(r.message().contains("names a snapshot"), "{}", r.text);
+
+        // E2B: the template is the image.
+        for image in &spellings {
+            let r = s
+                .send_e2b(
+                    Req::new("POST", "/sandboxes")
+                        .header("X-API-Key", BOB)
+                        .json(json!({"templateID": image})),
+                )
+                .await;
+            assert_eq!(r.status, 403, "bob's E2B sandbox of {image}: {}", r.text);
+        }
+
+        // MCP: a session restores only what it may read, however named.
+        let r = s
+            .send(mcp(as_(BOB, "POST", "/mcp")).json(initialize()))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let sid = session_id(&r);
+        let r = s
+            .send(
+                mcp(as_(BOB, "POST", "/mcp"))
+                    .header("Mcp-Session-Id", &sid)
+                    .json(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})),
+            )
+            .await;
+        assert!(r.status < 300, "{}", r.text);
+        for (i, name) in [
+            format!("alice/{snap}"),
+            snap.clone(),
+            alice_image.clone(),
+            ops_image.clone(),
+            alice_id.clone(),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let r = s
+                .send(
+                    mcp(as_(BOB, "POST", "/mcp"))
+                        .header("Mcp-Session-Id", &sid)
+                        .json(call(10 + i as u64, "restore", json!({"name": name}))),
+                )
+                .await;
+            assert_eq!(r.status, 200, "{}", r.text);
+            // A tool error, or a JSON-RPC one for a name no snapshot has.
+            assert!(
+                r.text.contains("\"isError\":true") || r.text.contains("\"error\":{"),
+                "restore {name}: {}",
+                r.text
+            );
+        }
+        let r = s
+            .send(
+                mcp(as_(BOB, "POST", "/mcp"))
+                    .header("Mcp-Session-Id", &sid)
+                    .json(call(
+                        20,
+                        "run_command",
+                        json!({"command": "cat /srv-alice /srv-ops 2>&1"}),
+                    )),
+            )
+            .await;
+        assert!(r.text.contains("No such file"), "{}", r.text);
+        let r = s
+            .send(mcp(as_(BOB, "DELETE", "/mcp")).header("Mcp-Session-Id", &sid))
+            .await;
+        assert!(r.status < 300, "{}", r.text);
+
+        // Bob has no sandbox of either; his own image choice still works.
+        let r = s.send(as_(BOB, "GET", "/v1/sandboxes")).await;
+        assert_eq!(r.json["sandboxes"], json!([]), "{}", r.text);
+        let r = s
+            .send(
+                as_(BOB, "POST", "/v1/sandboxes")
+                    .json(json!({"session": "own", "image": common::BUSYBOX})),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.text);
+
+        // Alice may start her own snapshot's image, and sees her file.
+        let r = s
+            .send(
+                as_(ALICE, "POST", "/v1/sandboxes")
+                    .json(json!({"session": "mine", "image": alice_image})),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.text);
+        let r = exec(&s, ALICE, "mine", "cat /srv-alice").await;
+        assert_eq!(stdout(&r), "secret\n", "{}", r.text);
+        // But not the operator's, which is not shared.
+        let r = s
+            .send(as_(ALICE, "POST", "/v1/sandboxes").json(json!({"image": ops_image})))
+            .await;
+        assert_eq!(r.status, 403, "{}", r.text);
+        s.stop().await;
+    }
 }

@@ -291,6 +291,15 @@ impl Runtime {
         self.inner.backend.image_present(image).await
     }
 
+    /// The snapshot whose image `image` resolves to, if any
+    /// ([`Backend::image_snapshot`]).
+    pub async fn image_snapshot(
+        &self,
+        image: &str,
+    ) -> Result<Option<corral_core::principal::QualifiedName>, Error> {
+        self.inner.backend.image_snapshot(image).await
+    }
+
     /// The user's seal key (`seal.rs`), read (or made) once.
     pub async fn seal_key(&self) -> Result<Arc<crate::seal::SealKey>, Error> {
         let path = self

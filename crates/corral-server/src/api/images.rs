@@ -17,6 +17,7 @@ use axum::Json;
 
 use super::{check_image, AppState, JsonBody};
 use crate::error::ApiError;
+use crate::guard::Caller;
 use crate::wire::{ErrorBody, ImageEntry, ImageList, PullEntry, PullRequest, PullResult};
 
 /// Longest image reference accepted.
@@ -78,7 +79,7 @@ pub(super) async fn list_images(State(s): State<AppState>) -> Result<Json<ImageL
     responses(
         (status = 200, description = "The image is present", body = PullResult),
         (status = 400, description = "No image, or an image reference that is too long; the registry has no such name or tag (`image_not_found`); or the engine pulls on its own machines when a sandbox starts (Kubernetes: `unsupported`)", body = ErrorBody),
-        (status = 403, description = "The policy does not let clients pull this image (`server.policy.images`; the message names the line that would); or a browser Origin or a foreign Host", body = ErrorBody),
+        (status = 403, description = "The policy does not let clients pull this image (`server.policy.images`; the message names the line that would), or it is a snapshot's image the caller may not read; or a browser Origin or a foreign Host", body = ErrorBody),
         (status = 503, description = "The registry or daemon could not be reached, or the pull took longer than `daemon.pull_timeout_ms` (`daemon_unavailable`, retryable)", body = ErrorBody),
         (status = 401, description = "No or a wrong bearer token", body = ErrorBody),
         (status = 415, description = "A JSON body not sent as application/json", body = ErrorBody),
@@ -86,6 +87,7 @@ pub(super) async fn list_images(State(s): State<AppState>) -> Result<Json<ImageL
 )]
 pub(super) async fn pull_image(
     State(s): State<AppState>,
+    Caller(caller): Caller,
     JsonBody(req): JsonBody<PullRequest>,
 ) -> Result<Json<PullResult>, ApiError> {
     let image = req.image.trim();
@@ -105,7 +107,7 @@ pub(super) async fn pull_image(
         ));
     }
     if image != s.inner.default_image {
-        check_image(&s, "image", image).await?;
+        check_image(&s, &caller, "image", image).await?;
     }
     let started = Instant::now();
     s.inner

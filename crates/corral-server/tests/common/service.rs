@@ -21,6 +21,8 @@ pub struct Service {
     pub token: Option<String>,
     pub token_file: Option<PathBuf>,
     pub unix: Option<PathBuf>,
+    /// The E2B-compatible listener, when the config asks for one.
+    pub e2b: Option<SocketAddr>,
     pub stop: CancellationToken,
     pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
     pub dir: PathBuf,
@@ -92,6 +94,7 @@ pub async fn start(label: &str, tweak: impl FnOnce(&mut Config, &Path)) -> Servi
         token,
         token_file: bound.token_file,
         unix,
+        e2b: bound.e2b,
         stop,
         task,
         dir,
@@ -113,6 +116,14 @@ impl Service {
             .await
             .expect("connect");
         req.send(&mut stream, &self.addr.to_string()).await
+    }
+
+    /// Sends `req` to the E2B-compatible listener (Host: its address,
+    /// unless `req` names one).
+    pub async fn send_e2b(&self, req: Req) -> Resp {
+        let addr = self.e2b.expect("the service has an E2B listener");
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        req.send(&mut stream, &addr.to_string()).await
     }
 
     /// Stops the service as SIGTERM would and checks it took its token
