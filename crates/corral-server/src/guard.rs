@@ -22,6 +22,11 @@
 //! 4. MCP POSTs must be `application/json` (the REST routes check theirs
 //!    where they read JSON, in `api::JsonBody`).
 //!
+//! The E2B-compatible listener (`server.e2b_listen`) authenticates by
+//! itself (API keys, envd access tokens) but passes checks 1 and 2 the
+//! same way ([`Guard::layer_door`]): a rebinding page or a cross-site
+//! request is refused there as here.
+//!
 //! Port links (`/ports/...`, see `api/ports.rs`) pass the Host check only:
 //! the link's own token is their authentication, and the pages a sandbox's
 //! server answers there are meant for browsers.
@@ -122,6 +127,9 @@ pub struct Guard {
     auth: Auth,
     origins: Arc<[String]>,
     hosts: Arc<[String]>,
+    /// Also accept E2B's sandbox addressing, `PORT-ID.HOST` for an allowed
+    /// `HOST` (the E2B listener behind a wildcard proxy).
+    sandbox_hosts: bool,
 }
 
 impl Guard {
@@ -147,12 +155,22 @@ impl Guard {
                 .iter()
                 .map(|h| h.to_ascii_lowercase())
                 .collect(),
+            sandbox_hosts: false,
         }
     }
 
     /// Wraps `router` in these checks.
     pub fn layer(self, router: axum::Router) -> axum::Router {
         router.layer(axum::middleware::from_fn_with_state(self, check))
+    }
+
+    /// Wraps `router`, which authenticates its requests itself (the
+    /// E2B-compatible listener), in the Host and browser checks alone. A
+    /// `Host` may also be E2B's `PORT-ID.HOST` for an allowed `HOST`: a
+    /// rebinding page's own name is still not one.
+    pub fn layer_door(mut self, router: axum::Router) -> axum::Router {
+        self.sandbox_hosts = true;
+        router.layer(axum::middleware::from_fn_with_state(self, door))
     }
 
     fn check_host(&self, req: &Request) -> Result<(), ApiError> {
@@ -179,7 +197,15 @@ impl Guard {
             Some(Err(_)) => return refuse("(not text)", "not a host name"),
             Some(Ok(h)) => h.to_ascii_lowercase(),
         };
-        if host_allowed(&host, addr, &self.hosts) {
+        let sandbox_host = || {
+            let (label, rest) = host.split_once('.')?;
+            let (port, id) = label.split_once('-')?;
+            (port.parse::<u16>().is_ok() && !id.is_empty()).then_some(rest)
+        };
+        let allowed = host_allowed(&host, addr, &self.hosts)
+            || (self.sandbox_hosts
+                && sandbox_host().is_some_and(|rest| host_allowed(rest, addr, &self.hosts)));
+        if allowed {
             Ok(())
         } else {
             refuse(
@@ -311,6 +337,22 @@ async fn check(State(guard): State<Guard>, mut req: Request, next: Next) -> Resp
             } else {
                 tracing::info!(%method, path, field, status = e.status.as_u16(), "request refused: {}", e.detail.message);
             }
+            e.into_response()
+        }
+    }
+}
+
+/// The middleware of a listener with authentication of its own: the Host
+/// and browser checks, then the route.
+async fn door(State(guard): State<Guard>, req: Request, next: Next) -> Response {
+    let checked = guard
+        .check_host(&req)
+        .and_then(|()| guard.check_browser(req.headers()));
+    match checked {
+        Ok(()) => next.run(req).await,
+        Err(e) => {
+            let field = e.detail.field.as_deref().unwrap_or_default();
+            tracing::warn!(method = %req.method(), path = req.uri().path(), field, "request refused: {}", e.detail.message);
             e.into_response()
         }
     }

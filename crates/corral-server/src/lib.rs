@@ -199,9 +199,11 @@ pub async fn serve(
         })
     });
 
-    let e2b_server = e2b.map(|listener| {
+    let e2b_server = e2b.zip(e2b_addr).map(|(listener, addr)| {
         let stop = shutdown.clone();
-        let app = e2b::router(state.clone());
+        // Its own keys and tokens authenticate; Host and browsers are
+        // checked as on the main listener.
+        let app = Guard::new(&server, Listener::Tcp(addr)).layer_door(e2b::router(state.clone()));
         tokio::spawn(async move {
             axum::serve(listener, app)
                 .with_graceful_shutdown(async move { stop.cancelled().await })

@@ -448,3 +448,130 @@ async fn closing_an_sse_stream_kills_a_quiet_command() {
     svc.stop().await;
     assert_eq!(remaining("api-trust-sse"), Vec::<String>::new());
 }
+
+/// Every listener has the same front door: a DNS-rebinding page (a foreign
+/// `Host`) and a browser's cross-site request (`Sec-Fetch-Site` without
+/// an `Origin`, or a foreign `Origin`) are refused on the main listener,
+/// the Unix socket (no host names there to rebind: fetch metadata only)
+/// and the E2B-compatible listener, control plane and envd alike, even
+/// with `auth: none`, where such a page would otherwise list sandboxes and
+/// read their files.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_listener_refuses_rebinding_and_cross_site_requests() {
+    let label = "api-trust-listeners";
+    let _g = Guard(label);
+    let sock = std::env::temp_dir().join(format!(
+        "corral-trust-l-{}.sock",
+        corral::host::random_hex(8)
+    ));
+    let svc = start(label, |c, _| {
+        c.server.auth = corral_core::config::AuthMode::None;
+        c.server.e2b_listen = Some("127.0.0.1:0".into());
+        c.server.unix_socket = Some(sock.display().to_string());
+    })
+    .await;
+    let main = svc.addr.port();
+    let e2b = svc.e2b.expect("e2b listener").port();
+    // What a rebinding page or a cross-site request sends.
+    let attacks = |port: u16| {
+        vec![
+            (
+                vec![("Host", format!("rebind.evil.example:{port}"))],
+                "Host",
+            ),
+            (
+                vec![("Host", format!("localhost.evil.example:{port}"))],
+                "Host",
+            ),
+            (
+                vec![("Sec-Fetch-Site", "cross-site".to_string())],
+                "Sec-Fetch-Site",
+            ),
+            (
+                vec![("Sec-Fetch-Site", "same-site".to_string())],
+                "Sec-Fetch-Site",
+            ),
+            (
+                vec![("Origin", "http://evil.example".to_string())],
+                "Origin",
+            ),
+        ]
+    };
+    let with = |mut req: Req, headers: &[(&str, String)]| {
+        for (n, v) in headers {
+            req = req.header(n, v);
+        }
+        req
+    };
+    for (headers, field) in attacks(main) {
+        let r = svc
+            .send(with(Req::new("GET", "/v1/sandboxes"), &headers))
+            .await;
+        assert_eq!(
+            (r.status, r.field()),
+            (403, field),
+            "main {headers:?}: {}",
+            r.text
+        );
+    }
+    let mut e2b_attacks = attacks(e2b);
+    // E2B's sandbox addressing under a rebinding page's own name.
+    e2b_attacks.push((
+        vec![("Host", format!("49983-x.rebind.evil.example:{e2b}"))],
+        "Host",
+    ));
+    for (headers, field) in e2b_attacks {
+        for (method, path) in [
+            ("GET", "/sandboxes"),
+            ("GET", "/v2/sandboxes"),
+            ("POST", "/sandboxes"),
+            ("GET", "/files?path=/etc/passwd"),
+        ] {
+            let mut req = with(Req::new(method, path), &headers);
+            if method == "POST" {
+                req = req.json(json!({"templateID": "base"}));
+            }
+            let r = svc.send_e2b(req).await;
+            assert_eq!(
+                (r.status, r.field()),
+                (403, field),
+                "e2b {method} {path} {headers:?}: {}",
+                r.text
+            );
+        }
+    }
+    // The Unix socket: fetch metadata and Origin (a Host names nothing there).
+    for (headers, field) in attacks(0).into_iter().skip(2) {
+        let mut s = tokio::net::UnixStream::connect(&sock)
+            .await
+            .expect("connect");
+        let r = with(Req::new("GET", "/v1/sandboxes"), &headers)
+            .send(&mut s, "corral")
+            .await;
+        assert_eq!(
+            (r.status, r.field()),
+            (403, field),
+            "unix {headers:?}: {}",
+            r.text
+        );
+    }
+    // Nothing was created, and the right names still get in.
+    assert_eq!(remaining(label), Vec::<String>::new());
+    for host in [
+        format!("127.0.0.1:{e2b}"),
+        format!("localhost:{e2b}"),
+        format!("49983-x.localhost:{e2b}"),
+    ] {
+        let r = svc
+            .send_e2b(
+                Req::new("GET", "/sandboxes")
+                    .header("Host", &host)
+                    .header("Sec-Fetch-Site", "same-origin"),
+            )
+            .await;
+        assert_eq!(r.status, 200, "e2b {host}: {}", r.text);
+    }
+    let r = svc.send(Req::new("GET", "/v1/sandboxes")).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    svc.stop().await;
+}
