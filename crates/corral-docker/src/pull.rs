@@ -323,7 +323,7 @@ async fn pull(
     let started = Instant::now();
     tracing::info!(
         image,
-        registry = crate::registry_auth::registry_of(image),
+        registry = %crate::registry_auth::registry_of(image),
         credentials = credentials.is_some(),
         "pulling image"
     );

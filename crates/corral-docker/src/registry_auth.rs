@@ -14,11 +14,8 @@ use std::path::Path;
 
 use base64::Engine as _;
 use bollard::auth::DockerCredentials;
+use corral_core::image_ref::{Reference, DOCKER_HUB};
 use serde::Deserialize;
-
-/// The registry Docker Hub's short names (`python:3.12`, `library/x`) are
-/// pulled from, as `docker login` keys it.
-const DOCKER_HUB: &str = "docker.io";
 
 #[derive(Deserialize)]
 struct ConfigFile {
@@ -40,16 +37,13 @@ struct Entry {
     registrytoken: Option<String>,
 }
 
-/// The registry host an image reference is pulled from: its first path
-/// component when that names a host (has a `.` or a `:`, or is
-/// `localhost`), else Docker Hub.
-pub(crate) fn registry_of(image: &str) -> &str {
-    match image.split_once('/') {
-        Some((first, _)) if first.contains('.') || first.contains(':') || first == "localhost" => {
-            first
-        }
-        _ => DOCKER_HUB,
-    }
+/// The registry host an image reference is pulled from, as the engine
+/// reads the reference ([`Reference::parse`]): Docker Hub only for a
+/// reference an engine pulls from Docker Hub. A first component a newer
+/// reference parser reads as a host (`Registry/x`, `Localhost/x`) is a
+/// host here too, so the operator's Docker Hub credentials never go to it.
+pub(crate) fn registry_of(image: &str) -> String {
+    Reference::parse(image).registry
 }
 
 /// A key of `auths` as a bare host: `https://index.docker.io/v1/` →
@@ -122,7 +116,7 @@ fn credentials_in(text: &str, image: &str) -> Result<Option<DockerCredentials>, 
         password,
         identitytoken: entry.identitytoken.clone(),
         registrytoken: entry.registrytoken.clone(),
-        serveraddress: Some(registry.to_string()),
+        serveraddress: Some(registry),
         ..Default::default()
     }))
 }
@@ -139,6 +133,46 @@ mod tests {
         assert_eq!(registry_of("127.0.0.1:5000/x:1"), "127.0.0.1:5000");
         assert_eq!(registry_of("ghcr.io/a/b"), "ghcr.io");
         assert_eq!(registry_of("localhost/x"), "localhost");
+        assert_eq!(registry_of("docker.io/swe/x"), "docker.io");
+        assert_eq!(registry_of("index.docker.io/library/x"), "docker.io");
+    }
+
+    #[test]
+    fn docker_hub_credentials_go_to_docker_hub_only_however_a_name_is_spelled() {
+        let file = r#"{"auths": {"https://index.docker.io/v1/": {"auth": "aHViOnNlY3JldA=="}}}"#;
+        for hub in [
+            "python:3.12",
+            "library/python",
+            "swe/x:1",
+            "docker.io/swe/x",
+            "index.docker.io/library/python",
+        ] {
+            let found = credentials_in(file, hub).expect("parses");
+            assert_eq!(
+                found.and_then(|c| c.serveraddress).as_deref(),
+                Some("docker.io"),
+                "{hub}"
+            );
+        }
+        // Newer reference parsers read an upper-case first component as a
+        // host: such a name is pulled from that host, never from Docker Hub.
+        for elsewhere in [
+            "Localhost/x",
+            "Registry/x",
+            "REGISTRY/x:1",
+            "myRegistry/a/b",
+            "Docker.IO/x",
+            "localhost/x",
+            "evil.example/library/python",
+            "docker.io.evil.example/x",
+            "127.0.0.1:5000/x",
+        ] {
+            assert!(
+                matches!(credentials_in(file, elsewhere), Ok(None)),
+                "Docker Hub's credentials offered for {elsewhere}"
+            );
+            assert_ne!(registry_of(elsewhere), DOCKER_HUB, "{elsewhere}");
+        }
     }
 
     #[test]
