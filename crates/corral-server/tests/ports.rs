@@ -177,8 +177,11 @@ async fn a_server_in_a_sandbox_is_reached_through_its_link_and_nothing_else_is()
     // No content from a sandbox on the API's origin: its listener has no
     // port links at all.
     let (status, text) = get_from(s.addr, &path).await;
-    assert_eq!(status, 404, "{text}");
+    assert_eq!(status, 401, "{text}");
     assert!(!text.contains("hello from the sandbox"), "{text}");
+    let r = s.send(as_(ALICE, "GET", &path)).await;
+    assert_eq!(r.status, 404, "{}", r.text);
+    assert!(!r.text.contains("hello from the sandbox"), "{}", r.text);
     // And the port-link listener serves nothing but links: not the API,
     // the dashboard, MCP or the OpenAPI document, with or without a token.
     for route in [

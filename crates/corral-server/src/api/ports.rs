@@ -15,7 +15,7 @@
 //! [`crate::api::port_router`]), an origin of its own: a page a sandbox
 //! serves runs there, never on the API's or the dashboard's origin, so its
 //! scripts and service workers see neither the dashboard's address nor its
-//! requests. The API's listeners answer `/ports/...` with 404. The proxy
+//! requests. The API's listeners have no `/ports/...` route. The proxy
 //! also drops the response headers that reach beyond a link's own pages
 //! ([`port_links::DROPPED_RESPONSE_HEADERS`]).
 //!
