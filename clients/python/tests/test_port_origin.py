@@ -224,6 +224,7 @@ def test_a_page_a_sandbox_serves_never_gets_the_operators_token(service, corral_
             browser.quit()
 
         log = captured()
+        print(log)
         # The capture works (the control), and each probe ran.
         assert "control-marker" in log and "sw-saw=" in log, log
         for probe in ("reg-root=", "reg-api=", "opener-null=", "opener-href=", "opener-patch=", "cookie=",
