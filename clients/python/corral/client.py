@@ -683,7 +683,9 @@ class Sandbox:
         """A URL through the service that reaches a server listening on
         ``port`` inside the sandbox (``GET /v1/sandboxes/{id}/ports/{port}``):
         HTTP, streamed responses and WebSocket upgrades, the link's prefix
-        taken off the path. It needs no bearer token: its own token opens
+        taken off the path. The URL is on the service's port-link listener,
+        an origin of its own (never the API's or the dashboard's). It needs
+        no bearer token: its own token opens
         this port of this sandbox only, as long as the sandbox lives. Works
         for ``network: none`` sandboxes too, which gain no egress by it."""
         r = self.client.request("GET", self._path(f"ports/{int(port)}"), idempotent=True, resource="sandbox")

@@ -44,7 +44,9 @@ async def test_async_images_and_pull(corral_url):
             await client.pull("python:3.12-slim")
 
 
-def test_port_url_reaches_a_server_in_the_sandbox_without_the_bearer_token(corral_sandbox):
+def test_port_url_reaches_a_server_in_the_sandbox_without_the_bearer_token(corral_sandbox, corral_url):
+    import urllib.parse
+
     import httpx
 
     r = corral_sandbox.run(
@@ -58,6 +60,11 @@ def test_port_url_reaches_a_server_in_the_sandbox_without_the_bearer_token(corra
     assert page.status_code == 200 and page.text == "served-by-httpd\n", page.text
     forged = httpx.get(url.rstrip("/")[:-4] + "0000/", timeout=30)
     assert forged.status_code == 403
+    # The link is on an origin of its own: the API's origin serves no page
+    # of a sandbox.
+    assert not url.startswith(corral_url + "/"), url
+    on_api = httpx.get(corral_url + urllib.parse.urlsplit(url).path, timeout=30)
+    assert on_api.status_code == 404 and "served-by-httpd" not in on_api.text, on_api.text
 
 
 def test_usage_moves_with_memory_and_stays_within_the_limit(corral_client, corral_spec):

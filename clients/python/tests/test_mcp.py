@@ -478,6 +478,7 @@ async def test_streamable_http_sessions_get_own_sandboxes_released_on_close(
                 )
                 text = await _ok(session, "port_url", {"port": 8082})
                 url = text.split()[0]
+                assert not url.startswith(server.url + "/"), f"a link on the API's origin: {url}"
                 page = await anyio.to_thread.run_sync(lambda: httpx.get(url, timeout=30))
                 assert page.status_code == 200 and page.text == "via-mcp-link\n", (url, page.text)
                 with pytest.raises(_McpError) as bad:

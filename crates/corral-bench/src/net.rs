@@ -364,14 +364,15 @@ impl Bench {
             self.options.image.clone(),
             stop.clone(),
             move |bound| {
-                let _ = tx.send(bound.tcp);
+                let _ = tx.send((bound.tcp, bound.ports));
             },
         ));
         let measured = async {
-            let addr = rx
+            let (addr, ports) = rx
                 .await
-                .context("the in-process corral serve did not listen")?
-                .to_string();
+                .context("the in-process corral serve did not listen")?;
+            // Links are served by the port-link listener, an origin of its own.
+            let (addr, ports) = (addr.to_string(), ports.to_string());
             let image = self.options.image.clone();
             tokio::task::spawn_blocking(move || -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
                 let created = body_of(
@@ -410,9 +411,9 @@ impl Bench {
                 ])?;
                 let direct = format!("{ip}:8080");
                 round_trips(&direct, "/", 3)?;
-                round_trips(&addr, &path, 3)?;
+                round_trips(&ports, &path, 3)?;
                 let d = round_trips(&direct, "/", n)?;
-                let l = round_trips(&addr, &path, n)?;
+                let l = round_trips(&ports, &path, n)?;
                 let _ = http(&addr, "DELETE", &format!("/v1/sandboxes/{id}"), &token, None);
                 Ok((d, l))
             })

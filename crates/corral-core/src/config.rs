@@ -462,6 +462,11 @@ pub struct ServerConfig {
     /// the in-sandbox `envd` protocol the `e2b` SDK speaks, on one
     /// address). Default `None`: not served.
     pub e2b_listen: Option<String>,
+    /// TCP address of the listener that serves port links
+    /// (`/ports/KEY/PORT/TOKEN/`) and nothing else: an origin of its own,
+    /// so a page a sandbox serves never shares one with the API or the
+    /// dashboard. Default `None`: the IP of `listen`, a free port.
+    pub ports_listen: Option<String>,
     /// What API clients may ask for in a sandbox spec.
     pub policy: ClientPolicy,
     /// Ceilings on what one request may ask for, and the bytes all
@@ -567,6 +572,7 @@ impl Default for ServerConfig {
             max_body_bytes: 64 << 20,
             mcp_profile: None,
             e2b_listen: None,
+            ports_listen: None,
             policy: ClientPolicy::default(),
             limits: ServerLimits::default(),
             metrics: MetricsConfig::default(),
@@ -658,6 +664,22 @@ impl ServerConfig {
                     "server.e2b_listen",
                     e2b,
                     "must be an IP address and port, e.g. 127.0.0.1:49983",
+                ));
+            }
+        }
+        if let Some(ports) = &self.ports_listen {
+            let parsed = ports.trim().parse::<std::net::SocketAddr>().map_err(|_| {
+                ConfigError::invalid(
+                    "server.ports_listen",
+                    ports,
+                    "must be an IP address and port, e.g. 127.0.0.1:7071 (port 0: a free one)",
+                )
+            })?;
+            if parsed.port() != 0 && parsed == addr {
+                return Err(ConfigError::invalid(
+                    "server.ports_listen",
+                    ports,
+                    "must differ from server.listen: port links get an origin of their own",
                 ));
             }
         }
@@ -1770,6 +1792,24 @@ persistence_root: /srv/corral
             "{text}"
         );
         c.server.e2b_listen = Some("127.0.0.1:0".into());
+        c.validate(&FakeHost).expect("a free port is fine");
+    }
+
+    #[test]
+    fn port_links_listen_on_an_address_of_their_own() {
+        let mut c = Config::default();
+        for (bad, why) in [
+            ("localhost:7071", "IP address and port"),
+            ("127.0.0.1:7070", "must differ from server.listen"),
+        ] {
+            c.server.ports_listen = Some(bad.into());
+            let text = c.validate(&FakeHost).expect_err(bad).to_string();
+            assert!(
+                text.contains("server.ports_listen") && text.contains(bad) && text.contains(why),
+                "{text}"
+            );
+        }
+        c.server.ports_listen = Some("127.0.0.1:0".into());
         c.validate(&FakeHost).expect("a free port is fine");
     }
 

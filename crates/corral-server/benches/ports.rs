@@ -150,10 +150,11 @@ async fn main() {
         IMAGE.into(),
         stop.clone(),
         move |b| {
-            let _ = tx.send(b.tcp);
+            let _ = tx.send((b.tcp, b.ports));
         },
     ));
-    let addr = rx.await.expect("the service listens").to_string();
+    let (addr, ports) = rx.await.expect("the service listens");
+    let (addr, ports) = (addr.to_string(), ports.to_string());
 
     let (floor, via_link, via_relay) = tokio::task::spawn_blocking(move || {
         let mut links = Vec::new();
@@ -181,9 +182,9 @@ async fn main() {
         // Warm up each path.
         let direct = format!("{container_ip}:8080");
         measure(&direct, "/", 3);
-        measure(&addr, &links[0], 3);
-        measure(&addr, &links[1], 3);
-        (measure(&direct, "/", n), measure(&addr, &links[0], n), measure(&addr, &links[1], n))
+        measure(&ports, &links[0], 3);
+        measure(&ports, &links[1], 3);
+        (measure(&direct, "/", n), measure(&ports, &links[0], n), measure(&ports, &links[1], n))
     })
     .await
     .expect("the measurements");

@@ -76,6 +76,9 @@ struct Shared {
     /// The key of the port links' tokens (`api/ports.rs`): made at start,
     /// so a link lives as long as the service and its sandbox.
     port_key: crate::port_links::PortKey,
+    /// Where port links are served, once `serve` has bound the port-link
+    /// listener; before that (a router without it) no link is handed out.
+    port_origin: std::sync::OnceLock<crate::port_links::PortOrigin>,
 }
 
 #[derive(Clone)]
@@ -127,6 +130,7 @@ impl AppState {
                 closing: AtomicBool::new(false),
                 ceilings,
                 port_key: crate::port_links::PortKey::new(),
+                port_origin: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -134,6 +138,17 @@ impl AppState {
     /// The key of its port links (shared with the MCP endpoint).
     pub fn port_key(&self) -> &crate::port_links::PortKey {
         &self.inner.port_key
+    }
+
+    /// Records where the port-link listener is bound (once; later calls
+    /// change nothing).
+    pub fn set_port_origin(&self, origin: crate::port_links::PortOrigin) {
+        let _ = self.inner.port_origin.set(origin);
+    }
+
+    /// Where port links are served, once known.
+    pub fn port_origin(&self) -> Option<crate::port_links::PortOrigin> {
+        self.inner.port_origin.get().copied()
     }
 
     /// The sandboxes' usage sample (`/metrics`, `GET /v1/usage`).
@@ -1486,10 +1501,24 @@ pub fn router(state: AppState) -> axum::Router {
             }),
         )
         .route("/dashboard", axum::routing::get(crate::dashboard::page))
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .with_state(state)
+}
+
+/// The port-link listener's routes over `state`: the links
+/// (`/ports/KEY/PORT/TOKEN/...`) and nothing else, neither the API nor the
+/// dashboard nor MCP; no guard or body limit (see [`crate::serve`]).
+pub fn port_router(state: AppState) -> axum::Router {
+    axum::Router::new()
         .route(ports::PROXY, axum::routing::any(ports::proxy_root))
         .route(ports::PROXY_SLASH, axum::routing::any(ports::proxy_root))
         .route(ports::PROXY_PATH, axum::routing::any(ports::proxy))
-        .fallback(|| async { ApiError::not_found("no such route") })
+        .fallback(|| async {
+            ApiError::not_found(
+                "this is the origin of port links: it serves /ports/KEY/PORT/TOKEN/ only (the API \
+                 and the dashboard are on the service's own listener)",
+            )
+        })
         .with_state(state)
 }
 

@@ -29,6 +29,11 @@ pub async fn page() -> impl IntoResponse {
             (header::CACHE_CONTROL, "no-store"),
             (header::REFERRER_POLICY, "no-referrer"),
             (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            // A page it opens, or that opens it, gets no handle on it.
+            (
+                header::HeaderName::from_static("cross-origin-opener-policy"),
+                "same-origin",
+            ),
         ],
         PAGE,
     )

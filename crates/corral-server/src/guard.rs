@@ -27,9 +27,14 @@
 //! same way ([`Guard::layer_door`]): a rebinding page or a cross-site
 //! request is refused there as here.
 //!
-//! Port links (`/ports/...`, see `api/ports.rs`) pass the Host check only:
-//! the link's own token is their authentication, and the pages a sandbox's
-//! server answers there are meant for browsers.
+//! The port-link listener (`server.ports_listen`, [`Guard::port_links`])
+//! serves port links only (`/ports/...`, see `api/ports.rs`), on an
+//! origin of its own: its requests pass the Host check only, the link's
+//! own token being their authentication and the pages a sandbox's server
+//! answers there being meant for browsers. The API's listeners serve no
+//! port link at all, so no page a sandbox controls ever shares an origin
+//! with the API or the dashboard (where a service worker or a script of it
+//! would see the operator's token).
 //!
 //! Refusals are JSON errors naming the header at fault: 403 for Host and
 //! Origin, 401 for authentication, 415 for the content type.
@@ -60,10 +65,6 @@ fn query_token(query: &str) -> Option<String> {
         .find(|(k, _)| k == "token")
         .map(|(_, v)| v.into_owned())
 }
-
-/// Port links (`api/ports.rs`): their own token, in the path, is the
-/// authentication, and the pages they serve are browsers' by design.
-const PORTS: &str = "/ports/";
 
 /// Where requests come in: decides the Host check and whether the peer's
 /// uid may stand in for the token.
@@ -130,6 +131,8 @@ pub struct Guard {
     /// Also accept E2B's sandbox addressing, `PORT-ID.HOST` for an allowed
     /// `HOST` (the E2B listener behind a wildcard proxy).
     sandbox_hosts: bool,
+    /// The port-link listener: the Host check only.
+    port_links: bool,
 }
 
 impl Guard {
@@ -156,6 +159,18 @@ impl Guard {
                 .map(|h| h.to_ascii_lowercase())
                 .collect(),
             sandbox_hosts: false,
+            port_links: false,
+        }
+    }
+
+    /// The checks of the port-link listener at `addr`: its Host only (the
+    /// same names as any listener's, with its own port). A link's token is
+    /// its authentication, checked by the proxy; the listener serves
+    /// nothing else.
+    pub fn port_links(server: &ServerConfig, addr: SocketAddr) -> Guard {
+        Guard {
+            port_links: true,
+            ..Guard::new(server, Listener::Tcp(addr))
         }
     }
 
@@ -308,10 +323,9 @@ impl Guard {
 
 /// The middleware: the four checks in order, then the route.
 async fn check(State(guard): State<Guard>, mut req: Request, next: Next) -> Response {
-    let port_link = req.uri().path().starts_with(PORTS);
     let checked = guard
         .check_host(&req)
-        .and_then(|()| match port_link {
+        .and_then(|()| match guard.port_links {
             true => Ok(None),
             false => guard
                 .check_browser(req.headers())
@@ -410,7 +424,7 @@ fn listen_names(addr: SocketAddr) -> Vec<String> {
     names
 }
 
-fn host_of(ip: IpAddr) -> String {
+pub(crate) fn host_of(ip: IpAddr) -> String {
     match ip {
         IpAddr::V4(v4) => v4.to_string(),
         IpAddr::V6(v6) => format!("[{v6}]"),
@@ -449,7 +463,7 @@ fn host_allowed(host: &str, addr: SocketAddr, extra: &[String]) -> bool {
 
 /// `name[:port]`, with IPv6 literals kept in brackets. A port that is not
 /// a number counts as none that matches.
-fn split_host(host: &str) -> (&str, Option<u16>) {
+pub(crate) fn split_host(host: &str) -> (&str, Option<u16>) {
     let (name, port) = if let Some(rest) = host.strip_prefix('[') {
         match rest.split_once(']') {
             Some((_, tail)) => {

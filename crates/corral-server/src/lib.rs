@@ -5,7 +5,8 @@
 //! local clients, [`runtime_file`]), binds the listeners, mounts
 //! [`api::router`] (and the MCP endpoint) behind the body limit, the
 //! ceilings' budget ([`ceilings::hold`]) and each listener's [`Guard`]
-//! (Host, Origin, token, content type), and on SIGINT or SIGTERM shuts
+//! (Host, Origin, token, content type), and [`api::port_router`] (port
+//! links, nothing else) on a listener of its own, and on SIGINT or SIGTERM shuts
 //! down in order: remove the token file, stop accepting, give requests in
 //! flight `server.shutdown_grace_ms`, cancel the rest, then remove every
 //! non-persistent sandbox (persistent ones stay for adoption).
@@ -44,6 +45,9 @@ pub struct Bound {
     pub unix: Option<String>,
     /// The E2B-compatible listener (`server.e2b_listen`), when asked for.
     pub e2b: Option<SocketAddr>,
+    /// The port-link listener (`server.ports_listen`): port links only,
+    /// on an origin of their own.
+    pub ports: SocketAddr,
     /// How requests are authenticated.
     pub auth: AuthMode,
     /// The file holding the token the service generated (none when the
@@ -69,6 +73,20 @@ pub fn routes(state: AppState, mcp: Option<(mcp::McpContext, CancellationToken)>
         router = router.nest("/mcp", mcp::http_service_with(ctx, cancel, options));
     }
     router
+        .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(
+            ceilings,
+            ceilings::hold,
+        ))
+}
+
+/// The port-link listener's routes over `state` ([`api::port_router`]),
+/// behind the body limit and the ceilings' budget as the API's; without
+/// the guard ([`Guard::port_links`]).
+pub fn port_routes(state: AppState) -> axum::Router {
+    let max_body = usize::try_from(state.config().server.max_body_bytes).unwrap_or(usize::MAX);
+    let ceilings = state.ceilings().clone();
+    api::port_router(state)
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::from_fn_with_state(
             ceilings,
@@ -132,6 +150,21 @@ pub async fn serve(
         .await
         .with_context(|| format!("cannot listen on server.listen '{}'", server.listen))?;
     let tcp_addr = tcp.local_addr().context("listener address")?;
+    // Port links get an origin of their own: a page a sandbox serves must
+    // never share one with the API or the dashboard.
+    let ports_at = match &server.ports_listen {
+        Some(addr) => addr.trim().to_string(),
+        None => SocketAddr::new(tcp_addr.ip(), 0).to_string(),
+    };
+    let ports = tokio::net::TcpListener::bind(&ports_at)
+        .await
+        .with_context(|| format!("cannot listen on server.ports_listen '{ports_at}'"))?;
+    let ports_addr = ports.local_addr().context("port-link listener address")?;
+    let origin = port_links::PortOrigin {
+        ports: ports_addr,
+        api: tcp_addr.ip(),
+    };
+    state.set_port_origin(origin);
     let mcp = mcp::McpContext {
         provider: provider.clone(),
         spec: mcp_spec,
@@ -141,7 +174,7 @@ pub async fn serve(
         ceilings: state.ceilings().clone(),
         ports: Some(port_links::PortLinks {
             key: state.port_key().clone(),
-            base: format!("http://{tcp_addr}"),
+            base: origin.base(),
         }),
     };
     let routes = routes(state.clone(), Some((mcp, mcp_cancel.clone())));
@@ -174,6 +207,7 @@ pub async fn serve(
         tcp: tcp_addr,
         unix: server.unix_socket.clone(),
         e2b: e2b_addr,
+        ports: ports_addr,
         auth: server.auth,
         token_file: token_file.as_ref().map(|f| f.path().to_path_buf()),
     };
@@ -183,6 +217,13 @@ pub async fn serve(
     let tcp_app = Guard::new(&server, Listener::Tcp(tcp_addr)).layer(routes.clone());
     let tcp_server = tokio::spawn(async move {
         axum::serve(tcp, tcp_app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
+    });
+    let ports_app = Guard::port_links(&server, ports_addr).layer(port_routes(state.clone()));
+    let stop = shutdown.clone();
+    let ports_server = tokio::spawn(async move {
+        axum::serve(ports, ports_app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await
     });
@@ -217,7 +258,7 @@ pub async fn serve(
     drop(token_file);
     state.close();
     mcp_cancel.cancel();
-    let mut servers = vec![tcp_server];
+    let mut servers = vec![tcp_server, ports_server];
     servers.extend(unix_server);
     servers.extend(e2b_server);
     let drained = tokio::time::timeout(grace, async {

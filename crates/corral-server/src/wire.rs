@@ -788,12 +788,14 @@ pub struct EgressCounts {
 pub struct PortLink {
     /// The port inside the sandbox.
     pub port: u16,
-    /// `http://HOST/ports/KEY/PORT/TOKEN/`: HTTP (streaming included) and
-    /// WebSocket upgrades reach the server there, the prefix taken off the
-    /// path; no bearer token needed (the link's own token opens this port
-    /// of this sandbox only).
+    /// `http://HOST:PORTS/ports/KEY/PORT/TOKEN/`, on the port-link
+    /// listener (`server.ports_listen`), an origin of its own, never the
+    /// API's: HTTP (streaming included) and WebSocket upgrades reach the
+    /// server there, the prefix taken off the path; no bearer token needed
+    /// (the link's own token opens this port of this sandbox only).
     pub url: String,
-    /// The same link without scheme and host.
+    /// The same link without scheme and host (a path on the port-link
+    /// listener; the API's listener answers it 404).
     pub path: String,
     /// The link's token.
     pub token: String,

@@ -1,6 +1,9 @@
 //! Servers inside sandboxes reached through a real `corral serve` on the
-//! real daemon: busybox `httpd` answers through the link the owner gets
-//! (a CGI's output streamed as it is written), a WebSocket-style upgrade
+//! real daemon: busybox `httpd` answers through the link the owner gets,
+//! on the port-link listener only (the API's listener answers 404 there,
+//! and the port-link listener serves neither the API, the dashboard nor
+//! MCP), headers that reach beyond the link are dropped (a CGI's output
+//! streamed as it is written), a WebSocket-style upgrade
 //! becomes a two-way pipe, a wrong token, another port's or another
 //! sandbox's token is refused, another tenant cannot get a link, and a
 //! sandbox with `network: none` is reached as well and still has no way
@@ -34,6 +37,12 @@ while [ ! -f /tmp/go ]; do sleep 0.1; done
 echo second-line
 CGI
 chmod +x /www/cgi-bin/stream
+cat > /www/cgi-bin/sw <<'CGI'
+#!/bin/sh
+printf 'Content-Type: text/javascript\r\nService-Worker-Allowed: /\r\nClear-Site-Data: "*"\r\nX-Kept: yes\r\n\r\n'
+echo 'self.onfetch = () => {};'
+CGI
+chmod +x /www/cgi-bin/sw
 cat > /ws.sh <<'WS'
 #!/bin/sh
 cr=$(printf '\r')
@@ -75,10 +84,14 @@ async fn link(s: &Service, token: &str, id: &str, port: u16) -> Value {
     r.json
 }
 
-/// Sends `request` to the service on a connection of its own; the
-/// connection, after the request.
+/// Sends `request` to the port-link listener on a connection of its own;
+/// the connection, after the request.
 async fn raw(s: &Service, request: &str) -> TcpStream {
-    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+    raw_to(s.ports, request).await
+}
+
+async fn raw_to(addr: std::net::SocketAddr, request: &str) -> TcpStream {
+    let mut conn = TcpStream::connect(addr).await.expect("connect");
     conn.write_all(request.as_bytes()).await.expect("send");
     conn
 }
@@ -103,11 +116,15 @@ async fn read_until(conn: &mut TcpStream, got: &mut Vec<u8>, needle: &str) {
         .unwrap_or_else(|_| panic!("no {needle:?} in: {}", String::from_utf8_lossy(got)));
 }
 
+/// `GET path` from the port-link listener.
 async fn get(s: &Service, path: &str) -> (u16, String) {
-    let host = s.addr.to_string();
-    let mut conn = raw(
-        s,
-        &format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+    get_from(s.ports, path).await
+}
+
+async fn get_from(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut conn = raw_to(
+        addr,
+        &format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
     )
     .await;
     let mut out = Vec::new();
@@ -145,15 +162,86 @@ async fn a_server_in_a_sandbox_is_reached_through_its_link_and_nothing_else_is()
     // The page, through the owner's link, with no bearer token.
     let l = link(&s, ALICE, &a, 8080).await;
     let path = l["path"].as_str().expect("path").to_string();
-    assert!(l["url"].as_str().expect("url").ends_with(&path), "{l}");
+    assert_ne!(s.ports, s.addr);
+    assert_eq!(
+        l["url"].as_str().expect("url"),
+        format!("http://{}{path}", s.ports),
+        "the link is on the port-link listener's origin: {l}"
+    );
     let (status, text) = get(&s, &path).await;
     assert_eq!(status, 200, "{text}");
     assert!(text.contains("hello from the sandbox"), "{text}");
     let (status, text) = get(&s, &format!("{path}index.html")).await;
     assert_eq!(status, 200, "{text}");
 
+    // No content from a sandbox on the API's origin: its listener has no
+    // port links at all.
+    let (status, text) = get_from(s.addr, &path).await;
+    assert_eq!(status, 401, "{text}");
+    assert!(!text.contains("hello from the sandbox"), "{text}");
+    let r = s.send(as_(ALICE, "GET", &path)).await;
+    assert_eq!(r.status, 404, "{}", r.text);
+    assert!(!r.text.contains("hello from the sandbox"), "{}", r.text);
+    // And the port-link listener serves nothing but links: not the API,
+    // the dashboard, MCP or the OpenAPI document, with or without a token.
+    for route in [
+        "/v1/health",
+        "/v1/sandboxes",
+        "/dashboard",
+        "/mcp",
+        "/openapi.json",
+        "/",
+    ] {
+        let (status, text) = get(&s, route).await;
+        assert_eq!(status, 404, "{route}: {text}");
+        let mut conn = raw(
+            &s,
+            &format!(
+                "GET {route} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {ALICE}\r\n\
+                 Connection: close\r\n\r\n",
+                s.ports
+            ),
+        )
+        .await;
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(60), conn.read_to_end(&mut out)).await;
+        let text = String::from_utf8_lossy(&out);
+        assert!(
+            text.starts_with("HTTP/1.1 404"),
+            "{route} with a token: {text}"
+        );
+    }
+    // A foreign Host is refused there too (DNS rebinding).
+    let mut conn = raw(
+        &s,
+        &format!(
+            "GET {path} HTTP/1.1\r\nHost: rebind.evil.example:{}\r\nConnection: close\r\n\r\n",
+            s.ports.port()
+        ),
+    )
+    .await;
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(60), conn.read_to_end(&mut out)).await;
+    assert!(
+        String::from_utf8_lossy(&out).starts_with("HTTP/1.1 403"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    // Headers that would reach beyond the link's own pages are dropped;
+    // others pass.
+    let (status, text) = get(&s, &format!("{path}cgi-bin/sw")).await;
+    assert_eq!(status, 200, "{text}");
+    let head = text
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    assert!(head.contains("x-kept: yes"), "{text}");
+    assert!(!head.contains("service-worker-allowed"), "{text}");
+    assert!(!head.contains("clear-site-data"), "{text}");
+
     // A response streams as the server writes it.
-    let host = s.addr.to_string();
+    let host = s.ports.to_string();
     let mut conn = raw(
         &s,
         &format!("GET {path}cgi-bin/stream HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
@@ -237,7 +325,7 @@ async fn a_server_in_a_sandbox_is_reached_through_its_link_and_nothing_else_is()
     // ... and still has no way out: not to the service, not to the host.
     let r = s
         .send(as_(ALICE, "POST", &format!("/v1/sandboxes/{b}/exec")).json(json!({
-            "command": format!("wget -q -T 3 -O - http://{host}/v1/health; echo rc=$?; ip route 2>/dev/null | wc -l"),
+            "command": format!("wget -q -T 3 -O - http://{}/v1/health; echo rc=$?; ip route 2>/dev/null | wc -l", s.addr),
             "timeout_ms": 30_000
         })))
         .await;

@@ -77,6 +77,14 @@ pub struct ServeArgs {
     #[arg(long, value_name = "IP:PORT")]
     e2b_listen: Option<String>,
 
+    /// Serve port links (`GET /v1/sandboxes/{id}/ports/{port}`) on this
+    /// address, an origin of their own that serves nothing else, so a page
+    /// a sandbox serves never shares an origin with the API or the
+    /// dashboard (port 0: any free port; default: the listen IP, a free
+    /// port). Overrides the config's `server.ports_listen`.
+    #[arg(long, value_name = "IP:PORT")]
+    ports_listen: Option<String>,
+
     /// Print the OpenAPI document (YAML) and exit.
     #[arg(long)]
     openapi: bool,
@@ -99,13 +107,16 @@ pub async fn run(
     if let Some(sock) = args.unix_socket {
         config.server.unix_socket = Some(sock);
     }
+    if let Some(ports) = args.ports_listen {
+        config.server.ports_listen = Some(ports);
+    }
     if let Some(e2b) = args.e2b_listen {
         config.server.e2b_listen = Some(e2b);
     }
     config.server.policy.images.extend(args.allow_image);
-    config
-        .validate(&RealHost)
-        .context("invalid --listen, --unix-socket, --e2b-listen or --allow-image")?;
+    config.validate(&RealHost).context(
+        "invalid --listen, --unix-socket, --ports-listen, --e2b-listen or --allow-image",
+    )?;
     // Signals are caught before anything is created, so an interrupt at
     // any point ends in teardown, not a leak.
     let shutdown = CancellationToken::new();
@@ -152,6 +163,10 @@ pub async fn run(
         eprintln!(
             "corral serve: listening on http://{}{unix}{auth}",
             bound.tcp
+        );
+        eprintln!(
+            "corral serve: port links on http://{} (an origin of their own: it serves nothing else)",
+            bound.ports
         );
         if let Some(e2b) = bound.e2b {
             eprintln!(

@@ -11,6 +11,14 @@
 //! token, so a browser or a tool that cannot set headers can follow it;
 //! the guard still checks its Host (`guard.rs`).
 //!
+//! Links are served by the port-link listener only (`server.ports_listen`,
+//! [`crate::api::port_router`]), an origin of its own: a page a sandbox
+//! serves runs there, never on the API's or the dashboard's origin, so its
+//! scripts and service workers see neither the dashboard's address nor its
+//! requests. The API's listeners have no `/ports/...` route. The proxy
+//! also drops the response headers that reach beyond a link's own pages
+//! ([`port_links::DROPPED_RESPONSE_HEADERS`]).
+//!
 //! The proxy speaks HTTP/1.1 to the server over a connection the backend
 //! opens ([`corral::Sandbox::open_port`]: the sandbox's address, or an
 //! exec into its network namespace when it has none), one per request,
@@ -58,6 +66,7 @@ fn parse_port(port: &str) -> Result<u16, ApiError> {
         (status = 410, description = "The sandbox's container is lost", body = ErrorBody),
         (status = 401, description = "No or a wrong bearer token", body = ErrorBody),
         (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody),
+        (status = 503, description = "The service has no port-link listener", body = ErrorBody),
     )
 )]
 pub(super) async fn port_link(
@@ -69,6 +78,14 @@ pub(super) async fn port_link(
     check_name("id", &id)?;
     let port = parse_port(&port)?;
     let lease = s.lease(&caller, &id).await?;
+    let Some(origin) = s.port_origin() else {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unsupported",
+            "this service has no port-link listener (server.ports_listen): it hands out no links"
+                .to_string(),
+        ));
+    };
     let keys = &s.inner.port_key;
     let token = keys.token(lease.key(), lease.id(), port);
     let path = format!("{}/", port_links::prefix(lease.key(), port, &token));
@@ -79,7 +96,7 @@ pub(super) async fn port_link(
         .unwrap_or("localhost");
     Ok(Json(PortLink {
         port,
-        url: format!("http://{host}{path}"),
+        url: format!("{}{path}", origin.base_for(host)),
         path,
         token,
     }))
@@ -214,7 +231,10 @@ async fn forward(
             });
         }
     }
-    let (parts, body) = response.into_parts();
+    let (mut parts, body) = response.into_parts();
+    for name in port_links::DROPPED_RESPONSE_HEADERS {
+        parts.headers.remove(name);
+    }
     Response::from_parts(parts, Body::new(body))
 }
 

@@ -18,6 +18,8 @@ use super::{images, BUSYBOX};
 /// A running service and what a local client knows about it.
 pub struct Service {
     pub addr: SocketAddr,
+    /// The port-link listener.
+    pub ports: SocketAddr,
     pub token: Option<String>,
     pub token_file: Option<PathBuf>,
     pub unix: Option<PathBuf>,
@@ -91,6 +93,7 @@ pub async fn start(label: &str, tweak: impl FnOnce(&mut Config, &Path)) -> Servi
     };
     Service {
         addr: bound.tcp,
+        ports: bound.ports,
         token,
         token_file: bound.token_file,
         unix,
