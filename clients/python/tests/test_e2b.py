@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import json
 import os
 import subprocess
@@ -41,7 +42,13 @@ from corral.testing import LocalServer, free_port  # noqa: E402
 
 from conftest import IMAGE, LABELS, assert_no_leaks, corral_binary, remove_snapshot_images  # noqa: E402
 
-pytestmark = pytest.mark.server
+pytestmark = [
+    pytest.mark.server,
+    # A finalizer that fails (a stream closed by the garbage collector that
+    # hung until pytest-timeout) fails the test instead of passing with a
+    # warning.
+    pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning"),
+]
 
 
 def e2b_version() -> str:
@@ -52,6 +59,40 @@ def e2b_version() -> str:
 TOKEN = "tok-e2b-default-" + uuid.uuid4().hex
 OTHER_TOKEN = "tok-e2b-other-" + uuid.uuid4().hex
 RUN = uuid.uuid4().hex[:10]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _garbage_collected_inside_the_pool_lock() -> Iterator[None]:
+    """The worst moment a busy machine's garbage collector can pick, every
+    time: inside the lock of httpcore's connection pool (the transport of
+    the SDKs before pyqwest, 2.7.0 among them).
+
+    A command handle the test never waited on holds an unfinished envd
+    stream; once it is garbage in a reference cycle (a ``pytest.raises(...)
+    as info`` in the same test makes one), the collector finalizes it
+    wherever it runs, and closing the stream takes the pool lock again: a
+    non-reentrant lock, so the thread waits on itself forever (httpcore
+    issues 990 and 996). Under load that moment moved into a fixture's
+    ``Sandbox.kill()``; here it is every request, so a handle left open
+    hangs this file at once (and pytest-timeout fails it), not one run in
+    three on a busy machine.
+    """
+    try:
+        import httpcore._sync.connection_pool as pool
+    except ImportError:
+        yield
+        return
+    assign = pool.ConnectionPool._assign_requests_to_connections
+
+    def collect_then_assign(self):  # type: ignore[no-untyped-def]
+        gc.collect()
+        return assign(self)
+
+    pool.ConnectionPool._assign_requests_to_connections = collect_then_assign
+    try:
+        yield
+    finally:
+        pool.ConnectionPool._assign_requests_to_connections = assign
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +213,7 @@ def test_pause_freezes_with_memory_kept_and_connect_resumes(e2b_server: Dict[str
     # The same process, alive: its memory was kept.
     assert keeper.pid in [p.pid for p in resumed.commands.list()]
     assert resumed.commands.run(f"kill -0 {keeper.pid} && echo alive").stdout == "alive\n"
+    keeper.disconnect()
 
 
 def test_templates_go_through_the_image_policy(e2b_server: Dict[str, str]) -> None:
@@ -283,6 +325,9 @@ def test_background_commands_stdin_list_connect_kill(sbx: Sandbox) -> None:
     assert "signal" in (info.value.error or "")
     assert sbx.commands.kill(ticker.pid) is False
     assert ticker.pid not in [p.pid for p in sbx.commands.list()]
+    # A handle never waited on still holds its stream open: let it go, as
+    # the SDK asks (see _garbage_collected_inside_the_pool_lock).
+    ticker.disconnect()
 
 
 def test_user_is_the_sandboxs_own_or_refused_by_name(sbx: Sandbox) -> None:
