@@ -216,6 +216,41 @@ def test_pause_freezes_with_memory_kept_and_connect_resumes(e2b_server: Dict[str
     keeper.disconnect()
 
 
+def test_list_pages_orders_and_filters(e2b_server: Dict[str, str]) -> None:
+    case = uuid.uuid4().hex[:8]
+    older = Sandbox.create(timeout=120, metadata={"run": RUN, "case": case})
+    asyncio.run(asyncio.sleep(1.1))  # startedAt is shown to the second
+    newer = Sandbox.create(timeout=120, metadata={"run": RUN, "case": case})
+    try:
+        query = e2b.SandboxQuery(metadata={"case": case})
+        # Newest first, one a page, then no more.
+        pages = Sandbox.list(query=query, limit=1)
+        assert [s.sandbox_id for s in pages.next_items()] == [newer.sandbox_id]
+        assert pages.has_next and pages.next_token
+        assert [s.sandbox_id for s in pages.next_items()] == [older.sandbox_id]
+        assert not pages.has_next
+        fields = getattr(e2b.SandboxQuery, "__dataclass_fields__", {})
+        if "template" in fields:  # SDKs that send order, startedAfter, template
+            ids = lambda p: [s.sandbox_id for s in p.next_items()]  # noqa: E731
+            assert ids(Sandbox.list(query=query, order="asc")) == [older.sandbox_id, newer.sandbox_id]
+            assert ids(Sandbox.list(query=query, order="desc")) == [newer.sandbox_id, older.sandbox_id]
+            started = newer.get_info().started_at
+            after = e2b.SandboxQuery(metadata={"case": case}, started_after=started)
+            assert ids(Sandbox.list(query=after)) == [newer.sandbox_id]
+            template = e2b.SandboxQuery(metadata={"case": case}, template=newer.get_info().template_id)
+            assert len(ids(Sandbox.list(query=template))) == 2
+            unknown = e2b.SandboxQuery(metadata={"case": case}, template="unknown-template")
+            assert ids(Sandbox.list(query=unknown)) == []
+        url, key = e2b_server["url"], {"X-API-KEY": TOKEN}
+        for params, field in (({"limit": "0"}, "limit"), ({"order": "up"}, "order"),
+                              ({"nextToken": "x"}, "nextToken"), ({"startedAfter": "today"}, "startedAfter")):
+            r = httpx.get(f"{url}/v2/sandboxes", params=params, headers=key)
+            assert r.status_code == 400 and r.json()["message"].startswith(field), r.text
+    finally:
+        older.kill()
+        newer.kill()
+
+
 def test_templates_go_through_the_image_policy(e2b_server: Dict[str, str]) -> None:
     with pytest.raises(SandboxException, match="templateID 'registry.invalid/nope:1' is not allowed"):
         Sandbox.create(template="registry.invalid/nope:1")
@@ -371,6 +406,29 @@ def test_files(sbx: Sandbox) -> None:
     sbx.commands.run("printf from-shell > /work/d.txt")
     assert sbx.files.read("/work/d.txt") == "from-shell"
     assert sbx.commands.run("cat /work/sub/c.txt").stdout == "gamma"
+
+
+def test_files_answer_as_envd_does(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
+    # Removing what is not there is a no-op.
+    sbx.files.remove("/nowhere/at/all")
+    # A deep listing is in path order: each directory right before its own.
+    for d in ("/walk/b", "/walk/a/x", "/walk/a/y"):
+        sbx.files.make_dir(d)
+    sbx.files.write("/walk/a.txt", "1")
+    listed = [e.path for e in sbx.files.list("/walk", depth=2)]
+    assert listed == ["/walk/a", "/walk/a/x", "/walk/a/y", "/walk/a.txt", "/walk/b"]
+    # get_info on a symlink follows it: the target's type, its absolute path.
+    sbx.commands.run("ln -s a.txt /walk/link")
+    info = sbx.files.get_info("/walk/link")
+    assert info.type == e2b.FileType.FILE and info.size == 1
+    if getattr(info, "symlink_target", None) is not None:  # SDKs that show it
+        assert info.symlink_target == "/walk/a.txt"
+    # Files that state no size (/proc) have their content read, through
+    # envd and through corral's own API alike.
+    assert "Pid:" in sbx.files.read("/proc/self/status")
+    r = httpx.get(f"{e2b_server['corral']}/v1/sandboxes/{sbx.sandbox_id}/files",
+                  params={"path": "/proc/self/status"}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 200 and b"Pid:" in r.content, r.text
 
 
 def test_watch_dir_reports_creates_writes_and_removes(sbx: Sandbox) -> None:

@@ -236,10 +236,67 @@ async fn stat(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes) -> Respon
             let Envd { lease, .. } = e2b.envd(&headers).await?;
             requested_user(&headers, &lease)?;
             let path = absolute(&lease, "path", &req.path)?;
-            Ok(json!({"entry": stat_path(&e2b, &lease, &path).await?}))
+            let entry = stat_path(&e2b, &lease, &path).await?;
+            Ok(json!({"entry": follow(&e2b, &lease, entry).await?}))
         }
         .await,
     )
+}
+
+/// Most symlinks `Stat` follows in a row (Linux's own bound).
+const MAX_LINKS: usize = 40;
+
+/// `entry` as envd's `Stat` answers a symlink: the type, size and mode of
+/// what it leads to, and that target as an absolute path; a link leading
+/// nowhere is answered as itself.
+async fn follow(e2b: &E2b, lease: &Lease, entry: Value) -> Result<Value, RpcError> {
+    let mut at = entry.clone();
+    for _ in 0..MAX_LINKS {
+        if at["type"] != "FILE_TYPE_SYMLINK" {
+            let mut out = entry;
+            for field in ["type", "size", "mode", "permissions"] {
+                out[field] = at[field].clone();
+            }
+            out["symlinkTarget"] = at["path"].clone();
+            // What is described is the target, which is no link (the SDK
+            // shows SYMLINK for an entry marked as one).
+            out["isSymlink"] = json!(false);
+            return Ok(out);
+        }
+        let (Some(link), Some(target)) = (at["path"].as_str(), at["symlinkTarget"].as_str()) else {
+            return Ok(entry);
+        };
+        let (dir, _) = split(link);
+        let next = normalize(&if target.starts_with('/') {
+            target.to_string()
+        } else {
+            format!("{}/{target}", dir.trim_end_matches('/'))
+        });
+        at = match stat_path(e2b, lease, &next).await {
+            Ok(v) => v,
+            Err(e) if e.code == Code::NotFound => return Ok(entry),
+            Err(e) => return Err(e),
+        };
+    }
+    Err(RpcError::invalid(
+        "path",
+        format!("more than {MAX_LINKS} symbolic links in a row"),
+    ))
+}
+
+/// An absolute path with `.`, `..` and repeated slashes resolved by name.
+fn normalize(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    format!("/{}", parts.join("/"))
 }
 
 async fn make_dir(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes) -> Response {
@@ -292,7 +349,12 @@ async fn remove(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes) -> Resp
             if path.trim_end_matches('/').is_empty() {
                 return Err(RpcError::invalid("path", "'/' cannot be removed"));
             }
-            let entry = stat_path(&e2b, &lease, &path).await?;
+            // envd removes what is there: a missing path is a no-op.
+            let entry = match stat_path(&e2b, &lease, &path).await {
+                Ok(entry) => entry,
+                Err(e) if e.code == Code::NotFound => return Ok(json!({})),
+                Err(e) => return Err(e),
+            };
             run(&lease, &["rm", "-rf", "--", &path]).await?;
             Ok(json!({"entry": entry}))
         }
@@ -338,10 +400,18 @@ async fn list_dir(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes) -> Re
                     out.push(info);
                 }
             }
+            // envd walks the tree in path order: each directory right
+            // before its own entries, siblings by name.
+            out.sort_by(|a, b| path_order(a).cmp(&path_order(b)));
             Ok(json!({ "entries": out }))
         }
         .await,
     )
+}
+
+/// The components of an entry's path, which order a walk as envd's.
+fn path_order(entry: &Value) -> Vec<&str> {
+    entry["path"].as_str().unwrap_or("").split('/').collect()
 }
 
 #[derive(Deserialize)]
@@ -818,6 +888,21 @@ mod tests {
             ("gone", "EVENT_TYPE_REMOVE"),
         ];
         assert_eq!(got, want.map(|(a, b)| (a.to_string(), b.to_string())));
+    }
+
+    #[test]
+    fn deep_listings_are_in_path_order() {
+        let paths = ["/w/sub.txt", "/w/a", "/w/sub", "/w/sub/c", "/w/a/z"];
+        let mut entries: Vec<Value> = paths.iter().map(|p| json!({ "path": p })).collect();
+        entries.sort_by(|a, b| path_order(a).cmp(&path_order(b)));
+        let got: Vec<&str> = entries.iter().filter_map(|e| e["path"].as_str()).collect();
+        assert_eq!(got, ["/w/a", "/w/a/z", "/w/sub", "/w/sub/c", "/w/sub.txt"]);
+    }
+
+    #[test]
+    fn link_targets_resolve_by_name() {
+        assert_eq!(normalize("/a/b/../c/./d"), "/a/c/d");
+        assert_eq!(normalize("/../x//y/"), "/x/y");
     }
 
     #[test]
