@@ -431,6 +431,26 @@ def test_files_answer_as_envd_does(e2b_server: Dict[str, str], sbx: Sandbox) -> 
     assert r.status_code == 200 and b"Pid:" in r.content, r.text
 
 
+def test_gzip_uploads_are_decoded_and_signed_urls_refused_by_name(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
+    import gzip
+
+    url = e2b_server["url"]
+    envd = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token}
+    r = httpx.post(f"{url}/files", params={"path": "/gz/a.txt"}, content=gzip.compress(b"unzipped"),
+                   headers={**envd, "Content-Type": "application/octet-stream", "Content-Encoding": "gzip"})
+    assert r.status_code == 200, r.text
+    assert sbx.files.read("/gz/a.txt") == "unzipped"
+    r = httpx.post(f"{url}/files", params={"path": "/gz/b.txt"}, content=b"plain, not gzip",
+                   headers={**envd, "Content-Type": "application/octet-stream", "Content-Encoding": "gzip"})
+    assert r.status_code == 400 and "body" in r.json()["message"]
+    r = httpx.post(f"{url}/files", params={"path": "/gz/c.txt"}, content=b"x",
+                   headers={**envd, "Content-Type": "application/octet-stream", "Content-Encoding": "br"})
+    assert r.status_code == 501 and "Content-Encoding 'br'" in r.json()["message"]
+    # Signed URLs: a typed refusal naming the parameter, never a 500.
+    r = httpx.get(f"{url}/files", params={"path": "/gz/a.txt", "signature": "v1_abc"}, headers=envd)
+    assert r.status_code == 501 and "signature" in r.json()["message"]
+
+
 def test_watch_dir_reports_creates_writes_and_removes(sbx: Sandbox) -> None:
     sbx.files.make_dir("/watched/sub")
     handle = sbx.files.watch_dir("/watched", recursive=True)

@@ -5,7 +5,8 @@
 //! binary-safe, bounded by `server.limits`); `MakeDir`, `Move` and `Remove`
 //! run `mkdir -p`, `mv` and `rm -rf` in the sandbox (with the path as an
 //! argument, never through a shell). `Stat` is the entry in its parent's
-//! listing. Watching (`WatchDir`, and `CreateWatcher`, `GetWatcherEvents`,
+//! listing, a symlink followed. An upload may be gzip (`Content-Encoding`);
+//! a signed URL (`signature`) is refused by name (501). Watching (`WatchDir`, and `CreateWatcher`, `GetWatcherEvents`,
 //! `RemoveWatcher` that the sync SDK polls) compares listings of the
 //! directory every [`WATCH_EVERY`] (corral has no file system events):
 //! an entry that appears is `CREATE`, one that goes `REMOVE`, a changed
@@ -686,6 +687,7 @@ fn http_error(e: RpcError) -> Response {
         Code::NotFound => StatusCode::NOT_FOUND,
         Code::ResourceExhausted => StatusCode::PAYLOAD_TOO_LARGE,
         Code::Unavailable => StatusCode::BAD_GATEWAY,
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
     error(status, e.message).into_response()
@@ -766,12 +768,7 @@ async fn write_files(
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string();
-        if headers.contains_key(header::CONTENT_ENCODING) {
-            return Err(RpcError::unimplemented(
-                "header Content-Encoding",
-                "upload files uncompressed",
-            ));
-        }
+        let request = decoded(request, list_options(&e2b).max_bytes).await?;
         let mut files: Vec<(String, Bytes)> = Vec::new();
         if ct.starts_with("multipart/form-data") {
             let mut form = Multipart::from_request(request, &())
@@ -837,6 +834,43 @@ async fn write_files(
         Ok(out) => Json(out).into_response(),
         Err(e) => http_error(e),
     }
+}
+
+/// `request` with its body decoded as its `Content-Encoding` says
+/// (`gzip`, or none), and at most `max` bytes once decoded.
+async fn decoded(request: Request, max: u64) -> Result<Request, RpcError> {
+    use std::io::Read;
+    let encoding = match request.headers().get(header::CONTENT_ENCODING) {
+        None => return Ok(request),
+        Some(v) => v.to_str().unwrap_or("").trim().to_ascii_lowercase(),
+    };
+    if encoding.is_empty() || encoding == "identity" {
+        return Ok(request);
+    }
+    if encoding != "gzip" {
+        return Err(RpcError::unimplemented(
+            &format!("header Content-Encoding '{encoding}'"),
+            "uploads are gzip or uncompressed",
+        ));
+    }
+    let (mut parts, body) = request.into_parts();
+    let compressed = axum::body::to_bytes(body, usize::try_from(max).unwrap_or(usize::MAX))
+        .await
+        .map_err(|e| RpcError::invalid("body", e))?;
+    let mut plain = Vec::new();
+    flate2::read::GzDecoder::new(&compressed[..])
+        .take(max.saturating_add(1))
+        .read_to_end(&mut plain)
+        .map_err(|e| RpcError::invalid("body", format!("not gzip: {e}")))?;
+    if plain.len() as u64 > max {
+        return Err(RpcError::new(
+            Code::ResourceExhausted,
+            format!("body: above the {max}-byte limit once decompressed"),
+        ));
+    }
+    parts.headers.remove(header::CONTENT_ENCODING);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Ok(Request::from_parts(parts, axum::body::Body::from(plain)))
 }
 
 /// `GET /health`: 204 when the sandbox the headers name is alive.
