@@ -251,6 +251,25 @@ def test_list_pages_orders_and_filters(e2b_server: Dict[str, str]) -> None:
         newer.kill()
 
 
+def test_a_pause_without_memory_is_refused_by_name(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
+    r = httpx.post(f"{e2b_server['url']}/sandboxes/{sbx.sandbox_id}/pause", json={"memory": False},
+                   headers={"X-API-KEY": TOKEN})
+    assert r.status_code == 501 and r.json()["message"].startswith("memory: false"), r.text
+    assert _docker_state(e2b_server, sbx.sandbox_id) == "running"
+    assert Sandbox.get_info(sbx.sandbox_id).state == e2b.SandboxState.RUNNING
+    if not hasattr(sbx, "pause"):
+        return
+    try:
+        paused = sbx.pause(keep_memory=False)  # SDKs that send it
+    except TypeError:
+        return
+    except SandboxException as e:
+        assert "memory: false" in str(e)
+    else:
+        raise AssertionError(f"pause(keep_memory=False) answered {paused!r}")
+    assert sbx.is_running()
+
+
 def test_templates_go_through_the_image_policy(e2b_server: Dict[str, str]) -> None:
     with pytest.raises(SandboxException, match="templateID 'registry.invalid/nope:1' is not allowed"):
         Sandbox.create(template="registry.invalid/nope:1")

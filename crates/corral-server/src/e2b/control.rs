@@ -576,13 +576,32 @@ async fn connect(
     Ok((StatusCode::OK, Json(sandbox_json(&entry))).into_response())
 }
 
+/// E2B's `SandboxPauseRequest`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PauseRequest {
+    memory: Option<bool>,
+}
+
 async fn pause(
     State(e2b): State<E2b>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    bytes: axum::body::Bytes,
 ) -> Result<Response, E2bError> {
     let caller = caller(&e2b, &headers)?;
+    let req: PauseRequest = body(&bytes)?;
     let (entry, lease) = visible(&e2b, &caller, &id).await?;
+    if req.memory == Some(false) {
+        // Accepting it would keep the memory all the same: say so instead.
+        return Err(error(
+            StatusCode::NOT_IMPLEMENTED,
+            format!(
+                "memory: false (a file-system-only pause, keep_memory=False) is not supported: \
+                 corral's pause freezes the sandbox with its memory; sandbox '{id}' keeps running"
+            ),
+        ));
+    }
     if entry.is_paused() {
         return Err(error(
             StatusCode::CONFLICT,
