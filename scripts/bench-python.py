@@ -189,7 +189,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if len(paths) > 2:
             e2b_ratio = percentile(paths[2][2], 0.5) / percentile(client_ms, 0.5)
             print(f"p50 ratio e2b SDK/corral client: {e2b_ratio:.3f} (same service, same run; "
-                  "the e2b sandbox is one of its own)")
+                  "the e2b sandbox is one of its own; target <= 1.5)")
     except Exception as exc:  # report, then clean up
         print(f"bench-python: {exc}", file=sys.stderr)
         status = 1

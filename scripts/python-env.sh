@@ -8,8 +8,12 @@
 # tool; its pins resolve together with the others), selenium (the dashboard
 # is tested in headless chromium) and the e2b SDK (pinned: the newest in
 # the venv, the oldest corral serves in $venv/e2b-oldest, for
-# tests/test_e2b.py with E2B_SDK_DIR). Quick when nothing
-# changed: a stamp of the inputs is kept in the venv.
+# tests/test_e2b.py with E2B_SDK_DIR) and pytest-timeout (every test runs
+# under the per-test timeout of clients/python/pyproject.toml). Every
+# transitive version is pinned by scripts/python-constraints.txt (and
+# scripts/python-constraints-e2b-oldest.txt for the oldest SDK), so a fresh
+# machine installs what CI tested. Quick when nothing changed: a stamp of
+# the inputs is kept in the venv.
 #
 #   scripts/python-env.sh          # then: target/pyenv/bin/python ...
 #   PYTHON=python3.12 scripts/python-env.sh
@@ -19,7 +23,9 @@ cd "$(dirname "$0")/.."
 venv=target/pyenv
 python=${PYTHON:-python3}
 e2b_oldest="e2b==2.7.0"
-reqs=(pytest pytest-asyncio mcp "mini-swe-agent==2.4.6" "ray==2.60.0" "uv==0.13.8" "hermes-agent==0.19.0" "selenium==4.27.1" "e2b==2.63.0" "python-dateutil<3" "rich==14.3.3")
+constraints=scripts/python-constraints.txt
+constraints_oldest=scripts/python-constraints-e2b-oldest.txt
+reqs=(pytest pytest-asyncio pytest-timeout mcp "mini-swe-agent==2.4.6" "ray==2.60.0" "uv==0.13.8" "hermes-agent==0.19.0" "selenium==4.27.1" "e2b==2.63.0" "python-dateutil<3" "rich==14.3.3")
 
 if ! command -v "$python" >/dev/null 2>&1; then
   echo "python-env: $python not found (install python3 and python3-venv)" >&2
@@ -30,13 +36,13 @@ stamp_of() {
   {
     echo "reqs: ${reqs[*]} oldest: $e2b_oldest"
     "$python" -c 'import sys; print(sys.version)'
-    cat clients/python/pyproject.toml
+    cat clients/python/pyproject.toml "$constraints" "$constraints_oldest"
   } | sha256sum | cut -d' ' -f1
 }
 want=$(stamp_of)
 
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.corral-stamp" ] && [ "$(cat "$venv/.corral-stamp")" = "$want" ] \
-   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, mcp, minisweagent, ray, hermes_constants, selenium, e2b' >/dev/null 2>&1 \
+   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, pytest_timeout, mcp, minisweagent, ray, hermes_constants, selenium, e2b' >/dev/null 2>&1 \
    && [ -d "$venv/e2b-oldest/e2b" ] \
    && [ -x "$venv/bin/uv" ]; then
   echo "python-env: $venv is up to date"
@@ -64,8 +70,9 @@ fi
 
 echo "python-env: installing the client and ${reqs[*]}" >&2
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
-"$venv/bin/python" -m pip install -q --disable-pip-version-check -e clients/python "${reqs[@]}"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$constraints" -e clients/python "${reqs[@]}"
 rm -rf "$venv/e2b-oldest"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check --target "$venv/e2b-oldest" "$e2b_oldest" "python-dateutil<3"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-warn-conflicts --target "$venv/e2b-oldest" \
+  -c "$constraints_oldest" "$e2b_oldest" "python-dateutil<3"
 echo "$want" > "$venv/.corral-stamp"
 echo "python-env: ready: $venv/bin/python"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import json
 import os
 import subprocess
@@ -41,7 +42,13 @@ from corral.testing import LocalServer, free_port  # noqa: E402
 
 from conftest import IMAGE, LABELS, assert_no_leaks, corral_binary, remove_snapshot_images  # noqa: E402
 
-pytestmark = pytest.mark.server
+pytestmark = [
+    pytest.mark.server,
+    # A finalizer that fails (a stream closed by the garbage collector that
+    # hung until pytest-timeout) fails the test instead of passing with a
+    # warning.
+    pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning"),
+]
 
 
 def e2b_version() -> str:
@@ -52,6 +59,40 @@ def e2b_version() -> str:
 TOKEN = "tok-e2b-default-" + uuid.uuid4().hex
 OTHER_TOKEN = "tok-e2b-other-" + uuid.uuid4().hex
 RUN = uuid.uuid4().hex[:10]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _garbage_collected_inside_the_pool_lock() -> Iterator[None]:
+    """The worst moment a busy machine's garbage collector can pick, every
+    time: inside the lock of httpcore's connection pool (the transport of
+    the SDKs before pyqwest, 2.7.0 among them).
+
+    A command handle the test never waited on holds an unfinished envd
+    stream; once it is garbage in a reference cycle (a ``pytest.raises(...)
+    as info`` in the same test makes one), the collector finalizes it
+    wherever it runs, and closing the stream takes the pool lock again: a
+    non-reentrant lock, so the thread waits on itself forever (httpcore
+    issues 990 and 996). Under load that moment moved into a fixture's
+    ``Sandbox.kill()``; here it is every request, so a handle left open
+    hangs this file at once (and pytest-timeout fails it), not one run in
+    three on a busy machine.
+    """
+    try:
+        import httpcore._sync.connection_pool as pool
+    except ImportError:
+        yield
+        return
+    assign = pool.ConnectionPool._assign_requests_to_connections
+
+    def collect_then_assign(self):  # type: ignore[no-untyped-def]
+        gc.collect()
+        return assign(self)
+
+    pool.ConnectionPool._assign_requests_to_connections = collect_then_assign
+    try:
+        yield
+    finally:
+        pool.ConnectionPool._assign_requests_to_connections = assign
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +213,61 @@ def test_pause_freezes_with_memory_kept_and_connect_resumes(e2b_server: Dict[str
     # The same process, alive: its memory was kept.
     assert keeper.pid in [p.pid for p in resumed.commands.list()]
     assert resumed.commands.run(f"kill -0 {keeper.pid} && echo alive").stdout == "alive\n"
+    keeper.disconnect()
+
+
+def test_list_pages_orders_and_filters(e2b_server: Dict[str, str]) -> None:
+    case = uuid.uuid4().hex[:8]
+    older = Sandbox.create(timeout=120, metadata={"run": RUN, "case": case})
+    asyncio.run(asyncio.sleep(1.1))  # startedAt is shown to the second
+    newer = Sandbox.create(timeout=120, metadata={"run": RUN, "case": case})
+    try:
+        query = e2b.SandboxQuery(metadata={"case": case})
+        # Newest first, one a page, then no more.
+        pages = Sandbox.list(query=query, limit=1)
+        assert [s.sandbox_id for s in pages.next_items()] == [newer.sandbox_id]
+        assert pages.has_next and pages.next_token
+        assert [s.sandbox_id for s in pages.next_items()] == [older.sandbox_id]
+        assert not pages.has_next
+        fields = getattr(e2b.SandboxQuery, "__dataclass_fields__", {})
+        if "template" in fields:  # SDKs that send order, startedAfter, template
+            ids = lambda p: [s.sandbox_id for s in p.next_items()]  # noqa: E731
+            assert ids(Sandbox.list(query=query, order="asc")) == [older.sandbox_id, newer.sandbox_id]
+            assert ids(Sandbox.list(query=query, order="desc")) == [newer.sandbox_id, older.sandbox_id]
+            started = newer.get_info().started_at
+            after = e2b.SandboxQuery(metadata={"case": case}, started_after=started)
+            assert ids(Sandbox.list(query=after)) == [newer.sandbox_id]
+            template = e2b.SandboxQuery(metadata={"case": case}, template=newer.get_info().template_id)
+            assert len(ids(Sandbox.list(query=template))) == 2
+            unknown = e2b.SandboxQuery(metadata={"case": case}, template="unknown-template")
+            assert ids(Sandbox.list(query=unknown)) == []
+        url, key = e2b_server["url"], {"X-API-KEY": TOKEN}
+        for params, field in (({"limit": "0"}, "limit"), ({"order": "up"}, "order"),
+                              ({"nextToken": "x"}, "nextToken"), ({"startedAfter": "today"}, "startedAfter")):
+            r = httpx.get(f"{url}/v2/sandboxes", params=params, headers=key)
+            assert r.status_code == 400 and r.json()["message"].startswith(field), r.text
+    finally:
+        older.kill()
+        newer.kill()
+
+
+def test_a_pause_without_memory_is_refused_by_name(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
+    r = httpx.post(f"{e2b_server['url']}/sandboxes/{sbx.sandbox_id}/pause", json={"memory": False},
+                   headers={"X-API-KEY": TOKEN})
+    assert r.status_code == 501 and r.json()["message"].startswith("memory: false"), r.text
+    assert _docker_state(e2b_server, sbx.sandbox_id) == "running"
+    assert Sandbox.get_info(sbx.sandbox_id).state == e2b.SandboxState.RUNNING
+    if not hasattr(sbx, "pause"):
+        return
+    try:
+        paused = sbx.pause(keep_memory=False)  # SDKs that send it
+    except TypeError:
+        return
+    except SandboxException as e:
+        assert "memory: false" in str(e)
+    else:
+        raise AssertionError(f"pause(keep_memory=False) answered {paused!r}")
+    assert sbx.is_running()
 
 
 def test_templates_go_through_the_image_policy(e2b_server: Dict[str, str]) -> None:
@@ -283,6 +379,9 @@ def test_background_commands_stdin_list_connect_kill(sbx: Sandbox) -> None:
     assert "signal" in (info.value.error or "")
     assert sbx.commands.kill(ticker.pid) is False
     assert ticker.pid not in [p.pid for p in sbx.commands.list()]
+    # A handle never waited on still holds its stream open: let it go, as
+    # the SDK asks (see _garbage_collected_inside_the_pool_lock).
+    ticker.disconnect()
 
 
 def test_user_is_the_sandboxs_own_or_refused_by_name(sbx: Sandbox) -> None:
@@ -326,6 +425,49 @@ def test_files(sbx: Sandbox) -> None:
     sbx.commands.run("printf from-shell > /work/d.txt")
     assert sbx.files.read("/work/d.txt") == "from-shell"
     assert sbx.commands.run("cat /work/sub/c.txt").stdout == "gamma"
+
+
+def test_files_answer_as_envd_does(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
+    # Removing what is not there is a no-op.
+    sbx.files.remove("/nowhere/at/all")
+    # A deep listing is in path order: each directory right before its own.
+    for d in ("/walk/b", "/walk/a/x", "/walk/a/y"):
+        sbx.files.make_dir(d)
+    sbx.files.write("/walk/a.txt", "1")
+    listed = [e.path for e in sbx.files.list("/walk", depth=2)]
+    assert listed == ["/walk/a", "/walk/a/x", "/walk/a/y", "/walk/a.txt", "/walk/b"]
+    # get_info on a symlink follows it: the target's type, its absolute path.
+    sbx.commands.run("ln -s a.txt /walk/link")
+    info = sbx.files.get_info("/walk/link")
+    assert info.type == e2b.FileType.FILE and info.size == 1
+    if getattr(info, "symlink_target", None) is not None:  # SDKs that show it
+        assert info.symlink_target == "/walk/a.txt"
+    # Files that state no size (/proc) have their content read, through
+    # envd and through corral's own API alike.
+    assert "Pid:" in sbx.files.read("/proc/self/status")
+    r = httpx.get(f"{e2b_server['corral']}/v1/sandboxes/{sbx.sandbox_id}/files",
+                  params={"path": "/proc/self/status"}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 200 and b"Pid:" in r.content, r.text
+
+
+def test_gzip_uploads_are_decoded_and_signed_urls_refused_by_name(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
+    import gzip
+
+    url = e2b_server["url"]
+    envd = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token}
+    r = httpx.post(f"{url}/files", params={"path": "/gz/a.txt"}, content=gzip.compress(b"unzipped"),
+                   headers={**envd, "Content-Type": "application/octet-stream", "Content-Encoding": "gzip"})
+    assert r.status_code == 200, r.text
+    assert sbx.files.read("/gz/a.txt") == "unzipped"
+    r = httpx.post(f"{url}/files", params={"path": "/gz/b.txt"}, content=b"plain, not gzip",
+                   headers={**envd, "Content-Type": "application/octet-stream", "Content-Encoding": "gzip"})
+    assert r.status_code == 400 and "body" in r.json()["message"]
+    r = httpx.post(f"{url}/files", params={"path": "/gz/c.txt"}, content=b"x",
+                   headers={**envd, "Content-Type": "application/octet-stream", "Content-Encoding": "br"})
+    assert r.status_code == 501 and "Content-Encoding 'br'" in r.json()["message"]
+    # Signed URLs: a typed refusal naming the parameter, never a 500.
+    r = httpx.get(f"{url}/files", params={"path": "/gz/a.txt", "signature": "v1_abc"}, headers=envd)
+    assert r.status_code == 501 and "signature" in r.json()["message"]
 
 
 def test_watch_dir_reports_creates_writes_and_removes(sbx: Sandbox) -> None:

@@ -537,9 +537,29 @@ pub fn read_file(req: &FileRequest, out: &mut impl Write) -> Result<(), Fail> {
             req.max,
         ));
     }
-    // Exactly `size` bytes: a file growing meanwhile cannot break the cap.
-    io::copy(&mut (&mut file).take(size), out)
-        .map_err(|e| Fail::other(format!("cannot send {:?}: {e}", r.path)))?;
+    if size == 0 {
+        // A file that states no size (/proc, /sys) has its content only
+        // when read: read it whole within the cap, then send it.
+        let mut content = Vec::new();
+        (&mut file)
+            .take(req.max.saturating_add(1))
+            .read_to_end(&mut content)
+            .map_err(|e| Fail::io("read", &r.path, &e))?;
+        if content.len() as u64 > req.max {
+            return Err(Fail::too_large(
+                &r.path,
+                &format!("{:?}", r.path),
+                None,
+                req.max,
+            ));
+        }
+        out.write_all(&content)
+            .map_err(|e| Fail::other(format!("cannot send {:?}: {e}", r.path)))?;
+    } else {
+        // Exactly `size` bytes: a file growing meanwhile cannot break the cap.
+        io::copy(&mut (&mut file).take(size), out)
+            .map_err(|e| Fail::other(format!("cannot send {:?}: {e}", r.path)))?;
+    }
     out.flush()
         .map_err(|e| Fail::other(format!("cannot send {:?}: {e}", r.path)))?;
     Ok(())
@@ -742,6 +762,20 @@ pub(crate) mod tests {
         assert!(fs::symlink_metadata(root.join("l"))
             .expect("stat")
             .is_file());
+    }
+
+    #[test]
+    fn files_that_state_no_size_are_read_whole() {
+        // procfs says 0 bytes for what it has.
+        assert_eq!(fs::metadata("/proc/self/status").expect("stat").len(), 0);
+        let mut out = Vec::new();
+        read_file(&req(Op::Read, "/proc/self/status", None), &mut out).expect("read");
+        assert!(String::from_utf8_lossy(&out).contains("Pid:"), "{out:?}");
+        // Within the cap still.
+        let mut r = req(Op::Read, "/proc/self/status", None);
+        r.max = 8;
+        let e = read_file(&r, &mut Vec::new()).expect_err("too large");
+        assert_eq!(e.report.kind, FileErrorKind::TooLarge);
     }
 
     #[test]

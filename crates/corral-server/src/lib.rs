@@ -216,7 +216,7 @@ pub async fn serve(
     let stop = shutdown.clone();
     let tcp_app = Guard::new(&server, Listener::Tcp(tcp_addr)).layer(routes.clone());
     let tcp_server = tokio::spawn(async move {
-        axum::serve(tcp, tcp_app)
+        axum::serve(no_delay(tcp), tcp_app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await
     });
@@ -246,7 +246,7 @@ pub async fn serve(
         // checked as on the main listener.
         let app = Guard::new(&server, Listener::Tcp(addr)).layer_door(e2b::router(state.clone()));
         tokio::spawn(async move {
-            axum::serve(listener, app)
+            axum::serve(no_delay(listener), app)
                 .with_graceful_shutdown(async move { stop.cancelled().await })
                 .await
         })
@@ -305,4 +305,44 @@ fn bind_unix(path: &str) -> anyhow::Result<(tokio::net::UnixListener, u32)> {
         .with_context(|| format!("cannot inspect server.unix_socket '{path}'"))?
         .uid();
     Ok((listener, owner))
+}
+
+/// `listener` with `TCP_NODELAY` on every connection it accepts. A streamed
+/// answer (an envd `process.Process/Start`, an `exec/stream`) is several
+/// small writes: its headers, then each event. With Nagle's algorithm a
+/// small write waits for the ACK of the one before, which a client on a
+/// kept-alive connection delays by up to 40 ms; the e2b SDK's
+/// `commands.run` paid that on every command.
+fn no_delay(
+    listener: tokio::net::TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {
+    use axum::serve::ListenerExt;
+    listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::serve::Listener;
+
+    #[tokio::test]
+    async fn accepted_connections_send_small_writes_at_once() {
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("should bind");
+        let addr = tcp.local_addr().expect("should have an address");
+        let mut listener = no_delay(tcp);
+        let client = tokio::net::TcpStream::connect(addr);
+        let ((io, _), client) = tokio::time::timeout(Duration::from_secs(10), async {
+            tokio::join!(listener.accept(), client)
+        })
+        .await
+        .expect("should accept within 10 s");
+        client.expect("should connect");
+        assert!(io.nodelay().expect("should read TCP_NODELAY"));
+    }
 }

@@ -318,6 +318,84 @@ async fn visible(
 struct ListQuery {
     metadata: Option<String>,
     state: Option<String>,
+    limit: Option<String>,
+    next_token: Option<String>,
+    order: Option<String>,
+    started_after: Option<String>,
+    template: Option<String>,
+}
+
+/// The most sandboxes one page lists (E2B's own bound; its default is 100).
+const MAX_PAGE: usize = 100;
+
+/// A listing's sort key: start time (nanoseconds since the epoch), then id.
+type ListKey = (u128, String);
+
+fn list_key(e: &Entry) -> ListKey {
+    let nanos = e
+        .started_at
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    (nanos, e.id.clone())
+}
+
+/// `nextToken`: the key of the last sandbox of the page before.
+fn page_token(key: &ListKey) -> String {
+    format!("{}.{}", key.0, key.1)
+}
+
+fn parse_page_token(token: &str) -> Result<ListKey, E2bError> {
+    token
+        .split_once('.')
+        .and_then(|(n, id)| Some((n.parse().ok()?, id.to_string())))
+        .filter(|(_, id)| !id.is_empty())
+        .ok_or_else(|| {
+            error(
+                StatusCode::BAD_REQUEST,
+                format!("nextToken: '{token}' is not a token this service gave"),
+            )
+        })
+}
+
+/// What `limit`, `order` and `startedAfter` ask of a listing, checked.
+struct Page {
+    limit: usize,
+    ascending: bool,
+    after: Option<ListKey>,
+    started_after: Option<u64>,
+}
+
+fn page(q: &ListQuery) -> Result<Page, E2bError> {
+    let bad = |field: &str, v: &str, why: &str| {
+        error(StatusCode::BAD_REQUEST, format!("{field}: '{v}' {why}"))
+    };
+    let limit = match q.limit.as_deref() {
+        None => MAX_PAGE,
+        Some(v) => match v.trim().parse::<usize>() {
+            Ok(n) if (1..=MAX_PAGE).contains(&n) => n,
+            _ => return Err(bad("limit", v, "is not a number from 1 to 100")),
+        },
+    };
+    let ascending = match q.order.as_deref().map(str::trim) {
+        None | Some("desc") => false,
+        Some("asc") => true,
+        Some(v) => return Err(bad("order", v, "is neither 'asc' nor 'desc'")),
+    };
+    let after = q.next_token.as_deref().map(parse_page_token).transpose()?;
+    let started_after = match q.started_after.as_deref() {
+        None => None,
+        Some(v) => {
+            let t = chrono::DateTime::parse_from_rfc3339(v.trim())
+                .map_err(|e| bad("startedAfter", v, &format!("is not an RFC 3339 time: {e}")))?;
+            Some(u64::try_from(t.timestamp()).unwrap_or(0))
+        }
+    };
+    Ok(Page {
+        limit,
+        ascending,
+        after,
+        started_after,
+    })
 }
 
 async fn list(
@@ -353,21 +431,60 @@ async fn list(
         .as_deref()
         .map(|s| s.split(',').map(str::trim).collect())
         .unwrap_or_else(|| vec!["running", "paused"]);
-    let entries: Vec<Arc<Entry>> = e2b
+    let page = page(&q)?;
+    // startedAt is shown to the second: a sandbox started within the
+    // second `startedAfter` names is after it, as the SDK's own value of
+    // that sandbox's startedAt asks.
+    let started = |e: &Entry| {
+        e.started_at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    };
+    let mut entries: Vec<Arc<Entry>> = e2b
         .registry()
         .values()
         .filter(|e| caller.may_session(&e.owner))
         .filter(|e| wanted.iter().all(|(k, v)| e.metadata.get(k) == Some(v)))
         .filter(|e| states.contains(&if e.is_paused() { "paused" } else { "running" }))
+        .filter(|e| q.template.as_ref().is_none_or(|t| &e.template == t))
+        .filter(|e| page.started_after.is_none_or(|after| started(e) >= after))
         .cloned()
         .collect();
+    // Newest first unless `order=asc`, as E2B lists.
+    entries.sort_by_key(|e| list_key(e));
+    if !page.ascending {
+        entries.reverse();
+    }
+    if let Some(after) = &page.after {
+        entries.retain(|e| {
+            let key = list_key(e);
+            if page.ascending {
+                key > *after
+            } else {
+                key < *after
+            }
+        });
+    }
     let mut out = Vec::new();
+    let mut last = None;
+    let mut more = false;
     for entry in entries {
+        if out.len() == page.limit {
+            more = true;
+            break;
+        }
         if let Ok((entry, lease)) = visible(&e2b, &caller, &entry.id).await {
             out.push(detail_json(&entry, &lease, false));
+            last = Some(list_key(&entry));
         }
     }
-    Ok(Json(out).into_response())
+    let mut response = Json(out).into_response();
+    if let (true, Some(key)) = (more, last) {
+        if let Ok(v) = page_token(&key).parse() {
+            response.headers_mut().insert("x-next-token", v);
+        }
+    }
+    Ok(response)
 }
 
 async fn detail(
@@ -459,13 +576,32 @@ async fn connect(
     Ok((StatusCode::OK, Json(sandbox_json(&entry))).into_response())
 }
 
+/// E2B's `SandboxPauseRequest`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PauseRequest {
+    memory: Option<bool>,
+}
+
 async fn pause(
     State(e2b): State<E2b>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    bytes: axum::body::Bytes,
 ) -> Result<Response, E2bError> {
     let caller = caller(&e2b, &headers)?;
+    let req: PauseRequest = body(&bytes)?;
     let (entry, lease) = visible(&e2b, &caller, &id).await?;
+    if req.memory == Some(false) {
+        // Accepting it would keep the memory all the same: say so instead.
+        return Err(error(
+            StatusCode::NOT_IMPLEMENTED,
+            format!(
+                "memory: false (a file-system-only pause, keep_memory=False) is not supported: \
+                 corral's pause freezes the sandbox with its memory; sandbox '{id}' keeps running"
+            ),
+        ));
+    }
     if entry.is_paused() {
         return Err(error(
             StatusCode::CONFLICT,

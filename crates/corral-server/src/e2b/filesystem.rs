@@ -5,7 +5,8 @@
 //! binary-safe, bounded by `server.limits`); `MakeDir`, `Move` and `Remove`
 //! run `mkdir -p`, `mv` and `rm -rf` in the sandbox (with the path as an
 //! argument, never through a shell). `Stat` is the entry in its parent's
-//! listing. Watching (`WatchDir`, and `CreateWatcher`, `GetWatcherEvents`,
+//! listing, a symlink followed. An upload may be gzip (`Content-Encoding`);
+//! a signed URL (`signature`) is refused by name (501). Watching (`WatchDir`, and `CreateWatcher`, `GetWatcherEvents`,
 //! `RemoveWatcher` that the sync SDK polls) compares listings of the
 //! directory every [`WATCH_EVERY`] (corral has no file system events):
 //! an entry that appears is `CREATE`, one that goes `REMOVE`, a changed
@@ -236,10 +237,67 @@ async fn stat(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes) -> Respon
             let Envd { lease, .. } = e2b.envd(&headers).await?;
             requested_user(&headers, &lease)?;
             let path = absolute(&lease, "path", &req.path)?;
-            Ok(json!({"entry": stat_path(&e2b, &lease, &path).await?}))
+            let entry = stat_path(&e2b, &lease, &path).await?;
+            Ok(json!({"entry": follow(&e2b, &lease, entry).await?}))
         }
         .await,
     )
+}
+
+/// Most symlinks `Stat` follows in a row (Linux's own bound).
+const MAX_LINKS: usize = 40;
+
+/// `entry` as envd's `Stat` answers a symlink: the type, size and mode of
+/// what it leads to, and that target as an absolute path; a link leading
+/// nowhere is answered as itself.
+async fn follow(e2b: &E2b, lease: &Lease, entry: Value) -> Result<Value, RpcError> {
+    let mut at = entry.clone();
+    for _ in 0..MAX_LINKS {
+        if at["type"] != "FILE_TYPE_SYMLINK" {
+            let mut out = entry;
+            for field in ["type", "size", "mode", "permissions"] {
+                out[field] = at[field].clone();
+            }
+            out["symlinkTarget"] = at["path"].clone();
+            // What is described is the target, which is no link (the SDK
+            // shows SYMLINK for an entry marked as one).
+            out["isSymlink"] = json!(false);
+            return Ok(out);
+        }
+        let (Some(link), Some(target)) = (at["path"].as_str(), at["symlinkTarget"].as_str()) else {
+            return Ok(entry);
+        };
+        let (dir, _) = split(link);
+        let next = normalize(&if target.starts_with('/') {
+            target.to_string()
+        } else {
+            format!("{}/{target}", dir.trim_end_matches('/'))
+        });
+        at = match stat_path(e2b, lease, &next).await {
+            Ok(v) => v,
+            Err(e) if e.code == Code::NotFound => return Ok(entry),
+            Err(e) => return Err(e),
+        };
+    }
+    Err(RpcError::invalid(
+        "path",
+        format!("more than {MAX_LINKS} symbolic links in a row"),
+    ))
+}
+
+/// An absolute path with `.`, `..` and repeated slashes resolved by name.
+fn normalize(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    format!("/{}", parts.join("/"))
 }
 
 async fn make_dir(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes) -> Response {
@@ -292,7 +350,12 @@ async fn remove(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes) -> Resp
             if path.trim_end_matches('/').is_empty() {
                 return Err(RpcError::invalid("path", "'/' cannot be removed"));
             }
-            let entry = stat_path(&e2b, &lease, &path).await?;
+            // envd removes what is there: a missing path is a no-op.
+            let entry = match stat_path(&e2b, &lease, &path).await {
+                Ok(entry) => entry,
+                Err(e) if e.code == Code::NotFound => return Ok(json!({})),
+                Err(e) => return Err(e),
+            };
             run(&lease, &["rm", "-rf", "--", &path]).await?;
             Ok(json!({"entry": entry}))
         }
@@ -338,10 +401,18 @@ async fn list_dir(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes) -> Re
                     out.push(info);
                 }
             }
+            // envd walks the tree in path order: each directory right
+            // before its own entries, siblings by name.
+            out.sort_by(|a, b| path_order(a).cmp(&path_order(b)));
             Ok(json!({ "entries": out }))
         }
         .await,
     )
+}
+
+/// The components of an entry's path, which order a walk as envd's.
+fn path_order(entry: &Value) -> Vec<&str> {
+    entry["path"].as_str().unwrap_or("").split('/').collect()
 }
 
 #[derive(Deserialize)]
@@ -616,6 +687,7 @@ fn http_error(e: RpcError) -> Response {
         Code::NotFound => StatusCode::NOT_FOUND,
         Code::ResourceExhausted => StatusCode::PAYLOAD_TOO_LARGE,
         Code::Unavailable => StatusCode::BAD_GATEWAY,
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
     error(status, e.message).into_response()
@@ -696,12 +768,7 @@ async fn write_files(
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string();
-        if headers.contains_key(header::CONTENT_ENCODING) {
-            return Err(RpcError::unimplemented(
-                "header Content-Encoding",
-                "upload files uncompressed",
-            ));
-        }
+        let request = decoded(request, list_options(&e2b).max_bytes).await?;
         let mut files: Vec<(String, Bytes)> = Vec::new();
         if ct.starts_with("multipart/form-data") {
             let mut form = Multipart::from_request(request, &())
@@ -769,6 +836,43 @@ async fn write_files(
     }
 }
 
+/// `request` with its body decoded as its `Content-Encoding` says
+/// (`gzip`, or none), and at most `max` bytes once decoded.
+async fn decoded(request: Request, max: u64) -> Result<Request, RpcError> {
+    use std::io::Read;
+    let encoding = match request.headers().get(header::CONTENT_ENCODING) {
+        None => return Ok(request),
+        Some(v) => v.to_str().unwrap_or("").trim().to_ascii_lowercase(),
+    };
+    if encoding.is_empty() || encoding == "identity" {
+        return Ok(request);
+    }
+    if encoding != "gzip" {
+        return Err(RpcError::unimplemented(
+            &format!("header Content-Encoding '{encoding}'"),
+            "uploads are gzip or uncompressed",
+        ));
+    }
+    let (mut parts, body) = request.into_parts();
+    let compressed = axum::body::to_bytes(body, usize::try_from(max).unwrap_or(usize::MAX))
+        .await
+        .map_err(|e| RpcError::invalid("body", e))?;
+    let mut plain = Vec::new();
+    flate2::read::GzDecoder::new(&compressed[..])
+        .take(max.saturating_add(1))
+        .read_to_end(&mut plain)
+        .map_err(|e| RpcError::invalid("body", format!("not gzip: {e}")))?;
+    if plain.len() as u64 > max {
+        return Err(RpcError::new(
+            Code::ResourceExhausted,
+            format!("body: above the {max}-byte limit once decompressed"),
+        ));
+    }
+    parts.headers.remove(header::CONTENT_ENCODING);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Ok(Request::from_parts(parts, axum::body::Body::from(plain)))
+}
+
 /// `GET /health`: 204 when the sandbox the headers name is alive.
 async fn health(State(e2b): State<E2b>, headers: HeaderMap) -> Response {
     match e2b.envd(&headers).await {
@@ -818,6 +922,21 @@ mod tests {
             ("gone", "EVENT_TYPE_REMOVE"),
         ];
         assert_eq!(got, want.map(|(a, b)| (a.to_string(), b.to_string())));
+    }
+
+    #[test]
+    fn deep_listings_are_in_path_order() {
+        let paths = ["/w/sub.txt", "/w/a", "/w/sub", "/w/sub/c", "/w/a/z"];
+        let mut entries: Vec<Value> = paths.iter().map(|p| json!({ "path": p })).collect();
+        entries.sort_by(|a, b| path_order(a).cmp(&path_order(b)));
+        let got: Vec<&str> = entries.iter().filter_map(|e| e["path"].as_str()).collect();
+        assert_eq!(got, ["/w/a", "/w/a/z", "/w/sub", "/w/sub/c", "/w/sub.txt"]);
+    }
+
+    #[test]
+    fn link_targets_resolve_by_name() {
+        assert_eq!(normalize("/a/b/../c/./d"), "/a/c/d");
+        assert_eq!(normalize("/../x//y/"), "/x/y");
     }
 
     #[test]
