@@ -320,7 +320,8 @@ class EnvironmentPoolSlot:
         from open_instruct.environments.generic_sandbox import GenericSandboxEnv
 
         self.env = GenericSandboxEnv(backend="docker", image="corral-test/busybox")
-        return type(self.env._backend).__name__ + " " + self.env._do_reset().strip()
+        out = self.env._do_reset().strip()
+        return type(self.env._backend).__name__ + " " + out
 
 
 slots = [EnvironmentPoolSlot.remote() for _ in range(2)]
