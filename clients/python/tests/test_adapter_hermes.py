@@ -570,8 +570,9 @@ run("echo started; sleep 120", task_id="term-{case}", timeout=300)
     with corral.Client(hermes_server.url) as client:
         while True:
             assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            # Its own sandbox (no session key): found among the service's.
             try:
-                if _running(client.get_sandbox(hermes.session_key(f"term-{case}")), "sleep 120"):
+                if any(_running(client.get_sandbox(info.id), "sleep 120") for info in client.list_sandboxes()):
                     break
             except corral.SandboxNotFoundError:
                 pass
@@ -693,3 +694,86 @@ def test_side_by_side_no_such_container_text(both_backends):
     assert seen["docker"] == ["2", "lost"], (
         "hermes' Docker backend no longer reruns a command on these words: update the README's list of differences"
     )
+
+
+def test_cleanup_vm_force_remove_removes_the_sandbox(hermes_server, tmp_path):
+    """`cleanup_vm(task_id, force_remove=True)` (hermes' explicit teardown)
+    with TERMINAL_CONTAINER_PERSISTENT=false: the sandbox is gone before
+    the process exits, as hermes' Docker backend removes its container."""
+    case = uuid.uuid4().hex[:10]
+    body = TOOL + f"""\
+from tools.terminal_tool import cleanup_vm, register_task_env_overrides
+register_task_env_overrides("force-{case}", {{"docker_image": "{IMAGE}"}})
+r = run("hostname", task_id="force-{case}")
+print("ran", r["exit_code"], flush=True)
+cleanup_vm("force-{case}", force_remove=True)
+import subprocess
+left = subprocess.run(["docker", "ps", "-aq", "--filter", "label=hermes-task-id=force-{case}"], capture_output=True, text=True).stdout.split()
+print("left", len(left), flush=True)
+"""
+    lines = _answer(_hermes_child(hermes_server, tmp_path, body, TERMINAL_ENV="corral", TERMINAL_CONTAINER_PERSISTENT="false"))
+    assert "ran 0" in lines
+    assert "left 0" in lines, lines
+    assert docker_ids("corral.sandbox", f"hermes-task-id=force-{case}") == []
+
+
+def test_two_processes_without_persist_across_processes_share_nothing(hermes_server, tmp_path):
+    """TERMINAL_DOCKER_PERSIST_ACROSS_PROCESSES=false with hermes' default
+    container_persistent: two hermes processes of one task and profile get
+    a sandbox each (hermes' Docker backend: a container per process), so the
+    first to exit removes only its own."""
+    case = uuid.uuid4().hex[:10]
+    body = TOOL + f"""\
+import sys
+from tools.terminal_tool import register_task_env_overrides
+register_task_env_overrides("pair-{case}", {{"docker_image": "{IMAGE}"}})
+r = run("cat /etc/hostname", task_id="pair-{case}")
+print("host", r["output"].strip(), flush=True)
+sys.stdin.readline()
+r = run("echo still-here", task_id="pair-{case}")
+print("after", r["exit_code"], r["output"].strip(), flush=True)
+"""
+    env = {"TERMINAL_ENV": "corral", "TERMINAL_DOCKER_PERSIST_ACROSS_PROCESSES": "false"}
+
+    def start() -> subprocess.Popen:
+        child_env = dict(os.environ)
+        for name in ("TERMINAL_ENV", "TERMINAL_DOCKER_IMAGE", "CORRAL_OPEN_INSTRUCT"):
+            child_env.pop(name, None)
+        child_env.update(
+            {
+                "HERMES_HOME": str(tmp_path),
+                "CORRAL_URL": hermes_server.url,
+                "CORRAL_TOKEN": hermes_server.client_token or "",
+                "TERMINAL_CONTAINER_MEMORY": "256",
+                **env,
+            }
+        )
+        return subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(body)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env,
+        )
+
+    first, second = start(), start()
+    try:
+        assert first.stdout is not None and second.stdout is not None
+        hosts = [first.stdout.readline().strip(), second.stdout.readline().strip()]
+        assert all(h.startswith("host ") for h in hosts), hosts
+        assert hosts[0] != hosts[1], "two processes share one sandbox"
+        out, err = first.communicate("\n", timeout=120)
+        assert first.returncode == 0, err[-3000:]
+        out, err = second.communicate("\n", timeout=120)
+        assert second.returncode == 0, err[-3000:]
+        assert "after 0 still-here" in out, (out, err[-3000:])
+    finally:
+        for p in (first, second):
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while docker_ids("corral.sandbox", f"hermes-task-id=pair-{case}"):
+        assert time.monotonic() < deadline, "a process's sandbox outlived it"
+        time.sleep(0.2)

@@ -16,9 +16,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
@@ -299,3 +301,91 @@ def test_python_ray_actors_with_the_variable_in_the_runtime_env(tmp_path, corral
     assert len(actors) == 2
     for line in actors:
         assert line.startswith("CorralBackend ready"), actors
+
+
+# -- the launcher signalled ------------------------------------------------------
+
+#: open-instruct's shape again, the actors holding their sandboxes (as an
+#: EnvironmentPool does between rollouts) until the launcher is stopped.
+HOLDING_DRIVER = """\
+import time
+import ray
+
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
+
+
+@ray.remote(num_cpus=1)
+class EnvironmentPoolSlot:
+    def start(self):
+        from open_instruct.environments.generic_sandbox import GenericSandboxEnv
+
+        self.env = GenericSandboxEnv(backend="docker", image="corral-test/busybox")
+        out = self.env._do_reset().strip()
+        return type(self.env._backend).__name__ + " " + out
+
+
+slots = [EnvironmentPoolSlot.remote() for _ in range(2)]
+print("ready", ray.get([s.start.remote() for s in slots]), flush=True)
+time.sleep(600)
+"""
+
+
+def _read_line(proc: subprocess.Popen, deadline: float) -> str:
+    import select
+
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            return proc.stdout.readline()
+        if proc.poll() is not None:
+            return proc.stdout.readline()
+    return ""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=["SIGTERM", "SIGHUP", "SIGINT"])
+def test_signalled_uv_run_launcher_leaves_no_sandboxes(tmp_path, corral_url, corral_spec, sig):
+    """`CORRAL_OPEN_INSTRUCT=1 uv run python grpo_fast.py` with an
+    EnvironmentPool of Ray actors, the launcher (uv) signalled: Ray ends its
+    workers without running their handlers, and each worker's guardian
+    removes its sandbox within seconds (the time is printed)."""
+    _require_ray()
+    _fake_open_instruct(tmp_path)
+    (tmp_path / "driver.py").write_text(HOLDING_DRIVER)
+    case = uuid.uuid4().hex[:12]
+    env = _env(tmp_path, corral_url, CORRAL_OPEN_INSTRUCT="1")
+    env["CORRAL_OPEN_INSTRUCT_DEFAULTS"] = _defaults(corral_spec, case)
+    log = open(tmp_path / "driver.err", "w")
+    proc = subprocess.Popen(
+        [*_uv_run(), "driver.py"],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    try:
+        line = _read_line(proc, time.monotonic() + 240)
+        err = (tmp_path / "driver.err").read_text()[-6000:]
+        assert line.startswith("ready"), f"driver: {line!r}\n{err}"
+        assert line.count("CorralBackend ready") == 2, line
+        assert len(docker_ids("corral.sandbox", f"corraltest.case={case}")) == 2
+        signalled = time.monotonic()
+        os.kill(proc.pid, sig)
+        deadline = signalled + 30
+        while docker_ids("corral.sandbox", f"corraltest.case={case}"):
+            assert time.monotonic() < deadline, f"the sandboxes outlived the {sig.name}ed launcher by 30 s"
+            time.sleep(0.1)
+        took = time.monotonic() - signalled
+        print(f"{sig.name} to the launcher: no sandboxes after {took:.2f} s")
+        (tmp_path.parent / f"signal-{sig.name}.seconds").write_text(f"{took:.3f}\n")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=60)
+        log.close()
+        _left(case)

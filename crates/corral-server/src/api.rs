@@ -17,7 +17,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine;
-use corral::{FileOptions, Lease, OutputStream, Provider, Runtime};
+use corral::{FileOptions, Lease, OutputStream, Provider, Runtime, Sandbox};
 use corral_core::backend::ImagePresence;
 use corral_core::client_policy::ImageRule;
 use corral_core::config::Config;
@@ -95,6 +95,13 @@ struct Meta {
 /// A sandbox to act on, or the loss that ended it.
 enum Leased {
     Live(Lease),
+    Lost(Failure),
+}
+
+/// A sandbox as an observer sees it ([`AppState::observed`]): looked at,
+/// not used.
+pub(crate) enum Observed {
+    Live(Sandbox),
     Lost(Failure),
 }
 
@@ -233,13 +240,30 @@ impl AppState {
             }
             None => {
                 self.sessions().remove(id);
-                let mut e = ApiError::not_found(format!(
-                    "sandbox '{}' is gone: the provider evicted it (idle timeout, maximum \
-                     lifetime, or room for another sandbox)",
-                    caller.display_key(id)
-                ));
-                e.detail.field = Some("id".into());
-                Err(e)
+                Err(evicted(caller, id))
+            }
+        }
+    }
+
+    /// The sandbox `id` as `caller` names it, looked at without using it
+    /// (`Provider::peek`): listing, describing and reading usage are not
+    /// activity, so a dashboard or monitor polling them keeps no abandoned
+    /// sandbox from its idle timeout. 404 as [`AppState::lease`].
+    pub(crate) fn observed(&self, caller: &Principal, id: &str) -> Result<Observed, ApiError> {
+        let key = caller.session_key(id);
+        let lost = match self.sessions().get(&key) {
+            None => return Err(no_sandbox(id)),
+            Some(meta) if !caller.may_session(&meta.owner) => return Err(no_sandbox(id)),
+            Some(meta) => meta.lost.clone(),
+        };
+        if let Some(f) = lost {
+            return Ok(Observed::Lost(f));
+        }
+        match self.inner.provider.peek(&key) {
+            Some(sandbox) => Ok(Observed::Live(sandbox)),
+            None => {
+                self.sessions().remove(&key);
+                Err(evicted(caller, &key))
             }
         }
     }
@@ -253,7 +277,7 @@ impl AppState {
     }
 
     /// Sandbox `key` (a provider key) as `caller` sees it.
-    fn info(&self, caller: &Principal, key: &str, lease: &Lease) -> SandboxInfo {
+    fn info(&self, caller: &Principal, key: &str, lease: &Sandbox) -> SandboxInfo {
         let meta = self.sessions().get(key).cloned().unwrap_or(Meta {
             owner: caller.clone(),
             profile: None,
@@ -275,6 +299,14 @@ impl AppState {
             shells: lease.shell_names(),
             resets_in_place: reset_unavailable_reason.is_none(),
             reset_unavailable_reason,
+            usage: self
+                .usage_sampler()
+                .latest_of(lease.id())
+                .map(|(usage, cpu_cores, age)| SampledUsage {
+                    age_ms: u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
+                    cpu_cores,
+                    usage: usage.into(),
+                }),
         }
     }
 }
@@ -309,6 +341,17 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                 ApiError::invalid(field, format!("invalid request body: {}", e.inner()))
             })
     }
+}
+
+/// 404 for sandbox `key` (a provider key) the provider no longer holds.
+fn evicted(caller: &Principal, key: &str) -> ApiError {
+    let mut e = ApiError::not_found(format!(
+        "sandbox '{}' is gone: the provider evicted it (idle timeout, maximum \
+         lifetime, or room for another sandbox)",
+        caller.display_key(key)
+    ));
+    e.detail.field = Some("id".into());
+    e
 }
 
 fn no_sandbox(id: &str) -> ApiError {
@@ -775,9 +818,9 @@ async fn list_sandboxes(
     let mut sandboxes = Vec::new();
     for (key, owner) in keys {
         let id = caller.display_key(&key);
-        match s.leased(&caller, &id).await {
-            Ok(Leased::Live(lease)) => sandboxes.push(s.info(&caller, &key, &lease)),
-            Ok(Leased::Lost(f)) => sandboxes.push(SandboxInfo {
+        match s.observed(&caller, &id) {
+            Ok(Observed::Live(sandbox)) => sandboxes.push(s.info(&caller, &key, &sandbox)),
+            Ok(Observed::Lost(f)) => sandboxes.push(SandboxInfo {
                 id: id.clone(),
                 session: id.clone(),
                 owner: owner.id(),
@@ -790,6 +833,7 @@ async fn list_sandboxes(
                 shells: Vec::new(),
                 resets_in_place: false,
                 reset_unavailable_reason: Some(format!("its container was lost: {}", f.message)),
+                usage: None,
             }),
             Err(_) => {}
         }
@@ -808,8 +852,11 @@ async fn get_sandbox(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<SandboxInfo>, ApiError> {
-    let lease = s.lease(&caller, &id).await?;
-    Ok(Json(s.info(&caller, &caller.session_key(&id), &lease)))
+    s.refuse_when_closing()?;
+    match s.observed(&caller, &id)? {
+        Observed::Live(sandbox) => Ok(Json(s.info(&caller, &caller.session_key(&id), &sandbox))),
+        Observed::Lost(f) => Err(ApiError::failure(&f)),
+    }
 }
 
 /// Release a sandbox: destroyed, unless persistent (then its container is

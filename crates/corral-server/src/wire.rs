@@ -85,6 +85,25 @@ pub struct SandboxInfo {
     /// Why a reset cannot happen in place, naming the spec field (e.g.
     /// `pristine is false: ...`); null when it can.
     pub reset_unavailable_reason: Option<String>,
+    /// Its usage at the service's latest usage sample (the one `/metrics`
+    /// and `GET /v1/usage` report, taken at most once per
+    /// `server.metrics.usage_refresh_ms` while someone reads them); null
+    /// when that sample does not have it (sampling off, no sample yet, or
+    /// the sandbox is newer than the sample). Reading a description never
+    /// calls the engine: `GET /v1/sandboxes/{id}/usage` reads it now.
+    pub usage: Option<SampledUsage>,
+}
+
+/// A sandbox's usage in the service's latest usage sample.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SampledUsage {
+    /// How long ago the sample was taken, in ms.
+    pub age_ms: u64,
+    /// CPU cores it used between the sample before and this one; null
+    /// when it was not in that one.
+    pub cpu_cores: Option<f64>,
+    /// What it used, as `GET /v1/sandboxes/{id}/usage` says.
+    pub usage: UsageBody,
 }
 
 /// Body of `GET /v1/sandboxes`.
@@ -803,7 +822,7 @@ pub struct PortLink {
 
 /// Body of `GET /v1/sandboxes/{id}/usage`: what the sandbox uses now, from
 /// the engine's accounting (its cgroup), against its limits.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct UsageBody {
     /// Who read it: `engine` (the engine's accounting, Docker's stats) or
     /// `agent` (the sandbox's agent from inside: its cgroup and network

@@ -582,6 +582,17 @@ impl Provider {
         )
     }
 
+    /// The sandbox bound to `key`, looked at without using it: no lease,
+    /// its idle clock left as it is, a dead one neither replaced nor
+    /// reported. For readers that only observe (a listing, a dashboard, a
+    /// monitor): polling them must not keep an abandoned sandbox alive.
+    pub fn peek(&self, key: &str) -> Option<Sandbox> {
+        lock(&self.inner.state)
+            .sessions
+            .get(key)
+            .map(|e| e.sandbox.clone())
+    }
+
     /// Whether a sandbox is bound to `key`.
     pub fn has_session(&self, key: &str) -> bool {
         lock(&self.inner.state).sessions.contains_key(key)

@@ -17,8 +17,11 @@ ask what to do next), and the sandbox must survive it; without one (a
 launcher, ``nohup``, a Ray worker) a SIGINT is a stop, and a framework that
 catches the ``KeyboardInterrupt`` must not keep the sandboxes alive. A signal
 the process ignores (``nohup`` ignores SIGHUP) is left ignored: the process
-means to outlive it, with its sandboxes. SIGKILL cannot be caught: the
-service's idle timeout removes what such a process leaves.
+means to outlive it, with its sandboxes. SIGKILL cannot be caught, and a
+Ray worker whose driver was signalled is ended without running handlers: for
+those, a guardian process (:mod:`corral.adapters._guardian`), started at the
+first sandbox tracked, outside the process's tree, deletes what is still
+registered when the process's pipe to it closes, however the process ended.
 
 Deletion at exit or on a signal uses a fresh connection to the service: the
 signal may have interrupted a request on the adapter's own client mid-way.
@@ -27,12 +30,15 @@ signal may have interrupted a request on the adapter's own client mid-way.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..client import Client
 
@@ -70,14 +76,76 @@ class _Entry:
     new_client: Callable[[], Client]
 
 
+class _Service:
+    """How to reach the service again from scratch (a new client each call);
+    ``url``/``token`` ``None``: as a client finds them."""
+
+    def __init__(self, url: Optional[str], token: Optional[str]) -> None:
+        self.url = url
+        self.token = token
+
+    def __call__(self) -> Client:
+        return Client(self.url, token=self.token)
+
+
 def client_factory(base_url: Optional[str], token: Optional[str], client: Optional[Client]) -> Callable[[], Client]:
     """How to reach the service again from scratch: the adapter's own
     ``base_url``/``token`` or, for a caller's client, its URL and token."""
     if client is None:
-        return lambda: Client(base_url, token=token)
-    url = client.base_url
-    tok = getattr(getattr(client, "_tokens", None), "token", None)
-    return lambda: Client(url, token=tok)
+        return _Service(base_url, token)
+    return _Service(client.base_url, getattr(getattr(client, "_tokens", None), "token", None))
+
+
+#: This process's guardian: (the pid that started it, its stdin).
+_guardian: Optional[Tuple[int, Any]] = None
+
+
+def _tell_guardian(op: str, sandbox_id: str, service: Any = None) -> None:
+    """Register (``+``) or release (``-``) a sandbox with this process's
+    guardian, starting it at the first registration."""
+    global _guardian
+    with _lock:
+        if _guardian is None or _guardian[0] != os.getpid():
+            # None yet, or inherited through a fork: this process's own.
+            if op != "+" or os.environ.get("CORRAL_ADAPTER_GUARDIAN", "1") == "0":
+                return
+            _guardian = (os.getpid(), _start_guardian())
+        pipe = _guardian[1]
+        if pipe is None:
+            return
+        entry: Dict[str, Any] = {"id": sandbox_id}
+        if op == "+":
+            entry["url"] = getattr(service, "url", None)
+            entry["token"] = getattr(service, "token", None)
+        try:
+            pipe.write(op + json.dumps(entry) + "\n")
+            pipe.flush()
+        except (OSError, ValueError) as err:
+            log.debug("corral: the sandbox guardian is gone: %s", err)
+
+
+def _start_guardian() -> Any:
+    from . import _guardian as guardian
+
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(guardian.__file__))))
+    env = {k: v for k, v in os.environ.items() if k not in ("CORRAL_OPEN_INSTRUCT", "TERMINAL_ENV")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", guardian.BOOT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            text=True,
+            start_new_session=True,
+        )
+        # The intermediate process exits as soon as it has forked the guardian.
+        proc.wait(timeout=30)
+    except (OSError, subprocess.SubprocessError) as err:
+        log.warning("corral: no guardian for this process's sandboxes (a SIGKILL leaves them to the idle timeout): %s", err)
+        return None
+    return proc.stdin
 
 
 def track(sandbox_id: str, new_client: Callable[[], Client]) -> int:
@@ -87,6 +155,7 @@ def track(sandbox_id: str, new_client: Callable[[], Client]) -> int:
         _next_key += 1
         key = _next_key
         _entries[key] = _Entry(sandbox_id, new_client)
+        _tell_guardian("+", sandbox_id, new_client)
     _install()
     return key
 
@@ -96,7 +165,9 @@ def release(key: Optional[int]) -> None:
     if key is None:
         return
     with _lock:
-        _entries.pop(key, None)
+        entry = _entries.pop(key, None)
+        if entry is not None:
+            _tell_guardian("-", entry.sandbox_id)
 
 
 def delete_now(key: Optional[int]) -> None:
@@ -133,6 +204,8 @@ def _delete(entry: _Entry) -> None:
         return
     try:
         client.delete_sandbox(entry.sandbox_id)
+        with _lock:
+            _tell_guardian("-", entry.sandbox_id)
     except Exception as err:  # noqa: BLE001 - best effort at exit
         log.warning("corral: could not delete sandbox %s: %s", entry.sandbox_id, err)
     finally:

@@ -81,7 +81,12 @@ map onto a corral spec:
   under which the next hermes process of the task gets the same sandbox,
   processes included, as hermes finds its container by its labels; and the
   recovery policy ``recreate`` (else ``fail``): hermes' recovery from
-  out-of-band removal. As with hermes, the sandbox of a key is reused
+  out-of-band removal. Without it each environment has a sandbox of its
+  own (no session key: two hermes processes of one task never share one,
+  as hermes' Docker backend starts a container per process), not
+  persistent (hermes keeps such a workspace in a host directory per task;
+  corral keeps a workspace per session key, which no next process would
+  find). As with hermes, the sandbox of a key is reused
   whatever the settings now say; release it (``cleanup(force_remove=True)``)
   after changing them.
 
@@ -537,7 +542,10 @@ class CorralEnvironment(BaseEnvironment):
                 f"docker_extra_args: {list(extra_args)!r} are docker run flags, which corral has no equivalent "
                 "of; ask the service's operator for a profile ($TERMINAL_CORRAL_PROFILE) or leave them out"
             )
-        persistent = bool(persistent_filesystem)
+        # Without docker_persist_across_processes a sandbox is this process's
+        # alone (hermes: a container per process) and fails rather than being
+        # recreated on a loss: a kept workspace would serve no next process.
+        persistent = bool(persistent_filesystem) and bool(persist_across_processes)
         if cwd == "~":
             cwd = "/root"
         super().__init__(cwd=cwd, timeout=timeout)
@@ -564,9 +572,7 @@ class CorralEnvironment(BaseEnvironment):
         # process (docker_persist_across_processes); here the session key
         # does, and cleanup leaves the sandbox to the service.
         self._keep = self._persist_across_processes
-        self._session = (
-            session_key(self._task_id, hermes_profile, persistent=persistent) if persistent or self._keep else None
-        )
+        self._session = session_key(self._task_id, hermes_profile, persistent=persistent) if self._keep else None
         self._spec = self._build_spec(
             dict(spec) if spec is not None else None,
             cpu=cpu,

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use corral_docker::PullProgress;
+use corral_core::backend::PullProgress;
 
 use crate::diagnostics::{CliError, Diagnostic};
 use crate::progress::{self, Progress};
@@ -37,7 +37,6 @@ fn describe(p: &PullProgress) -> String {
 }
 
 pub async fn run(config: super::BackendConfig, args: PullArgs) -> anyhow::Result<ExitCode> {
-    let (_, docker) = super::connect_docker(config).await?;
     let image = args.image.trim();
     if image.is_empty() {
         return Err(CliError::BadArgument {
@@ -48,23 +47,36 @@ pub async fn run(config: super::BackendConfig, args: PullArgs) -> anyhow::Result
         }
         .into());
     }
+    let runtime = super::connect(config).await?;
+    let backend = runtime.backend().clone();
     let started = Instant::now();
     let drawn = progress::wanted(false);
     let bar = Progress::spinner(drawn, "pull", format!("pulling {image}"));
+    // The engine's own view of its pulls (`Backend::pulls`, what
+    // `GET /v1/images` shows), read while the pull runs.
+    let pulling = backend.pull(image);
+    tokio::pin!(pulling);
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
     // Off a terminal: a plain line at most every 2 s.
     let mut last_line: Option<Instant> = None;
-    let outcome = docker
-        .ensure_image_with(image, |p| {
-            if drawn {
-                bar.message(format!("pulling {image}: {}", describe(&p)));
-            } else if !progress::quiet()
-                && last_line.is_none_or(|t| t.elapsed() >= Duration::from_secs(2))
-            {
-                last_line = Some(Instant::now());
-                eprintln!("corral pull: {image}: {}", describe(&p));
+    let outcome = loop {
+        tokio::select! {
+            done = &mut pulling => break done,
+            _ = tick.tick() => {
+                let Some(p) = backend.pulls().into_iter().find(|p| p.image == image) else {
+                    continue;
+                };
+                if drawn {
+                    bar.message(format!("pulling {image}: {}", describe(&p.progress)));
+                } else if !progress::quiet()
+                    && last_line.is_none_or(|t| t.elapsed() >= Duration::from_secs(2))
+                {
+                    last_line = Some(Instant::now());
+                    eprintln!("corral pull: {image}: {}", describe(&p.progress));
+                }
             }
-        })
-        .await;
+        }
+    };
     bar.clear();
     match outcome {
         Ok(()) => {

@@ -6,7 +6,7 @@
 use axum::extract::{Path, State};
 use axum::Json;
 
-use super::{check_name, AppState};
+use super::{check_name, AppState, Observed};
 use crate::error::ApiError;
 use crate::guard::Caller;
 use crate::wire::{ErrorBody, SandboxUsageBody, UsageBody, UsageListBody};
@@ -34,8 +34,16 @@ pub(super) async fn sandbox_usage(
     Path(id): Path<String>,
 ) -> Result<Json<UsageBody>, ApiError> {
     check_name("id", &id)?;
-    let lease = s.lease(&caller, &id).await?;
-    let usage = lease.usage().await.map_err(|e| ApiError::runtime(&e, ""))?;
+    s.refuse_when_closing()?;
+    // Reading usage is observing: not activity for the idle timeout.
+    let sandbox = match s.observed(&caller, &id)? {
+        Observed::Live(sandbox) => sandbox,
+        Observed::Lost(f) => return Err(ApiError::failure(&f)),
+    };
+    let usage = sandbox
+        .usage()
+        .await
+        .map_err(|e| ApiError::runtime(&e, ""))?;
     Ok(Json(usage.into()))
 }
 

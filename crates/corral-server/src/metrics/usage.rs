@@ -142,6 +142,15 @@ impl UsageSampler {
         }
     }
 
+    /// Sandbox `sandbox`'s (a runtime id) usage in the latest sample, with
+    /// its CPU cores and the sample's age; never takes a sample (a
+    /// description's read path calls no engine).
+    pub fn latest_of(&self, sandbox: &str) -> Option<(Usage, Option<f64>, Duration)> {
+        let last = lock(&self.inner.last).clone()?;
+        let m = last.sandboxes.iter().find(|m| m.sandbox == sandbox)?;
+        Some((m.usage.clone(), m.cores, last.age()))
+    }
+
     /// The sample a scrape reports: the last one while it is fresh; a
     /// stale one while a new one is taken in the background; the first one
     /// waited for (at most [`FIRST_WAIT`]). `None` with usage metrics off
