@@ -8,7 +8,8 @@
 # tool; its pins resolve together with the others), selenium (the dashboard
 # is tested in headless chromium) and the e2b SDK (pinned: the newest in
 # the venv, the oldest corral serves in $venv/e2b-oldest, for
-# tests/test_e2b.py with E2B_SDK_DIR). Quick when nothing
+# tests/test_e2b.py with E2B_SDK_DIR) and e2b-code-interpreter (pinned:
+# tests/test_e2b_code.py runs its run_code against code contexts). Quick when nothing
 # changed: a stamp of the inputs is kept in the venv.
 #
 #   scripts/python-env.sh          # then: target/pyenv/bin/python ...
@@ -19,7 +20,7 @@ cd "$(dirname "$0")/.."
 venv=target/pyenv
 python=${PYTHON:-python3}
 e2b_oldest="e2b==2.7.0"
-reqs=(pytest pytest-asyncio mcp "mini-swe-agent==2.4.6" "ray==2.60.0" "uv==0.13.8" "hermes-agent==0.19.0" "selenium==4.27.1" "e2b==2.63.0" "python-dateutil<3" "rich==14.3.3")
+reqs=(pytest pytest-asyncio mcp "mini-swe-agent==2.4.6" "ray==2.60.0" "uv==0.13.8" "hermes-agent==0.19.0" "selenium==4.27.1" "e2b==2.63.0" "e2b-code-interpreter==2.11.5" "python-dateutil<3" "rich==14.3.3")
 
 if ! command -v "$python" >/dev/null 2>&1; then
   echo "python-env: $python not found (install python3 and python3-venv)" >&2
@@ -36,7 +37,7 @@ stamp_of() {
 want=$(stamp_of)
 
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.corral-stamp" ] && [ "$(cat "$venv/.corral-stamp")" = "$want" ] \
-   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, mcp, minisweagent, ray, hermes_constants, selenium, e2b' >/dev/null 2>&1 \
+   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, mcp, minisweagent, ray, hermes_constants, selenium, e2b, e2b_code_interpreter' >/dev/null 2>&1 \
    && [ -d "$venv/e2b-oldest/e2b" ] \
    && [ -x "$venv/bin/uv" ]; then
   echo "python-env: $venv is up to date"

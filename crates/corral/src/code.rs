@@ -286,12 +286,15 @@ impl Relay {
         self.stdin.write(&bytes).await
     }
 
+    /// Sends one execute request. `stop_on_error` is off: executions are
+    /// sent one at a time, and with it on the kernel aborts (runs nothing
+    /// of) a request arriving just after an error or an interrupt.
     async fn execute(&self, msg_id: &str, code: &str, silent: bool) -> Result<(), String> {
         self.send(json!({
             "op": "send", "channel": "shell", "msg_id": msg_id, "msg_type": "execute_request",
             "content": {
                 "code": code, "silent": silent, "store_history": !silent,
-                "user_expressions": {}, "allow_stdin": false, "stop_on_error": true,
+                "user_expressions": {}, "allow_stdin": false, "stop_on_error": false,
             },
         }))
         .await
