@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use corral_core::protocol::AGENT_PATH;
 use corral_core::{CommandSpec, Failure, FailureKind};
+use std::future::Future;
+
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -266,6 +268,26 @@ impl Relay {
         }
     }
 
+    /// Reads what the relay sent while no execution ran (stale messages,
+    /// its end); false when it ended.
+    fn drain_idle(&mut self) -> bool {
+        loop {
+            // Polled once: only what already arrived.
+            let next = self.read();
+            tokio::pin!(next);
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            match next.as_mut().poll(&mut cx) {
+                std::task::Poll::Pending => return true,
+                std::task::Poll::Ready(Read::Ended(_)) => return false,
+                std::task::Poll::Ready(Read::Line(v)) => {
+                    if matches!(v["event"].as_str(), Some("exited" | "relay_ended")) {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
     fn take(&mut self, bytes: &[u8]) {
         self.partial.extend_from_slice(bytes);
         while let Some(at) = self.partial.iter().position(|b| *b == b'\n') {
@@ -506,6 +528,11 @@ impl Sandbox {
             }
         };
         let mut io = ctx.io.lock().await;
+        if io.as_mut().is_some_and(|r| !r.drain_idle()) {
+            // Ended since its last run (an exclusive command, a new
+            // session): this run gets a fresh kernel.
+            *io = None;
+        }
         if io.is_none() {
             *io = Some(Relay::start(self, &ctx.info).await?);
         }
