@@ -131,3 +131,32 @@ def test_async_client_runs_code(server: LocalServer) -> None:
             await sb.delete()
 
     asyncio.run(main())
+
+
+def test_mcp_run_code_returns_plots_as_image_content(server: LocalServer) -> None:
+    import base64 as b64
+
+    from mcp import ClientSession
+    from test_mcp import _http_streams, _is_error
+
+    async def main() -> None:
+        async with _http_streams(server.url + "/mcp", server.client_token) as streams:
+            read, write = streams[0], streams[1]
+            async with ClientSession(read, write) as session:
+                await asyncio.wait_for(session.initialize(), 60)
+                r = await asyncio.wait_for(session.call_tool("run_code", {"code": "n = 20\nn + 1"}), 180)
+                assert not _is_error(r) and "21" in r.content[0].text, r
+                r = await asyncio.wait_for(
+                    session.call_tool(
+                        "run_code",
+                        {"code": "import matplotlib.pyplot as plt\nplt.plot([n, 1])\nplt.show()"},
+                    ),
+                    120,
+                )
+                images = [c for c in r.content if c.type == "image"]
+                assert len(images) == 1 and (getattr(images[0], "mime_type", None) or getattr(images[0], "mimeType", None)) == "image/png", r
+                assert b64.b64decode(images[0].data)[:4] == b"\x89PNG"
+                r = await asyncio.wait_for(session.call_tool("run_code", {"code": "undefined_name"}), 120)
+                assert _is_error(r) and "NameError" in r.content[0].text, r
+
+    asyncio.run(main())
