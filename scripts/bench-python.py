@@ -19,6 +19,12 @@ service's E2B-compatible listener, configured by E2B_API_URL,
 E2B_SANDBOX_URL and E2B_API_KEY only). It prints p50/p90/mean of each and
 the ratios, then deletes the sandboxes, stops the service and checks no
 container of its own is left.
+
+With --code (image corral-test/python: scripts/build-test-images.sh
+--python): `run_code('1+1')` in a warm code context through corral's client
+and through e2b-code-interpreter (template code-interpreter-v1, the profile
+`code-interpreter`), against `python3 -c '1+1'` as a command in the same
+sandbox: the cost a stateless agent pays each step.
 """
 
 from __future__ import annotations
@@ -113,7 +119,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--warmup", type=int, default=20, help="unmeasured rounds first (default 20)")
     ap.add_argument("--url", help="an already running corral service (default: start one)")
     ap.add_argument("--image", default=os.environ.get("CORRAL_TEST_IMAGE", "corral-test/busybox"))
+    ap.add_argument("--code", action="store_true", help="code contexts against python3 -c as a command")
     args = ap.parse_args(argv)
+    if args.code:
+        return code_main(args)
 
     run_label = f"corralbench.run={uuid.uuid4().hex[:12]}"
     key, value = run_label.split("=")
@@ -213,6 +222,92 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"bench-python: containers left behind (removed): {left}", file=sys.stderr)
             return 1
         print("leak check: no container left")
+    return status
+
+
+def code_main(args: argparse.Namespace) -> int:
+    """The --code rows: run_code('1+1') against python3 -c '1+1'."""
+    image = "corral-test/python" if args.image == "corral-test/busybox" else args.image
+    run_label = f"corralbench.run={uuid.uuid4().hex[:12]}"
+    key, value = run_label.split("=")
+    binary = os.environ.get("CORRAL_BIN") or str(REPO / "target" / "debug" / "corral")
+    e2b_port = free_port()
+    spec = {"image": image, "labels": {key: value}}
+    config = {
+        "defaults": spec,
+        "profiles": {"code-interpreter": spec},
+        "server": {"e2b_listen": f"127.0.0.1:{e2b_port}"},
+    }
+    server = LocalServer(binary, config=config)
+    server.start()
+    os.environ["E2B_API_URL"] = os.environ["E2B_SANDBOX_URL"] = f"http://127.0.0.1:{e2b_port}"
+    os.environ["E2B_API_KEY"] = server.client_token or ""
+    client = corral.Client(server.url)
+    status = 0
+    sb = None
+    ci = None
+    try:
+        sb = client.sandbox(image=image)
+        paths: List[tuple] = []
+
+        def command() -> None:
+            r = sb.run(["python3", "-c", "1+1"], timeout=60)
+            if r.exit_code != 0:
+                raise RuntimeError(f"python3 -c: exit {r.exit_code}")
+
+        def code() -> None:
+            if sb.run_code("1+1").text != "2":
+                raise RuntimeError("run_code gave no 2")
+
+        paths.append(("command python3 -c '1+1' (corral client)", command, []))
+        paths.append(("run_code('1+1'), corral client", code, []))
+        try:
+            import e2b_code_interpreter
+        except ImportError:
+            e2b_code_interpreter = None
+        if e2b_code_interpreter is not None:
+            ci = e2b_code_interpreter.Sandbox.create(timeout=3600)
+
+            def via_e2b() -> None:
+                if ci.run_code("1+1").text != "2":
+                    raise RuntimeError("e2b run_code gave no 2")
+
+            paths.append(("run_code('1+1'), e2b-code-interpreter", via_e2b, []))
+        for _ in range(args.warmup):
+            for _, fn, _ in paths:
+                fn()
+        for i in range(args.rounds):
+            for j in range(len(paths)):
+                _, fn, samples = paths[(i + j) % len(paths)]
+                samples.append(timed(fn))
+        print(f"code round trip, {args.rounds} rounds each, image {image}, same run")
+        print(f"{'path':<46} {'p50 ms':>8} {'p90 ms':>8} {'mean ms':>8} {'min ms':>8}")
+        for name, _, xs in paths:
+            print(
+                f"{name:<46} {percentile(xs, 0.5):8.2f} {percentile(xs, 0.9):8.2f} "
+                f"{statistics.fmean(xs):8.2f} {min(xs):8.2f}"
+            )
+        floor = percentile(paths[0][2], 0.5)
+        for name, _, xs in paths[1:]:
+            print(f"{name}: {floor / percentile(xs, 0.5):.1f}x faster than the command (p50; target >= 5x)")
+    except Exception as exc:  # report, then clean up
+        print(f"bench-python: {exc}", file=sys.stderr)
+        status = 1
+    finally:
+        if ci is not None:
+            ci.kill()
+        if sb is not None:
+            sb.delete()
+        client.close()
+        server.close()
+    left = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label={run_label}"], capture_output=True, text=True
+    ).stdout.split()
+    if left:
+        subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
+        print(f"bench-python: containers left behind (removed): {left}", file=sys.stderr)
+        return 1
+    print("leak check: no container left")
     return status
 
 

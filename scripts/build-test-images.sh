@@ -12,18 +12,24 @@
 #   corral-test/net       debootstrap minbase bookworm with curl, git, pip and
 #                         ca-certificates (the egress tests' sandbox and "the
 #                         internet"'s servers); only with --net, minutes
+#   corral-test/python    debootstrap minbase bookworm with Debian's ipykernel,
+#                         matplotlib, pandas and numpy (the code-context tests'
+#                         sandbox: a Jupyter kernel without a registry); only
+#                         with --python, minutes
 set -euo pipefail
 
 force=0
 debian=0
 net=0
+python=0
 for arg in "$@"; do
   case "$arg" in
     --force) force=1 ;;
     --debian) debian=1 ;;
     --net) net=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
-    *) echo "build-test-images: unknown argument '$arg' (expected --force, --debian or --net)" >&2; exit 2 ;;
+    --python) python=1 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "build-test-images: unknown argument '$arg' (expected --force, --debian, --net or --python)" >&2; exit 2 ;;
   esac
 done
 
@@ -95,4 +101,23 @@ if [ "$net" = 1 ] && ! have_image corral-test/net; then
     bookworm "$ctx/net" "$mirror" >/dev/null
   tar -C "$ctx/net" -c . | docker import -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - corral-test/net >/dev/null
   echo "built corral-test/net"
+fi
+
+if [ "$python" = 1 ] && ! have_image corral-test/python; then
+  need_pkg debootstrap
+  mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+  mirror=${mirror:-http://deb.debian.org/debian}
+  debootstrap --variant=minbase --include=python3,procps bookworm "$ctx/python" "$mirror" >/dev/null
+  # debootstrap's --include cannot resolve ipykernel's dependency tree; apt in
+  # the chroot can.
+  echo "deb $mirror bookworm main" > "$ctx/python/etc/apt/sources.list"
+  mount -t proc proc "$ctx/python/proc"
+  trap 'umount "$ctx/python/proc" 2>/dev/null || true; rm -rf --one-file-system "$ctx"' EXIT
+  chroot "$ctx/python" apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive chroot "$ctx/python" apt-get install -y -qq --no-install-recommends \
+    python3-ipykernel python3-matplotlib python3-pandas python3-numpy >/dev/null
+  chroot "$ctx/python" apt-get clean
+  umount "$ctx/python/proc"
+  tar -C "$ctx/python" -c . | docker import -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - corral-test/python >/dev/null
+  echo "built corral-test/python"
 fi

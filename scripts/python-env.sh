@@ -8,7 +8,9 @@
 # tool; its pins resolve together with the others), selenium (the dashboard
 # is tested in headless chromium) and the e2b SDK (pinned: the newest in
 # the venv, the oldest corral serves in $venv/e2b-oldest, for
-# tests/test_e2b.py with E2B_SDK_DIR) and pytest-timeout (every test runs
+# tests/test_e2b.py with E2B_SDK_DIR), e2b-code-interpreter (pinned:
+# tests/test_e2b_code.py runs its run_code against code contexts) and
+# pytest-timeout (every test runs
 # under the per-test timeout of clients/python/pyproject.toml). Every
 # transitive version is pinned by scripts/python-constraints.txt (and
 # scripts/python-constraints-e2b-oldest.txt for the oldest SDK), so a fresh
@@ -25,7 +27,7 @@ python=${PYTHON:-python3}
 e2b_oldest="e2b==2.7.0"
 constraints=scripts/python-constraints.txt
 constraints_oldest=scripts/python-constraints-e2b-oldest.txt
-reqs=(pytest pytest-asyncio pytest-timeout mcp "mini-swe-agent==2.4.6" "ray==2.60.0" "uv==0.13.8" "hermes-agent==0.19.0" "selenium==4.27.1" "e2b==2.63.0" "python-dateutil<3" "rich==14.3.3")
+reqs=(pytest pytest-asyncio pytest-timeout mcp "mini-swe-agent==2.4.6" "ray==2.60.0" "uv==0.13.8" "hermes-agent==0.19.0" "selenium==4.27.1" "e2b==2.63.0" "e2b-code-interpreter==2.11.5" "python-dateutil<3" "rich==14.3.3")
 
 if ! command -v "$python" >/dev/null 2>&1; then
   echo "python-env: $python not found (install python3 and python3-venv)" >&2
@@ -42,7 +44,7 @@ stamp_of() {
 want=$(stamp_of)
 
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.corral-stamp" ] && [ "$(cat "$venv/.corral-stamp")" = "$want" ] \
-   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, pytest_timeout, mcp, minisweagent, ray, hermes_constants, selenium, e2b' >/dev/null 2>&1 \
+   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, pytest_timeout, mcp, minisweagent, ray, hermes_constants, selenium, e2b, e2b_code_interpreter' >/dev/null 2>&1 \
    && [ -d "$venv/e2b-oldest/e2b" ] \
    && [ -x "$venv/bin/uv" ]; then
   echo "python-env: $venv is up to date"

@@ -20,6 +20,7 @@ from ._discovery import find_token
 from ._version import __version__
 from .aio import AsyncClient, AsyncCommandStream, AsyncSandbox, AsyncShell
 from .client import Client, CommandStream, Sandbox, Shell
+from .code import CodeContext, Execution, ExecutionError, Logs, Result
 from .errors import (
     AgentError,
     AuthenticationError,
@@ -64,6 +65,11 @@ __all__ = [
     "RetryPolicy",
     "find_token",
     "CommandResult",
+    "CodeContext",
+    "Execution",
+    "ExecutionError",
+    "Logs",
+    "Result",
     "CommandUsage",
     "Failure",
     "FileEntry",

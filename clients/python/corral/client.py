@@ -13,6 +13,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Type, Union
 import httpx
 
 from . import _core
+from . import code as _code
 from ._core import Command, RetryPolicy, Stdin, seg
 from ._discovery import TokenSource
 from ._sse import SSEDecoder
@@ -537,6 +538,88 @@ class Sandbox:
             wait_for_output=wait_for_output,
         )
         return CommandStream(self, body, timeout, raise_on_failure)
+
+    # -- code contexts -----------------------------------------------------
+
+    def run_code(
+        self,
+        code: str,
+        *,
+        context: Union["_code.CodeContext", str, None] = None,
+        env: Optional[Mapping[str, str]] = None,
+        timeout: Optional[float] = None,
+        max_output: Optional[int] = None,
+        on_stdout: "_code.Handler" = None,
+        on_stderr: "_code.Handler" = None,
+        on_result: "_code.Handler" = None,
+        on_error: "_code.Handler" = None,
+    ) -> "_code.Execution":
+        """Run Python code in a code context (a Jupyter kernel in the
+        sandbox; ``context=None`` is the default one) and return its
+        :class:`~corral.code.Execution`: ``results`` (rich, ``.png`` of a
+        plot, ``.html`` of a DataFrame), ``logs``, ``error`` (what the code
+        raised). Variables live on between runs::
+
+            sb.run_code("x = 41")
+            assert sb.run_code("x + 1").text == "42"
+
+        ``env`` is set for this run only. ``timeout`` (seconds) interrupts
+        the kernel and raises :class:`SandboxTimeoutError`; an OOM kill
+        raises :class:`SandboxOOMError`. Callbacks get items as they come.
+        """
+        c = self.client
+        body = _code.run_body(code, context, env, timeout, max_output)
+        req = c._http.build_request(
+            "POST",
+            self._path("code"),
+            json=body,
+            headers={"Accept": "text/event-stream"},
+            timeout=_core.exec_http_timeout(c._timeout, timeout),
+        )
+        try:
+            response = c._http.send(req, stream=True)
+        except httpx.TransportError as exc:
+            raise _core.transport_error(exc, c.base_url) from exc
+        ex = _code.Execution()
+        try:
+            if response.status_code >= 400:
+                response.read()
+                _core.raise_for_error(response, "sandbox")
+            decoder = SSEDecoder()
+            try:
+                for chunk in response.iter_bytes():
+                    for sse in decoder.feed(chunk):
+                        data = _json.loads(sse.data) if sse.data else {}
+                        _code.apply(ex, sse.event, data, on_stdout, on_stderr, on_result, on_error)
+                for sse in decoder.close():
+                    data = _json.loads(sse.data) if sse.data else {}
+                    _code.apply(ex, sse.event, data, on_stdout, on_stderr, on_result, on_error)
+            except httpx.TransportError as exc:
+                raise _core.transport_error(exc, c.base_url) from exc
+        finally:
+            response.close()
+        return ex
+
+    def create_code_context(self, language: Optional[str] = None, cwd: Optional[str] = None) -> "_code.CodeContext":
+        """A new code context: a kernel of its own (``python``; another
+        language raises :class:`UnsupportedError`)."""
+        body: Dict[str, Any] = {}
+        if language is not None:
+            body["language"] = language
+        if cwd is not None:
+            body["cwd"] = cwd
+        r = self.client.request("POST", self._path("code", "contexts"), json=body, resource="sandbox")
+        return _code.CodeContext.from_json(r.json())
+
+    def code_contexts(self) -> List["_code.CodeContext"]:
+        """The sandbox's code contexts."""
+        r = self.client.request("GET", self._path("code", "contexts"), idempotent=True, resource="sandbox")
+        return [_code.CodeContext.from_json(d) for d in r.json()]
+
+    def remove_code_context(self, context: Union["_code.CodeContext", str]) -> None:
+        """Ends a context's kernel."""
+        cid = context.id if isinstance(context, _code.CodeContext) else str(context)
+        self.client.request("DELETE", self._path("code", "contexts", seg(cid)), resource="sandbox")
 
     # -- shell sessions ----------------------------------------------------
 

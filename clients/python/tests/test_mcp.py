@@ -58,6 +58,7 @@ pytestmark = [pytest.mark.server, pytest.mark.asyncio]
 REPO = Path(__file__).resolve().parents[3]
 
 EXPECTED_TOOLS = {
+    "run_code",
     "run_command",
     "read_file",
     "write_file",

@@ -7,8 +7,10 @@
 //! it, `RLIMIT_NOFILE` starves it), demote its scheduling (`SCHED_IDLE`
 //! plus busy loops starve its dead-man switch), or trace a later command
 //! (a grader) and rewrite its exit code. The filter refuses, with EPERM:
-//! - `prlimit64`, `sched_setscheduler`, `sched_setparam`, `sched_setattr`
-//!   and `sched_setaffinity` on any process but the caller (pid 0);
+//! - `prlimit64`, `sched_setparam`, `sched_setattr` and
+//!   `sched_setaffinity` on any process but the caller (pid 0), and
+//!   `sched_setscheduler` there to any policy but `SCHED_OTHER` (the
+//!   default, which ZeroMQ sets on its own threads by tid);
 //! - `setpriority` and `ioprio_set` for anything but the caller (which
 //!   "process", who 0), since "every process of my user" includes PID 1;
 //! - `ptrace`, `process_vm_readv` and `process_vm_writev` outright.
@@ -225,9 +227,19 @@ fn rule(conditions: Vec<SeccompCondition>) -> Result<SeccompRule, String> {
 fn build() -> Result<BpfProgram, String> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     // Refused when the first argument (a pid) is not 0, i.e. not the caller.
+    // sched_setscheduler to SCHED_OTHER (priority 0, the default policy,
+    // which demotes nothing) is allowed on any thread: ZeroMQ (and so every
+    // Jupyter kernel) sets it on its own threads by their tid and aborts
+    // when refused.
+    rules.insert(
+        libc::SYS_sched_setscheduler,
+        vec![rule(vec![
+            cond(0, SeccompCmpOp::Ne, 0)?,
+            cond(1, SeccompCmpOp::Ne, libc::SCHED_OTHER as u64)?,
+        ])?],
+    );
     for nr in [
         libc::SYS_prlimit64,
-        libc::SYS_sched_setscheduler,
         libc::SYS_sched_setparam,
         libc::SYS_sched_setattr,
         libc::SYS_sched_setaffinity,

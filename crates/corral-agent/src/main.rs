@@ -22,6 +22,7 @@ mod egress;
 mod files;
 mod init;
 mod install;
+mod kernel;
 mod listen;
 mod listing;
 mod netprobe;
@@ -53,6 +54,7 @@ const USAGE: &str = "usage: corral-agent init [--grace-ms N] [--agent-caps KILL,
        corral-agent tar-create PATH [--root DIR] [--max BYTES]
        corral-agent file-list DIR [--root DIR] [--max BYTES]
        corral-agent port PORT
+       corral-agent kernel LANGUAGE
        corral-agent egress-gateway
        corral-agent egress-stats
        corral-agent netpol-probe IP ALLOWED_PORT DENIED_PORT
@@ -80,6 +82,10 @@ large, 5 escapes the root or unsafe tar entry.
 port relays one connection to PORT on the sandbox's loopback over stdin and
 stdout (exit 1 when nothing listens there).
 
+kernel starts a Jupyter kernel for LANGUAGE (python: python3 -m
+ipykernel_launcher) on loopback ports with a random key and relays its
+messages as JSON lines over stdin and stdout (see kernel.rs).
+
 egress-gateway runs corral's egress gateway with the policy in
 CORRAL_EGRESS_POLICY (JSON with allow and deny lists): DNS on UDP 53
 answering allowed names only, and a proxy on 80, 443 and the rules' ports
@@ -97,6 +103,7 @@ enum Mode {
     Install(String),
     File(FileRequest),
     Port(u16),
+    Kernel(String),
     EgressGateway,
     EgressStats,
     NetpolProbe(netprobe::Probe),
@@ -265,6 +272,7 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
             _ => Err("install takes one absolute directory".to_string()),
         },
         "port" => port::parse(rest).map(Mode::Port),
+        "kernel" => kernel::parse(rest).map(Mode::Kernel),
         "egress-gateway" => no_more(rest).map(|()| Mode::EgressGateway),
         "egress-stats" => no_more(rest).map(|()| Mode::EgressStats),
         "netpol-probe" => netprobe::parse(rest).map(Mode::NetpolProbe),
@@ -290,6 +298,7 @@ fn main() {
         Ok(Mode::Install(dir)) => install::run(&dir),
         Ok(Mode::File(req)) => files::run(&req),
         Ok(Mode::Port(port)) => port::run(port),
+        Ok(Mode::Kernel(language)) => kernel::run(&language),
         Ok(Mode::EgressGateway) => egress::run(),
         Ok(Mode::EgressStats) => egress::stats(),
         Ok(Mode::NetpolProbe(probe)) => netprobe::run(probe),

@@ -166,6 +166,22 @@ pub fn prefer_oom_kill_in_child() {
     }
 }
 
+/// Makes the process `cmd` spawns receive SIGKILL when the thread that
+/// spawned it ends (`PR_SET_PDEATHSIG`): a kernel never outlives its
+/// `corral-agent kernel` relay.
+pub fn die_with_parent(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe and touches no memory of ours.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Sets `O_NONBLOCK` on `fd`'s open file description.
 pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
     let raw = fd.as_raw_fd();

@@ -338,6 +338,7 @@ async fn commands_cannot_limit_starve_trace_or_stop_the_agent() {
         assert!(out.contains(&format!("{name} refused\n")), "{name}: {out}");
     }
     assert!(out.contains("nice-self ALLOWED\n"), "{out}");
+    assert!(out.contains("sched-other-own-tid ALLOWED\n"), "{out}");
     assert!(out.contains("forged-sigterm sent=1"), "{out}");
     // The forged SIGTERM (no sender details, like docker stop) did not stop
     // the agent: the sandbox goes on and reports the next command.

@@ -37,6 +37,7 @@ use crate::tenancy::Tenancy;
 use crate::wire::*;
 use corral_core::principal::{Principal, SnapshotAccess};
 
+mod code;
 mod egress;
 mod events;
 mod images;
@@ -1477,6 +1478,7 @@ what differs.",
     tags(
         (name = "sandboxes", description = "Sandboxes by session key"),
         (name = "commands", description = "One-off commands with typed outcomes"),
+        (name = "code", description = "Code contexts: stateful Jupyter kernels with rich results"),
         (name = "shells", description = "Stateful shell sessions"),
         (name = "files", description = "Files and archives"),
         (name = "snapshots", description = "Snapshots of sandboxes and forks from them"),
@@ -1494,6 +1496,9 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(reset_sandbox))
         .routes(routes!(exec))
         .routes(routes!(exec_stream))
+        .routes(routes!(code::run_code))
+        .routes(routes!(code::create_context, code::list_contexts))
+        .routes(routes!(code::delete_context))
         .routes(routes!(shell_exec))
         .routes(routes!(list_shells))
         .routes(routes!(close_shell))

@@ -29,6 +29,7 @@
 //! ([`corral::Sandbox::pause`]: Docker's cgroup freezer; a typed 501 where
 //! the engine cannot) and stops its timer until `resume` or `connect`.
 
+mod code;
 mod connect;
 mod control;
 mod filesystem;
@@ -223,22 +224,37 @@ struct Envd {
 
 impl E2b {
     async fn envd(&self, headers: &HeaderMap) -> Result<Envd, RpcError> {
+        self.envd_on(headers, ENVD_PORT).await
+    }
+
+    /// [`E2b::envd`] for the in-sandbox server on `served` (envd's port, or
+    /// the code interpreter's: `code.rs`).
+    async fn envd_on(&self, headers: &HeaderMap, served: &str) -> Result<Envd, RpcError> {
         check_origin(&self.app.config().server, headers)
             .map_err(|_| RpcError::new(Code::PermissionDenied, "header Origin is not allowed"))?;
         if let Some(port) = headers.get("e2b-sandbox-port") {
             let port = port.to_str().unwrap_or("");
-            if port.trim() != ENVD_PORT {
+            if port.trim() != served {
                 return Err(RpcError::unimplemented(
                     &format!("header E2b-Sandbox-Port '{port}'"),
-                    "this listener serves envd (port 49983) only; reach a server inside a \
-                     sandbox through corral's port links (GET /v1/sandboxes/{id}/ports/{port})",
+                    &format!(
+                        "this call is served on port {served}; envd is port 49983, the code \
+                         interpreter 49999; reach another server inside a sandbox through \
+                         corral's port links (GET /v1/sandboxes/{{id}}/ports/{{port}})"
+                    ),
                 ));
             }
         }
-        let given = headers
-            .get("x-access-token")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        // The code interpreter's context calls carry the sandbox's secret
+        // as its traffic token (`trafficAccessToken`), `/execute` as both.
+        let given = match header("x-access-token") {
+            Some(t) => t,
+            None if served == code::JUPYTER_PORT => {
+                header("e2b-traffic-access-token").unwrap_or("")
+            }
+            None => "",
+        };
         // The access token alone names its sandbox: SDKs that connect to
         // an existing sandbox without sending `E2b-Sandbox-Id` (2.7 to
         // 2.9) are routed by it.
@@ -372,6 +388,7 @@ pub fn router(app: AppState) -> axum::Router {
     control::routes()
         .merge(process::routes())
         .merge(filesystem::routes())
+        .merge(code::routes())
         .fallback(not_served)
         .with_state(e2b)
         .layer(axum::extract::DefaultBodyLimit::max(max_body))

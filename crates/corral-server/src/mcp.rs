@@ -461,7 +461,8 @@ fn instructions(spec: &SandboxSpec) -> String {
         "corral gives this session its own Linux sandbox: a hardened, disposable container \
          (image {image}{limits}, {network}), isolated from the host and from other sessions. \
          It is created on your first tool call and destroyed when the session ends, so \
-         nothing in it persists beyond the session. Use run_command for one-off commands (each \
+         nothing in it persists beyond the session. Use run_code to run Python in a kernel \
+         whose variables carry over between calls (plots come back as images), run_command for one-off commands (each \
          runs in a fresh /bin/sh -c: cd and exports do not carry over), shell_run for a \
          persistent shell whose working directory and variables carry over between calls \
          (several named sessions may exist; shell_close ends one), and read_file, write_file \
@@ -507,6 +508,35 @@ impl Handler {
         cmd.wait_for_output = a.wait_for_output;
         let r = lease.run(&cmd).await;
         Ok(render::command(&r, lease.id(), &notes, cap))
+    }
+
+    /// Run Python code in the sandbox's Jupyter kernel (the image needs
+    /// ipykernel) and wait for it. State carries over between calls
+    /// (variables, imports, functions). Returns what it printed, the value
+    /// of its last expression, displayed plots as images, and the
+    /// exception with its traceback when it raised (an error result); a
+    /// timeout interrupts the code and says so.
+    #[tool(input_schema = schema::<args::RunCode>())]
+    async fn run_code(&self, params: JsonObject) -> Result<CallToolResult, ErrorData> {
+        const TOOL: &str = "run_code";
+        let a: args::RunCode = args::parse(TOOL, params)?;
+        let timeout = self.timeout(TOOL, a.timeout_secs)?;
+        let cap = self.output_cap();
+        let _held = match self.ceilings.command(cap, 0, false) {
+            Ok(h) => h,
+            Err(busy) => return Ok(overloaded(busy)),
+        };
+        let (lease, notes) = match self.lease().await {
+            Ok(l) => l,
+            Err(r) => return Ok(r),
+        };
+        let mut run = corral::RunCode::new(a.code);
+        run.timeout = Some(timeout);
+        run.max_output = cap;
+        let mut events = Vec::new();
+        let sb = lease.sandbox();
+        let outcome = sb.run_code(None, &run, |e| events.push(e)).await;
+        Ok(render::code(&events, &outcome, &notes))
     }
 
     /// Read a file from the sandbox. Text comes back as it is; a binary
@@ -985,6 +1015,7 @@ mod tests {
                 "read_file",
                 "reset",
                 "restore",
+                "run_code",
                 "run_command",
                 "shell_close",
                 "shell_run",

@@ -174,7 +174,7 @@ async fn each_session_gets_a_sandbox_released_when_the_session_is_deleted() {
         .as_array()
         .cloned()
         .unwrap_or_default();
-    assert_eq!(tools.len(), 11, "{list}");
+    assert_eq!(tools.len(), 12, "{list}");
     assert!(
         tools.iter().any(|t| t["name"] == "egress"),
         "no egress tool: {list}"

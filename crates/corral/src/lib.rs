@@ -22,6 +22,7 @@
 //! sandbox.destroy().await?;
 //! ```
 
+mod code;
 mod conn;
 mod delta;
 pub mod doctor;
@@ -42,6 +43,7 @@ pub mod workspace;
 
 pub use corral_core::*;
 
+pub use code::{CodeContext, CodeEvent, CodeOutcome, RunCode, DEFAULT_CONTEXT};
 pub use delta::Delta;
 pub use files::{DirEntry, EntryKind, FileError, FileOptions};
 pub use provider::{Held, Lease, Provider, ProviderStats};

@@ -63,6 +63,8 @@ struct Inner {
     /// Shell sessions by name (`shell.rs` owns their type; here they are
     /// only kept, and dropped with the sandbox).
     shells: Mutex<HashMap<String, Attached>>,
+    /// Code contexts (`code.rs`): kernels, dropped with the sandbox.
+    kernels: crate::code::Kernels,
     /// The provider session key it serves, once a provider handed it out.
     session: Mutex<Option<String>>,
     /// The delta its agent takes in before anything runs (a fork of a
@@ -142,6 +144,7 @@ impl Sandbox {
                 dead: Mutex::new(None),
                 timings: Mutex::new(StartTimings::default()),
                 shells: Mutex::new(HashMap::new()),
+                kernels: Default::default(),
                 session: Mutex::new(None),
                 base,
             }),
@@ -602,6 +605,11 @@ impl Sandbox {
         self.inner.base_folded.store(true, Ordering::Release);
     }
 
+    /// The sandbox's code contexts (`code.rs`).
+    pub(crate) fn kernels_slot(&self) -> &crate::code::Kernels {
+        &self.inner.kernels
+    }
+
     /// True when a snapshot folded changes into the current container's
     /// root file system: its resets return there, not to the spec's state.
     pub(crate) fn base_folded(&self) -> bool {
@@ -611,6 +619,7 @@ impl Sandbox {
     /// Forgets every shell session (their processes die with a reset).
     pub(crate) fn drop_shells(&self) {
         lock(&self.inner.shells).clear();
+        self.inner.kernels.clear();
     }
 
     /// Replaces the container with a new one from the same spec (start-up
@@ -813,8 +822,9 @@ impl Sandbox {
             return Ok(());
         }
         self.emit(crate::events::EventKind::Removed, None, "");
-        // Shells hold handles to this sandbox: let them go.
+        // Shells and kernels hold handles to this sandbox: let them go.
         lock(&self.inner.shells).clear();
+        self.inner.kernels.clear();
         let placement = self.placement();
         let runtime = &self.inner.runtime;
         runtime.inner.backend.unwatch(&placement);

@@ -198,14 +198,20 @@ async fn create(
         return Err(error(StatusCode::BAD_REQUEST, "templateID '' is empty"));
     }
     let id = format!("i{}", corral::host::random_hex(20));
+    let code_interpreter = super::code::template_profile(e2b.app.config(), &req.template_id)?;
     let create = CreateSandbox {
         session: Some(id.clone()),
-        image: (req.template_id != DEFAULT_TEMPLATE).then(|| req.template_id.clone()),
+        image: (req.template_id != DEFAULT_TEMPLATE && code_interpreter.is_none())
+            .then(|| req.template_id.clone()),
+        profile: code_interpreter.clone(),
         ..CreateSandbox::default()
     };
     // A template naming one of the caller's snapshots (or a shared one)
     // starts a fork of it; anything else is an image.
-    let forked = if req.template_id != DEFAULT_TEMPLATE && !req.template_id.contains([':', '@']) {
+    let forked = if req.template_id != DEFAULT_TEMPLATE
+        && code_interpreter.is_none()
+        && !req.template_id.contains([':', '@'])
+    {
         match e2b
             .app
             .fork_as(
@@ -262,6 +268,9 @@ fn sandbox_json(e: &Entry) -> Value {
         "clientID": "corral",
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": e.token,
+        // e2b-code-interpreter sends this one (not X-Access-Token) with its
+        // context calls; the same secret opens the same sandbox.
+        "trafficAccessToken": e.token,
         "domain": null,
     })
 }

@@ -43,6 +43,21 @@ pub(super) struct RunCommand {
     pub wait_for_output: bool,
 }
 
+/// Arguments of `run_code`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(crate = "rmcp::schemars")]
+pub(super) struct RunCode {
+    /// Python code, run in the sandbox's Jupyter kernel: variables,
+    /// imports and functions carry over between calls; the value of the
+    /// last expression is returned, plots come back as images.
+    pub code: String,
+    /// Seconds after which the code is interrupted (default 120, at most
+    /// 1800; fractions allowed).
+    #[serde(default)]
+    pub timeout_secs: Option<f64>,
+}
+
 /// Arguments of `read_file`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -297,6 +312,10 @@ mod tests {
             (
                 "read_file",
                 rmcp::handler::server::common::schema_for_input::<ReadFile>(),
+            ),
+            (
+                "run_code",
+                rmcp::handler::server::common::schema_for_input::<RunCode>(),
             ),
             (
                 "write_file",

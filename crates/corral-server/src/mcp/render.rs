@@ -303,6 +303,94 @@ pub(super) fn listing(path: &str, entries: &[DirEntry]) -> String {
     out
 }
 
+/// A `run_code` result: what it printed, the last expression's value, the
+/// exception (an error result), a corral failure; plots as images.
+pub(super) fn code(
+    events: &[corral::CodeEvent],
+    outcome: &Result<corral::CodeOutcome, Failure>,
+    notes: &[String],
+) -> CallToolResult {
+    let mut text = notes.join("\n");
+    let mut images = Vec::new();
+    let mut failed = false;
+    let push = |text: &mut String, s: &str| {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(s);
+    };
+    for e in events {
+        match e {
+            corral::CodeEvent::Stdout { text: t } => push(&mut text, t),
+            corral::CodeEvent::Stderr { text: t } => push(&mut text, &format!("[stderr] {t}")),
+            corral::CodeEvent::Result {
+                data,
+                is_main_result,
+            } => {
+                for (mime, value) in data {
+                    if matches!(mime.as_str(), "image/png" | "image/jpeg") {
+                        if let Some(b64) = value.as_str() {
+                            images.push(ContentBlock::image(b64.trim().to_string(), mime.clone()));
+                        }
+                    }
+                }
+                if let Some(plain) = data.get("text/plain").and_then(|v| v.as_str()) {
+                    let label = if *is_main_result { "result" } else { "display" };
+                    push(&mut text, &format!("[{label}] {plain}"));
+                }
+            }
+            corral::CodeEvent::Error {
+                name,
+                value,
+                traceback,
+            } => {
+                failed = true;
+                let tb = strip_ansi(&traceback.join("\n"));
+                push(&mut text, &format!("{name}: {value}\n{tb}"));
+            }
+        }
+    }
+    match outcome {
+        Ok(o) => {
+            if let Some(f) = &o.failure {
+                failed = true;
+                push(&mut text, &failure_line("the code did not finish", f));
+            }
+            if o.truncated {
+                push(&mut text, "(output beyond the budget was dropped)");
+            }
+        }
+        Err(f) => {
+            failed = true;
+            push(&mut text, &failure_line("the code did not run", f));
+        }
+    }
+    if text.is_empty() {
+        text = "(no output)".to_string();
+    }
+    let mut r = result(text, None, failed);
+    r.content.extend(images);
+    r
+}
+
+/// `text` without ANSI colour sequences (IPython's tracebacks).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
