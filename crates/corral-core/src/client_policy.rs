@@ -12,6 +12,7 @@
 //! directory, `network: none` (or the default), labels outside corral's
 //! namespace, start-up commands and the recovery policy; they may not add
 //! host mounts or capabilities, weaken any protection, change the runtime,
+//! lower the isolation tier below the operator's (raising it is theirs),
 //! read the host's environment, lengthen the dead-man switch or set
 //! `persistent`. Profiles and pools of the config are the operator's and are
 //! not checked here.
@@ -250,6 +251,7 @@ impl ClientPolicy {
             security,
             network,
             runtime,
+            isolation,
             labels,
             agent_grace_ms,
             recovery: _,
@@ -339,6 +341,17 @@ impl ClientPolicy {
                 "runtime",
                 runtime.as_deref().unwrap_or("(the daemon's default)"),
                 format!("the OCI runtime is the service's choice; {USE_A_PROFILE}"),
+            ));
+        }
+        if *isolation < base.isolation {
+            return Err(Refusal::new(
+                "isolation",
+                isolation,
+                format!(
+                    "the service runs sandboxes under {} isolation; clients may raise it, \
+                     never lower it",
+                    base.isolation
+                ),
             ));
         }
         for (key, value) in labels {
@@ -564,6 +577,22 @@ mod tests {
         asked.startup.push("true".into());
         asked.recovery = crate::Recovery::Recreate;
         p.check_spec(&base, &asked).expect("allowed changes");
+    }
+
+    #[test]
+    fn isolation_may_be_raised_but_never_lowered_below_the_operators() {
+        let p = ClientPolicy::default();
+        let container = SandboxSpec::new("img");
+        let mut gvisor = container.clone();
+        gvisor.isolation = crate::Isolation::Gvisor;
+        p.check_spec(&container, &gvisor)
+            .expect("a client may ask for the stronger tier");
+        let e = refused(&gvisor, &container);
+        assert_eq!(
+            (e.field.as_str(), e.value.as_str()),
+            ("isolation", "container")
+        );
+        assert!(e.reason.contains("gvisor"), "{e}");
     }
 
     #[test]

@@ -209,6 +209,9 @@ pub struct KubernetesConfig {
     /// say why. Commands of such a sandbox still run under the agent's
     /// seccomp filter, without its extra capabilities.
     pub pristine_apparmor_profile: Option<String>,
+    /// The RuntimeClass of `isolation: gvisor` sandboxes' pods (the
+    /// cluster's gVisor handler). Default `gvisor`.
+    pub runtime_class: String,
 }
 
 /// How corral reaches the agent in a pod. Either way the connection must
@@ -249,6 +252,7 @@ impl Default for KubernetesConfig {
             egress_nameservers: Vec::new(),
             accept_unenforced_egress: false,
             pristine_apparmor_profile: None,
+            runtime_class: "gvisor".into(),
         }
     }
 }
@@ -372,6 +376,19 @@ impl KubernetesConfig {
                     "expected an IPv4 address such as 10.96.0.10",
                 ));
             }
+        }
+        let class = &self.runtime_class;
+        if class.is_empty()
+            || class.len() > 253
+            || !class
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.'))
+        {
+            return Err(ConfigError::invalid(
+                "kubernetes.runtime_class",
+                class,
+                "a RuntimeClass name: lowercase letters, digits, '-' and '.'",
+            ));
         }
         if let Some(profile) = &self.pristine_apparmor_profile {
             let ok = profile == "unconfined"

@@ -36,4 +36,6 @@ pub use outcome::{
     CommandResult, CommandUsage, ContainerState, ContainerStatus, Failure, FailureKind,
 };
 pub use policy::{Recovery, RetryPolicy};
-pub use spec::{EnvVar, Limits, Mount, Network, SandboxSpec, Security, SpecError, Tmpfs};
+pub use spec::{
+    EnvVar, Isolation, Limits, Mount, Network, SandboxSpec, Security, SpecError, Tmpfs,
+};

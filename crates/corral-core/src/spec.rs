@@ -42,6 +42,10 @@ pub struct SandboxSpec {
     pub network: Network,
     /// OCI runtime, e.g. `runc` or `runsc` (gVisor); `None` is the daemon's default.
     pub runtime: Option<String>,
+    /// The wall between commands and the host kernel: `container` (runc,
+    /// the default) or `gvisor` (gVisor's user-space kernel). Picks the
+    /// runtime, so `runtime` stays unset with `gvisor`.
+    pub isolation: Isolation,
     /// Extra container labels; keys starting with `corral.` are reserved.
     pub labels: BTreeMap<String, String>,
     /// How long the agent keeps the sandbox alive with no controller attached
@@ -79,6 +83,7 @@ impl Default for SandboxSpec {
             security: Security::default(),
             network: Network::default(),
             runtime: None,
+            isolation: Isolation::default(),
             labels: BTreeMap::new(),
             agent_grace_ms: 30_000,
             recovery: Recovery::default(),
@@ -86,6 +91,57 @@ impl Default for SandboxSpec {
             persistent: None,
             pristine: false,
         }
+    }
+}
+
+/// The isolation tier of a sandbox, weakest first (so an operator's floor
+/// compares with `<`).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    /// Linux namespaces, cgroups, seccomp and dropped capabilities over
+    /// the host's kernel (runc, or whatever `runtime` names).
+    #[default]
+    Container,
+    /// gVisor: commands' system calls go to gVisor's user-space kernel,
+    /// never straight to the host's. Docker runtime [`GVISOR_RUNTIME`],
+    /// Kubernetes RuntimeClass `kubernetes.runtime_class`.
+    Gvisor,
+}
+
+/// The Docker runtime name of [`Isolation::Gvisor`], as
+/// `scripts/ensure-gvisor.sh` registers it.
+pub const GVISOR_RUNTIME: &str = "runsc";
+
+impl Isolation {
+    /// Every tier, weakest first.
+    pub const ALL: [Isolation; 2] = [Isolation::Container, Isolation::Gvisor];
+
+    /// The tier's name in a spec: `container` or `gvisor`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::Container => "container",
+            Isolation::Gvisor => "gvisor",
+        }
+    }
+}
+
+impl std::fmt::Display for Isolation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Isolation {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Isolation::ALL
+            .into_iter()
+            .find(|i| i.as_str() == s)
+            .ok_or_else(|| format!("isolation '{s}': expected container or gvisor"))
     }
 }
 
@@ -521,6 +577,9 @@ impl SandboxSpec {
                 return Err(format!("security.user '{user}': in-place reset needs the agent to run as root (commands keep only the usual capabilities)"));
             }
         }
+        if self.isolation == Isolation::Gvisor {
+            return Err("isolation gvisor: in-place reset is only supported under runc".into());
+        }
         match self.runtime.as_deref() {
             None | Some("runc") => Ok(()),
             Some(other) => Err(format!(
@@ -715,6 +774,13 @@ impl SandboxSpec {
                     "runtime",
                     rt,
                     "not a runtime name such as runc or runsc",
+                ));
+            }
+            if self.isolation == Isolation::Gvisor {
+                return Err(SpecError::new(
+                    "runtime",
+                    rt,
+                    "isolation gvisor picks the runtime itself; leave runtime unset",
                 ));
             }
         }
@@ -1088,6 +1154,14 @@ mod tests {
         spec.limits.pids = Some(2);
         assert_eq!(err(&spec).field, "limits.pids");
         spec.limits.pids = None;
+        spec.runtime = Some("runsc".into());
+        spec.isolation = Isolation::Gvisor;
+        let e = err(&spec);
+        assert!(
+            e.field == "runtime" && e.to_string().contains("isolation gvisor"),
+            "{e}"
+        );
+        spec.isolation = Isolation::Container;
         spec.runtime = Some("run sc".into());
         assert_eq!(err(&spec).field, "runtime");
         spec.runtime = Some("runsc".into());

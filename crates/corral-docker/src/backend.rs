@@ -849,6 +849,16 @@ fn create_error(id: &str, image: &str, e: bollard::errors::Error) -> Error {
             image: image.to_string(),
             reason: e.to_string(),
         },
+        _ if crate::error::unknown_runtime(&e) == Some(corral_core::spec::GVISOR_RUNTIME) => {
+            Error::Unsupported {
+                what: format!(
+                    "isolation 'gvisor': this Docker daemon has no runtime '{}' \
+                     (scripts/ensure-gvisor.sh installs and registers it; `corral doctor` \
+                     says whether it works)",
+                    corral_core::spec::GVISOR_RUNTIME
+                ),
+            }
+        }
         _ => api(format!("create sandbox {id} from {image}"), e),
     }
 }

@@ -12,7 +12,8 @@ use bollard::models::{
 };
 use corral_core::labels;
 use corral_core::protocol::{AGENT_DIR, AGENT_PATH};
-use corral_core::{Network, SandboxSpec};
+use corral_core::spec::GVISOR_RUNTIME;
+use corral_core::{Isolation, Network, SandboxSpec};
 
 /// Everything besides the spec that goes into a container.
 pub struct CreateParams<'a> {
@@ -235,7 +236,10 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
             Network::Egress(_) => p.network.to_string(),
         }),
         dns: p.dns.map(|d| vec![d.to_string()]),
-        runtime: spec.runtime.clone(),
+        runtime: match spec.isolation {
+            Isolation::Container => spec.runtime.clone(),
+            Isolation::Gvisor => Some(GVISOR_RUNTIME.to_string()),
+        },
         storage_opt,
         // Never auto-remove: it destroys the state that tells an OOM of PID 1.
         auto_remove: Some(false),

@@ -118,6 +118,20 @@ pub fn is_not_running(e: &bollard::errors::Error) -> bool {
     }
 }
 
+/// The runtime a create named that the daemon does not know (Docker's
+/// 400 "Unknown runtime specified NAME"), if that is what `e` says.
+pub fn unknown_runtime(e: &bollard::errors::Error) -> Option<&str> {
+    match e {
+        bollard::errors::Error::DockerResponseServerError {
+            status_code: 400,
+            message,
+        } => message
+            .strip_prefix("Unknown runtime specified ")
+            .map(str::trim),
+        _ => None,
+    }
+}
+
 /// True when the daemon answered 404.
 pub fn is_not_found(e: &bollard::errors::Error) -> bool {
     status_code(e) == Some(404)
@@ -200,6 +214,19 @@ mod tests {
             assert_eq!(classify(&e), want, "{e}");
             assert_eq!(api("op", e).failure().kind, want);
         }
+    }
+
+    #[test]
+    fn an_unknown_runtime_is_recognised_by_name() {
+        assert_eq!(
+            unknown_runtime(&server(400, "Unknown runtime specified runsc")),
+            Some("runsc")
+        );
+        assert_eq!(unknown_runtime(&server(400, "invalid mount")), None);
+        assert_eq!(
+            unknown_runtime(&server(500, "Unknown runtime specified runsc")),
+            None
+        );
     }
 
     #[test]

@@ -96,6 +96,8 @@ pub struct KubeConfig {
     /// AppArmor profile of pristine sandboxes' containers; `None`: the
     /// runtime's default.
     pub pristine_apparmor_profile: Option<String>,
+    /// RuntimeClass of `isolation: gvisor` pods (`kubernetes.runtime_class`).
+    pub runtime_class: String,
 }
 
 /// The agent image of this build of corral.
@@ -131,6 +133,7 @@ impl From<&Config> for KubeConfig {
             egress_nameservers: k.egress_nameservers.clone(),
             accept_unenforced_egress: k.accept_unenforced_egress,
             pristine_apparmor_profile: k.pristine_apparmor_profile.clone(),
+            runtime_class: k.runtime_class.clone(),
         }
     }
 }
@@ -368,6 +371,7 @@ impl KubeBackend {
             secret: &secret,
             pristine_refused,
             pristine_apparmor: self.inner.config.pristine_apparmor_profile.as_deref(),
+            gvisor_runtime_class: &self.inner.config.runtime_class,
         };
         // An egress policy's gateway and policies first: the pod resolves
         // through the gateway and never runs unconfined.

@@ -839,6 +839,7 @@ mod tests {
                 secret: &Secret::new([7; 32]),
                 pristine_refused: None,
                 pristine_apparmor: None,
+                gvisor_runtime_class: "gvisor",
             },
             Ipv4Addr::new(10, 244, 0, 9),
         )

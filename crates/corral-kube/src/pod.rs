@@ -12,7 +12,7 @@ use corral_core::agent_auth::{self, Secret};
 use corral_core::labels;
 use corral_core::protocol::{AGENT_DIR, AGENT_PATH};
 use corral_core::spec::PRISTINE_AGENT_CAPS;
-use corral_core::{Error, Network, SandboxSpec};
+use corral_core::{Error, Isolation, Network, SandboxSpec};
 use k8s_openapi::api::core::v1::{
     AppArmorProfile, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, Pod,
     PodSpec, ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
@@ -72,6 +72,9 @@ pub struct PodParams<'a> {
     /// (`kubernetes.pristine_apparmor_profile`: `unconfined` or
     /// `localhost/NAME`); `None`: the runtime's default.
     pub pristine_apparmor: Option<&'a str>,
+    /// The RuntimeClass of an `isolation: gvisor` spec
+    /// (`kubernetes.runtime_class`).
+    pub gvisor_runtime_class: &'a str,
 }
 
 fn unsupported(field: &str, value: impl std::fmt::Display, why: &str) -> Error {
@@ -471,7 +474,10 @@ pub fn pod(spec: &SandboxSpec, p: &PodParams<'_>) -> Result<Pod, Error> {
             host_pid: Some(false),
             host_ipc: Some(false),
             share_process_namespace: Some(false),
-            runtime_class_name: spec.runtime.clone(),
+            runtime_class_name: match spec.isolation {
+                Isolation::Container => spec.runtime.clone(),
+                Isolation::Gvisor => Some(p.gvisor_runtime_class.to_string()),
+            },
             // The agent never stops on SIGTERM; the kubelet's SIGKILL
             // ends the sandbox this long after a delete (Docker's stop
             // timeout).
@@ -676,6 +682,7 @@ mod tests {
                 secret: &Secret::new([0xa5; 32]),
                 pristine_refused,
                 pristine_apparmor,
+                gvisor_runtime_class: "sandboxed",
             },
         )
     }
@@ -1117,6 +1124,20 @@ mod tests {
         );
         spec.runtime = Some("Kata_QEMU".into());
         assert!(unsupported_text(&spec).contains("runtime 'Kata_QEMU'"));
+    }
+
+    #[test]
+    fn gvisor_isolation_maps_onto_the_configured_runtime_class() {
+        let class = |spec: &SandboxSpec| {
+            run(spec)
+                .expect("maps")
+                .spec
+                .and_then(|s| s.runtime_class_name)
+        };
+        let mut spec = kube_spec();
+        assert_eq!(class(&spec), None);
+        spec.isolation = Isolation::Gvisor;
+        assert_eq!(class(&spec).as_deref(), Some("sandboxed"));
     }
 
     #[test]

@@ -325,6 +325,7 @@ mod tests {
                 secret: &corral_core::agent_auth::Secret::new([1; 32]),
                 pristine_refused: None,
                 pristine_apparmor: None,
+                gvisor_runtime_class: "gvisor",
             },
         )
         .expect("a persistent spec maps")

@@ -54,6 +54,7 @@ pub async fn run(
         }
         None => (Vec::new(), None),
     };
+    let gvisor = gvisor_check(&runtime, &r.runtimes, image.as_deref(), &checking).await;
     checking.clear();
     println!("daemon        {} (reachable)", r.endpoint);
     println!("version       {} (API {})", r.server_version, r.api_version);
@@ -68,14 +69,7 @@ pub async fn run(
         r.runtimes.join(", "),
         r.default_runtime
     );
-    println!(
-        "gVisor        {}",
-        if r.runtimes.iter().any(|x| x == "runsc") {
-            "available (--runtime runsc)"
-        } else {
-            "not registered"
-        }
-    );
+    println!("gVisor        {}", gvisor);
     println!("security      {}", r.security_options.join("; "));
     println!(
         "disk limits   {}",
@@ -112,6 +106,40 @@ pub async fn run(
     } else {
         ExitCode::from(1)
     })
+}
+
+/// Whether `isolation: gvisor` works on this daemon and why not: the
+/// runtime registered, and (with a probe image) a sandbox started under it.
+/// Reported, not a failure of the daemon: only gVisor specs need it.
+async fn gvisor_check(
+    runtime: &corral::Runtime,
+    runtimes: &[String],
+    image: Option<&str>,
+    checking: &Progress,
+) -> String {
+    use corral::spec::GVISOR_RUNTIME;
+    use corral::Isolation;
+    if !runtimes.iter().any(|r| r == GVISOR_RUNTIME) {
+        return format!(
+            "[WARN] not usable: the daemon has no runtime '{GVISOR_RUNTIME}', so isolation \
+             gvisor is refused (scripts/ensure-gvisor.sh installs and registers it)"
+        );
+    }
+    let Some(image) = image else {
+        return format!("[ ok ] runtime '{GVISOR_RUNTIME}' registered (not probed)");
+    };
+    checking.phase("probing a gVisor sandbox");
+    let mut spec = corral::SandboxSpec::new(image);
+    spec.isolation = Isolation::Gvisor;
+    match corral::doctor::probe(runtime, &spec).await {
+        Ok(_) => format!(
+            "[ ok ] usable: a probe sandbox ran under runtime '{GVISOR_RUNTIME}' (isolation gvisor)"
+        ),
+        Err(e) => format!(
+            "[WARN] runtime '{GVISOR_RUNTIME}' is registered but a sandbox cannot start under \
+             it: {e}"
+        ),
+    }
 }
 
 /// The Kubernetes report: the API server, corral's permissions in its

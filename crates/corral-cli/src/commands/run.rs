@@ -59,6 +59,11 @@ pub struct RunArgs {
     /// OCI runtime, e.g. runc or runsc (gVisor).
     #[arg(long)]
     runtime: Option<String>,
+    /// Isolation tier: container (runc over the host kernel) or gvisor
+    /// (gVisor's user-space kernel; Docker runtime runsc, see
+    /// scripts/ensure-gvisor.sh) [default: from the config, else container].
+    #[arg(long, value_parser = clap::value_parser!(corral_core::Isolation))]
+    isolation: Option<corral_core::Isolation>,
     /// Kill the command's whole process tree after this many seconds (fractions allowed).
     #[arg(long, allow_hyphen_values = true, value_parser = parse_timeout)]
     timeout: Option<Duration>,
@@ -237,6 +242,9 @@ impl RunArgs {
         }
         if self.runtime.is_some() {
             spec.runtime = self.runtime.clone();
+        }
+        if let Some(isolation) = self.isolation {
+            spec.isolation = isolation;
         }
         let flags_env = parse_env(&self.env);
         spec.env
