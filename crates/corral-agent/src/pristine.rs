@@ -253,6 +253,9 @@ struct State {
     mounted: bool,
     /// A delta was imported.
     imported: bool,
+    /// A replacing import set the sandbox's own delta aside (at
+    /// [`aside_dir`]); a reset with `restore` brings it back.
+    aside: bool,
 }
 
 /// In-place reset for one sandbox; `None` support when not asked for.
@@ -539,11 +542,18 @@ impl Pristine {
 
     /// Checks (on the reader thread) that an import may start now, and
     /// marks it in progress: before the first command and the first reset,
-    /// once.
-    pub fn begin_import(&self) -> Result<(), DeltaError> {
+    /// once; a replacing one only after the first reset (a warm pool's
+    /// sandbox), any number of times.
+    pub fn begin_import(&self, replace: bool) -> Result<(), DeltaError> {
         self.delta_ready()?;
         let state = self.lock_state();
-        if state.generation != 0 || state.base.is_some() || state.imported {
+        if replace && state.base.is_none() {
+            return Err(delta_error(
+                DeltaErrorKind::Unsupported,
+                "a replacing import is for a sandbox that already reset in place",
+            ));
+        }
+        if !replace && (state.generation != 0 || state.base.is_some() || state.imported) {
             return Err(delta_error(
                 DeltaErrorKind::Unsupported,
                 "a delta is imported once, before the sandbox's first command and reset",
@@ -560,7 +570,22 @@ impl Pristine {
 
     /// Takes the archive on `input` in as the delta (after
     /// [`Pristine::begin_import`]); on failure the delta is left empty.
-    pub fn import(&self, input: impl io::Read) -> Result<delta::Imported, DeltaError> {
+    /// A replacing import extracts into a directory of its own first (the
+    /// sandbox goes on meanwhile), then, like a reset, kills every process,
+    /// sets the sandbox's delta aside (or drops an earlier import's) and
+    /// starts a fresh world over the imported delta; on failure the
+    /// sandbox is as it was.
+    pub fn import(
+        &self,
+        input: impl io::Read,
+        replace: bool,
+        reaper: &Reaper,
+    ) -> Result<delta::Imported, DeltaError> {
+        if replace {
+            let result = self.import_replacing(input, reaper);
+            self.importing.store(false, Ordering::Release);
+            return result;
+        }
         let result = (|| {
             let mut state = self.lock_state();
             self.ensure_state(&mut state)
@@ -579,6 +604,82 @@ impl Pristine {
         })();
         self.importing.store(false, Ordering::Release);
         result
+    }
+
+    fn import_replacing(
+        &self,
+        input: impl io::Read,
+        reaper: &Reaper,
+    ) -> Result<delta::Imported, DeltaError> {
+        let io_error = |e: String| delta_error(DeltaErrorKind::Io, e);
+        let incoming = incoming_dir();
+        let done = {
+            let mut state = self.lock_state();
+            self.ensure_state(&mut state).map_err(io_error)?;
+            remove_any(&incoming).map_err(io_error)?;
+            fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&incoming)
+                .map_err(|e| io_error(format!("cannot make {}: {e}", incoming.display())))?;
+            let mounts = mount_points().map_err(io_error)?;
+            match delta::import(&incoming, input, &mounts) {
+                Ok(done) => done,
+                Err(e) => {
+                    let _ = remove_any(&incoming);
+                    return Err(e);
+                }
+            }
+        };
+        // Bytes are in: from here on it is a reset into the new delta
+        // (locks in the order a reset takes them).
+        let mut world = self.world.write().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !crate::tree::kill_all_others(KILL_WAIT) {
+            let _ = remove_any(&incoming);
+            return Err(io_error(format!(
+                "processes survived {KILL_WAIT:?} of SIGKILL; the delta was not taken in"
+            )));
+        }
+        clear_ipc();
+        if let Err(e) = crate::tunables::restore() {
+            let _ = remove_any(&incoming);
+            return Err(io_error(e.to_string()));
+        }
+        drop(world.take());
+        let swapped = (|| {
+            let base = state.base.as_ref().ok_or("no base recorded")?;
+            for meta in &base.shared {
+                meta.restore()?;
+            }
+            let previous = state.generation;
+            discard(gen_dir(previous));
+            let rename = |from: &Path, to: &Path| {
+                fs::rename(from, to)
+                    .map_err(|e| format!("cannot move {} to {}: {e}", from.display(), to.display()))
+            };
+            if state.aside {
+                // An earlier import's delta: dropped.
+                let old = Path::new(STATE).join(format!("old{previous}"));
+                rename(&delta_dir(), &old)?;
+                discard(old);
+            } else {
+                rename(&delta_dir(), &aside_dir())?;
+                state.aside = true;
+            }
+            rename(&incoming, &delta_dir())?;
+            state.generation += 1;
+            let base = state.base.as_ref().ok_or("no base recorded")?;
+            build(base, state.generation, reaper)
+        })();
+        match swapped {
+            Ok(w) => {
+                *world = Some(w);
+                Ok(done)
+            }
+            Err(e) => Err(io_error(format!(
+                "taking the delta in failed: {e}; the sandbox has no clean state to run commands in"
+            ))),
+        }
     }
 
     /// Undoes [`Pristine::begin_import`] for an import that never started.
@@ -608,7 +709,7 @@ impl Pristine {
     /// Kills every process but the agent and starts a fresh world (first
     /// merging what changed into the delta when `keep`, and applying the
     /// delta to the container's own root file system when `to_root`).
-    pub fn reset(&self, keep: bool, to_root: bool, reaper: &Reaper) -> ResetReport {
+    pub fn reset(&self, keep: bool, to_root: bool, restore: bool, reaper: &Reaper) -> ResetReport {
         let started = Instant::now();
         let mut report = ResetReport::default();
         if !self.support.ready {
@@ -641,7 +742,7 @@ impl Pristine {
         // releases its mounts.
         let old = world.take();
         drop(old);
-        let result = self.next_world(&mut state, keep, to_root, reaper);
+        let result = self.next_world(&mut state, keep, to_root, restore, reaper);
         match result {
             Ok((w, kept)) => {
                 *world = Some(w);
@@ -658,6 +759,7 @@ impl Pristine {
         state: &mut State,
         keep: bool,
         to_root: bool,
+        restore: bool,
         reaper: &Reaper,
     ) -> Result<(World, u64), String> {
         self.ensure_state(state)?;
@@ -678,6 +780,16 @@ impl Pristine {
                 kept = delta::merge(&gen_dir(previous).join("upper"), &delta_dir())?;
             }
             discard(gen_dir(previous));
+        }
+        if restore && state.aside {
+            // Back to the sandbox's own delta: the imported one goes.
+            let old = Path::new(STATE).join(format!("old{previous}"));
+            fs::rename(delta_dir(), &old)
+                .map_err(|e| format!("cannot drop the imported delta: {e}"))?;
+            discard(old);
+            fs::rename(aside_dir(), delta_dir())
+                .map_err(|e| format!("cannot bring the sandbox's delta back: {e}"))?;
+            state.aside = false;
         }
         if to_root {
             fold(&delta_dir(), Path::new("/"))?;
@@ -787,6 +899,16 @@ fn gen_dir(generation: u64) -> PathBuf {
 /// The sandbox's delta, in overlay form: a lower layer of every world.
 fn delta_dir() -> PathBuf {
     Path::new(STATE).join("delta")
+}
+
+/// The sandbox's own delta while a replacing import's is in its place.
+fn aside_dir() -> PathBuf {
+    Path::new(STATE).join("aside")
+}
+
+/// Where a replacing import extracts its archive.
+fn incoming_dir() -> PathBuf {
+    Path::new(STATE).join("incoming")
 }
 
 fn delta_error(kind: DeltaErrorKind, message: impl Into<String>) -> DeltaError {

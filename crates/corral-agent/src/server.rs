@@ -445,10 +445,10 @@ impl Conn {
                 .error(id, format!("reset id {id} is 0 or names a running command"));
             return;
         }
-        let report = self
-            .shared
-            .pristine
-            .reset(req.keep, req.to_root, &self.shared.reaper);
+        let report =
+            self.shared
+                .pristine
+                .reset(req.keep, req.to_root, req.restore, &self.shared.reaper);
         // The killed commands' supervisors report their ends as usual.
         self.writer
             .send(&Frame::json(FrameKind::ResetDone, id, &report));
@@ -546,7 +546,7 @@ impl Conn {
                 ),
             );
         }
-        if let Err(e) = self.shared.pristine.begin_import() {
+        if let Err(e) = self.shared.pristine.begin_import(req.replace) {
             let report = DeltaReport {
                 error: Some(e),
                 ..Default::default()
@@ -559,6 +559,8 @@ impl Conn {
         let writer = SessionWriter::new(self.writer.clone(), self.writer.epoch());
         let pristine = self.shared.pristine.clone();
         let size = req.size;
+        let replace = req.replace;
+        let reaper = self.shared.reaper.clone();
         let spawned = std::thread::Builder::new()
             .name("import".into())
             .stack_size(THREAD_STACK)
@@ -571,7 +573,7 @@ impl Conn {
                     chunk: Vec::new(),
                     at: 0,
                 };
-                let result = pristine.import(&mut input);
+                let result = pristine.import(&mut input, replace, &reaper);
                 let report = match result {
                     Ok(done) => DeltaReport {
                         error: None,

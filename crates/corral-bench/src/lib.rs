@@ -95,6 +95,10 @@ pub enum Rows {
     Net,
     /// Both, default rows first.
     All,
+    /// Forks of 8, 64 and 256 from 10 MB and 100 MB prepared states into
+    /// warm pristine pools, against forks that start containers and
+    /// against preparing each from scratch.
+    Forks,
 }
 
 impl Rows {
@@ -104,6 +108,7 @@ impl Rows {
             "default" => Some(Rows::Default),
             "net" => Some(Rows::Net),
             "all" => Some(Rows::All),
+            "forks" => Some(Rows::Forks),
             _ => None,
         }
     }
@@ -114,6 +119,10 @@ impl Rows {
 
     fn net(self) -> bool {
         matches!(self, Rows::Net | Rows::All)
+    }
+
+    fn forks(self) -> bool {
+        self == Rows::Forks
     }
 }
 
@@ -162,6 +171,12 @@ impl Samples {
         if options.rows.net() {
             // Both sides of HTTP, HTTPS and the port links; both transfers.
             steps += (2 * 3 * self.connections + 2 * self.transfers) as u64;
+        }
+        if options.rows.forks() {
+            steps += fork::POOL_FORKS
+                .iter()
+                .map(|(_, counts)| 3 * counts.iter().sum::<usize>() as u64)
+                .sum::<u64>();
         }
         steps
     }
@@ -270,7 +285,11 @@ impl Bench {
             let _ = tokio::task::spawn_blocking(move || net.tear_down()).await;
         }
         // The fork row's snapshots, if an interrupt or error left them.
-        for name in [self.fork_snapshot_name(), self.commit_snapshot_name()] {
+        for name in [
+            self.fork_snapshot_name(),
+            self.commit_snapshot_name(),
+            self.pool_fork_snapshot_name(),
+        ] {
             if self.runtime.snapshot_info(&name).await.is_ok() {
                 if let Err(e) = self.runtime.delete_snapshot(&name).await {
                     tracing::warn!(snapshot = %name, error = %e, "deleting the bench snapshot failed");
@@ -292,7 +311,11 @@ impl Bench {
             true => Some(self.measure_net().await?),
             false => None,
         };
-        Ok(Report { core, net })
+        let forks = match self.options.rows.forks() {
+            true => Some(self.pool_forks().await?),
+            false => None,
+        };
+        Ok(Report { core, net, forks })
     }
 
     /// The default rows.

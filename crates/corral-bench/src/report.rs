@@ -2,6 +2,8 @@
 //! prints and as its `--json` object (scripts rely on those keys).
 
 use corral::metrics::MetricsSnapshot;
+use std::borrow::Cow;
+
 use serde_json::{json, Value};
 
 use crate::fork::ForkRun;
@@ -20,6 +22,8 @@ pub struct Report {
     pub(crate) core: Option<CoreReport>,
     /// The network rows (egress gateway, port links).
     pub(crate) net: Option<crate::net::NetReport>,
+    /// The pool-fork rows (`--rows forks`).
+    pub(crate) forks: Option<Vec<crate::fork::PoolForkRun>>,
 }
 
 /// The default rows of a run.
@@ -78,9 +82,9 @@ impl<'a> Header<'a> {
 
 /// One line of the table.
 pub(crate) struct Row<'a> {
-    id: &'static str,
+    id: Cow<'static, str>,
     num: &'static str,
-    label: &'static str,
+    label: Cow<'static, str>,
     floor: bool,
     latency: Latency,
     workload: Option<&'a Workload>,
@@ -91,15 +95,15 @@ pub(crate) struct Row<'a> {
 
 impl<'a> Row<'a> {
     pub(crate) fn new(
-        id: &'static str,
+        id: impl Into<Cow<'static, str>>,
         num: &'static str,
-        label: &'static str,
+        label: impl Into<Cow<'static, str>>,
         latency: Latency,
     ) -> Self {
         Row {
-            id,
+            id: id.into(),
             num,
-            label,
+            label: label.into(),
             floor: false,
             latency,
             workload: None,
@@ -391,6 +395,9 @@ impl Report {
         if let Some(net) = &self.net {
             rows.extend(net.rows());
         }
+        if let Some(forks) = &self.forks {
+            rows.extend(forks.iter().flat_map(crate::fork::PoolForkRun::rows));
+        }
         rows
     }
 
@@ -402,6 +409,9 @@ impl Report {
             .unwrap_or_default();
         if let Some(net) = &self.net {
             ratios.extend(net.ratios());
+        }
+        if let Some(forks) = &self.forks {
+            ratios.extend(crate::fork::pool_fork_ratios(forks));
         }
         ratios
     }
@@ -650,6 +660,7 @@ mod tests {
         let only = Report {
             core: None,
             net: Some(net()),
+            forks: None,
         };
         let table = only.table_of(&header(&opts));
         let lines: Vec<&str> = table.lines().collect();
@@ -736,6 +747,7 @@ mod tests {
         let all = Report {
             core: Some(report()),
             net: Some(net()),
+            forks: None,
         };
         let v = all.json_of(&header(&opts), &MetricsSnapshot::default());
         assert_eq!(keys(&v["rows"]).len(), 17 + 8);
@@ -815,6 +827,7 @@ mod tests {
         let v = Report {
             core: Some(report()),
             net: None,
+            forks: None,
         }
         .json_of(&header(&opts), &MetricsSnapshot::default());
         assert_eq!(
@@ -928,6 +941,7 @@ mod tests {
         let table = Report {
             core: Some(report()),
             net: None,
+            forks: None,
         }
         .table_of(&header(&opts));
         let lines: Vec<&str> = table.lines().collect();
@@ -1002,6 +1016,7 @@ mod tests {
         let table = Report {
             core: Some(report()),
             net: None,
+            forks: None,
         }
         .table_of(&header(&at_target));
         assert!(

@@ -217,6 +217,18 @@ impl Frame {
         out.extend_from_slice(&self.payload);
     }
 
+    /// The encoded frame of `kind`, `id` and `payload`, without a
+    /// [`Frame`] holding a copy of the payload first (a delta's chunks,
+    /// sent to many agents from one buffer).
+    pub fn encode_parts(kind: FrameKind, id: u32, payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+        out.push(kind as u8);
+        out.extend_from_slice(&id.to_be_bytes());
+        out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        out.extend_from_slice(payload);
+        out
+    }
+
     /// The encoded frame.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
@@ -526,6 +538,12 @@ pub struct ResetRequest {
     /// means false.
     #[serde(default)]
     pub to_root: bool,
+    /// Return to the delta a replacing import set aside (a warm pool's
+    /// sandbox going back to its pool after a fork): the imported delta
+    /// and everything kept on it are dropped. Nothing more without such
+    /// an import; absent means false.
+    #[serde(default)]
+    pub restore: bool,
 }
 
 /// Stream the sandbox's delta: every change to its image's root file
@@ -542,13 +560,19 @@ pub struct ExportRequest {
 
 /// Take in a delta (the archive [`ExportRequest`] describes) as the base
 /// every world of this sandbox starts from. Only before the sandbox's
-/// first command and first reset.
+/// first command and first reset, unless `replace`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ImportRequest {
     /// Bytes of the archive, sent in [`FrameKind::ImportData`] frames.
     pub size: u64,
     /// The agent refuses archives longer than this (corral's limit).
     pub max_bytes: u64,
+    /// Into a sandbox that already reset in place (a warm pool's): once
+    /// the archive is in, every process is killed, the sandbox's own delta
+    /// is set aside (a reset with `restore` brings it back) and a fresh
+    /// world starts over the imported one. Absent means false.
+    #[serde(default)]
+    pub replace: bool,
 }
 
 /// How an export or an import went.

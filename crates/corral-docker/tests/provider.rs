@@ -306,3 +306,172 @@ async fn a_reuse_pool_never_takes_back_a_sandbox_a_snapshot_changed() {
         .expect("delete the snapshot");
     g.assert_clean();
 }
+
+/// What a fork must see: every path under the directories the snapshot
+/// and the episodes touch, and the content of the files that matter.
+const TREE: &str = "find /etc /srv /root /home /opt /usr/local 2>/dev/null | sort; \
+     md5sum /srv/state/blob | cut -c1-32; cat /srv/state/README /etc/pool-marker; \
+     test -e /etc/group && echo group || echo no-group";
+
+async fn out(sb: &corral::Sandbox, script: &str) -> String {
+    let r = sb.run(&sh(script)).await;
+    assert_eq!(r.exit_code, Some(0), "{script}: {r:?}");
+    text(&r.stdout)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forks_land_in_warm_pristine_sandboxes_and_go_back_pristine() {
+    let g = Guard::new("prov-pool-fork");
+    let rt = backend().await;
+    let mut spec = g.spec(BUSYBOX);
+    spec.pristine = true;
+    spec.startup = vec!["echo pool-base > /etc/pool-marker".into()];
+    let cfg = ProviderConfig {
+        pools: BTreeMap::from([(
+            "p".to_string(),
+            PoolConfig {
+                spec: spec.clone(),
+                warm: 3,
+                pristine: true,
+                ..PoolConfig::default()
+            },
+        )]),
+        reap_interval_ms: 100,
+        ..ProviderConfig::default()
+    };
+    let p = Provider::new(rt.clone(), cfg);
+    assert!(p.wait_warm("p", Duration::from_secs(60)).await);
+    let warm: Vec<String> = p
+        .held()
+        .iter()
+        .map(|h| h.sandbox.id().to_string())
+        .collect();
+
+    // The prepared state: a blob, a file, a deleted system file.
+    let source = rt.create(&spec).await.expect("create the source");
+    out(
+        &source,
+        "mkdir -p /srv/state && dd if=/dev/urandom of=/srv/state/blob bs=1k count=512 2>/dev/null \
+         && echo prepared > /srv/state/README && rm /etc/group",
+    )
+    .await;
+    let name = format!(
+        "pool-fork-{}-{}",
+        std::process::id(),
+        corral::host::random_hex(6)
+    );
+    let info = source
+        .snapshot(&name, corral::SnapshotOptions::default())
+        .await
+        .expect("snapshot");
+    let expected = out(&source, TREE).await;
+    assert!(
+        expected.ends_with("prepared\npool-base\nno-group\n"),
+        "{expected}"
+    );
+    let base = rt.fork_base(&info).await.expect("its delta");
+    let fork_spec = info.fork_spec();
+
+    // A first round of forks: each lands in a warm sandbox of the pool
+    // (no container start), and leaves a mess behind.
+    let mut round = Vec::new();
+    for i in 0..3 {
+        round.push(
+            p.acquire_fork(&format!("ep1-{i}"), &fork_spec, base.clone())
+                .await
+                .expect("fork"),
+        );
+    }
+    for f in &round {
+        assert!(
+            warm.contains(&f.id().to_string()),
+            "fork {} started a new sandbox",
+            f.id()
+        );
+        assert_eq!(out(f, TREE).await, expected, "fork {}", f.id());
+        out(
+            f,
+            "echo episode1 > /etc/previous-episode; rm -rf /srv/state/README; \
+             mkdir -p /opt/leftover; (sleep 1000 &)",
+        )
+        .await;
+        // Its own reset returns to the snapshot, not to the pool.
+        f.reset().await.expect("reset");
+        assert_eq!(
+            out(f, TREE).await,
+            expected,
+            "fork {} after its reset",
+            f.id()
+        );
+        out(f, "echo episode1 > /etc/previous-episode; (sleep 1000 &)").await;
+    }
+    let ids: Vec<String> = round.iter().map(|l| l.id().to_string()).collect();
+    for lease in round {
+        lease.release().await.expect("release");
+    }
+    p.settled(Duration::from_secs(60)).await;
+
+    // Back in the pool, pristine: the pool's state, not the fork's, not
+    // the episode's.
+    let back: Vec<corral::Sandbox> = p
+        .held()
+        .into_iter()
+        .filter(|h| h.key.is_none() && ids.contains(&h.sandbox.id().to_string()))
+        .map(|h| h.sandbox)
+        .collect();
+    assert!(!back.is_empty(), "no forked sandbox went back to the pool");
+    let pristine = "ls /srv/state /etc/previous-episode /opt/leftover 2>&1 | grep -c 'No such'; \
+                    ls /etc/group; cat /etc/pool-marker; ps -o args | grep -c '[s]leep 1000' || true";
+    for sb in &back {
+        assert_eq!(
+            out(sb, pristine).await,
+            "3\n/etc/group\npool-base\n0\n",
+            "sandbox {} went back to its pool with a fork's files",
+            sb.id()
+        );
+    }
+
+    // A second round lands in the same sandboxes: the snapshot's files
+    // exactly, nothing of the previous episode.
+    // (As many as the pool holds: its refills came in before them.)
+    let pooled = p.stats().pooled.get("p").copied().unwrap_or(0);
+    let mut second = Vec::new();
+    for i in 0..pooled {
+        second.push(
+            p.acquire_fork(&format!("ep2-{i}"), &fork_spec, base.clone())
+                .await
+                .expect("fork"),
+        );
+    }
+    let reused = second
+        .iter()
+        .filter(|l| ids.contains(&l.id().to_string()))
+        .count();
+    assert_eq!(
+        reused,
+        back.len(),
+        "a fork did not land in a sandbox that took one before"
+    );
+    for f in &second {
+        assert_eq!(out(f, TREE).await, expected, "fork {}", f.id());
+        assert_eq!(
+            out(f, "ps -o args | grep -c '[s]leep 1000' || true").await,
+            "0\n"
+        );
+    }
+    // With the pool empty, a fork starts a sandbox and still gets the
+    // snapshot's files.
+    let extra = p
+        .acquire_fork("ep2-extra", &fork_spec, base.clone())
+        .await
+        .expect("fork without a warm sandbox");
+    assert_eq!(out(&extra, TREE).await, expected);
+    drop(extra);
+    drop(second);
+    p.shutdown().await;
+    source.destroy().await.expect("destroy the source");
+    rt.delete_snapshot(&name)
+        .await
+        .expect("delete the snapshot");
+    g.assert_clean();
+}

@@ -500,6 +500,15 @@ impl AgentConn {
             .map_err(|_| self.closed_reason())
     }
 
+    /// Sends a frame of `kind` and `id` whose payload is `payload`, copied
+    /// once, into the encoded frame.
+    pub async fn send_parts(&self, kind: FrameKind, id: u32, payload: &[u8]) -> Result<(), String> {
+        self.writer
+            .send(Frame::encode_parts(kind, id, payload))
+            .await
+            .map_err(|_| self.closed_reason())
+    }
+
     /// A cheap handle for sending frames from other tasks.
     pub fn sender(&self) -> mpsc::Sender<Vec<u8>> {
         self.writer.clone()

@@ -179,9 +179,17 @@ impl Sandbox {
     }
 
     /// Takes `delta` in as this sandbox's base, before its first command
-    /// and first reset (the agent refuses it later); `max_bytes` is the
-    /// limit the agent checks its size against.
-    pub(crate) async fn import_delta(&self, delta: &Delta, max_bytes: u64) -> Result<(), Error> {
+    /// and first reset (the agent refuses it later), or, with `replace`,
+    /// in place of the delta of a sandbox that already reset in place (a
+    /// warm pool's: its processes are killed and its own delta set aside
+    /// until a reset for its pool); `max_bytes` is the limit the agent
+    /// checks its size against.
+    pub(crate) async fn import_delta(
+        &self,
+        delta: &Delta,
+        max_bytes: u64,
+        replace: bool,
+    ) -> Result<(), Error> {
         if let Some(e) = self.no_deltas() {
             return Err(e);
         }
@@ -201,13 +209,16 @@ impl Sandbox {
             conn.send(Frame::json(
                 FrameKind::Import,
                 id,
-                &ImportRequest { size, max_bytes },
+                &ImportRequest {
+                    size,
+                    max_bytes,
+                    replace,
+                },
             ))
             .await?;
             const { assert!(CHUNK <= MAX_PAYLOAD) };
             for chunk in delta.as_bytes().chunks(CHUNK) {
-                conn.send(Frame::new(FrameKind::ImportData, id, chunk.to_vec()))
-                    .await?;
+                conn.send_parts(FrameKind::ImportData, id, chunk).await?;
             }
             match rx.recv().await {
                 Some(frame) => Ok(frame),

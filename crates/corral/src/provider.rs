@@ -41,6 +41,12 @@ const ROOM_WAIT: Duration = Duration::from_secs(60);
 /// Longest a reset command of a reused sandbox may run.
 const RESET_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Forks taken into warm pool sandboxes at once: each is a delta import
+/// through one agent's stream (the agent writes it to its tmpfs), work
+/// for the host's cores, not for the engine, so a few at a time keep
+/// them busy.
+const FORK_IMPORTS: usize = 8;
+
 /// Hands out sandboxes by session key. Cheap to clone.
 #[derive(Clone)]
 pub struct Provider {
@@ -66,6 +72,8 @@ struct Inner {
     /// Sandboxes being destroyed in the background (evictions, lost
     /// races): `shutdown` waits for them, so none outlives it.
     teardowns: Arc<Teardowns>,
+    /// Bounds the forks being imported into pool sandboxes at once.
+    fork_imports: tokio::sync::Semaphore,
 }
 
 /// A count of background teardowns and a wake-up when it reaches zero.
@@ -337,6 +345,7 @@ impl Provider {
             closed: AtomicBool::new(false),
             session_locks: Mutex::new(HashMap::new()),
             teardowns: Arc::default(),
+            fork_imports: tokio::sync::Semaphore::new(FORK_IMPORTS),
         });
         tokio::spawn(maintain(Arc::downgrade(&inner)));
         Provider { inner }
@@ -604,16 +613,106 @@ impl Provider {
         self.acquire_inner(key, None, spec, None).await
     }
 
-    /// [`Provider::acquire_spec`] for a fork: a new sandbox's agent first
-    /// takes `base` in (a delta snapshot's, [`Runtime::fork_base`]), and so
-    /// does every sandbox that later replaces it (`auto_restart`).
+    /// [`Provider::acquire_spec`] for a fork: a sandbox's agent takes
+    /// `base` in (a delta snapshot's, [`Runtime::fork_base`]), and so does
+    /// every sandbox that later replaces it (`auto_restart`).
+    ///
+    /// A warm sandbox of a pristine pool whose spec is the fork's (start-up
+    /// commands aside: their effect is in the delta) takes the delta in
+    /// place of its own, with no container start; at most
+    /// [`FORK_IMPORTS`] such imports run at once, each delta's bytes sent
+    /// from the one buffer all forks share. When the pool has none ready
+    /// (or an import fails), a new sandbox is started from the spec. The
+    /// pool refills behind the fork as after any acquire, and the session's
+    /// release resets the sandbox back to the pool's own state.
     pub async fn acquire_fork(
         &self,
         key: &str,
         spec: &SandboxSpec,
         base: Option<Delta>,
     ) -> Result<Lease, Error> {
+        if let Some(delta) = &base {
+            if let Some(pool) = self.pool_for_fork(spec) {
+                if let Some(lease) = self.fork_from_pool(key, &pool, delta).await {
+                    return Ok(lease);
+                }
+            }
+        }
         self.acquire_inner(key, None, spec, base).await
+    }
+
+    /// The pristine pool whose sandboxes can take a fork of `spec`: its
+    /// spec is `spec` but for start-up commands.
+    fn pool_for_fork(&self, spec: &SandboxSpec) -> Option<String> {
+        self.inner
+            .config
+            .pools
+            .iter()
+            .find(|(_, pool)| {
+                let mut theirs = pool.spec.clone();
+                theirs.startup.clear();
+                pool.pristine && theirs == *spec
+            })
+            .map(|(name, _)| name.clone())
+    }
+
+    /// A warm sandbox of `pool` bound to `key` with `delta` taken in;
+    /// `None` when the pool has none ready, the key is bound already, or
+    /// the import failed (the sandbox is destroyed then).
+    async fn fork_from_pool(&self, key: &str, pool: &str, delta: &Delta) -> Option<Lease> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return None;
+        }
+        let sb = {
+            let now = self.inner.now_ms();
+            let mut st = lock(&self.inner.state);
+            if st.sessions.contains_key(key) {
+                return None;
+            }
+            let mut taken = None;
+            while let Some(pooled) = st.pools.get_mut(pool).and_then(VecDeque::pop_front) {
+                if !pooled.sandbox.looks_alive() {
+                    st.live -= 1;
+                    self.discard(pooled.sandbox);
+                    continue;
+                }
+                pooled.sandbox.set_session(key);
+                st.sessions.insert(
+                    key.to_string(),
+                    Entry {
+                        sandbox: pooled.sandbox.clone(),
+                        profile: Some(pool.to_string()),
+                        last_used_ms: now,
+                        started_ms: pooled.started_ms,
+                        leases: 1,
+                    },
+                );
+                taken = Some(pooled.sandbox);
+                break;
+            }
+            taken?
+        };
+        // The refiller starts replacements now, while the imports run.
+        self.inner.changed.notify_waiters();
+        let imported = {
+            let _slot = self.inner.fork_imports.acquire().await;
+            sb.take_fork(delta).await
+        };
+        match imported {
+            Ok(()) => {
+                self.inner
+                    .counters
+                    .pool_hits
+                    .fetch_add(1, Ordering::Relaxed);
+                Some(self.lease_counted(key, sb))
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = sb.id(), pool, error = %e, "a warm sandbox could not take a fork; starting one instead");
+                self.evict_key(key, &sb, None);
+                self.discard(sb);
+                None
+            }
+        }
     }
 
     async fn acquire_inner(
@@ -961,7 +1060,7 @@ impl Provider {
             let reset = if inner.base_changed(&pool, &sb) {
                 Err(None)
             } else {
-                sb.reset().await.map_err(Some)
+                sb.reset_for_pool().await.map_err(Some)
             };
             let back = match reset {
                 Ok(outcome) => {

@@ -60,7 +60,18 @@ impl Sandbox {
     /// sessions gone. In place when it can be, else by replacing the
     /// container; the outcome says which.
     pub async fn reset(&self) -> Result<ResetOutcome, Error> {
-        let outcome = self.reset_inner().await;
+        self.reset_to(false).await
+    }
+
+    /// [`Sandbox::reset`] of a warm pool's sandbox going back to its pool:
+    /// a fork it took ([`Sandbox::take_fork`]) is dropped with the rest,
+    /// back to the pool's own state.
+    pub(crate) async fn reset_for_pool(&self) -> Result<ResetOutcome, Error> {
+        self.reset_to(true).await
+    }
+
+    async fn reset_to(&self, restore: bool) -> Result<ResetOutcome, Error> {
+        let outcome = self.reset_inner(restore).await;
         match &outcome {
             Ok(o) => self.emit(
                 crate::events::EventKind::Reset,
@@ -83,12 +94,16 @@ impl Sandbox {
         outcome
     }
 
-    async fn reset_inner(&self) -> Result<ResetOutcome, Error> {
+    async fn reset_inner(&self, restore: bool) -> Result<ResetOutcome, Error> {
         let started = Instant::now();
         self.drop_shells();
+        if restore {
+            // A replacing container comes from the spec alone.
+            self.clear_base();
+        }
         let metrics = &self.runtime().inner.metrics;
         let fallback = match self.resets_in_place() {
-            Ok(()) => match self.agent_reset(false).await {
+            Ok(()) => match self.agent_reset_request(false, false, restore).await {
                 Ok(report) => {
                     let took = started.elapsed();
                     metrics.resets_in_place.fetch_add(1, Ordering::Relaxed);
@@ -173,10 +188,24 @@ impl Sandbox {
         keep: bool,
         to_root: bool,
     ) -> Result<ResetReport, String> {
+        self.agent_reset_request(keep, to_root, false).await
+    }
+
+    async fn agent_reset_request(
+        &self,
+        keep: bool,
+        to_root: bool,
+        restore: bool,
+    ) -> Result<ResetReport, String> {
         let conn = self.current_conn();
         let id = conn.next_id();
         let mut rx = conn.register_reset(id)?;
-        let frame = Frame::json(FrameKind::Reset, id, &ResetRequest { keep, to_root });
+        let request = ResetRequest {
+            keep,
+            to_root,
+            restore,
+        };
+        let frame = Frame::json(FrameKind::Reset, id, &request);
         conn.send(frame).await?;
         let answer = tokio::time::timeout(RESET_TIMEOUT, rx.recv())
             .await

@@ -69,8 +69,9 @@ struct Inner {
     session: Mutex<Option<String>>,
     /// The delta its agent takes in before anything runs (a fork of a
     /// delta snapshot): at its start, and again in every new container
-    /// that replaces its own.
-    base: Option<crate::delta::Delta>,
+    /// that replaces its own. A warm pool's sandbox has one while a fork
+    /// holds it ([`Sandbox::take_fork`]).
+    base: Mutex<Option<crate::delta::Delta>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -146,7 +147,7 @@ impl Sandbox {
                 shells: Mutex::new(HashMap::new()),
                 kernels: Default::default(),
                 session: Mutex::new(None),
-                base,
+                base: Mutex::new(base),
             }),
         }
     }
@@ -392,19 +393,44 @@ impl Sandbox {
 
     /// The delta a fork takes in before anything runs, if it is one.
     pub fn base(&self) -> Option<crate::delta::Delta> {
-        self.inner.base.clone()
+        lock(&self.inner.base).clone()
     }
 
-    /// Takes the fork's delta in (if any), then runs the spec's start-up
+    /// Makes this sandbox, a warm pool's that reset in place, a fork of
+    /// `delta`: its agent takes the delta in place of its own (processes
+    /// killed, a fresh world over the delta), and a container that later
+    /// replaces its own takes it in too. [`Sandbox::reset_for_pool`]
+    /// undoes it.
+    pub(crate) async fn take_fork(&self, delta: &crate::delta::Delta) -> Result<(), Error> {
+        self.drop_shells();
+        let max = self.inner.runtime.config().snapshot_max_bytes;
+        self.import_delta(delta, max, true).await?;
+        *lock(&self.inner.base) = Some(delta.clone());
+        Ok(())
+    }
+
+    /// Forgets the fork's delta (the sandbox goes back to its pool).
+    pub(crate) fn clear_base(&self) {
+        lock(&self.inner.base).take();
+    }
+
+    /// Takes the fork's delta in (if any; its start-up commands' effect
+    /// is in it, so they are not run), else runs the spec's start-up
     /// commands in order; the first that fails fails the start. Returns
     /// (and records in the metrics) the time taken.
     pub(crate) async fn run_startup(&self) -> Result<Duration, Error> {
         let t = Instant::now();
-        if let Some(base) = &self.inner.base {
+        let base = self.base();
+        if let Some(base) = &base {
             let max = self.inner.runtime.config().snapshot_max_bytes;
-            Box::pin(self.import_delta(base, max)).await?;
+            Box::pin(self.import_delta(base, max, false)).await?;
         }
-        for (i, script) in self.inner.spec.startup.iter().enumerate() {
+        let startup: &[String] = if base.is_some() {
+            &[]
+        } else {
+            &self.inner.spec.startup
+        };
+        for (i, script) in startup.iter().enumerate() {
             let r = self
                 .run_once(
                     &CommandSpec::shell(script.clone()).timeout(STARTUP_TIMEOUT),

@@ -59,13 +59,15 @@ pub struct BenchArgs {
     #[arg(long)]
     json: bool,
     /// Which rows: default (starts, round trips, resets, workloads, forks),
-    /// net (egress gateway and port links against direct), or all.
-    #[arg(long, default_value = "default", value_parser = rows, value_name = "default|net|all")]
+    /// net (egress gateway and port links against direct), all (both), or
+    /// forks (forks of 8/64/256 from 10 MB and 100 MB states into warm
+    /// pristine pools, against container-start forks and from scratch).
+    #[arg(long, default_value = "default", value_parser = rows, value_name = "default|net|all|forks")]
     rows: Rows,
 }
 
 fn rows(text: &str) -> Result<Rows, String> {
-    Rows::parse(text).ok_or_else(|| format!("'{text}' is not default, net or all"))
+    Rows::parse(text).ok_or_else(|| format!("'{text}' is not default, net, all or forks"))
 }
 
 fn at_least_one(text: &str) -> Result<usize, String> {
