@@ -64,7 +64,7 @@ def test_port_url_reaches_a_server_in_the_sandbox_without_the_bearer_token(corra
     # of a sandbox.
     assert not url.startswith(corral_url + "/"), url
     on_api = httpx.get(corral_url + urllib.parse.urlsplit(url).path, timeout=30)
-    assert on_api.status_code == 404 and "served-by-httpd" not in on_api.text, on_api.text
+    assert on_api.status_code == 401 and "served-by-httpd" not in on_api.text, on_api.text
 
 
 def test_usage_moves_with_memory_and_stays_within_the_limit(corral_client, corral_spec):
