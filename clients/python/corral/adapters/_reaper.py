@@ -21,7 +21,8 @@ means to outlive it, with its sandboxes. SIGKILL cannot be caught, and a
 Ray worker whose driver was signalled is ended without running handlers: for
 those, a guardian process (:mod:`corral.adapters._guardian`), started at the
 first sandbox tracked, outside the process's tree, deletes what is still
-registered when the process's pipe to it closes, however the process ended.
+registered when the process's pipe to it closes, however the process ended
+(``CORRAL_ADAPTER_GUARDIAN=0``: none).
 
 Deletion at exit or on a signal uses a fresh connection to the service: the
 signal may have interrupted a request on the adapter's own client mid-way.
