@@ -112,7 +112,7 @@ if [ -n "$container" ] && [ -n "$(docker ps -aq --filter "id=$container")" ]; th
   echo "test-dist: the example's sandbox $container was left behind" >&2
   exit 1
 fi
-echo "test-dist: ok"
+echo "test-dist: the wheel: ok"
 
 echo "== the service image (FROM scratch, the wheel's binary) against the host's daemon socket"
 "$root/scripts/build-service-image.sh" --binary "$work/venv/bin/corral" --tag "$image"
