@@ -43,6 +43,11 @@ stamp_of() {
 }
 want=$(stamp_of)
 
+# The synchronous client (clients/python/corral/client.py, not in git) is
+# written from the asyncio one; quick, and done on every run so an edit of
+# aio.py reaches the editable install.
+"$python" clients/python/tools/unasync.py
+
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.corral-stamp" ] && [ "$(cat "$venv/.corral-stamp")" = "$want" ] \
    && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, pytest_timeout, mcp, minisweagent, ray, hermes_constants, selenium, e2b, e2b_code_interpreter' >/dev/null 2>&1 \
    && [ -d "$venv/e2b-oldest/e2b" ] \

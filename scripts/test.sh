@@ -64,6 +64,9 @@ echo "== the same e2b SDK tests under the oldest e2b SDK corral serves"
 E2B_SDK_DIR="$PWD/target/pyenv/e2b-oldest" CORRAL_BIN="$PWD/target/debug/corral" \
   target/pyenv/bin/python -m pytest -q -p no:cacheprovider clients/python/tests/test_e2b.py
 
+echo "== the wheels and the service image as a user gets them (static debug build)"
+scripts/test-dist.sh
+
 left=$(docker ps -aq --filter label=corral.sandbox)
 if [ -n "$left" ]; then
   echo "test.sh: containers left behind by the tests:" >&2

@@ -1,3 +1,4 @@
+# unasync: async only
 """The asyncio client: :class:`AsyncClient`, :class:`AsyncSandbox`,
 :class:`AsyncShell` and :class:`AsyncCommandStream`, the same API as the
 synchronous one with ``await``::
@@ -6,17 +7,28 @@ synchronous one with ``await``::
         r = await sb.run("python -c 'print(6*7)'", timeout=10)
         async for ev in sb.stream("make test"):
             ...
+
+The one source of both: corral/client.py, the synchronous client, is
+written from this file by tools/unasync.py (see there how).
 """
+# unasync: end
+# unasync: sync only
+# """The synchronous client: :class:`Client`, :class:`Sandbox`, :class:`Shell`
+# and :class:`CommandStream`."""
+# unasync: end
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-import json as _json
 import logging
 import os
+import json as _json
+import asyncio
 from types import TracebackType
-from typing import Any, AsyncIterator, Dict, Generator, List, Mapping, Optional, Type, Union
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Type, Union
+# unasync: async only
+from typing import Generator
+# unasync: end
 
 import httpx
 
@@ -25,8 +37,7 @@ from . import code as _code
 from ._core import Command, RetryPolicy, Stdin, seg
 from ._discovery import TokenSource
 from ._sse import SSEDecoder
-from .client import _finish, _to_event
-from .errors import CorralError, NotFoundError, SandboxNotFoundError, ServiceUnavailableError
+from .errors import CorralError, NotFoundError, SandboxNotFoundError, ServiceUnavailableError, error_from_response
 from .models import CommandResult, FileEntry, Health, ResetResult, SandboxInfo, Snapshot, StreamEvent, WhoAmI
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncShell", "AsyncCommandStream"]
@@ -38,8 +49,26 @@ Data = Union[bytes, bytearray, memoryview, str]
 
 
 class AsyncClient:
-    """A connection to a corral service, for asyncio. Arguments as
-    :class:`corral.Client`."""
+    """A connection to a corral service.
+
+    Args:
+        base_url: the service, default ``$CORRAL_URL`` else
+            ``http://127.0.0.1:7070``. ``unix:///path/to.sock`` talks over a
+            Unix socket.
+        token: bearer token, default ``$CORRAL_TOKEN``, else the token a
+            local service generated, read from its token file for a loopback
+            URL (:func:`corral.find_token`; read again after a 401, so a
+            restarted service is followed). Over the Unix socket the
+            socket's owner needs none.
+        uds: path of a Unix socket to connect through (the host of
+            ``base_url`` is then nominal).
+        timeout: seconds to wait for an ordinary answer (commands wait for
+            their own timeout plus a grace; creating a sandbox up to 10
+            minutes), or an :class:`httpx.Timeout`.
+        retry: retries of connection failures and retryable 503s
+            (:class:`~corral.RetryPolicy`); ``None`` or ``attempts=1`` disables.
+        transport: an httpx transport, for tests or custom networking.
+    """
 
     def __init__(
         self,
@@ -65,6 +94,8 @@ class AsyncClient:
             transport=transport,
         )
 
+    # -- plumbing ----------------------------------------------------------
+
     async def request(
         self,
         method: str,
@@ -78,6 +109,8 @@ class AsyncClient:
         idempotent: bool = False,
         resource: Optional[str] = None,
     ) -> httpx.Response:
+        """Send one request with the retry rule; raise the typed error for an
+        error answer; return the (read) response otherwise."""
         attempt = 0
         refreshed = False
         while True:
@@ -94,7 +127,9 @@ class AsyncClient:
                 )
             except httpx.TransportError as exc:
                 if attempt < self.retry.attempts and _core.may_retry_transport(exc, idempotent):
-                    await asyncio.sleep(self.retry.delay(attempt))
+                    delay = self.retry.delay(attempt)
+                    log.debug("corral: %s %s failed (%s); retrying in %.2fs", method, path, exc, delay)
+                    await asyncio.sleep(delay)
                     continue
                 raise _core.transport_error(exc, self.base_url) from exc
             if response.status_code == 401 and not refreshed and self._refresh_token():
@@ -102,7 +137,9 @@ class AsyncClient:
                 refreshed = True
                 continue
             if idempotent and attempt < self.retry.attempts and _core.should_retry_status(response):
-                await asyncio.sleep(_core.status_retry_delay(self.retry, attempt, response))
+                delay = _core.status_retry_delay(self.retry, attempt, response)
+                log.debug("corral: %s %s answered 503; retrying in %.2fs", method, path, delay)
+                await asyncio.sleep(delay)
                 continue
             _core.raise_for_error(response, resource)
             return response
@@ -118,37 +155,109 @@ class AsyncClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
+    # unasync: async only
     close = aclose
 
+    # unasync: end
     async def __aenter__(self) -> "AsyncClient":
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
 
+    # -- service -----------------------------------------------------------
+
     async def health(self) -> Health:
+        """``GET /v1/health`` (needs no token)."""
         r = await self.request("GET", "/v1/health", idempotent=True)
         return Health.from_json(r.json())
 
     async def whoami(self) -> WhoAmI:
-        """As :meth:`corral.Client.whoami`."""
+        """``GET /v1/whoami``: the principal this client's token acts as
+        (the operator or a tenant) and its tenant's quotas."""
         r = await self.request("GET", "/v1/whoami", idempotent=True)
         return WhoAmI.from_json(r.json())
 
     async def usage(self) -> Dict[str, Any]:
-        """As :meth:`corral.Client.usage`."""
+        """``GET /v1/usage``: every sandbox's usage at once, from the
+        service's usage sample (taken at most once per
+        ``server.metrics.usage_refresh_ms``, the one ``/metrics`` reports):
+        ``{"age_ms", "sandboxes": [{"id", "sandbox_id", "cpu_cores",
+        "usage"}]}``, ``usage`` as :meth:`AsyncSandbox.usage` gives it,
+        ``cpu_cores`` what it used between the last two samples. Cheaper
+        than each sandbox's :meth:`AsyncSandbox.usage` for many sandboxes;
+        :class:`~corral.errors.UnsupportedError` when the service samples
+        no usage."""
         r = await self.request("GET", "/v1/usage", idempotent=True)
         return dict(r.json())
 
+    # -- images ------------------------------------------------------------
+
     async def images(self) -> Dict[str, Any]:
-        """As :meth:`corral.Client.images`."""
+        """``GET /v1/images``: ``{"images": [{image, size, created}],
+        "pulls": [{image, state, layers_done, layers, bytes, total_bytes,
+        elapsed_ms}]}``: the images on the engine this client may name
+        (``server.policy.images``), and the pulls under way (``state``
+        ``queued`` or ``pulling``; a start of a missing image waits for one)."""
         r = await self.request("GET", "/v1/images", idempotent=True)
         return dict(r.json())
 
     async def pull(self, image: str, *, timeout: Optional[float] = 900.0) -> Dict[str, Any]:
-        """As :meth:`corral.Client.pull`."""
+        """``POST /v1/images/pull``: makes sure ``image`` is on the engine
+        (pulling it as a start would; its progress shows in :meth:`images`)
+        and returns ``{"image", "waited_ms"}``. Raises
+        :class:`~corral.ForbiddenError` when the policy does not list it,
+        :class:`~corral.ImageNotFoundError` for a name or tag the registry
+        lacks, :class:`~corral.ServiceUnavailableError` (retryable) for a
+        registry that is down or a pull past ``daemon.pull_timeout_ms``.
+        ``timeout`` (seconds, ``None``: none) bounds the wait here."""
         r = await self.request("POST", "/v1/images/pull", json={"image": image}, timeout=timeout, idempotent=True)
         return dict(r.json())
+
+    # -- events ------------------------------------------------------------
+
+    async def events(self, *, after: Optional[int] = None) -> AsyncIterator[Dict[str, Any]]:
+        """The lifecycle events of this client's sandboxes as they happen
+        (``GET /v1/events``), one dict each: ``id``, ``time_ms``, ``kind``
+        (``created``, ``start_failed``, ``command``, ``reset``, ``snapshot``,
+        ``lost``, ``recovered``, ``evicted``, ``removed``), ``sandbox``,
+        ``session``, ``owner``, ``outcome`` (``ok``, ``exit`` or the failure
+        kind), ``detail``. ``after``: resume after that id (0: every event
+        still kept); ``None``: from now on. A ``{"kind": "gap", ...}`` dict
+        says some events were no longer kept. Runs until the caller stops
+        iterating (or the service ends)."""
+        params = {} if after is None else {"after": int(after)}
+        req = self._http.build_request(
+            "GET",
+            "/v1/events",
+            params=params,
+            headers={"Accept": "text/event-stream"},
+            timeout=httpx.Timeout(None, connect=self._timeout.connect),
+        )
+        try:
+            response = await self._http.send(req, stream=True)
+        except httpx.TransportError as exc:
+            raise _core.transport_error(exc, self.base_url) from exc
+        try:
+            if response.status_code >= 400:
+                await response.aread()
+                _core.raise_for_error(response, None)
+            decoder = SSEDecoder()
+            async for chunk in response.aiter_bytes():
+                for sse in decoder.feed(chunk):
+                    if sse.event == "gap":
+                        yield {"kind": "gap", "detail": sse.data}
+                        continue
+                    try:
+                        yield dict(_json.loads(sse.data))
+                    except ValueError:
+                        continue
+        except httpx.TransportError as exc:
+            raise _core.transport_error(exc, self.base_url) from exc
+        finally:
+            await response.aclose()
+
+    # -- sandboxes ---------------------------------------------------------
 
     def sandbox(
         self,
@@ -160,49 +269,70 @@ class AsyncClient:
         persistent: bool = False,
         pristine: Optional[bool] = None,
     ) -> "AsyncSandbox":
-        """A sandbox to be created by ``async with`` or ``await``."""
+        """Create (or, for an existing ``session`` key, get) a sandbox. Use it
+        as a context manager to delete it at the end (the asyncio client's is
+        created when it is awaited or its context is entered)."""
         return AsyncSandbox(
             self, image=image, spec=spec, profile=profile, session=session, persistent=persistent,
             pristine=pristine,
         )
 
+    # unasync: async only
     async def create_sandbox(self, **kwargs: Any) -> "AsyncSandbox":
         """Create a sandbox now (arguments as :meth:`sandbox`)."""
         return await self.sandbox(**kwargs)
 
+    # unasync: end
+    # unasync: sync only
+    # create_sandbox = sandbox
+    #
+    # unasync: end
+
     async def get_sandbox(self, sandbox_id: str) -> "AsyncSandbox":
+        """An existing sandbox by id (raises :class:`SandboxNotFoundError`)."""
         info = await self.sandbox_info(sandbox_id)
-        sb = AsyncSandbox(self)
-        sb._info = info
-        return sb
+        return AsyncSandbox(self, _info=info)
 
     async def sandbox_info(self, sandbox_id: str) -> SandboxInfo:
         r = await self.request("GET", f"/v1/sandboxes/{seg(sandbox_id)}", idempotent=True, resource="sandbox")
         return SandboxInfo.from_json(r.json())
 
     async def list_sandboxes(self) -> List[SandboxInfo]:
+        """The caller's sandboxes (every principal's for the operator); a
+        tenant never sees another's."""
         r = await self.request("GET", "/v1/sandboxes", idempotent=True)
         return [SandboxInfo.from_json(s) for s in r.json().get("sandboxes", [])]
 
     async def delete_sandbox(self, sandbox_id: str, *, missing_ok: bool = True) -> None:
+        """Release a sandbox (destroyed unless persistent)."""
         try:
             await self.request("DELETE", f"/v1/sandboxes/{seg(sandbox_id)}", idempotent=True, resource="sandbox")
         except NotFoundError:
             if not missing_ok:
                 raise
 
+    # -- snapshots ---------------------------------------------------------
+
     async def snapshots(self) -> List[Snapshot]:
-        """As :meth:`corral.Client.snapshots`."""
+        """The snapshots the caller may see (``GET /v1/snapshots``): its own
+        and the operator's shared with it (``read_only``); the operator
+        sees every principal's, another's named ``NAMESPACE/NAME``."""
         r = await self.request("GET", "/v1/snapshots", idempotent=True)
         return [Snapshot.from_json(s) for s in r.json().get("snapshots", [])]
 
     async def snapshot_info(self, name: str) -> Snapshot:
-        """As :meth:`corral.Client.snapshot_info`."""
+        """Snapshot ``name`` (raises :class:`SnapshotNotFoundError`, also for
+        another principal's: what the caller may not see is answered as
+        absent)."""
         r = await self.request("GET", f"/v1/snapshots/{seg(name)}", idempotent=True, resource="snapshot")
         return Snapshot.from_json(r.json())
 
     async def delete_snapshot(self, name: Union[str, Snapshot], *, missing_ok: bool = False) -> None:
-        """As :meth:`corral.Client.delete_snapshot`."""
+        """Delete a snapshot. Raises :class:`ConflictError` while sandboxes
+        forked from it exist, :class:`ForbiddenError` (``field`` ``name``)
+        for an operator's snapshot shared with the caller read-only,
+        :class:`SnapshotNotFoundError` for an unknown one or another
+        principal's (unless ``missing_ok``)."""
         name = name.name if isinstance(name, Snapshot) else name
         try:
             await self.request("DELETE", f"/v1/snapshots/{seg(name)}", idempotent=True, resource="snapshot")
@@ -218,8 +348,23 @@ class AsyncClient:
         session_prefix: Optional[str] = None,
         env: Optional[Mapping[str, str]] = None,
     ) -> List["AsyncSandbox"]:
-        """As :meth:`corral.Client.fork` (``env``: values of the snapshot's
-        variables, which it keeps by name only)."""
+        """Start ``n`` sandboxes from a snapshot, all or nothing: each has its
+        file system and the spec of the sandbox it was taken from. Their
+        session keys are ``<session_prefix>-<i>`` (default: random).
+
+        A snapshot keeps the names of its sandbox's variables
+        (``Snapshot.env_names``), never their values: each fork takes them
+        from ``env``, else from the service's defaults, else leaves them
+        unset; other variables in ``env`` are added.
+
+        An unknown snapshot, or another principal's, raises
+        :class:`SnapshotNotFoundError`. A snapshot of a sandbox with
+        settings the service keeps from clients (a host mount, say) raises
+        :class:`ForbiddenError` naming the field; ``n`` above the service's
+        ``max_live`` raises :class:`InvalidRequestError` naming ``count``;
+        ``n`` past the tenant's ``max_sandboxes`` raises
+        :class:`CapacityError` naming it. Delete the sandboxes (or use each
+        as a context manager) when done."""
         name = snapshot.name if isinstance(snapshot, Snapshot) else snapshot
         body = _core.fork_body(n, session_prefix=session_prefix, env=env)
         r = await self.request(
@@ -229,14 +374,11 @@ class AsyncClient:
             timeout=httpx.Timeout(_core.CREATE_TIMEOUT, connect=self._timeout.connect),
             resource="snapshot",
         )
-        out = []
-        for s in r.json().get("sandboxes", []):
-            sb = AsyncSandbox(self)
-            sb._info = SandboxInfo.from_json(s)
-            out.append(sb)
-        return out
+        return [AsyncSandbox(self, _info=SandboxInfo.from_json(s)) for s in r.json().get("sandboxes", [])]
 
     async def _create(self, body: Dict[str, Any]) -> SandboxInfo:
+        # The session key is made here when not given, so a retry after a
+        # lost answer gets the same sandbox rather than a second one.
         r = await self.request(
             "POST",
             "/v1/sandboxes",
@@ -248,8 +390,37 @@ class AsyncClient:
 
 
 class AsyncSandbox:
-    """A sandbox, for asyncio. Created on ``async with`` (deleted on exit) or
-    ``sb = await AsyncSandbox(...)``; arguments as :class:`corral.Sandbox`."""
+    """A sandbox: a hardened container with corral's agent inside.
+
+    Made through ``client``, else a client of its own built from
+    ``base_url``/``token``/``$CORRAL_URL``/``$CORRAL_TOKEN``. The
+    synchronous ``Sandbox(image=...)`` creates one at once; the asyncio
+    one is created when it is awaited or its context is entered. As a
+    context manager it is deleted on exit::
+
+        async with AsyncSandbox() as sb:
+            r = await sb.run("echo hi")
+            print(r.stdout)
+
+    Args:
+        image: image, overriding the service's default.
+        spec: sandbox spec keys as under ``defaults`` in corral's config
+            (``image``, ``env``, ``limits``, ``network``, ...), merged over
+            the service's ``defaults``. What it may change is the service's
+            policy: a refused field raises :class:`ForbiddenError`.
+        profile: a profile or pool name of the service's config.
+        session: session key: the same key gets the same sandbox until it is
+            deleted. Default: a fresh key.
+        persistent: keep ``/workspace`` and the home directory per session key.
+        pristine: start the sandbox so that :meth:`reset` returns it to its
+            state right after start in place, in milliseconds (changes to its
+            root file system then live in memory and count against its memory
+            limit); overrides the spec's, profile's or defaults' ``pristine``.
+            A sandbox that cannot (read-only root, a non-root user, a runtime
+            other than runc, persistent) is replaced by a reset instead;
+            ``info.resets_in_place`` and ``info.reset_unavailable_reason`` say
+            which.
+    """
 
     def __init__(
         self,
@@ -264,22 +435,29 @@ class AsyncSandbox:
         base_url: Optional[str] = None,
         token: Optional[str] = None,
         timeout: Union[float, httpx.Timeout, None] = None,
+        _info: Optional[SandboxInfo] = None,
     ) -> None:
+        self._body = None
+        if _info is None:
+            self._body = _core.create_body(
+                session=session, image=image, spec=spec, profile=profile, persistent=persistent, pristine=pristine
+            )
         self._owns_client = client is None
         self.client = client if client is not None else AsyncClient(base_url, token=token, timeout=timeout)
-        self._body = _core.create_body(
-            session=session, image=image, spec=spec, profile=profile, persistent=persistent, pristine=pristine
-        )
-        self._info: Optional[SandboxInfo] = None
+        self._info = _info
         self._deleted = False
+        # unasync: sync only
+        # self.start()
+        # unasync: end
 
     @classmethod
     async def create(cls, client: Optional[AsyncClient] = None, **kwargs: Any) -> "AsyncSandbox":
+        """Same as ``AsyncSandbox(client, **kwargs)``, created."""
         return await cls(client, **kwargs).start()
 
     async def start(self) -> "AsyncSandbox":
-        """Create the sandbox (once)."""
-        if self._info is None:
+        """Create the sandbox (once; a created one is returned as it is)."""
+        if self._info is None and self._body is not None:
             try:
                 self._info = await self.client._create(self._body)
             except BaseException:
@@ -288,17 +466,25 @@ class AsyncSandbox:
                 raise
         return self
 
+    # unasync: async only
     def __await__(self) -> Generator[Any, None, "AsyncSandbox"]:
         return self.start().__await__()
 
+    # unasync: end
+
+    # -- identity ----------------------------------------------------------
+
     @property
     def info(self) -> SandboxInfo:
+        """The sandbox's description (as of its creation or last
+        :meth:`refresh`)."""
         if self._info is None:
             raise RuntimeError("the sandbox is not created yet: use `async with` or `await` it")
         return self._info
 
     @property
     def id(self) -> str:
+        """The handle of every route (the session key)."""
         return self.info.id
 
     @property
@@ -314,6 +500,7 @@ class AsyncSandbox:
         return self.info.image
 
     async def refresh(self) -> SandboxInfo:
+        """Fetch the sandbox's current description."""
         self._info = await self.client.sandbox_info(self.id)
         return self._info
 
@@ -324,6 +511,8 @@ class AsyncSandbox:
         if self._info is None:
             return "AsyncSandbox(<not created>)"
         return f"AsyncSandbox(id={self.id!r}, container_id={(self.container_id or '')[:12]!r}, image={self.image!r})"
+
+    # -- commands ----------------------------------------------------------
 
     async def run(
         self,
@@ -339,7 +528,31 @@ class AsyncSandbox:
         check: bool = False,
         raise_on_failure: bool = True,
     ) -> CommandResult:
-        """As :meth:`corral.Sandbox.run`."""
+        """Run a command and wait for it.
+
+        ``cmd`` is a command line (run by ``/bin/sh -c``) or an argv list.
+        ``timeout`` is in seconds (the command's whole process tree is killed
+        then); ``max_output`` caps the bytes kept per stream (head and tail).
+
+        A non-zero exit is a result, not an error (``check=True`` raises
+        :class:`CommandFailedError` for it). A failure (timeout, OOM kill,
+        lost container, ...) raises its typed exception carrying the result,
+        unless ``raise_on_failure=False``, which returns the result with
+        ``failure`` set.
+
+        ``exclusive=True`` kills every other process in the sandbox first
+        (leftovers of earlier commands included), so nothing can tamper with
+        the command while it runs: use it for graders.
+
+        By default the command ends when its main process exits: output a
+        background job (``cmd &``) writes later is lost, and the job gets
+        SIGPIPE when it writes. ``wait_for_output=True`` waits, as
+        ``docker exec`` does, until stdout and stderr are closed by every
+        process holding them (bounded by ``timeout``, which then kills them
+        all and fails as a timeout) and returns their output; jobs that
+        closed or redirected the streams are left running. The exit code is
+        the main process's either way.
+        """
         body = _core.exec_body(
             cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output,
             exclusive=exclusive,
@@ -352,7 +565,8 @@ class AsyncSandbox:
             timeout=_core.exec_http_timeout(self.client._timeout, timeout),
             resource="sandbox",
         )
-        return _finish(CommandResult.from_json(r.json()), check=check, raise_on_failure=raise_on_failure)
+        result = CommandResult.from_json(r.json())
+        return _finish(result, check=check, raise_on_failure=raise_on_failure)
 
     def stream(
         self,
@@ -366,7 +580,19 @@ class AsyncSandbox:
         wait_for_output: bool = False,
         raise_on_failure: bool = True,
     ) -> "AsyncCommandStream":
-        """As :meth:`corral.Sandbox.stream`, iterated with ``async for``."""
+        """Run a command, yielding its output as it comes::
+
+            for ev in sb.stream("make test"):
+                if ev.is_output:
+                    print(ev.text, end="")
+                else:
+                    print("exit", ev.result.exit_code)
+
+        Events are ``stdout``/``stderr`` chunks, then one ``result`` (also kept
+        as ``.result`` of the returned stream). A failure raises its typed
+        exception in place of the ``result`` event unless
+        ``raise_on_failure=False``. ``wait_for_output`` is as for :meth:`run`.
+        """
         body = _core.exec_body(
             cmd,
             timeout=timeout,
@@ -430,13 +656,17 @@ class AsyncSandbox:
                     for sse in decoder.feed(chunk):
                         data = _json.loads(sse.data) if sse.data else {}
                         done = _code.apply(ex, sse.event, data, on_stdout, on_stderr, on_result, on_error)
+                        # unasync: async only
                         if inspect.isawaitable(done):
                             await done
+                        # unasync: end
                 for sse in decoder.close():
                     data = _json.loads(sse.data) if sse.data else {}
                     done = _code.apply(ex, sse.event, data, on_stdout, on_stderr, on_result, on_error)
+                    # unasync: async only
                     if inspect.isawaitable(done):
                         await done
+                    # unasync: end
             except httpx.TransportError as exc:
                 raise _core.transport_error(exc, c.base_url) from exc
         finally:
@@ -464,16 +694,29 @@ class AsyncSandbox:
         cid = context.id if isinstance(context, _code.CodeContext) else str(context)
         await self.client.request("DELETE", self._path("code", "contexts", seg(cid)), resource="sandbox")
 
+    # -- shell sessions ----------------------------------------------------
+
     def shell(self, name: str = "main") -> "AsyncShell":
+        """A stateful shell session (``cd``, exports and functions persist
+        between commands). It starts with its first command."""
         return AsyncShell(self, name)
 
     async def shells(self) -> List[str]:
+        """Names of the open shell sessions."""
         r = await self.client.request("GET", self._path("shells"), idempotent=True, resource="sandbox")
         return list(r.json().get("shells", []))
 
+    # -- files -------------------------------------------------------------
+
     async def write_file(
-        self, path: str, data: Data, mode: Union[int, str, None] = None, mkdirs: bool = False
+        self,
+        path: str,
+        data: Data,
+        mode: Union[int, str, None] = None,
+        mkdirs: bool = False,
     ) -> None:
+        """Write ``data`` (bytes, or str as UTF-8) to ``path`` atomically.
+        ``mode`` as 0o644 or "644"; ``mkdirs`` creates missing parents."""
         params: Dict[str, str] = {"path": path}
         m = _core.file_mode(mode)
         if m is not None:
@@ -491,6 +734,8 @@ class AsyncSandbox:
         )
 
     async def read_file(self, path: str, max_bytes: Optional[int] = None) -> bytes:
+        """The bytes of the file at ``path``. A missing file raises
+        :class:`SandboxFileNotFoundError` (a :class:`FileNotFoundError`)."""
         params: Dict[str, Any] = {"path": path}
         if max_bytes is not None:
             params["max_bytes"] = int(max_bytes)
@@ -501,12 +746,14 @@ class AsyncSandbox:
         return (await self.read_file(path)).decode(encoding, errors)
 
     async def list_files(self, path: str) -> List[FileEntry]:
+        """The entries of directory ``path``, by name."""
         r = await self.client.request(
             "GET", self._path("files", "list"), params={"path": path}, idempotent=True, resource="file"
         )
         return [FileEntry.from_json(e) for e in r.json().get("entries", [])]
 
     async def upload_tar(self, dest: str, tar: Union[bytes, bytearray, memoryview]) -> None:
+        """Extract the tar archive ``tar`` under directory ``dest``."""
         await self.client.request(
             "PUT",
             self._path("archive"),
@@ -518,53 +765,35 @@ class AsyncSandbox:
         )
 
     async def download_tar(self, path: str) -> bytes:
+        """A tar archive of ``path`` (a file or a directory)."""
         r = await self.client.request(
             "GET", self._path("archive"), params={"path": path}, idempotent=True, resource="file"
         )
         return r.content
 
     async def upload_dir(self, local_dir: PathLike, dest: str) -> None:
+        """Copy the contents of ``local_dir`` into ``dest`` in the sandbox."""
         await self.upload_tar(dest, _core.pack_dir(local_dir))
 
     async def download_dir(self, path: str, local_dir: PathLike) -> List[str]:
+        """Copy ``path`` from the sandbox into ``local_dir`` (members that
+        would land outside it are refused). Returns the extracted names."""
         return _core.unpack_tar(await self.download_tar(path), local_dir)
 
-    async def usage(self) -> Dict[str, Any]:
-        """As :meth:`corral.Sandbox.usage`."""
-        r = await self.client.request("GET", self._path("usage"), idempotent=True, resource="sandbox")
-        return dict(r.json())
-
-    async def egress(self) -> Dict[str, Any]:
-        """As :meth:`corral.Sandbox.egress`."""
-        r = await self.client.request("GET", self._path("egress"), idempotent=True, resource="sandbox")
-        return dict(r.json())
-
-    async def port_url(self, port: int) -> str:
-        """As :meth:`corral.Sandbox.port_url`."""
-        r = await self.client.request("GET", self._path(f"ports/{int(port)}"), idempotent=True, resource="sandbox")
-        return str(r.json()["url"])
-
-    async def reset(self) -> ResetResult:
-        """Return the sandbox to its state right after start (as
-        :meth:`corral.Sandbox.reset`): in place when it was created with
-        ``pristine=True``, else by replacing its container."""
-        r = await self.client.request(
-            "POST",
-            self._path("reset"),
-            timeout=httpx.Timeout(_core.CREATE_TIMEOUT, connect=self.client._timeout.connect),
-            idempotent=True,
-            resource="sandbox",
-        )
-        result = ResetResult.from_json(r.json())
-        if not result.in_place:
-            try:
-                await self.refresh()
-            except CorralError as exc:
-                log.debug("corral: refreshing %s after a reset failed: %s", self.id, exc)
-        return result
+    # -- snapshots ---------------------------------------------------------
 
     async def snapshot(self, name: str, durable: bool = False, kind: Optional[str] = None) -> Snapshot:
-        """As :meth:`corral.Sandbox.snapshot`."""
+        """Keep this sandbox's file system as snapshot ``name`` (replacing
+        one of that name), to fork sandboxes from with
+        :meth:`AsyncClient.fork`. It lands in the caller's own namespace: another
+        principal's snapshot of the same name is not touched. It records
+        the names of the sandbox's variables, not their values.
+        ``durable`` keeps it until deleted; otherwise it goes with the
+        service. ``kind`` asks for ``"delta"`` or ``"image"`` (default: the
+        service's choice, a delta for a sandbox that resets in place). A
+        bad name raises :class:`InvalidRequestError` naming ``name``; a
+        tenant past its ``max_snapshots`` or ``max_snapshot_bytes`` gets
+        :class:`CapacityError` naming it."""
         body: Dict[str, Any] = {"name": name, "durable": durable}
         if kind is not None:
             body["kind"] = kind
@@ -577,13 +806,93 @@ class AsyncSandbox:
         )
         return Snapshot.from_json(r.json())
 
+    # -- usage -------------------------------------------------------------
+
+    async def usage(self) -> Dict[str, Any]:
+        """What the sandbox uses now (``GET /v1/sandboxes/{id}/usage``):
+        ``cpu_ns``, ``memory_bytes`` (and ``memory_peak_bytes`` where kept)
+        against ``memory_limit_bytes``, ``pids`` against ``pids_limit``,
+        ``block_read_bytes``, ``block_write_bytes``, ``net_rx_bytes``,
+        ``net_tx_bytes``, ``oom_kills`` (``None`` where not known), and
+        ``source``: ``engine`` (the engine's accounting, Docker's stats) or
+        ``agent`` (read by the sandbox's agent from its cgroup, where the
+        engine has none, as on Kubernetes)."""
+        r = await self.client.request("GET", self._path("usage"), idempotent=True, resource="sandbox")
+        return dict(r.json())
+
+    # -- egress ------------------------------------------------------------
+
+    async def egress(self) -> Dict[str, Any]:
+        """What the egress gateway of a sandbox with ``network: {egress:
+        ...}`` allowed and refused (``GET /v1/sandboxes/{id}/egress``):
+        ``dns_allowed``, ``dns_refused``, ``connections_allowed``,
+        ``connections_refused`` and ``recent_refusals`` (the last ones,
+        oldest first, e.g. ``"dns evil.test"``). Raises
+        :class:`~corral.errors.NotFoundError` for a sandbox without an
+        egress policy (and for another's)."""
+        r = await self.client.request("GET", self._path("egress"), idempotent=True, resource="sandbox")
+        return dict(r.json())
+
+    # -- ports -------------------------------------------------------------
+
+    async def port_url(self, port: int) -> str:
+        """A URL through the service that reaches a server listening on
+        ``port`` inside the sandbox (``GET /v1/sandboxes/{id}/ports/{port}``):
+        HTTP, streamed responses and WebSocket upgrades, the link's prefix
+        taken off the path. The URL is on the service's port-link listener,
+        an origin of its own (never the API's or the dashboard's). It needs
+        no bearer token: its own token opens
+        this port of this sandbox only, as long as the sandbox lives. Works
+        for ``network: none`` sandboxes too, which gain no egress by it."""
+        r = await self.client.request("GET", self._path(f"ports/{int(port)}"), idempotent=True, resource="sandbox")
+        return str(r.json()["url"])
+
+    # -- lifetime ----------------------------------------------------------
+
+    async def reset(self) -> ResetResult:
+        """Return the sandbox to its state right after start: every process
+        killed (background jobs and shell sessions too), every change to its
+        file system undone (host mounts are the host's); its id stays.
+
+        A sandbox created with ``pristine=True`` is reset in place by its
+        agent, in milliseconds (``mode == "in_place"``); any other has its
+        container replaced by a new one from the same spec, start-up
+        commands run again (``mode == "replaced"``, ``fallback_reason``
+        saying why). Raises :class:`SandboxNotFoundError` for a sandbox that
+        is gone.
+        """
+        r = await self.client.request(
+            "POST",
+            self._path("reset"),
+            timeout=httpx.Timeout(_core.CREATE_TIMEOUT, connect=self.client._timeout.connect),
+            # Resetting again after a lost answer ends in the same state.
+            idempotent=True,
+            resource="sandbox",
+        )
+        result = ResetResult.from_json(r.json())
+        if not result.in_place:
+            # A new container: its id changed.
+            try:
+                await self.refresh()
+            except CorralError as exc:
+                log.debug("corral: refreshing %s after a reset failed: %s", self.id, exc)
+        return result
+
     async def delete(self) -> None:
+        """Release the sandbox (its container is removed unless persistent).
+        Deleting twice, or a sandbox already gone, is not an error."""
         if self._deleted or self._info is None:
             return
-        await self.client.delete_sandbox(self.id)
-        self._deleted = True
+        try:
+            await self.client.delete_sandbox(self.id)
+            self._deleted = True
+        finally:
+            if self._deleted and self._owns_client:
+                await self.client.aclose()
 
     async def aclose(self) -> None:
+        """Delete the sandbox (as :meth:`delete`) and close the client it
+        made for itself, if it made one."""
         try:
             await self.delete()
         finally:
@@ -611,7 +920,8 @@ class AsyncSandbox:
 
 
 class AsyncShell:
-    """A shell session, for asyncio; as :class:`corral.Shell`."""
+    """A shell session in a sandbox: commands share one shell process, so
+    ``cd``, exported variables and functions carry over."""
 
     def __init__(self, sandbox: AsyncSandbox, name: str = "main") -> None:
         self.sandbox = sandbox
@@ -626,6 +936,10 @@ class AsyncShell:
         check: bool = False,
         raise_on_failure: bool = True,
     ) -> CommandResult:
+        """Run ``cmd`` in the session. The result says whether the shell was
+        ``restarted`` (earlier state lost) and whether it ``ended`` (``exit``).
+        On a timeout the command is interrupted; the session survives when it
+        stops on the interrupt, else it is restarted."""
         body = _core.shell_body(cmd, timeout=timeout, max_output=max_output)
         c = self.sandbox.client
         r = await c.request(
@@ -638,6 +952,8 @@ class AsyncShell:
         return _finish(CommandResult.from_json(r.json()), check=check, raise_on_failure=raise_on_failure)
 
     async def close(self) -> None:
+        """End the session (its processes are killed). Closing a session that
+        is not open is not an error."""
         try:
             await self.sandbox.client.request(
                 "DELETE", self.sandbox._path("shells", seg(self.name)), idempotent=True, resource="shell"
@@ -657,14 +973,16 @@ class AsyncShell:
                 raise
             log.warning("corral: could not close shell %s: %s", self.name, err)
 
+    def __repr__(self) -> str:
+        return f"AsyncShell(sandbox={self.sandbox.id!r}, name={self.name!r})"
+
 
 class AsyncCommandStream:
-    """The events of a streamed command, for ``async for``; ``result`` holds
-    the final :class:`CommandResult` once it arrived."""
+    """The events of a streamed command; iterate it once. ``result`` holds
+    the final :class:`CommandResult` once it arrived. Closing it early (or
+    leaving a ``with`` block) drops the connection."""
 
-    def __init__(
-        self, sandbox: AsyncSandbox, body: Dict[str, Any], timeout: Optional[float], raise_on_failure: bool
-    ) -> None:
+    def __init__(self, sandbox: AsyncSandbox, body: Dict[str, Any], timeout: Optional[float], raise_on_failure: bool):
         self.sandbox = sandbox
         self.result: Optional[CommandResult] = None
         self._body = body
@@ -707,7 +1025,7 @@ class AsyncCommandStream:
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
         if self._started:
-            raise RuntimeError("an AsyncCommandStream can be iterated once")
+            raise RuntimeError("a command stream can be iterated once")
         self._started = True
         return self._events()
 
@@ -752,3 +1070,37 @@ class AsyncCommandStream:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
+
+
+def _to_event(kind: str, payload: Any) -> Optional[StreamEvent]:
+    """An SSE event of an exec stream as a :class:`StreamEvent` (``None`` for
+    kinds this client does not know); an ``error`` event raises."""
+    if kind in ("stdout", "stderr"):
+        payload = payload if isinstance(payload, Mapping) else {}
+        text = str(payload.get("data", ""))
+        raw = _core.as_bytes(text)
+        b64 = payload.get("base64")
+        if isinstance(b64, str):
+            import base64 as _b64
+
+            try:
+                raw = _b64.b64decode(b64)
+            except ValueError:
+                pass
+        return StreamEvent(kind=kind, text=text, data=raw)
+    if kind == "result":
+        return StreamEvent(kind="result", result=CommandResult.from_json(payload if isinstance(payload, Mapping) else {}))
+    if kind == "error":
+        status = 500
+        if isinstance(payload, Mapping) and isinstance(payload.get("status"), int):
+            status = payload["status"]
+        raise error_from_response(status, payload, resource="sandbox")
+    return None
+
+
+def _finish(result: CommandResult, *, check: bool, raise_on_failure: bool) -> CommandResult:
+    if raise_on_failure:
+        result.raise_for_failure()
+    if check and result.failure is None:
+        result.check()
+    return result

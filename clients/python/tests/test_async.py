@@ -99,3 +99,25 @@ async def test_async_sandbox_await_and_own_client(corral_url, monkeypatch):
     with pytest.raises(RuntimeError):
         not_started.id
     await not_started.client.aclose()
+
+
+async def test_async_events_follow_a_sandbox(corral_url, corral_spec):
+    # The asyncio client has the lifecycle event stream too (both clients
+    # are one source).
+    async with corral.AsyncClient(corral_url) as client:
+        events = client.events(after=0)
+        async with client.sandbox(spec=corral_spec()) as sb:
+            await sb.run("exit 3")
+            key = sb.id
+        mine = []
+
+        async def read():
+            async for ev in events:
+                if ev.get("session") == key:
+                    mine.append((ev["kind"], ev.get("outcome")))
+                    if ev["kind"] == "removed":
+                        return
+
+        await asyncio.wait_for(read(), 60)
+        await events.aclose()
+        assert mine == [("created", None), ("command", "exit"), ("removed", None)]

@@ -401,3 +401,74 @@ async def test_async_fork_sends_env_and_whoami_parses():
         (fork,) = await c.fork("snap", env={"API_KEY": "x"})
         assert fork.id == "f-0"
     assert seen == [("/v1/whoami", None), ("/v1/snapshots/snap/fork", {"count": 1, "env": {"API_KEY": "x"}})]
+
+
+# -- one source for the sync and async clients -------------------------------
+
+
+def _unasync_tool():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "tools" / "unasync.py"
+    spec = importlib.util.spec_from_file_location("corral_unasync", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_sync_client_is_current_with_the_async_one():
+    # corral/client.py is written from corral/aio.py; an edit of either
+    # alone fails here until `python tools/unasync.py` runs.
+    tool = _unasync_tool()
+    assert tool.is_current(), "corral/client.py is not current: run `python clients/python/tools/unasync.py`"
+    assert corral.client.__file__ == str(tool.TARGET)
+
+
+def test_unasync_writes_the_sync_forms_and_honours_its_marks():
+    tool = _unasync_tool()
+    src = (
+        "import asyncio\n"
+        "class AsyncSandbox:\n"
+        "    async def run(self) -> AsyncIterator[int]:\n"
+        "        async with self.client as c:\n"
+        "            async for chunk in c.aiter_bytes():\n"
+        "                await asyncio.sleep(1)\n"
+        "        await self.aclose()\n"
+        "    # unasync: async only\n"
+        "    close = aclose\n"
+        "    # unasync: end\n"
+        "    # unasync: sync only\n"
+        "    # self.start()\n"
+        "    # unasync: end\n"
+    )
+    out = tool.unasync(src).split("\n", 2)[2]
+    assert out == (
+        "import time\n"
+        "class Sandbox:\n"
+        "    def run(self) -> Iterator[int]:\n"
+        "        with self.client as c:\n"
+        "            for chunk in c.iter_bytes():\n"
+        "                time.sleep(1)\n"
+        "        self.close()\n"
+        "    self.start()\n"
+    )
+    with pytest.raises(ValueError, match="not ended"):
+        tool.unasync("# unasync: async only\nx = 1\n")
+    with pytest.raises(ValueError, match="must be commented out"):
+        tool.unasync("# unasync: sync only\nx = 1\n# unasync: end\n")
+
+
+def test_sync_and_async_clients_offer_the_same_methods():
+    pairs = [
+        (corral.Client, corral.AsyncClient),
+        (corral.Sandbox, corral.AsyncSandbox),
+        (corral.Shell, corral.AsyncShell),
+        (corral.CommandStream, corral.AsyncCommandStream),
+    ]
+    renamed = {"__aenter__": "__enter__", "__aexit__": "__exit__", "__aiter__": "__iter__", "aclose": "close"}
+    for sync, aio in pairs:
+        public = {n for n in vars(aio) if not n.startswith("_") or n in renamed}
+        want = {renamed.get(n, n) for n in public}
+        assert want <= set(vars(sync)), (sync, want - set(vars(sync)))
