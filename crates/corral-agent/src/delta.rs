@@ -120,9 +120,41 @@ fn copy_leaf(from: &Path, to: &Path, meta: &Metadata) -> io::Result<u64> {
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(to)?;
-    let n = io::copy(&mut src, &mut dst)?;
+    let n = copy_sparse(&mut src, &mut dst, meta.len())?;
     set_owner_mode(to, meta)?;
     Ok(n)
+}
+
+/// Copies a file of `len` bytes keeping its holes holes: only the data
+/// segments are read and written (a sandbox's 64 GiB sparse file costs
+/// the state tmpfs what it costs the sandbox, not 64 GiB of memory).
+/// Returns the bytes of data copied.
+fn copy_sparse(src: &mut File, dst: &mut File, len: u64) -> io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    use std::os::fd::AsFd;
+    let mut at = 0u64;
+    let mut copied = 0u64;
+    while at < len {
+        let data = match sys::seek_data_or_hole(src.as_fd(), at, libc::SEEK_DATA) {
+            Ok(Some(d)) => d,
+            Ok(None) => break,
+            // A file system that cannot tell: copy the rest whole.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                src.seek(SeekFrom::Start(at))?;
+                dst.seek(SeekFrom::Start(at))?;
+                copied += io::copy(src, dst)?;
+                break;
+            }
+            Err(e) => return Err(e),
+        };
+        let hole = sys::seek_data_or_hole(src.as_fd(), data, libc::SEEK_HOLE)?.unwrap_or(len);
+        src.seek(SeekFrom::Start(data))?;
+        dst.seek(SeekFrom::Start(data))?;
+        copied += io::copy(&mut Read::take(&mut *src, hole.saturating_sub(data)), dst)?;
+        at = hole;
+    }
+    dst.set_len(len)?;
+    Ok(copied)
 }
 
 enum Step {
@@ -138,6 +170,9 @@ enum Step {
 /// system) showed. Returns the bytes of file content copied.
 pub fn merge(upper: &Path, delta: &Path) -> Result<u64, String> {
     let mut bytes = 0;
+    // Files of the upper layer with several names, by (device, inode):
+    // linked again in the delta rather than copied once per name.
+    let mut linked: std::collections::HashMap<(u64, u64), PathBuf> = Default::default();
     let mut stack = vec![Step::Dir(upper.to_path_buf(), delta.to_path_buf())];
     let fail = |what: &str, p: &Path, e: io::Error| format!("cannot {what} {}: {e}", p.display());
     while let Some(step) = stack.pop() {
@@ -192,6 +227,14 @@ pub fn merge(upper: &Path, delta: &Path) -> Result<u64, String> {
                 continue;
             }
             remove_any(&dst).map_err(|e| fail("remove", &dst, e))?;
+            if ft.is_file() && meta.nlink() > 1 {
+                let key = (meta.dev(), meta.ino());
+                if let Some(first) = linked.get(&key) {
+                    fs::hard_link(first, &dst).map_err(|e| fail("link", &dst, e))?;
+                    continue;
+                }
+                linked.insert(key, dst.clone());
+            }
             bytes += copy_leaf(&src, &dst, &meta).map_err(|e| fail("copy", &src, e))?;
         }
     }
@@ -372,6 +415,13 @@ fn export_into<W: Write>(
                     .custom_flags(libc::O_NOFOLLOW)
                     .open(&path)
                     .map_err(io)?;
+                // One that cannot fit (a sparse file's holes count whole)
+                // is refused before any of it is sent.
+                let capped = builder.get_mut();
+                if capped.written.saturating_add(meta.len()) > capped.max {
+                    capped.over = true;
+                    return Err(io(io::Error::other("the archive would pass its limit")));
+                }
                 let mut h = header(&meta, EntryType::Regular, meta.len());
                 builder
                     .append_data(&mut h, &inside, file.take(meta.len()))

@@ -15,11 +15,16 @@
 //! exec` or the API server's exec.
 //!
 //! Threads, blocking IO: one per connection direction, which is fine at a
-//! sandbox's scale and keeps the static binary free of a runtime.
+//! sandbox's scale and keeps the static binary free of a runtime. A client
+//! holds at most [`MAX_HANDSHAKES`] connections that have not yet named
+//! their destination; past that its oldest is closed, so connections
+//! opened and left silent cannot take every thread the gateway may start
+//! (its pids limit) and starve the sandbox's own next request.
 
 mod dns;
 mod sniff;
 
+use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,6 +45,60 @@ pub const STATS_ENV: &str = "CORRAL_EGRESS_STATS";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const SNIFF_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Most connections one client may hold before they name their destination.
+pub const MAX_HANDSHAKES: usize = 64;
+
+/// The connections still in their handshake (before the name is known),
+/// oldest first, per client address.
+#[derive(Default)]
+struct Handshakes {
+    pending: Mutex<HashMap<IpAddr, VecDeque<(u64, TcpStream)>>>,
+    next: AtomicU64,
+}
+
+/// A connection's place among its client's handshakes, given up on drop.
+struct Handshake<'a> {
+    all: &'a Handshakes,
+    client: IpAddr,
+    id: u64,
+}
+
+impl Handshakes {
+    /// Counts `conn` among its client's handshakes, closing the oldest when
+    /// there are more than [`MAX_HANDSHAKES`] (its thread then sees the end
+    /// of its stream and goes).
+    fn enter(&self, conn: &TcpStream) -> Option<Handshake<'_>> {
+        let client = conn.peer_addr().ok()?.ip();
+        let handle = conn.try_clone().ok()?;
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let queue = pending.entry(client).or_default();
+        queue.push_back((id, handle));
+        while queue.len() > MAX_HANDSHAKES {
+            if let Some((_, oldest)) = queue.pop_front() {
+                let _ = oldest.shutdown(Shutdown::Both);
+            }
+        }
+        Some(Handshake {
+            all: self,
+            client,
+            id,
+        })
+    }
+}
+
+impl Drop for Handshake<'_> {
+    fn drop(&mut self) {
+        let mut pending = self.all.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(queue) = pending.get_mut(&self.client) {
+            queue.retain(|(id, _)| *id != self.id);
+            if queue.is_empty() {
+                pending.remove(&self.client);
+            }
+        }
+    }
+}
+
 #[derive(Default)]
 struct Stats {
     dns_allowed: AtomicU64,
@@ -54,6 +113,7 @@ struct Gateway {
     upstream: Vec<SocketAddr>,
     stats: Stats,
     stats_path: String,
+    handshakes: Handshakes,
 }
 
 /// The file the counts go to: [`STATS_ENV`]'s, else [`STATS_PATH`].
@@ -133,6 +193,7 @@ pub fn run() -> i32 {
         upstream: dns::nameservers(),
         stats: Stats::default(),
         stats_path: stats_path(),
+        handshakes: Handshakes::default(),
     });
     // Counts that cannot be written would read as zeros: refuse to run.
     let probe = format!("{}.start", gw.stats_path);
@@ -264,6 +325,7 @@ fn refuse(gw: &Gateway, mut conn: TcpStream, tls: bool, port: u16, why: String) 
 
 fn relay(gw: &Gateway, mut conn: TcpStream, port: u16) {
     let _ = conn.set_read_timeout(Some(SNIFF_TIMEOUT));
+    let handshake = gw.handshakes.enter(&conn);
     let mut prefix = Vec::with_capacity(2048);
     let mut chunk = [0u8; 4096];
     let sniffed = loop {
@@ -277,6 +339,7 @@ fn relay(gw: &Gateway, mut conn: TcpStream, port: u16) {
             Ok(n) => prefix.extend_from_slice(&chunk[..n]),
         }
     };
+    drop(handshake);
     let tls = prefix.first() == Some(&0x16);
     let name = match sniffed {
         Sniffed::Tls(n) | Sniffed::Http(n) => n,

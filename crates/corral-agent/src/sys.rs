@@ -119,6 +119,27 @@ pub fn bytes_readable(fd: RawFd) -> io::Result<usize> {
     Ok(usize::try_from(n).unwrap_or(0))
 }
 
+/// The next offset at or after `from` in `fd` where data (`whence`
+/// `SEEK_DATA`) or a hole (`SEEK_HOLE`) starts; `None` past the last data.
+pub fn seek_data_or_hole(
+    fd: BorrowedFd<'_>,
+    from: u64,
+    whence: libc::c_int,
+) -> io::Result<Option<u64>> {
+    let from =
+        libc::off_t::try_from(from).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: lseek on a descriptor the caller holds open; no memory is passed.
+    let at = unsafe { libc::lseek(fd.as_raw_fd(), from, whence) };
+    if at < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENXIO) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    Ok(Some(at as u64))
+}
+
 /// Makes this process non-dumpable: without CAP_SYS_PTRACE (which no
 /// sandbox has) nothing can ptrace it or open its `/proc/PID/fd/*`,
 /// `/proc/PID/mem` or `/proc/PID/environ`, even as the same uid.

@@ -12,7 +12,11 @@
 //! other member is the gateway, `corral-egress-gw-<sandbox>`: the agent
 //! binary's `egress-gateway` mode, PID 1 of an image holding nothing else
 //! (`corral-egress:<agent build>`, imported from a tar made here, no
-//! registry), with every capability dropped but NET_BIND_SERVICE. It also
+//! registry), as its Kubernetes pod runs: uid and gid 65534, every
+//! capability dropped, a read-only root (its counts on a small tmpfs),
+//! no new privileges; the namespaced sysctl
+//! `net.ipv4.ip_unprivileged_port_start=0` lets it bind 53, 80 and 443
+//! without NET_BIND_SERVICE. It also
 //! joins the outside network (`daemon.egress_network`, default corral's
 //! bridge) and is the sandbox's resolver (Docker's `dns` option, behind the
 //! daemon's embedded resolver), answering allowed names with its own
@@ -47,6 +51,15 @@ pub const INHIBIT_IPV4: &str = "com.docker.network.bridge.inhibit_ipv4";
 
 /// The gateway image's repository (tagged with the agent build).
 pub const IMAGE_REPO: &str = "corral-egress";
+
+/// The user and group the gateway runs as (nobody), as on Kubernetes.
+pub const GATEWAY_UID: u32 = 65534;
+
+/// The gateway's one writable directory (a tmpfs; its root is read-only).
+const GATEWAY_RUN: &str = "/run";
+
+/// Where the gateway writes its counts.
+const GATEWAY_STATS: &str = "/run/egress-stats.json";
 
 /// The internal network of `sandbox`.
 pub fn network_name(sandbox: &str) -> String {
@@ -205,13 +218,27 @@ pub async fn ensure(
         image: Some(image.clone()),
         entrypoint: Some(vec!["/corral-agent".into(), "egress-gateway".into()]),
         cmd: Some(Vec::new()),
-        env: Some(vec![format!("CORRAL_EGRESS_POLICY={policy_json}")]),
+        env: Some(vec![
+            format!("CORRAL_EGRESS_POLICY={policy_json}"),
+            format!("CORRAL_EGRESS_STATS={GATEWAY_STATS}"),
+        ]),
+        user: Some(format!("{GATEWAY_UID}:{GATEWAY_UID}")),
         labels: Some(labels),
         host_config: Some(HostConfig {
             network_mode: Some(network_id.clone()),
             cap_drop: Some(vec!["ALL".into()]),
-            cap_add: Some(vec!["NET_BIND_SERVICE".into()]),
             security_opt: Some(vec!["no-new-privileges".into()]),
+            readonly_rootfs: Some(true),
+            tmpfs: Some(HashMap::from([(
+                GATEWAY_RUN.to_string(),
+                format!(
+                    "rw,noexec,nosuid,nodev,size=1m,mode=0700,uid={GATEWAY_UID},gid={GATEWAY_UID}"
+                ),
+            )])),
+            sysctls: Some(HashMap::from([(
+                "net.ipv4.ip_unprivileged_port_start".to_string(),
+                "0".to_string(),
+            )])),
             memory: Some(128 << 20),
             pids_limit: Some(512),
             ..Default::default()

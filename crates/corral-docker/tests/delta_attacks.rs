@@ -300,3 +300,49 @@ async fn a_crafted_delta_is_refused_whole_and_writes_nothing_outside() {
     assert!(Path::new(&f.store).exists());
     g.assert_clean();
 }
+
+/// What a sandbox can make of its own delta to break its snapshot: a
+/// sparse file of 64 GiB (a few bytes on disk) and a file with thousands
+/// of hard links. Each snapshot either travels (holes kept, links as
+/// copies within `snapshots.max_bytes`) or fails with a typed error naming
+/// the limit, and the sandbox's agent lives on: its next command runs and
+/// it still resets.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sparse_file_or_many_hard_links_fail_typed_and_the_agent_lives() {
+    let g = Guard::new("delta-sparse");
+    let f = Fixture::new("sparse").await;
+    let spec = f.spec(&g);
+    let source = f.rt.create(&spec).await.expect("create");
+    source.resets_in_place().expect("in place");
+    for (name, script) in [
+        (
+            "delta-sparse",
+            "mkdir -p /srv && truncate -s 64G /srv/sparse && echo tail >> /srv/sparse",
+        ),
+        (
+            "delta-links",
+            "rm -f /srv/sparse; mkdir -p /srv/l && dd if=/dev/urandom of=/srv/big bs=1M count=4 \
+             2>/dev/null && i=0; while [ $i -lt 3000 ]; do ln /srv/big /srv/l/$i; i=$((i+1)); done",
+        ),
+    ] {
+        out(&source, &format!("{script}; echo made")).await;
+        let taken = source.snapshot(name, SnapshotOptions::default()).await;
+        match &taken {
+            Ok(info) => assert_eq!(info.kind, SnapshotKind::Delta, "{name}"),
+            Err(e) => assert!(
+                matches!(e, corral::Error::SnapshotTooLarge { .. }),
+                "{name}: not a typed refusal: {e:?}"
+            ),
+        }
+        assert_eq!(
+            out(&source, "echo alive").await,
+            "alive\n",
+            "{name}: the agent died"
+        );
+        let _ = f.rt.delete_snapshot(name).await;
+    }
+    source.reset().await.expect("reset after the snapshots");
+    assert_eq!(out(&source, "echo alive").await, "alive\n");
+    source.destroy().await.expect("destroy");
+    g.assert_clean();
+}

@@ -553,3 +553,76 @@ async fn apt_installs_over_http() {
     assert!(out.ends_with("installed-by-apt\n"), "{out}");
     sb.close().await;
 }
+
+/// The gateway runs as its Kubernetes pod does: uid and gid 65534, no
+/// capability at all, a read-only root (its counts on a tmpfs), so a
+/// gateway a sandbox found a way into could change nothing of its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_gateway_runs_as_nobody_with_a_read_only_root_and_no_capability() {
+    let sb = Sb::new().await;
+    // It still works, binding 53 and 80 without NET_BIND_SERVICE.
+    let (out, rc) = sb.sh(&curl("http://pypi.test/")).await;
+    assert_eq!(
+        (out.as_str(), rc),
+        ("hello from pypi (Host pypi.test)\n", 0)
+    );
+    assert_eq!(sb.stats().await.connections_allowed, 1);
+    let gw = corral_docker::egress::gateway_name(sb.sandbox.id());
+    let seen = docker(&[
+        "inspect",
+        "--format",
+        "{{.Config.User}} {{.HostConfig.ReadonlyRootfs}} {{.HostConfig.CapAdd}} {{.HostConfig.CapDrop}}",
+        &gw,
+    ]);
+    assert_eq!(seen, "65534:65534 true [] [ALL]", "{gw}");
+    // What the process itself reports at start.
+    let logs = Command::new("docker")
+        .args(["logs", &gw])
+        .output()
+        .expect("docker logs");
+    let logs = String::from_utf8_lossy(&logs.stderr);
+    assert!(
+        logs.contains("uid 65534, CapEff 0000000000000000, root ro"),
+        "{logs}"
+    );
+    sb.close().await;
+}
+
+/// Connections opened and left silent cannot starve the gateway: past a
+/// bound per client the oldest handshake is shed, so with 600 of them held
+/// the sandbox's next ordinary request is answered at once, where the
+/// gateway ran out of threads (its pids limit) and dropped every new
+/// connection until the silent ones timed out (10 s each, about 40 s in
+/// all). The request's bound (8 s) is below that timeout, not a speed
+/// claim.
+#[tokio::test(flavor = "multi_thread")]
+async fn held_connections_do_not_starve_the_gateway() {
+    let sb = Sb::new().await;
+    let script = r#"
+import socket, subprocess
+held = []
+for i in range(600):
+    try:
+        held.append(socket.create_connection(("pypi.test", 80), timeout=5))
+    except OSError:
+        pass
+r = subprocess.run(["curl", "-sS", "--max-time", "8", "http://pypi.test/"],
+                   capture_output=True, text=True)
+print(len(held), r.returncode, r.stdout.strip(), r.stderr.strip())
+"#;
+    let (out, rc) = sb
+        .sh(&format!("python3 -c '{}'", script.replace('\'', "\"")))
+        .await;
+    assert_eq!(rc, 0, "{out}");
+    let fields: Vec<&str> = out.trim().splitn(3, ' ').collect();
+    assert!(
+        fields.first().and_then(|n| n.parse::<u32>().ok()) >= Some(500),
+        "could not hold the connections: {out}"
+    );
+    assert_eq!(
+        fields.get(1..).map(|f| f.join(" ")).as_deref(),
+        Some("0 hello from pypi (Host pypi.test)"),
+        "{out}"
+    );
+    sb.close().await;
+}
