@@ -36,9 +36,12 @@ const START_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long an interrupted execution may take to stop before the kernel is
 /// restarted.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
-/// Output of the relay queued while nobody reads (an idle kernel's
-/// background thread printing): more is dropped.
-const IDLE_QUEUE: usize = 8 << 20;
+/// Output of the relay queued while it is not read (an idle kernel's
+/// background thread printing, or a reader slower than the kernel): more
+/// is dropped. It holds one whole message of the largest kind an
+/// execution keeps (a print of several MiB arrives as one line), so a
+/// slow reader loses no line it would have kept.
+const IDLE_QUEUE: usize = 32 << 20;
 /// The longest relay line taken (a result's MIME bundle included).
 const MAX_LINE: usize = 64 << 20;
 
