@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-docker.sh
-scripts/build-test-images.sh --net
+scripts/build-test-images.sh --net --python
 cargo build -q --bin corral --bin corral-internet
 scripts/python-env.sh
 export CORRAL_BIN="${CORRAL_BIN:-$PWD/target/debug/corral}"

@@ -13,8 +13,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-docker.sh
-# --net: the egress tests' sandbox and "internet" image (crates/corral-docker/tests/egress.rs).
-scripts/build-test-images.sh --net
+# --net: the egress tests' sandbox and "internet" image (crates/corral-docker/tests/egress.rs);
+# --python: the code-interpreter tests' image with a Jupyter kernel (clients/python/tests/test_code.py, test_e2b_code.py).
+scripts/build-test-images.sh --net --python
 # The registry the pull tests run on loopback (crates/corral-docker/tests/pull.rs).
 scripts/ensure-registry.sh >/dev/null
 # tmux: `corral top` is driven in a real terminal (crates/corral-cli/tests/top.rs);
