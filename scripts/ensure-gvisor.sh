@@ -29,10 +29,16 @@ if ! command -v runsc >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runsc >/dev/null
   }
 fi
-command -v jq >/dev/null 2>&1 || {
-  echo "ensure-gvisor: jq is needed to edit $config; apt-get install jq" >&2
-  exit 1
-}
+if ! command -v jq >/dev/null 2>&1; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "ensure-gvisor: jq is needed to edit $config; apt-get install jq" >&2
+    exit 1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null 2>&1 || {
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null
+  }
+fi
 path=$(command -v runsc)
 
 args_json=$(printf '%s\n' "${args[@]}" | jq -R . | jq -s .)
