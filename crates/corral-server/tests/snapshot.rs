@@ -338,3 +338,126 @@ async fn a_client_cannot_fork_an_operators_snapshot_with_a_host_mount() {
     provider.shutdown().await;
     let _ = std::fs::remove_dir_all(&host_dir);
 }
+
+/// What a fork must see: the paths under the directories the snapshot and
+/// the episodes touch, and the prepared file.
+const TREE: &str = "find /etc /srv /opt /root /home 2>/dev/null | sort; cat /srv/p/README";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fork_lands_in_a_warm_pristine_sandbox_and_its_delete_returns_it_pristine() {
+    let snaps = Snapshots(Vec::new());
+    let _g = Guard("api-pool-fork");
+    let mut c = config("api-pool-fork");
+    let mut pool = corral::pool::PoolConfig {
+        spec: c.defaults.clone(),
+        warm: 3,
+        pristine: true,
+        ..Default::default()
+    };
+    pool.spec.image = BUSYBOX.into();
+    c.provider.pools.insert("p".into(), pool);
+    let (app, provider, _) = service(c).await;
+    let warm = || provider.wait_warm("p", std::time::Duration::from_secs(60));
+    assert!(warm().await, "the pool never got warm");
+
+    // The source is one of the pool's: the same spec as every warm one.
+    let (st, src) = call(
+        &app,
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"session": "src", "profile": "p"})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{src}");
+    let src = src["id"].as_str().expect("id").to_string();
+    exec(
+        &app,
+        &src,
+        "mkdir -p /srv/p && echo prepared > /srv/p/README && rm /etc/passwd",
+    )
+    .await;
+    let name = unique("pool");
+    let (st, snap) = call(
+        &app,
+        "POST",
+        &format!("/v1/sandboxes/{src}/snapshot"),
+        Some(json!({"name": name})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{snap}");
+    let expected = exec(&app, &src, TREE).await;
+    assert!(!expected.contains("/etc/passwd\n"), "{expected}");
+
+    // The pool's sandboxes, with the last episode's mess left in one.
+    assert!(warm().await, "the pool was not refilled");
+    let (st, used) = call(
+        &app,
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"session": "episode", "profile": "p"})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{used}");
+    let used = used["id"].as_str().expect("id").to_string();
+    exec(
+        &app,
+        &used,
+        "echo left > /etc/left-behind; mkdir -p /opt/old",
+    )
+    .await;
+    let (st, _) = call(&app, "DELETE", &format!("/v1/sandboxes/{used}"), None).await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    assert!(warm().await, "the pool was not refilled");
+    let pooled: Vec<String> = provider
+        .held()
+        .into_iter()
+        .filter(|h| h.key.is_none())
+        .map(|h| h.sandbox.id().to_string())
+        .collect();
+    assert!(
+        pooled.contains(&used),
+        "the used sandbox is not back in the pool"
+    );
+
+    let (st, forks) = call(
+        &app,
+        "POST",
+        &format!("/v1/snapshots/{name}/fork"),
+        Some(json!({"count": pooled.len(), "session_prefix": "ep"})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{forks}");
+    let ids: Vec<String> = forks["sandboxes"]
+        .as_array()
+        .expect("sandboxes")
+        .iter()
+        .map(|s| s["id"].as_str().expect("id").to_string())
+        .collect();
+    for id in &ids {
+        assert!(
+            pooled.contains(id),
+            "fork {id} started a container: {pooled:?}"
+        );
+        assert_eq!(exec(&app, id, TREE).await, expected, "fork {id}");
+    }
+    assert!(ids.contains(&used), "no fork took the used sandbox");
+
+    // Deleted, the fork goes back to its pool as the pool's state.
+    let (st, _) = call(&app, "DELETE", &format!("/v1/sandboxes/{used}"), None).await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    let back = provider
+        .held()
+        .into_iter()
+        .find(|h| h.key.is_none() && h.sandbox.id() == used)
+        .expect("the fork's sandbox went back to its pool")
+        .sandbox;
+    let r = back
+        .run(&corral_core::CommandSpec::shell(
+            "ls /srv/p /etc/left-behind /opt/old 2>&1 | grep -c 'No such'; test -e /etc/passwd && echo passwd",
+        ))
+        .await;
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "3\npasswd\n", "{r:?}");
+
+    provider.shutdown().await;
+    drop(snaps);
+}
