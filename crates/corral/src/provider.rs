@@ -669,28 +669,7 @@ impl Provider {
             if st.sessions.contains_key(key) {
                 return None;
             }
-            let mut taken = None;
-            while let Some(pooled) = st.pools.get_mut(pool).and_then(VecDeque::pop_front) {
-                if !pooled.sandbox.looks_alive() {
-                    st.live -= 1;
-                    self.discard(pooled.sandbox);
-                    continue;
-                }
-                pooled.sandbox.set_session(key);
-                st.sessions.insert(
-                    key.to_string(),
-                    Entry {
-                        sandbox: pooled.sandbox.clone(),
-                        profile: Some(pool.to_string()),
-                        last_used_ms: now,
-                        started_ms: pooled.started_ms,
-                        leases: 1,
-                    },
-                );
-                taken = Some(pooled.sandbox);
-                break;
-            }
-            taken?
+            self.take_pooled(&mut st, pool, key, now)?
         };
         // The refiller starts replacements now, while the imports run.
         self.inner.changed.notify_waiters();
@@ -836,24 +815,8 @@ impl Provider {
             return Plan::Existing(e.sandbox.clone());
         }
         if let Some(p) = profile {
-            while let Some(pooled) = st.pools.get_mut(p).and_then(VecDeque::pop_front) {
-                if !pooled.sandbox.looks_alive() {
-                    st.live -= 1;
-                    self.discard(pooled.sandbox);
-                    continue;
-                }
-                pooled.sandbox.set_session(key);
-                st.sessions.insert(
-                    key.to_string(),
-                    Entry {
-                        sandbox: pooled.sandbox.clone(),
-                        profile: Some(p.to_string()),
-                        last_used_ms: now,
-                        started_ms: pooled.started_ms,
-                        leases: 1,
-                    },
-                );
-                return Plan::FromPool(pooled.sandbox);
+            if let Some(sandbox) = self.take_pooled(&mut st, p, key, now) {
+                return Plan::FromPool(sandbox);
             }
         }
         if cfg.max_live == 0 || st.live < cfg.max_live {
@@ -1123,6 +1086,32 @@ impl Provider {
 
     /// [`Provider::remove`] in the background (evictions, lost races),
     /// counted so that [`Provider::shutdown`] waits for it.
+    /// Takes the first live sandbox of `pool` for session `key` (dead ones
+    /// on the way are discarded), registered as the session's with one
+    /// lease; `None` when the pool has none.
+    fn take_pooled(&self, st: &mut State, pool: &str, key: &str, now: u64) -> Option<Sandbox> {
+        while let Some(pooled) = st.pools.get_mut(pool).and_then(VecDeque::pop_front) {
+            if !pooled.sandbox.looks_alive() {
+                st.live -= 1;
+                self.discard(pooled.sandbox);
+                continue;
+            }
+            pooled.sandbox.set_session(key);
+            st.sessions.insert(
+                key.to_string(),
+                Entry {
+                    sandbox: pooled.sandbox.clone(),
+                    profile: Some(pool.to_string()),
+                    last_used_ms: now,
+                    started_ms: pooled.started_ms,
+                    leases: 1,
+                },
+            );
+            return Some(pooled.sandbox);
+        }
+        None
+    }
+
     fn discard(&self, sb: Sandbox) {
         let teardowns = self.inner.teardowns.clone();
         teardowns.started();
