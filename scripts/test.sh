@@ -62,10 +62,14 @@ cargo test --workspace --all-targets --no-fail-fast "$@"
 echo "== Python client and MCP tests (real corral serve / corral mcp)"
 scripts/python-env.sh
 cargo build --bin corral --bin corral-internet
-CORRAL_BIN="$PWD/target/debug/corral" target/pyenv/bin/python -m pytest -q clients/python/tests
+# Three workers, a test file to each at a time (--dist loadfile: a file's
+# module fixtures stay in one process): the tests mostly wait on sandboxes,
+# so this takes a third of the serial time on two cores. Each worker starts
+# its own `corral serve` and checks its own run's leftovers.
+CORRAL_BIN="$PWD/target/debug/corral" target/pyenv/bin/python -m pytest -q -n 3 --dist loadfile clients/python/tests
 echo "== the same e2b SDK tests under the oldest e2b SDK corral serves"
 E2B_SDK_DIR="$PWD/target/pyenv/e2b-oldest" CORRAL_BIN="$PWD/target/debug/corral" \
-  target/pyenv/bin/python -m pytest -q -p no:cacheprovider clients/python/tests/test_e2b.py
+  target/pyenv/bin/python -m pytest -q -n 2 -p no:cacheprovider clients/python/tests/test_e2b.py
 
 echo "== the wheels and the service image as a user gets them (static debug build)"
 scripts/test-dist.sh
