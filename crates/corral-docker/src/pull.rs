@@ -274,18 +274,25 @@ async fn pull_once(
             slots.acquire_owned().await
         }
     };
-    let outcome = match slot {
-        Err(_) => Err(PullFailure::Unavailable("the pull slots are closed".into())),
-        Ok(_slot) => {
+    // The slot is held until the entry is out of `flights`: released
+    // earlier, the next pull would show as pulling beside this one and the
+    // table would report more pulls at once than daemon.pull_limit.
+    let (outcome, _slot) = match slot {
+        Err(_) => (
+            Err(PullFailure::Unavailable("the pull slots are closed".into())),
+            None,
+        ),
+        Ok(slot) => {
             progress.send_modify(|p| p.queued = false);
             let pulling = pull(&docker, &image, config.auth_file.as_deref(), &progress);
-            match tokio::time::timeout(config.timeout, pulling).await {
+            let res = match tokio::time::timeout(config.timeout, pulling).await {
                 Ok(res) => res,
                 Err(_) => Err(PullFailure::Unavailable(format!(
                     "the pull did not finish within {} ms (daemon.pull_timeout_ms)",
                     config.timeout.as_millis()
                 ))),
-            }
+            };
+            (res, Some(slot))
         }
     };
     flights
