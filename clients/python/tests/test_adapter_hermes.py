@@ -717,6 +717,48 @@ print("left", len(left), flush=True)
     assert docker_ids("corral.sandbox", f"hermes-task-id=force-{case}") == []
 
 
+@pytest.mark.parametrize("persist", ["true", "false"])
+def test_cleanup_vm_force_remove_of_a_task_without_overrides(hermes_server, tmp_path, persist):
+    """hermes 0.19.0 runs a task id without an image override in the shared
+    "default" environment (`_resolve_container_task_id`) but its
+    `cleanup_vm(task_id)` looks the raw id up: `cleanup_vm("t1",
+    force_remove=True)` after `terminal_tool(..., task_id="t1")` found
+    nothing and removed nothing. With corral the explicit teardown removes
+    the sandbox the task's commands ran in before the call returns (with or
+    without docker_persist_across_processes), and the task's next command
+    gets a new one."""
+    body = TOOL + """\
+import subprocess
+import tools.terminal_tool as tt
+from tools.terminal_tool import cleanup_vm
+def alive(cid):
+    return subprocess.run(["docker", "ps", "-aq", "--no-trunc", "--filter", "id=" + cid], capture_output=True, text=True, check=True).stdout.split()
+r = run("hostname", task_id="t1")
+print("ran", r["exit_code"], flush=True)
+env = tt.get_active_env("t1")
+sandbox = env.sandbox.refresh()
+print("before", len(alive(sandbox.container_id)), flush=True)
+cleanup_vm("t1", force_remove=True)
+print("after", len(alive(sandbox.container_id)), flush=True)
+print("tracked", tt.get_active_env("t1") is not None, flush=True)
+r = run("hostname", task_id="t1")
+print("again", r["exit_code"], tt.get_active_env("t1").sandbox.refresh().container_id != sandbox.container_id, flush=True)
+"""
+    lines = _answer(
+        _hermes_child(
+            hermes_server,
+            tmp_path,
+            body,
+            TERMINAL_ENV="corral",
+            TERMINAL_CONTAINER_PERSISTENT="false",
+            TERMINAL_DOCKER_PERSIST_ACROSS_PROCESSES=persist,
+        )
+    )
+    assert "ran 0" in lines and "before 1" in lines, lines
+    assert "after 0" in lines, lines
+    assert "tracked False" in lines and "again 0 True" in lines, lines
+
+
 def test_two_processes_without_persist_across_processes_share_nothing(hermes_server, tmp_path):
     """TERMINAL_DOCKER_PERSIST_ACROSS_PROCESSES=false with hermes' default
     container_persistent: two hermes processes of one task and profile get
