@@ -819,3 +819,94 @@ print("after", r["exit_code"], r["output"].strip(), flush=True)
     while docker_ids("corral.sandbox", f"hermes-task-id=pair-{case}"):
         assert time.monotonic() < deadline, "a process's sandbox outlived it"
         time.sleep(0.2)
+
+
+def _alive(containers: List[str]) -> List[str]:
+    """Those of `containers` (full ids) the daemon still has."""
+    out = []
+    for c in containers:
+        found = subprocess.run(
+            ["docker", "ps", "-aq", "--no-trunc", "--filter", f"id={c}"], capture_output=True, text=True, timeout=60
+        ).stdout.split()
+        if found:
+            out.append(c)
+    return out
+
+
+@pytest.mark.parametrize("persist", ["false", "true"])
+def test_two_processes_of_the_default_task_share_only_when_persisting(hermes_server, tmp_path, persist):
+    """Two hermes processes on one profile, the task without an image
+    override (hermes' shared "default" environment), running at once:
+    with TERMINAL_DOCKER_PERSIST_ACROSS_PROCESSES=false each has a sandbox
+    of its own, gone when its process exits; with true they share one (the
+    session key), which outlives them for the next process."""
+    body = TOOL + """\
+import sys
+import tools.terminal_tool as tt
+r = run("cat /etc/hostname", task_id="pair")
+env = tt.get_active_env("pair")
+print("container", env.sandbox.refresh().container_id, env.sandbox.id, flush=True)
+sys.stdin.readline()
+r = run("echo still-here", task_id="pair")
+print("after", r["exit_code"], r["output"].strip(), flush=True)
+"""
+    child_env = dict(os.environ)
+    for name in ("TERMINAL_ENV", "TERMINAL_DOCKER_IMAGE", "CORRAL_OPEN_INSTRUCT"):
+        child_env.pop(name, None)
+    child_env.update(
+        {
+            "HERMES_HOME": str(tmp_path),
+            "CORRAL_URL": hermes_server.url,
+            "CORRAL_TOKEN": hermes_server.client_token or "",
+            "TERMINAL_CONTAINER_MEMORY": "256",
+            "TERMINAL_ENV": "corral",
+            "TERMINAL_CONTAINER_PERSISTENT": "false",
+            "TERMINAL_DOCKER_PERSIST_ACROSS_PROCESSES": persist,
+        }
+    )
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(body)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env,
+        )
+
+    procs = [start(), start()]
+    seen = []
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().strip()
+            if not line.startswith("container "):
+                proc.kill()
+                pytest.fail(f"{line!r}: {proc.communicate(timeout=30)[1][-3000:]}")
+            seen.append(line.split()[1:])
+        containers = [c for c, _ in seen]
+        if persist == "false":
+            assert containers[0] != containers[1], "two processes share one sandbox"
+        else:
+            assert containers[0] == containers[1], "persisting processes of one task got two sandboxes"
+        for proc in procs:
+            out, err = proc.communicate("\n", timeout=120)
+            assert proc.returncode == 0, err[-3000:]
+            assert "after 0 still-here" in out, (out, err[-3000:])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    if persist == "true":
+        try:
+            assert _alive(containers[:1]) == containers[:1], "the shared sandbox did not outlive its processes"
+        finally:
+            with corral.Client(hermes_server.url) as client:
+                client.delete_sandbox(seen[0][1])
+    else:
+        deadline = time.monotonic() + 30
+        while _alive(containers):
+            assert time.monotonic() < deadline, f"a process's sandbox outlived it: {_alive(containers)}"
+            time.sleep(0.2)
