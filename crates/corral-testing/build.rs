@@ -1,4 +1,4 @@
-//! Builds the static agent exactly as `crates/corral-docker/build.rs` does
+//! Builds the static agent exactly as `crates/corral-agent-bin/build.rs` does
 //! (the same `crates/corral-agent/build_static.rs`, the same `target/agent`
 //! directory, so the two share one build) and tells the crate where it is
 //! through `CORRAL_TESTING_AGENT_BIN`. Set `CORRAL_AGENT_BIN` to use a

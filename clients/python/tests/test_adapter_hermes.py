@@ -717,6 +717,48 @@ print("left", len(left), flush=True)
     assert docker_ids("corral.sandbox", f"hermes-task-id=force-{case}") == []
 
 
+@pytest.mark.parametrize("persist", ["true", "false"])
+def test_cleanup_vm_force_remove_of_a_task_without_overrides(hermes_server, tmp_path, persist):
+    """hermes 0.19.0 runs a task id without an image override in the shared
+    "default" environment (`_resolve_container_task_id`) but its
+    `cleanup_vm(task_id)` looks the raw id up: `cleanup_vm("t1",
+    force_remove=True)` after `terminal_tool(..., task_id="t1")` found
+    nothing and removed nothing. With corral the explicit teardown removes
+    the sandbox the task's commands ran in before the call returns (with or
+    without docker_persist_across_processes), and the task's next command
+    gets a new one."""
+    body = TOOL + """\
+import subprocess
+import tools.terminal_tool as tt
+from tools.terminal_tool import cleanup_vm
+def alive(cid):
+    return subprocess.run(["docker", "ps", "-aq", "--no-trunc", "--filter", "id=" + cid], capture_output=True, text=True, check=True).stdout.split()
+r = run("hostname", task_id="t1")
+print("ran", r["exit_code"], flush=True)
+env = tt.get_active_env("t1")
+sandbox = env.sandbox.refresh()
+print("before", len(alive(sandbox.container_id)), flush=True)
+cleanup_vm("t1", force_remove=True)
+print("after", len(alive(sandbox.container_id)), flush=True)
+print("tracked", tt.get_active_env("t1") is not None, flush=True)
+r = run("hostname", task_id="t1")
+print("again", r["exit_code"], tt.get_active_env("t1").sandbox.refresh().container_id != sandbox.container_id, flush=True)
+"""
+    lines = _answer(
+        _hermes_child(
+            hermes_server,
+            tmp_path,
+            body,
+            TERMINAL_ENV="corral",
+            TERMINAL_CONTAINER_PERSISTENT="false",
+            TERMINAL_DOCKER_PERSIST_ACROSS_PROCESSES=persist,
+        )
+    )
+    assert "ran 0" in lines and "before 1" in lines, lines
+    assert "after 0" in lines, lines
+    assert "tracked False" in lines and "again 0 True" in lines, lines
+
+
 def test_two_processes_without_persist_across_processes_share_nothing(hermes_server, tmp_path):
     """TERMINAL_DOCKER_PERSIST_ACROSS_PROCESSES=false with hermes' default
     container_persistent: two hermes processes of one task and profile get
@@ -777,3 +819,94 @@ print("after", r["exit_code"], r["output"].strip(), flush=True)
     while docker_ids("corral.sandbox", f"hermes-task-id=pair-{case}"):
         assert time.monotonic() < deadline, "a process's sandbox outlived it"
         time.sleep(0.2)
+
+
+def _alive(containers: List[str]) -> List[str]:
+    """Those of `containers` (full ids) the daemon still has."""
+    out = []
+    for c in containers:
+        found = subprocess.run(
+            ["docker", "ps", "-aq", "--no-trunc", "--filter", f"id={c}"], capture_output=True, text=True, timeout=60
+        ).stdout.split()
+        if found:
+            out.append(c)
+    return out
+
+
+@pytest.mark.parametrize("persist", ["false", "true"])
+def test_two_processes_of_the_default_task_share_only_when_persisting(hermes_server, tmp_path, persist):
+    """Two hermes processes on one profile, the task without an image
+    override (hermes' shared "default" environment), running at once:
+    with TERMINAL_DOCKER_PERSIST_ACROSS_PROCESSES=false each has a sandbox
+    of its own, gone when its process exits; with true they share one (the
+    session key), which outlives them for the next process."""
+    body = TOOL + """\
+import sys
+import tools.terminal_tool as tt
+r = run("cat /etc/hostname", task_id="pair")
+env = tt.get_active_env("pair")
+print("container", env.sandbox.refresh().container_id, env.sandbox.id, flush=True)
+sys.stdin.readline()
+r = run("echo still-here", task_id="pair")
+print("after", r["exit_code"], r["output"].strip(), flush=True)
+"""
+    child_env = dict(os.environ)
+    for name in ("TERMINAL_ENV", "TERMINAL_DOCKER_IMAGE", "CORRAL_OPEN_INSTRUCT"):
+        child_env.pop(name, None)
+    child_env.update(
+        {
+            "HERMES_HOME": str(tmp_path),
+            "CORRAL_URL": hermes_server.url,
+            "CORRAL_TOKEN": hermes_server.client_token or "",
+            "TERMINAL_CONTAINER_MEMORY": "256",
+            "TERMINAL_ENV": "corral",
+            "TERMINAL_CONTAINER_PERSISTENT": "false",
+            "TERMINAL_DOCKER_PERSIST_ACROSS_PROCESSES": persist,
+        }
+    )
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(body)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env,
+        )
+
+    procs = [start(), start()]
+    seen = []
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().strip()
+            if not line.startswith("container "):
+                proc.kill()
+                pytest.fail(f"{line!r}: {proc.communicate(timeout=30)[1][-3000:]}")
+            seen.append(line.split()[1:])
+        containers = [c for c, _ in seen]
+        if persist == "false":
+            assert containers[0] != containers[1], "two processes share one sandbox"
+        else:
+            assert containers[0] == containers[1], "persisting processes of one task got two sandboxes"
+        for proc in procs:
+            out, err = proc.communicate("\n", timeout=120)
+            assert proc.returncode == 0, err[-3000:]
+            assert "after 0 still-here" in out, (out, err[-3000:])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    if persist == "true":
+        try:
+            assert _alive(containers[:1]) == containers[:1], "the shared sandbox did not outlive its processes"
+        finally:
+            with corral.Client(hermes_server.url) as client:
+                client.delete_sandbox(seen[0][1])
+    else:
+        deadline = time.monotonic() + 30
+        while _alive(containers):
+            assert time.monotonic() < deadline, f"a process's sandbox outlived it: {_alive(containers)}"
+            time.sleep(0.2)

@@ -21,21 +21,16 @@ use corral_core::protocol::AGENT_DIR;
 use crate::error::is_not_found;
 use corral_core::Error;
 
-/// The agent binary, built statically by this crate's build script.
-pub static AGENT_BINARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/corral-agent"));
+/// The agent binary (`corral_agent_bin`, built statically once for every
+/// part that needs it).
+pub use corral_agent_bin::BINARY as AGENT_BINARY;
 
 /// Label on agent volumes, value the agent build's hash.
 pub const AGENT_LABEL: &str = "corral.agent";
 
 /// A short hash identifying this agent build.
 pub fn agent_hash() -> String {
-    // FNV-1a: stable across runs and processes (std's hasher is seeded).
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in AGENT_BINARY {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{:012x}", h & 0xffff_ffff_ffff)
+    corral_agent_bin::hash()
 }
 
 /// The volume holding this agent build.

@@ -46,7 +46,8 @@ use corral::Lease;
 use corral_core::config::{AuthMode, ServerConfig};
 use corral_core::principal::{Principal, DEFAULT_TENANT};
 
-use crate::api::AppState;
+use crate::api::{AppState, Observed};
+use crate::error::ApiError;
 use connect::{Code, RpcError};
 use control::E2bError;
 
@@ -230,6 +231,41 @@ impl E2b {
     /// [`E2b::envd`] for the in-sandbox server on `served` (envd's port, or
     /// the code interpreter's: `code.rs`).
     async fn envd_on(&self, headers: &HeaderMap, served: &str) -> Result<Envd, RpcError> {
+        let (entry, gone) = self.envd_entry(headers, served)?;
+        let lease = match self.app.lease(&entry.owner, &entry.id).await {
+            Ok(l) => l,
+            Err(e) if e.status == StatusCode::NOT_FOUND => {
+                self.forget(&entry.id);
+                return Err(gone);
+            }
+            Err(e) => return Err(RpcError::from(e)),
+        };
+        Ok(Envd { entry, lease })
+    }
+
+    /// The sandbox an envd call names, checked as [`E2b::envd`] does, looked
+    /// at without using it ([`AppState::observed`]): a probe (`/health`,
+    /// the SDK's `is_running`) is not activity for the idle timeout.
+    fn envd_observed(&self, headers: &HeaderMap) -> Result<corral::Sandbox, RpcError> {
+        let (entry, gone) = self.envd_entry(headers, ENVD_PORT)?;
+        match self.app.observed(&entry.owner, &entry.id) {
+            Ok(Observed::Live(sandbox)) => Ok(sandbox),
+            Ok(Observed::Lost(f)) => Err(RpcError::from(ApiError::failure(&f))),
+            Err(e) if e.status == StatusCode::NOT_FOUND => {
+                self.forget(&entry.id);
+                Err(gone)
+            }
+            Err(e) => Err(RpcError::from(e)),
+        }
+    }
+
+    /// The entry an envd call for the server on `served` names, its access
+    /// token checked, with the error that reports it gone.
+    fn envd_entry(
+        &self,
+        headers: &HeaderMap,
+        served: &str,
+    ) -> Result<(Arc<Entry>, RpcError), RpcError> {
         check_origin(&self.app.config().server, headers)
             .map_err(|_| RpcError::new(Code::PermissionDenied, "header Origin is not allowed"))?;
         if let Some(port) = headers.get("e2b-sandbox-port") {
@@ -288,15 +324,7 @@ impl E2b {
                 format!("header X-Access-Token does not open sandbox '{id}'"),
             ));
         }
-        let lease = match self.app.lease(&entry.owner, &entry.id).await {
-            Ok(l) => l,
-            Err(e) if e.status == StatusCode::NOT_FOUND => {
-                self.forget(&entry.id);
-                return Err(gone());
-            }
-            Err(e) => return Err(RpcError::from(e)),
-        };
-        Ok(Envd { entry, lease })
+        Ok((entry, gone()))
     }
 }
 

@@ -22,6 +22,13 @@
 //! sandbox.destroy().await?;
 //! ```
 
+/// The in-sandbox agent every backend puts into its sandboxes, as the
+/// bytes of its static binary (embedded once, `corral-agent-bin`): for
+/// what packages it (`corral agent-image`'s image for the Kubernetes
+/// backend's init container) without naming a backend.
+pub mod agent {
+    pub use corral_agent_bin::{hash, BINARY};
+}
 mod code;
 mod conn;
 mod delta;

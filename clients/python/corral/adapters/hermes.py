@@ -116,7 +116,11 @@ loss: a command that exits non-zero, whatever it prints, is a result.
 next process (the service's idle timeout, ``provider.idle_timeout_ms``,
 removes one nobody uses; a persistent one's workspace stays); without it, or
 with ``force_remove=True``, it releases the sandbox: removed, a persistent
-one's workspace and home kept. Such a sandbox is also released at
+one's workspace and home kept. ``cleanup_vm(task_id, force_remove=True)``
+tears down the environment the task's commands ran in, also for a task id
+hermes runs in its shared ``"default"`` environment (one without an image
+override), which hermes' own ``cleanup_vm`` does not find (it would leave
+the sandbox). Such a sandbox is also released at
 interpreter exit (a crash included), on SIGTERM and SIGHUP, and on SIGINT
 without a terminal (:mod:`corral.adapters._reaper`).
 
@@ -137,6 +141,10 @@ Deliberate differences from hermes' Docker backend:
 * hermes' ``/root`` is not kept by a persistent sandbox (``/workspace``
   and ``$HOME`` are), and a released persistent sandbox keeps its files in
   the service's ``persistence_root`` (hermes: ``~/.hermes/sandboxes``);
+* ``cleanup_vm(task_id, force_remove=True)`` for a task id without an
+  image override removes the shared environment's sandbox that task's
+  commands ran in, where hermes' own ``cleanup_vm`` finds no environment
+  under that id and removes nothing;
 * a sandbox left for the next process is removed by the service's idle
   timeout (30 minutes by default, its workspace kept), where hermes' Docker
   backend leaves the container until its orphan reaper at a later start;
@@ -1101,6 +1109,7 @@ def install(**defaults: Any) -> None:
     if defaults:
         _defaults = dict(defaults)
     if _register_provider():
+        _patch_cleanup_vm()
         return
     import tools.terminal_tool as tt
 
@@ -1129,6 +1138,44 @@ def install(**defaults: Any) -> None:
         tt._CONTAINER_BACKENDS = frozenset(tt._CONTAINER_BACKENDS) | {BACKEND}
     _patch_requirements(tt)
     _patch_guards()
+    _patch_cleanup_vm()
+
+
+def _patch_cleanup_vm() -> None:
+    """hermes runs a task id without an image override in the shared
+    ``"default"`` environment (``_resolve_container_task_id``; its
+    ``get_active_env`` looks it up so), but ``cleanup_vm`` pops the raw id:
+    ``cleanup_vm("t1", force_remove=True)`` after ``terminal_tool(...,
+    task_id="t1")`` finds nothing and leaves the sandbox. With
+    ``force_remove`` (explicit teardown: a fresh sandbox on the task's next
+    command) and a corral environment, the environment the task's commands
+    ran in is torn down: the sandbox is released before the call returns.
+    Without ``force_remove`` (a session closing, possibly a subagent's of
+    the shared environment) hermes' lookup stands."""
+    try:
+        import tools.terminal_tool as tt
+    except ImportError:  # pragma: no cover - install() needs it anyway
+        return
+    original = getattr(tt, "cleanup_vm", None)
+    resolve = getattr(tt, "_resolve_container_task_id", None)
+    envs = getattr(tt, "_active_environments", None)
+    lock = getattr(tt, "_env_lock", None)
+    if original is None or getattr(original, "_corral", False) or resolve is None or envs is None or lock is None:
+        return
+
+    def cleanup_vm(task_id: str, *, force_remove: bool = False) -> Any:
+        if force_remove:
+            with lock:
+                key = None if task_id in envs else resolve(task_id)
+                env = envs.get(key) if key is not None else None
+            if key is not None and key != task_id and isinstance(env, CorralEnvironment):
+                return original(key, force_remove=True)
+        return original(task_id, force_remove=force_remove)
+
+    cleanup_vm._corral = True  # type: ignore[attr-defined]
+    cleanup_vm.__wrapped__ = original  # type: ignore[attr-defined]
+    cleanup_vm.__doc__ = original.__doc__
+    tt.cleanup_vm = cleanup_vm
 
 
 def _patch_requirements(tt: Any) -> None:

@@ -1,8 +1,8 @@
 //! `corral agent-image`: the image the Kubernetes backend's init container
 //! copies the agent from, and how to get it to a cluster's nodes.
 //!
-//! This binary embeds the static agent (the same bytes the Docker backend
-//! puts into its agent volume), so it can write the image itself, as an
+//! This binary embeds the static agent (`corral::agent`: the same bytes
+//! every backend puts into its sandboxes), so it can write the image itself, as an
 //! image archive in `docker save`'s format (one layer holding
 //! `/corral-agent`), with no daemon and no registry: `docker load`,
 //! `kind load image-archive`, `ctr images import` and `skopeo copy
@@ -44,7 +44,7 @@ pub fn run(settings: &Config, args: AgentImageArgs) -> anyhow::Result<ExitCode> 
     if tag.trim().is_empty() || tag.chars().any(char::is_whitespace) {
         anyhow::bail!("invalid --tag '{tag}': expected an image reference such as registry.example/corral-agent:0.1.0");
     }
-    let agent = corral_docker::agent_volume::AGENT_BINARY;
+    let agent = corral::agent::BINARY;
     match &args.save {
         Some(file) => {
             let bytes = archive(&tag, agent)?;

@@ -1,9 +1,12 @@
 //! E2B's control plane (REST, `X-API-KEY`): create, list, describe, kill,
 //! set the timeout of, and connect to sandboxes. Create goes through
 //! [`AppState::create`] (client policy, tenant quota, provider), every
-//! other call through [`AppState::lease`] or [`AppState::release`] as the
-//! key's principal, so one tenant's key neither sees nor touches another's
-//! sandboxes (they are answered as absent, 404).
+//! other call through [`AppState::lease`], [`AppState::observed`] or
+//! [`AppState::release`] as the key's principal, so one tenant's key
+//! neither sees nor touches another's sandboxes (they are answered as
+//! absent, 404). Listing and describing observe: they are not activity for
+//! the service's idle timeout (`provider.idle_timeout_ms`), so a monitor
+//! polling `Sandbox.list` or `get_info` keeps no abandoned sandbox alive.
 //!
 //! Errors are E2B's `{"code": STATUS, "message": ...}`, naming the field.
 
@@ -21,6 +24,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{check_origin, lock, principal_of_key, E2b, Entry, ENVD_VERSION};
+use crate::api::Observed;
 use crate::error::ApiError;
 use crate::wire::CreateSandbox;
 
@@ -276,8 +280,8 @@ fn sandbox_json(e: &Entry) -> Value {
 }
 
 /// E2B's `ListedSandbox` / `SandboxDetail` of a live sandbox.
-fn detail_json(e: &Entry, lease: &corral::Lease, with_token: bool) -> Value {
-    let limits = &lease.spec().limits;
+fn detail_json(e: &Entry, sandbox: &corral::Sandbox, with_token: bool) -> Value {
+    let limits = &sandbox.spec().limits;
     let end = lock(&e.end).0;
     let mut v = json!({
         "templateID": e.template,
@@ -297,6 +301,31 @@ fn detail_json(e: &Entry, lease: &corral::Lease, with_token: bool) -> Value {
         v["domain"] = Value::Null;
     }
     v
+}
+
+/// The entry `id` as `caller` may see it, with its sandbox looked at, not
+/// used ([`AppState::observed`]: no activity for the idle timeout): 404 for
+/// another principal's, as [`visible`].
+fn observed(
+    e2b: &E2b,
+    caller: &Principal,
+    id: &str,
+) -> Result<(Arc<Entry>, corral::Sandbox), E2bError> {
+    let Some(entry) = e2b.entry(id) else {
+        return Err(not_found(id));
+    };
+    if !caller.may_session(&entry.owner) {
+        return Err(not_found(id));
+    }
+    match e2b.app.observed(&entry.owner, id) {
+        Ok(Observed::Live(sandbox)) => Ok((entry, sandbox)),
+        Ok(Observed::Lost(f)) => Err(api_error(ApiError::failure(&f))),
+        Err(e) if e.status == StatusCode::NOT_FOUND => {
+            e2b.forget(id);
+            Err(not_found(id))
+        }
+        Err(e) => Err(api_error(e)),
+    }
 }
 
 /// The entry `id` as `caller` may see it, with its lease: 404 for another
@@ -482,8 +511,8 @@ async fn list(
             more = true;
             break;
         }
-        if let Ok((entry, lease)) = visible(&e2b, &caller, &entry.id).await {
-            out.push(detail_json(&entry, &lease, false));
+        if let Ok((entry, sandbox)) = observed(&e2b, &caller, &entry.id) {
+            out.push(detail_json(&entry, &sandbox, false));
             last = Some(list_key(&entry));
         }
     }
@@ -502,10 +531,8 @@ async fn detail(
     Path(id): Path<String>,
 ) -> Result<Response, E2bError> {
     let caller = caller(&e2b, &headers)?;
-    match visible(&e2b, &caller, &id).await {
-        Ok((entry, lease)) => Ok(Json(detail_json(&entry, &lease, true)).into_response()),
-        Err(r) => Err(r),
-    }
+    let (entry, sandbox) = observed(&e2b, &caller, &id)?;
+    Ok(Json(detail_json(&entry, &sandbox, true)).into_response())
 }
 
 async fn kill(

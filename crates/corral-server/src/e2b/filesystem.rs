@@ -875,8 +875,9 @@ async fn decoded(request: Request, max: u64) -> Result<Request, RpcError> {
 
 /// `GET /health`: 204 when the sandbox the headers name is alive.
 async fn health(State(e2b): State<E2b>, headers: HeaderMap) -> Response {
-    match e2b.envd(&headers).await {
-        Ok(Envd { lease, .. }) if lease.looks_alive() => StatusCode::NO_CONTENT.into_response(),
+    // A probe, not activity: the sandbox is looked at, not leased.
+    match e2b.envd_observed(&headers) {
+        Ok(sandbox) if sandbox.looks_alive() => StatusCode::NO_CONTENT.into_response(),
         Ok(_) => error(StatusCode::BAD_GATEWAY, "the sandbox is not running").into_response(),
         Err(e) => http_error(e),
     }

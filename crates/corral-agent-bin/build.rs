@@ -1,5 +1,6 @@
 //! Builds the in-container agent as a static binary and embeds it in this
-//! crate, so the `corral` binary needs no separate install step.
+//! crate (`corral_agent_bin::BINARY`, the runtime's `corral::agent`), so
+//! the `corral` binary needs no separate install step.
 //!
 //! The agent is compiled by a nested cargo invocation into its own target
 //! directory (`target/agent`), with `+crt-static` on the gnu target: a static
