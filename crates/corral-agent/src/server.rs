@@ -272,7 +272,12 @@ impl Conn {
                     Ok(()) => self.with_command(id, |ctl| ctl.resize(size)),
                     Err(message) => self.refuse_for(id, message),
                 },
-                Err(e) => self.refuse_for(id, e.to_string()),
+                Err(e) => self.refuse_for(
+                    id,
+                    format!(
+                        "invalid pty size (expected {{\"cols\": 1..4096, \"rows\": 1..4096}}): {e}"
+                    ),
+                ),
             },
             FrameKind::Signal => match frame.parse::<SignalRequest>() {
                 Ok(req) => self.signal(id, req.signal),
