@@ -423,6 +423,9 @@ def test_pty_create_send_stdin_resize_kill(e2b_server: Dict[str, str]) -> None:
         sandbox.pty.resize(term.pid, PtySize(rows=40, cols=100))
         sandbox.pty.send_stdin(term.pid, b"stty size\n")
         until(b"40 100\r\n")
+        if hasattr(sandbox.pty, "stream_input"):
+            sandbox.pty.stream_input(term.pid, [b"echo str", b"eamed$((2+1))\n"])
+            until(b"streamed3\r\n")
 
         # An interactive program: the python3 REPL.
         sandbox.pty.send_stdin(term.pid, b"python3 -q\n")
