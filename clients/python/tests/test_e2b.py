@@ -384,6 +384,117 @@ def test_background_commands_stdin_list_connect_kill(sbx: Sandbox) -> None:
     ticker.disconnect()
 
 
+# -- terminals --------------------------------------------------------------
+
+PTY_IMAGE = os.environ.get("CORRAL_PYTHON_IMAGE", "corral-test/python")
+
+
+def pty_image() -> str:
+    """The image the SDK's PTY runs in: it starts ``/bin/bash -i -l``,
+    which busybox lacks."""
+    if subprocess.run(["docker", "image", "inspect", PTY_IMAGE], capture_output=True).returncode != 0:
+        pytest.skip(f"{PTY_IMAGE} is not built: scripts/build-test-images.sh --python")
+    return PTY_IMAGE
+
+
+def test_pty_create_send_stdin_resize_kill(e2b_server: Dict[str, str]) -> None:
+    from e2b.sandbox.commands.command_handle import PtySize
+
+    sandbox = Sandbox.create(template=pty_image(), timeout=180, metadata={"run": RUN, "flavor": "pty"})
+    try:
+        term = sandbox.pty.create(PtySize(rows=24, cols=80), timeout=120)
+        events = iter(term)
+        out = bytearray()
+
+        def until(needle: bytes) -> str:
+            """The terminal's output from now until ``needle`` shows."""
+            start = len(out)
+            for _, _, chunk in events:
+                if chunk:
+                    out.extend(chunk)
+                    if needle in out[start:]:
+                        return out[start:].decode(errors="replace")
+            raise AssertionError(f"the terminal ended before {needle!r}: {bytes(out)!r}")
+
+        sandbox.pty.send_stdin(term.pid, b"echo $((6*7)); tty; stty size\n")
+        seen = until(b"24 80\r\n")
+        assert "42\r\n" in seen and "/dev/pts/" in seen, seen
+
+        sandbox.pty.resize(term.pid, PtySize(rows=40, cols=100))
+        sandbox.pty.send_stdin(term.pid, b"stty size\n")
+        until(b"40 100\r\n")
+        if hasattr(sandbox.pty, "stream_input"):
+            sandbox.pty.stream_input(term.pid, [b"echo str", b"eamed$((2+1))\n"])
+            until(b"streamed3\r\n")
+
+        # An interactive program: the python3 REPL.
+        sandbox.pty.send_stdin(term.pid, b"python3 -q\n")
+        until(b">>> ")
+        sandbox.pty.send_stdin(term.pid, b"print(6*7)\n")
+        until(b"42\r\n>>> ")
+        sandbox.pty.send_stdin(term.pid, b"exit()\n")
+
+        # Ctrl-C interrupts the foreground command; the shell answers again.
+        sandbox.pty.send_stdin(term.pid, b"sleep 100; echo $((1+1))slept\n")
+        until(b"sleep 100")
+        sandbox.pty.send_stdin(term.pid, b"\x03")
+        sandbox.pty.send_stdin(term.pid, b"echo $((40+2))x\n")
+        assert "2slept" not in until(b"42x\r\n")
+
+        assert term.pid in [p.pid for p in sandbox.commands.list()]
+        assert sandbox.pty.kill(term.pid) is True
+        with pytest.raises(CommandExitException) as info:
+            term.wait()
+        assert info.value.exit_code == -1
+        assert sandbox.pty.kill(term.pid) is False
+
+        # Bad sizes and a pty's input to a process without one are named.
+        with pytest.raises(SandboxException, match="pty.size.cols"):
+            sandbox.pty.create(PtySize(rows=24, cols=0))
+        plain = sandbox.commands.run("sleep 60", background=True)
+        with pytest.raises(SandboxException, match="input.pty"):
+            sandbox.pty.send_stdin(plain.pid, b"x")
+        with pytest.raises(SandboxException, match="not started with a pty"):
+            sandbox.pty.resize(plain.pid, PtySize(rows=10, cols=10))
+        assert sandbox.commands.kill(plain.pid) is True
+        plain.disconnect()
+    finally:
+        sandbox.kill()
+
+
+def test_pty_async(e2b_server: Dict[str, str]) -> None:
+    from e2b.sandbox.commands.command_handle import PtySize
+
+    image = pty_image()
+
+    async def main() -> None:
+        sandbox = await AsyncSandbox.create(template=image, timeout=180, metadata={"run": RUN, "flavor": "pty-async"})
+        try:
+            out = bytearray()
+            term = await sandbox.pty.create(PtySize(rows=24, cols=80), on_data=out.extend, timeout=120)
+
+            async def until(needle: bytes) -> None:
+                for _ in range(300):
+                    if needle in out:
+                        return
+                    await asyncio.sleep(0.1)
+                raise AssertionError(f"{needle!r} did not show: {bytes(out)!r}")
+
+            await sandbox.pty.send_stdin(term.pid, b"echo $((6*7))async\n")
+            await until(b"42async\r\n")
+            await sandbox.pty.resize(term.pid, PtySize(rows=33, cols=77))
+            await sandbox.pty.send_stdin(term.pid, b"stty size\n")
+            await until(b"33 77\r\n")
+            await sandbox.pty.send_stdin(term.pid, b"exit 4\n")
+            with pytest.raises(CommandExitException) as info:
+                await term.wait()
+            assert info.value.exit_code == 4
+        finally:
+            assert await sandbox.kill() is True
+
+    asyncio.run(main())
+
+
 def test_user_is_the_sandboxs_own_or_refused_by_name(sbx: Sandbox) -> None:
     assert sbx.commands.run("id -u", user="root").stdout == "0\n"
     with pytest.raises(SandboxException, match="user"):

@@ -38,8 +38,12 @@ pub struct Spawned {
     pub stdin: Option<File>,
     /// Read end of its stdout.
     pub stdout: File,
-    /// Read end of its stderr.
-    pub stderr: File,
+    /// Read end of its stderr; `None` on a terminal, where stdout carries
+    /// both.
+    pub stderr: Option<File>,
+    /// The terminal's master when it runs on one (its stdin and stdout
+    /// are the same), for resizing.
+    pub pty: Option<File>,
     /// Just before the spawn; durations are measured from here.
     pub started: Instant,
 }
@@ -92,15 +96,42 @@ pub fn spawn(
     let mut cmd = Command::new(program);
     cmd.args(&req.argv[1..])
         .envs(sandbox_env.iter().map(|(k, v)| (k, v)))
-        .envs(req.env.iter().map(|(k, v)| (k, v)))
-        .stdin(if req.stdin {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+        .envs(req.env.iter().map(|(k, v)| (k, v)));
+    let master = match req.pty {
+        Some(size) => {
+            size.validate()?;
+            let (master, slave) = sys::open_pty(size.cols, size.rows)
+                .map_err(|e| format!("cannot open a pseudo-terminal: {e}"))?;
+            let dup = |fd: &OwnedFd| {
+                fd.try_clone()
+                    .map_err(|e| format!("cannot open a pseudo-terminal: {e}"))
+            };
+            cmd.stdin(Stdio::from(dup(&slave)?))
+                .stdout(Stdio::from(dup(&slave)?))
+                .stderr(Stdio::from(slave));
+            // A terminal program expects TERM; the sandbox's or the
+            // command's own wins.
+            if !sandbox_env.iter().chain(&req.env).any(|(k, _)| k == "TERM") {
+                cmd.env("TERM", "xterm-256color");
+            }
+            // The child leads a session of its own (and so a process group
+            // with its pid as id, as for every command): setsid in
+            // pre_exec, which a group set here would make fail.
+            Some(File::from(master))
+        }
+        None => {
+            cmd.stdin(if req.stdin {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+            None
+        }
+    };
+    let on_terminal = master.is_some();
 
     // Held until the child exists, so no reset closes the world meanwhile.
     let world = pristine.enter(reaper)?;
@@ -142,6 +173,9 @@ pub fn spawn(
         cmd.pre_exec(move || {
             sys::prefer_oom_kill_in_child();
             sys::reset_signals_in_child()?;
+            if on_terminal {
+                sys::take_terminal_in_child()?;
+            }
             if let Some((ns, dir)) = &enter {
                 sys::setns_mount(*ns)?;
                 sys::chdir(dir)?;
@@ -162,24 +196,33 @@ pub fn spawn(
     let mut child = spawned.map_err(|e| format!("cannot run {program:?}: {e}"))?;
     // Pids fit in i32 on Linux (pid_max <= 2^22).
     let pid = child.id() as i32;
-    let stdin = child.stdin.take().map(|s| File::from(OwnedFd::from(s)));
-    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
-        // Cannot happen: both were asked for as pipes. Do not leave a
-        // process nobody watches.
-        reaper.forget(pid);
-        crate::tree::kill_tree(pid);
-        return Err(format!("cannot run {program:?}: output pipes missing"));
+    // The slave's copies in `cmd` close here: the terminal reports EOF
+    // (EIO) once the command's processes have all closed it.
+    drop(cmd);
+    let ends = match &master {
+        Some(m) => terminal_ends(m).map_err(|e| format!("cannot run {program:?}: {e}")),
+        None => pipe_ends(&mut child).ok_or_else(|| {
+            // Cannot happen: both were asked for as pipes.
+            format!("cannot run {program:?}: output pipes missing")
+        }),
     };
-    let stdout = File::from(OwnedFd::from(stdout));
-    let stderr = File::from(OwnedFd::from(stderr));
     // `child` is dropped without waiting: the reaper owns reaping.
     drop(child);
+    let (stdin, stdout, stderr) = match ends {
+        Ok(ends) => ends,
+        Err(message) => {
+            // Do not leave a process nobody watches.
+            reaper.forget(pid);
+            crate::tree::kill_tree(pid);
+            return Err(message);
+        }
+    };
 
     // Non-blocking so a stalled reader never holds the supervisor: only the
     // agent's ends change (pipe ends are separate open file descriptions).
     for fd in [
         Some(stdout.as_fd()),
-        Some(stderr.as_fd()),
+        stderr.as_ref().map(|f| f.as_fd()),
         stdin.as_ref().map(|f| f.as_fd()),
     ]
     .into_iter()
@@ -194,8 +237,26 @@ pub fn spawn(
         stdin,
         stdout,
         stderr,
+        pty: master,
         started,
     })
+}
+
+/// Stdin, stdout and stderr of a command on pipes.
+type Ends = (Option<File>, File, Option<File>);
+
+/// Our ends of a piped child's stdin (if any), stdout and stderr.
+fn pipe_ends(child: &mut std::process::Child) -> Option<Ends> {
+    let stdin = child.stdin.take().map(|s| File::from(OwnedFd::from(s)));
+    let stdout = File::from(OwnedFd::from(child.stdout.take()?));
+    let stderr = File::from(OwnedFd::from(child.stderr.take()?));
+    Some((stdin, stdout, Some(stderr)))
+}
+
+/// A terminal's master as the command's input and output (one stream: the
+/// terminal merges stdout and stderr).
+fn terminal_ends(master: &File) -> std::io::Result<Ends> {
+    Ok((Some(master.try_clone()?), master.try_clone()?, None))
 }
 
 #[cfg(test)]
@@ -225,6 +286,7 @@ mod tests {
             max_output: 0,
             exclusive: false,
             wait_for_output: false,
+            pty: None,
         };
         let sandbox = [("HOME".to_string(), "/home/sb".to_string())];
         assert_eq!(home(&[], &req), None);

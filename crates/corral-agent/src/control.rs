@@ -9,7 +9,7 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use corral_core::protocol::CommandUsage;
+use corral_core::protocol::{CommandUsage, PtySize};
 
 use crate::sys::{EventFd, ExitStatus, Rusage};
 
@@ -22,6 +22,8 @@ pub struct Inbox {
     pub stdin: Vec<u8>,
     /// The client sent StdinEof.
     pub stdin_eof: bool,
+    /// The latest terminal size asked for, not yet applied.
+    pub resize: Option<PtySize>,
 }
 
 #[derive(Debug, Default)]
@@ -49,6 +51,8 @@ pub enum StdinRefused {
     NoPipe,
     /// StdinEof was already received.
     AlreadyClosed,
+    /// A Resize for a command that does not run on a terminal.
+    NoTerminal,
 }
 
 /// Shared between a command's supervisor and the threads feeding it.
@@ -57,6 +61,7 @@ pub struct Control {
     state: Mutex<State>,
     wake: EventFd,
     has_stdin: bool,
+    on_terminal: bool,
     /// Set (under the frame writer's lock) once Exited went out: nothing
     /// about this command may follow it.
     pub reported: std::sync::atomic::AtomicBool,
@@ -70,11 +75,19 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Control {
     /// A mailbox for a command with (or without) a stdin pipe.
+    #[cfg(test)]
     pub fn new(has_stdin: bool) -> std::io::Result<Self> {
+        Self::with_terminal(has_stdin, false)
+    }
+
+    /// A mailbox for a command on a terminal (input always, and resizes)
+    /// or not.
+    pub fn with_terminal(has_stdin: bool, on_terminal: bool) -> std::io::Result<Self> {
         Ok(Control {
             state: Mutex::new(State::default()),
             wake: EventFd::new()?,
-            has_stdin,
+            has_stdin: has_stdin || on_terminal,
+            on_terminal,
             reported: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -162,6 +175,16 @@ impl Control {
         Ok(())
     }
 
+    /// Queues a new terminal size (only the latest one counts).
+    pub fn resize(&self, size: PtySize) -> Result<(), StdinRefused> {
+        if !self.on_terminal {
+            return Err(StdinRefused::NoTerminal);
+        }
+        lock(&self.state).inbox.resize = Some(size);
+        self.wake.notify();
+        Ok(())
+    }
+
     fn check_stdin(&self) -> Result<(), StdinRefused> {
         if self.has_stdin {
             Ok(())
@@ -200,6 +223,14 @@ mod tests {
         assert!(inbox.stdin_eof);
         let none = Control::new(false).expect("control");
         assert_eq!(none.push_stdin(b"x"), Err(StdinRefused::NoPipe));
+        let size = PtySize { cols: 80, rows: 24 };
+        assert_eq!(none.resize(size), Err(StdinRefused::NoTerminal));
+        let tty = Control::with_terminal(false, true).expect("control");
+        assert_eq!(tty.push_stdin(b"y"), Ok(()));
+        assert_eq!(tty.resize(PtySize { cols: 1, rows: 1 }), Ok(()));
+        assert_eq!(tty.resize(size), Ok(()));
+        let inbox = tty.take();
+        assert_eq!((inbox.stdin, inbox.resize), (b"y".to_vec(), Some(size)));
     }
 
     #[test]

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use corral_core::protocol::{
     DeltaError, DeltaErrorKind, DeltaReport, ExecRequest, ExportRequest, Frame, FrameKind, Hello,
-    HelloAck, ImportRequest, Item, ResetRequest, SignalRequest, SpawnError, Started, SyncDecoder,
-    PROTOCOL_VERSION,
+    HelloAck, ImportRequest, Item, PtySize, ResetRequest, SignalRequest, SpawnError, Started,
+    SyncDecoder, PROTOCOL_VERSION,
 };
 
 use crate::control::{lock, Control, StdinRefused};
@@ -249,6 +249,7 @@ impl Conn {
             reset: self.shared.pristine.support().cloned(),
             deltas: self.shared.pristine.deltas(),
             usage: true,
+            pty: true,
         };
         self.writer
             .new_session(&Frame::json(FrameKind::HelloAck, frame.id, &ack));
@@ -266,6 +267,18 @@ impl Conn {
             },
             FrameKind::Stdin => self.with_command(id, |ctl| ctl.push_stdin(&frame.payload)),
             FrameKind::StdinEof => self.with_command(id, |ctl| ctl.close_stdin()),
+            FrameKind::Resize => match frame.parse::<PtySize>() {
+                Ok(size) => match size.validate() {
+                    Ok(()) => self.with_command(id, |ctl| ctl.resize(size)),
+                    Err(message) => self.refuse_for(id, message),
+                },
+                Err(e) => self.refuse_for(
+                    id,
+                    format!(
+                        "invalid pty size (expected {{\"cols\": 1..4096, \"rows\": 1..4096}}): {e}"
+                    ),
+                ),
+            },
             FrameKind::Signal => match frame.parse::<SignalRequest>() {
                 Ok(req) => self.signal(id, req.signal),
                 Err(e) => {
@@ -324,9 +337,21 @@ impl Conn {
             Ok(()) => return,
             Err(StdinRefused::NoPipe) => format!("command {id} was started without stdin"),
             Err(StdinRefused::AlreadyClosed) => format!("stdin of command {id} is already closed"),
+            Err(StdinRefused::NoTerminal) => {
+                format!("command {id} does not run on a terminal: nothing to resize")
+            }
         };
         self.writer
             .error_while_running(id, &r.ctl.reported, message);
+    }
+
+    /// Refuses a frame for command `id` (an Error that does not end it);
+    /// dropped when the command is no longer running.
+    fn refuse_for(&self, id: u32, message: String) {
+        if let Some(r) = self.running(id) {
+            self.writer
+                .error_while_running(id, &r.ctl.reported, message);
+        }
     }
 
     fn signal(&self, id: u32, signal: i32) {
@@ -367,7 +392,7 @@ impl Conn {
                 eprintln!("corral-agent: exclusive: {e}");
             }
         }
-        let ctl = match Control::new(req.stdin) {
+        let ctl = match Control::with_terminal(req.stdin, req.pty.is_some()) {
             Ok(c) => Arc::new(c),
             Err(e) => return self.spawn_failed(id, format!("cannot set up the command: {e}")),
         };
@@ -400,7 +425,9 @@ impl Conn {
             ctl,
             timeout: req.timeout_ms.map(Duration::from_millis),
             max_output: req.max_output,
-            wait_for_output: req.wait_for_output,
+            // On a terminal the output is not a pipe whose holders could be
+            // found and waited for: the main process's exit ends it.
+            wait_for_output: req.wait_for_output && req.pty.is_none(),
             oom: (self.shared.oom, oom_before),
             reaper: self.shared.reaper.clone(),
             writer: SessionWriter::new(self.writer.clone(), self.writer.epoch()),

@@ -83,9 +83,9 @@ struct Output {
 }
 
 impl Output {
-    fn new(file: File, max_output: u64, live: FrameKind, tail: FrameKind) -> Self {
+    fn new(file: Option<File>, max_output: u64, live: FrameKind, tail: FrameKind) -> Self {
         Output {
-            file: Some(file),
+            file,
             cap: HeadTail::new(max_output),
             live,
             tail,
@@ -190,7 +190,7 @@ impl Job {
 
         let mut out = [
             Output::new(
-                proc.stdout,
+                Some(proc.stdout),
                 max_output,
                 FrameKind::Stdout,
                 FrameKind::StdoutTail,
@@ -202,6 +202,7 @@ impl Job {
                 FrameKind::StderrTail,
             ),
         ];
+        let terminal = proc.pty;
         let mut stdin = Stdin {
             file: proc.stdin,
             pending: Vec::new(),
@@ -218,6 +219,11 @@ impl Job {
                 stdin.pending.extend_from_slice(&inbox.stdin);
             }
             stdin.eof |= inbox.stdin_eof;
+            if let (Some(size), Some(t)) = (inbox.resize, &terminal) {
+                // Fails only once the terminal is gone (the command is
+                // ending): nothing left to resize.
+                let _ = sys::set_window_size(t.as_raw_fd(), size.cols, size.rows);
+            }
             if let Some(exit) = inbox.exit {
                 break exit;
             }

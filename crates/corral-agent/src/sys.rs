@@ -799,3 +799,58 @@ pub fn local_addresses() -> io::Result<Vec<std::net::IpAddr>> {
     unsafe { libc::freeifaddrs(list) };
     Ok(out)
 }
+
+/// A new pseudo-terminal of `cols` x `rows`: (master, slave), both closing
+/// on exec. The slave is opened through the master (`TIOCGPTPEER`), not by
+/// a path under `/dev/pts` that a command could have replaced.
+pub fn open_pty(cols: u16, rows: u16) -> io::Result<(OwnedFd, OwnedFd)> {
+    // SAFETY: posix_openpt takes flags only; the result is a new descriptor
+    // we own.
+    let master =
+        cvt(unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) })?;
+    // SAFETY: `master` was just returned to us and nobody else owns it.
+    let master = unsafe { OwnedFd::from_raw_fd(master) };
+    // SAFETY: unlockpt takes a live descriptor and no pointers.
+    cvt(unsafe { libc::unlockpt(master.as_raw_fd()) })?;
+    set_window_size(master.as_raw_fd(), cols, rows)?;
+    // SAFETY: TIOCGPTPEER takes open(2) flags by value and returns a new
+    // descriptor we own.
+    let slave = cvt(unsafe {
+        libc::ioctl(
+            master.as_raw_fd(),
+            libc::TIOCGPTPEER,
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: as above, a new descriptor owned by nobody else.
+    let slave = unsafe { OwnedFd::from_raw_fd(slave) };
+    Ok((master, slave))
+}
+
+/// Sets a terminal's size (`TIOCSWINSZ`); on a master the kernel sends the
+/// terminal's foreground process group SIGWINCH.
+pub fn set_window_size(fd: RawFd, cols: u16, rows: u16) -> io::Result<()> {
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one winsize through the pointer, which is
+    // valid for the call.
+    cvt(unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &ws) })?;
+    Ok(())
+}
+
+/// In a forked child before exec: leaves the agent's session for a new one
+/// it leads and makes its stdin (a terminal's slave) the controlling
+/// terminal. Only async-signal-safe calls.
+pub fn take_terminal_in_child() -> io::Result<()> {
+    // SAFETY: setsid and ioctl(TIOCSCTTY) take no pointers and are
+    // async-signal-safe.
+    unsafe {
+        cvt(libc::setsid())?;
+        cvt(libc::ioctl(0, libc::TIOCSCTTY, 0))?;
+    }
+    Ok(())
+}

@@ -9,7 +9,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use corral_core::protocol::{
-    Frame, FrameKind, Hello, SignalRequest, OUTPUT_CHUNK, PROTOCOL_VERSION,
+    Frame, FrameKind, Hello, PtySize, SignalRequest, OUTPUT_CHUNK, PROTOCOL_VERSION,
 };
 use support::{docker_available, processes, req, Opts, Sandbox};
 
@@ -180,6 +180,107 @@ fn feeds_stdin_and_gives_eof_without_it() {
     // without an answer, since nothing may follow a command's Exited.
     c.send(&Frame::new(FrameKind::Stdin, 999_999, b"x".to_vec()));
     assert!(c.stash_of(999_999).is_empty());
+    c.send(&Frame::json(
+        FrameKind::Signal,
+        id,
+        &SignalRequest { signal: 9 },
+    ));
+    assert_eq!(c.wait(id).report().signal, Some(9));
+}
+
+/// Output of command `id` until an Error frame for it; returns both.
+fn output_until_error(c: &mut support::Client, id: u32) -> (String, String) {
+    let mut out = Vec::new();
+    loop {
+        let f = c.next_frame(id);
+        match f.kind {
+            FrameKind::Stdout => out.extend_from_slice(&f.payload),
+            FrameKind::Error => {
+                let e = f
+                    .parse::<corral_core::protocol::ProtocolError>()
+                    .expect("Error payload");
+                return (String::from_utf8_lossy(&out).into(), e.message);
+            }
+            other => panic!("unexpected {other:?} for command {id}: {f:?}"),
+        }
+    }
+}
+
+#[test]
+fn runs_commands_on_a_terminal_and_refuses_bad_frames() {
+    need_docker!();
+    let sb = Sandbox::start(Opts::default());
+    let mut c = sb.client();
+    assert!(c.hello().pty, "the agent announces terminals");
+
+    // A size out of range is a spawn failure naming the field.
+    let mut r = req(&["true"]);
+    r.pty = Some(PtySize { cols: 0, rows: 24 });
+    let o = c.run_req(&r);
+    assert!(
+        o.spawn_error
+            .as_deref()
+            .is_some_and(|e| e.contains("pty.cols 0")),
+        "{o:?}"
+    );
+
+    // On a terminal of 80x24: input without `stdin`, a resize, one stream.
+    let mut r = req(&["sh", "-c", "stty size; read x; stty size; echo got $x >&2"]);
+    r.pty = Some(PtySize { cols: 80, rows: 24 });
+    let id = c.fresh_id();
+    c.exec(id, &r);
+    assert_eq!(c.next_frame(id).kind, FrameKind::Started);
+    let mut first = Vec::new();
+    while !String::from_utf8_lossy(&first).contains("24 80\r\n") {
+        let f = c.next_frame(id);
+        assert_eq!(f.kind, FrameKind::Stdout, "{f:?}");
+        first.extend_from_slice(&f.payload);
+    }
+    // Refused resizes: out of range, not JSON. The command goes on.
+    c.send(&Frame::json(
+        FrameKind::Resize,
+        id,
+        &PtySize { cols: 100, rows: 0 },
+    ));
+    let (out, e) = output_until_error(&mut c, id);
+    assert!(e.contains("pty.rows 0"), "{e}");
+    c.send(&Frame::new(
+        FrameKind::Resize,
+        id,
+        b"{\"cols\":-1}".to_vec(),
+    ));
+    let (more, e) = output_until_error(&mut c, id);
+    assert!(e.contains("invalid pty size") && e.contains("-1"), "{e}");
+    c.send(&Frame::json(
+        FrameKind::Resize,
+        id,
+        &PtySize {
+            cols: 120,
+            rows: 50,
+        },
+    ));
+    // Frames apply in order: the size is set before the line is read.
+    c.send(&Frame::new(FrameKind::Stdin, id, b"hi\n".to_vec()));
+    let o = c.wait(id);
+    assert_eq!(o.report().exit_code, Some(0), "{o:?}");
+    let all = format!("{out}{more}{}", o.out());
+    assert!(all.contains("50 120\r\n"), "{all:?}");
+    assert!(
+        all.contains("got hi\r\n"),
+        "stderr is on the terminal too: {all:?}"
+    );
+    assert!(o.stderr.is_empty());
+
+    // A resize of a command on pipes is refused by name.
+    let id = c.fresh_id();
+    c.exec(id, &req(&["sleep", "5"]));
+    assert_eq!(c.next_frame(id).kind, FrameKind::Started);
+    c.send(&Frame::json(
+        FrameKind::Resize,
+        id,
+        &PtySize { cols: 80, rows: 24 },
+    ));
+    assert!(c.expect_error(id).contains("does not run on a terminal"));
     c.send(&Frame::json(
         FrameKind::Signal,
         id,

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::protocol::PtySize;
+
 /// Default per-stream output budget: 1 MiB (half head, half tail).
 pub const DEFAULT_MAX_OUTPUT: u64 = 1 << 20;
 
@@ -38,6 +40,15 @@ pub struct CommandSpec {
     /// and when the timeout passes first the command's tree is killed and
     /// the command fails with a timeout.
     pub wait_for_output: bool,
+    /// Run on a pseudo-terminal of this size instead of pipes: the
+    /// terminal is the command's stdin, stdout and stderr (so its output
+    /// arrives as stdout, the streams merged, with the terminal's line
+    /// endings) and the controlling terminal of a new session it leads;
+    /// input always goes in through the execution's handle, whatever
+    /// `stdin` says, and the handle resizes it. `TERM` is
+    /// `xterm-256color` unless the sandbox or the command sets it.
+    /// `wait_for_output` does not apply.
+    pub pty: Option<PtySize>,
 }
 
 impl CommandSpec {
@@ -61,7 +72,15 @@ impl CommandSpec {
             max_output: DEFAULT_MAX_OUTPUT,
             exclusive: false,
             wait_for_output: false,
+            pty: None,
         }
+    }
+
+    /// Runs the command on a terminal of `cols` x `rows` (see
+    /// [`CommandSpec::pty`]).
+    pub fn pty(mut self, cols: u16, rows: u16) -> Self {
+        self.pty = Some(PtySize { cols, rows });
+        self
     }
 
     /// Makes the command exclusive: everything else in the sandbox is killed

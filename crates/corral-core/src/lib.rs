@@ -36,6 +36,7 @@ pub use outcome::{
     CommandResult, CommandUsage, ContainerState, ContainerStatus, Failure, FailureKind,
 };
 pub use policy::{Recovery, RetryPolicy};
+pub use protocol::PtySize;
 pub use spec::{
     EnvVar, Isolation, Limits, Mount, Network, SandboxSpec, Security, SpecError, Tmpfs,
 };

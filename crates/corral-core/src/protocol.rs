@@ -91,6 +91,10 @@ pub enum FrameKind {
     /// reset's; the answer is one [`FrameKind::UsageReport`] with it. Sent
     /// only to an agent whose [`HelloAck::usage`] says it answers.
     Usage = 11,
+    /// Change the terminal size of a command started with
+    /// [`ExecRequest::pty`]; payload is [`PtySize`]. The kernel sends the
+    /// terminal's foreground process group SIGWINCH.
+    Resize = 12,
 
     // agent -> corral
     /// Handshake answer; payload is [`HelloAck`].
@@ -150,6 +154,7 @@ impl FrameKind {
             9 => Import,
             10 => ImportData,
             11 => Usage,
+            12 => Resize,
             64 => HelloAck,
             65 => Started,
             66 => Stdout,
@@ -508,6 +513,11 @@ pub struct HelloAck {
     /// false, and corral does not ask it).
     #[serde(default)]
     pub usage: bool,
+    /// The agent runs commands on terminals ([`ExecRequest::pty`],
+    /// [`FrameKind::Resize`]); absent from an older agent: false, and
+    /// corral refuses a terminal rather than run the command on pipes.
+    #[serde(default)]
+    pub pty: bool,
 }
 
 /// What the agent said about in-place reset at the handshake.
@@ -664,6 +674,41 @@ pub struct ExecRequest {
     /// absent (an older peer) means false.
     #[serde(default)]
     pub wait_for_output: bool,
+    /// Run the command on a pseudo-terminal of this size instead of pipes:
+    /// the terminal is its stdin, stdout and stderr and the controlling
+    /// terminal of a new session it leads; what it writes arrives as
+    /// [`FrameKind::Stdout`] (the terminal merges the streams), input goes
+    /// in by [`FrameKind::Stdin`] whatever `stdin` says, and
+    /// [`FrameKind::Resize`] changes the size. `wait_for_output` does not
+    /// apply: the command ends with its main process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<PtySize>,
+}
+
+/// Largest terminal width or height accepted, in cells.
+pub const MAX_PTY_CELLS: u16 = 4096;
+
+/// A terminal's size in character cells.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PtySize {
+    /// Columns (width), 1 to [`MAX_PTY_CELLS`].
+    pub cols: u16,
+    /// Rows (height), 1 to [`MAX_PTY_CELLS`].
+    pub rows: u16,
+}
+
+impl PtySize {
+    /// `Err` names the field and value out of range.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [("cols", self.cols), ("rows", self.rows)] {
+            if v == 0 || v > MAX_PTY_CELLS {
+                return Err(format!(
+                    "invalid pty.{name} {v}: must be 1 to {MAX_PTY_CELLS}"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Sent once the process exists.
@@ -796,6 +841,40 @@ pub struct ProtocolError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pty_sizes_are_checked_and_an_exec_without_one_still_parses() {
+        assert_eq!(FrameKind::from_u8(12), Some(FrameKind::Resize));
+        assert_eq!(
+            PtySize {
+                cols: 1,
+                rows: 4096
+            }
+            .validate(),
+            Ok(())
+        );
+        let e = PtySize { cols: 0, rows: 24 }
+            .validate()
+            .expect_err("out of range");
+        assert!(e.contains("pty.cols 0"), "{e}");
+        let e = PtySize {
+            cols: 80,
+            rows: 4097,
+        }
+        .validate()
+        .expect_err("out of range");
+        assert!(e.contains("pty.rows 4097"), "{e}");
+        // An older peer's Exec has no pty; one without a pty sends none.
+        let old: ExecRequest =
+            serde_json::from_str(r#"{"argv":["true"],"max_output":0}"#).expect("parses");
+        assert_eq!(old.pty, None);
+        assert!(!serde_json::to_string(&old).expect("json").contains("pty"));
+        let ack: HelloAck = serde_json::from_str(
+            r#"{"protocol":2,"agent_version":"0","oom_counter":"none","session":""}"#,
+        )
+        .expect("parses");
+        assert!(!ack.pty);
+    }
 
     #[test]
     fn round_trips_frames_split_at_every_byte() {

@@ -116,6 +116,7 @@ fn session_running(session: &str, argv: &[&str]) -> Vec<u8> {
             max_output: 1 << 20,
             exclusive: false,
             wait_for_output: false,
+            pty: None,
         },
     )
     .encode_into(&mut out);

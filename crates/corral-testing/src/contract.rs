@@ -6,7 +6,8 @@
 //! and expands [`contract_suite!`](crate::contract_suite) into one
 //! `#[tokio::test]` per case, so the same assertions run against every
 //! engine and cannot drift apart. The cases assert on what a user of the
-//! runtime sees: commands (echo, exit codes, separate streams, stdin, the
+//! runtime sees: commands (echo, exit codes, separate streams, stdin, a
+//! terminal (an interactive shell typed into, resized, interrupted), the
 //! output cap, a timeout killing the whole tree, many commands on one
 //! sandbox, a missing image typed), limits (an OOM of a command and of PID
 //! 1 typed), recovery (a sandbox removed out of band is `container_lost`
@@ -27,6 +28,7 @@ mod commands;
 mod files;
 mod limits;
 mod pools;
+mod pty;
 mod recovery;
 mod reset;
 mod shells;
@@ -47,6 +49,7 @@ pub use commands::*;
 pub use files::*;
 pub use limits::*;
 pub use pools::*;
+pub use pty::*;
 pub use recovery::*;
 pub use reset::*;
 pub use shells::*;
@@ -244,6 +247,7 @@ macro_rules! contract_suite {
             timeout_kills_the_whole_process_tree,
             commands_multiplex_on_one_sandbox,
             a_missing_image_is_image_not_found_and_leaves_nothing,
+            pty_runs_an_interactive_shell,
             // Limits.
             oom_kill_is_attributed_to_the_command,
             pid1_oom_is_reported_as_oom_killed,

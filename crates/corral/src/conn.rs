@@ -386,6 +386,7 @@ impl AgentConn {
                 reset: None,
                 deltas: false,
                 usage: false,
+                pty: false,
             },
         };
         let agent_err = |message: String| Error::Agent {

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use corral_core::backend::Placement;
 use corral_core::outcome::short;
 use corral_core::protocol::{
-    ExecRequest, ExitReport, Frame, FrameKind, ProtocolError, SignalRequest, SpawnError, Started,
-    OUTPUT_CHUNK,
+    ExecRequest, ExitReport, Frame, FrameKind, ProtocolError, PtySize, SignalRequest, SpawnError,
+    Started, OUTPUT_CHUNK,
 };
 use corral_core::units::Bytes;
 use corral_core::{
@@ -505,6 +505,17 @@ impl Sandbox {
         self.exec_with_budget(cmd, budget).await
     }
 
+    /// Starts `cmd` on a pseudo-terminal of `size` (see
+    /// [`CommandSpec::pty`]): the handle's stdin writes are keystrokes
+    /// (`\x03` is Ctrl-C), [`Execution::resize`] resizes, its output is the
+    /// terminal's. Bounded like any command (timeout, output budget, its
+    /// tree killed at the end) and counted in the same usage.
+    pub async fn spawn_pty(&self, cmd: &CommandSpec, size: PtySize) -> Result<Execution, Failure> {
+        let mut cmd = cmd.clone();
+        cmd.pty = Some(size);
+        self.exec(&cmd).await
+    }
+
     /// [`Sandbox::exec`], keeping at most `budget` bytes of output queued
     /// while the caller does not read (more is dropped and counted).
     pub(crate) async fn exec_with_budget(
@@ -517,6 +528,10 @@ impl Sandbox {
                 FailureKind::InvalidSpec,
                 "invalid argv '[]': a command is required",
             ));
+        }
+        if let Some(size) = &cmd.pty {
+            size.validate()
+                .map_err(|m| Failure::new(FailureKind::InvalidSpec, m))?;
         }
         if self.inner.destroyed.load(Ordering::Acquire) {
             return Err(Failure::new(
@@ -542,6 +557,15 @@ impl Sandbox {
                 },
             };
         }
+        if cmd.pty.is_some() && !conn.hello.pty {
+            return Err(Failure::new(
+                FailureKind::Unsupported,
+                format!(
+                    "sandbox {}: its agent (version {}) does not run commands on terminals",
+                    self.inner.id, conn.hello.agent_version
+                ),
+            ));
+        }
         let id = conn.next_id();
         let rx = match conn.register(id, budget) {
             Ok(rx) => rx,
@@ -558,6 +582,7 @@ impl Sandbox {
             max_output: cmd.max_output,
             exclusive: cmd.exclusive,
             wait_for_output: cmd.wait_for_output,
+            pty: cmd.pty,
         };
         if conn
             .send(Frame::json(FrameKind::Exec, id, &req))
@@ -953,6 +978,19 @@ impl StdinWriter {
             .await
             .map_err(|_| "the control stream closed".to_string())
     }
+
+    /// Resizes the terminal of a command started with
+    /// [`CommandSpec::pty`] (its foreground process group gets SIGWINCH).
+    /// `Err` names a size out of range; the agent refuses a resize of a
+    /// command that does not run on a terminal (logged, the command goes
+    /// on).
+    pub async fn resize(&self, size: PtySize) -> Result<(), String> {
+        size.validate()?;
+        self.writer
+            .send(Frame::json(FrameKind::Resize, self.id, &size).encode())
+            .await
+            .map_err(|_| "the control stream closed".to_string())
+    }
 }
 
 impl Execution {
@@ -977,6 +1015,11 @@ impl Execution {
     /// Sends a signal to the command's process group.
     pub async fn signal(&self, signal: i32) -> Result<(), String> {
         self.stdin().signal(signal).await
+    }
+
+    /// Resizes the command's terminal (see [`StdinWriter::resize`]).
+    pub async fn resize(&self, size: PtySize) -> Result<(), String> {
+        self.stdin().resize(size).await
     }
 
     /// The command's pid inside the sandbox, once known.

@@ -553,6 +553,7 @@ pub fn req(argv: &[&str]) -> ExecRequest {
         max_output: 1 << 20,
         exclusive: false,
         wait_for_output: false,
+        pty: None,
     }
 }
 

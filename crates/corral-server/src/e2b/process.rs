@@ -1,8 +1,11 @@
 //! envd's `process.Process` service over [`corral::Sandbox::exec`]: `Start`
 //! and `Connect` stream a command's `start`, `data`, `end` and `keepalive`
 //! events; `SendInput`, `StreamInput`, `CloseStdin` and `SendSignal` reach
-//! it by pid or tag; `List` shows those still running. PTYs (`pty`,
-//! `Update`) are refused by name: corral's agent runs commands on pipes.
+//! it by pid or tag; `List` shows those still running. A `Start` with a
+//! `pty` runs the command on a pseudo-terminal of that size
+//! ([`CommandSpec::pty`]): its output arrives as `pty` data, `SendInput`
+//! takes `pty` bytes (keystrokes: `\x03` interrupts), `Update` with a
+//! `pty.size` resizes it.
 //!
 //! A started command belongs to its sandbox, not to the stream that
 //! started it: closing the stream leaves it running (E2B's background
@@ -24,7 +27,8 @@ use axum::response::Response;
 use axum::routing::post;
 use base64::Engine;
 use corral::{ExecEvent, OutputStream, StdinWriter};
-use corral_core::{CommandResult, CommandSpec, Failure, FailureKind};
+use corral_core::protocol::MAX_PTY_CELLS;
+use corral_core::{CommandResult, CommandSpec, Failure, FailureKind, PtySize};
 use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -47,6 +51,9 @@ pub(super) struct Proc {
     /// Its `ProcessConfig` as `List` shows it.
     config: Value,
     stdin: StdinWriter,
+    /// It runs on a terminal: its output is `pty` data, its input `pty`
+    /// bytes.
+    on_terminal: bool,
     /// Streams following it (its `Start` and any `Connect`s).
     followers: Mutex<Vec<mpsc::Sender<Item>>>,
 }
@@ -120,10 +127,49 @@ struct ProcessConfig {
     cwd: Option<String>,
 }
 
+/// `process.PTY`: a terminal's size.
+#[derive(Deserialize, Default)]
+struct Pty {
+    size: Option<TermSize>,
+}
+
+#[derive(Deserialize, Default)]
+struct TermSize {
+    #[serde(default, deserialize_with = "lenient_u32")]
+    cols: Option<u32>,
+    #[serde(default, deserialize_with = "lenient_u32")]
+    rows: Option<u32>,
+}
+
+impl Pty {
+    /// The size asked for, checked; `field` names the message's field.
+    fn size(&self, field: &str) -> Result<PtySize, RpcError> {
+        let Some(size) = &self.size else {
+            return Err(RpcError::invalid(&format!("{field}.size"), "is required"));
+        };
+        let cell = |name: &str, v: Option<u32>| {
+            let v = v.unwrap_or(0);
+            u16::try_from(v)
+                .ok()
+                .filter(|c| (1..=MAX_PTY_CELLS).contains(c))
+                .ok_or_else(|| {
+                    RpcError::invalid(
+                        &format!("{field}.size.{name}"),
+                        format!("{v} is not 1 to {MAX_PTY_CELLS}"),
+                    )
+                })
+        };
+        Ok(PtySize {
+            cols: cell("cols", size.cols)?,
+            rows: cell("rows", size.rows)?,
+        })
+    }
+}
+
 #[derive(Deserialize)]
 struct StartRequest {
     process: Option<ProcessConfig>,
-    pty: Option<Value>,
+    pty: Option<Pty>,
     tag: Option<String>,
     stdin: Option<bool>,
 }
@@ -223,8 +269,9 @@ fn signal_name(s: i32) -> String {
     }
 }
 
-fn data_event(stream: OutputStream, bytes: &[u8]) -> Value {
+fn data_event(stream: OutputStream, bytes: &[u8], on_terminal: bool) -> Value {
     let name = match stream {
+        _ if on_terminal => "pty",
         OutputStream::Stdout => "stdout",
         OutputStream::Stderr => "stderr",
     };
@@ -256,12 +303,7 @@ async fn start_inner(e2b: &E2b, headers: &HeaderMap, body: &[u8]) -> Result<Resp
     let req: StartRequest = connect::stream_request(headers, body)?;
     let Envd { entry, lease } = e2b.envd(headers).await?;
     requested_user(headers, &lease)?;
-    if req.pty.as_ref().is_some_and(|p| !p.is_null()) {
-        return Err(RpcError::unimplemented(
-            "pty",
-            "corral's agent runs commands on pipes, not terminals",
-        ));
-    }
+    let pty = req.pty.as_ref().map(|p| p.size("pty")).transpose()?;
     let Some(config) = req.process else {
         return Err(RpcError::invalid("process", "is required"));
     };
@@ -293,6 +335,7 @@ async fn start_inner(e2b: &E2b, headers: &HeaderMap, body: &[u8]) -> Result<Resp
     cmd.stdin = stdin.then(Vec::new);
     cmd.timeout = Some(timeout);
     cmd.max_output = max_output;
+    cmd.pty = pty;
     let held = ceilings
         .exec(&cmd, true)
         .map_err(|e| RpcError::from(crate::error::ApiError::from(e)))?;
@@ -317,6 +360,7 @@ async fn start_inner(e2b: &E2b, headers: &HeaderMap, body: &[u8]) -> Result<Resp
             "cwd": config.cwd,
         }),
         stdin: execution.stdin(),
+        on_terminal: pty.is_some(),
         followers: Mutex::new(vec![tx]),
     });
     lock(&entry.procs).insert(pid, proc.clone());
@@ -332,7 +376,8 @@ async fn start_inner(e2b: &E2b, headers: &HeaderMap, body: &[u8]) -> Result<Resp
             tokio::select! {
                 ev = execution.next_event() => match ev {
                     ExecEvent::Output(stream, bytes) => {
-                        proc.broadcast(|| Item::Message(data_event(stream, &bytes))).await;
+                        let t = proc.on_terminal;
+                        proc.broadcast(|| Item::Message(data_event(stream, &bytes, t))).await;
                     }
                     ExecEvent::Ended(r) => break r,
                 },
@@ -425,13 +470,16 @@ async fn write_input(proc: &Proc, input: Option<&Input>) -> Result<(), RpcError>
     let Some(input) = input else {
         return Err(RpcError::invalid("input", "is required"));
     };
-    if input.pty.is_some() {
-        return Err(RpcError::unimplemented(
-            "input.pty",
-            "corral's agent runs commands on pipes, not terminals",
-        ));
-    }
-    let bytes = input.stdin.as_deref().unwrap_or_default();
+    let bytes = match (&input.pty, &input.stdin) {
+        (Some(_), _) if !proc.on_terminal => {
+            return Err(RpcError::invalid(
+                "input.pty",
+                format!("process {} was not started with a pty", proc.pid),
+            ))
+        }
+        (Some(keys), _) => keys.as_slice(),
+        (None, bytes) => bytes.as_deref().unwrap_or_default(),
+    };
     proc.stdin
         .write(bytes)
         .await
@@ -550,15 +598,32 @@ async fn send_signal(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes) ->
     )
 }
 
+#[derive(Deserialize)]
+struct UpdateRequest {
+    process: Option<Selector>,
+    pty: Option<Pty>,
+}
+
 async fn update(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes) -> Response {
     connect::unary(
         async {
-            let _: Value = connect::unary_request(&headers, &body)?;
-            e2b.envd(&headers).await?;
-            Err::<Value, _>(RpcError::unimplemented(
-                "Update (pty resize)",
-                "corral's agent runs commands on pipes, not terminals",
-            ))
+            let req: UpdateRequest = connect::unary_request(&headers, &body)?;
+            let Envd { entry, .. } = e2b.envd(&headers).await?;
+            let proc = find(&entry, req.process.as_ref())?;
+            let Some(pty) = &req.pty else {
+                return Err(RpcError::invalid("pty", "is required (the new size)"));
+            };
+            let size = pty.size("pty")?;
+            if !proc.on_terminal {
+                return Err(RpcError::invalid(
+                    "pty",
+                    format!("process {} was not started with a pty", proc.pid),
+                ));
+            }
+            proc.stdin.resize(size).await.map_err(|e| {
+                RpcError::new(Code::Unavailable, format!("process {}: {e}", proc.pid))
+            })?;
+            Ok(json!({}))
         }
         .await,
     )
@@ -604,6 +669,30 @@ mod tests {
         assert_eq!(signal_number(Some(&json!(15))).expect("should work"), 15);
         let e = signal_number(Some(&json!("SIGNAL_SIGHUP"))).expect_err("should fail");
         assert!(e.message.starts_with("signal:"), "{}", e.message);
+    }
+
+    #[test]
+    fn pty_sizes_are_checked_naming_the_field() {
+        let p: Pty = serde_json::from_value(json!({"size": {"cols": "120", "rows": 40}}))
+            .expect("should work");
+        assert_eq!(
+            p.size("pty").expect("should work"),
+            PtySize {
+                cols: 120,
+                rows: 40
+            }
+        );
+        for (size, field) in [
+            (json!({"cols": 0, "rows": 24}), "pty.size.cols"),
+            (json!({"cols": 80}), "pty.size.rows"),
+            (json!({"cols": 80, "rows": 70000}), "pty.size.rows"),
+        ] {
+            let p: Pty = serde_json::from_value(json!({ "size": size })).expect("should work");
+            let e = p.size("pty").expect_err("should fail");
+            assert!(e.message.starts_with(field), "{}", e.message);
+        }
+        let e = Pty::default().size("pty").expect_err("should fail");
+        assert!(e.message.starts_with("pty.size"), "{}", e.message);
     }
 
     #[test]
