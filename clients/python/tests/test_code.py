@@ -84,7 +84,22 @@ def test_timeout_interrupts_and_output_is_capped(server: LocalServer) -> None:
         assert sb.run_code("kept").text == "1"
         ex = sb.run_code("print('z' * 100000)", max_output=1000)
         assert ex.truncated
-        assert sum(len(s) for s in ex.logs.stdout) <= 1000
+        # The head that fits is kept (a print larger than the budget is cut,
+        # not dropped whole), with a notice on stderr.
+        assert "".join(ex.logs.stdout) == "z" * 1000, ex.logs.stdout
+        assert any("dropped" in s for s in ex.logs.stderr), ex.logs.stderr
+
+
+def test_printing_forever_is_bounded_typed_and_the_kernel_answers_after(server: LocalServer) -> None:
+    with sandbox(server) as sb:
+        seen = []
+        with pytest.raises(SandboxTimeoutError):
+            sb.run_code("while True:\n    print('y' * 1000)", timeout=4, max_output=20000, on_stdout=seen.append)
+        # Within the budget although the kernel printed far more.
+        assert 0 < sum(len(s) for s in seen) <= 20000, sum(len(s) for s in seen)
+        # No backlog of the flood stands between the next run and its answer.
+        assert sb.run_code("1 + 2", timeout=120).text == "3"
+        assert sb.run("echo up").stdout == "up\n"
 
 
 def test_an_oom_killed_kernel_is_typed_and_the_next_run_gets_a_fresh_one(server: LocalServer) -> None:
