@@ -66,12 +66,16 @@ pub fn parse(rest: &[String]) -> Result<String, String> {
 /// The kernel's argv for `language`, or why there is none.
 fn kernel_argv(language: &str, connection_file: &str) -> Result<Vec<String>, String> {
     match language {
+        // No history database: IPython would write every execution to
+        // SQLite in the sandbox, most of a small execution's time, for a
+        // history nobody reads (`In`/`Out` still work, in memory).
         "python" | "python3" => Ok(vec![
             "python3".into(),
             "-m".into(),
             "ipykernel_launcher".into(),
             "-f".into(),
             connection_file.into(),
+            "--HistoryManager.enabled=False".into(),
         ]),
         other => Err(format!(
             "no kernel for language '{other}': corral starts Python kernels (ipykernel)"
@@ -472,6 +476,19 @@ impl Relay {
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_string();
+        // Nothing corral reads: the busy status and the echo of the code
+        // (as large as the code). Not relaying them saves a wake-up of
+        // every process on the way per message.
+        if channel == "iopub" && matches!(msg_type.as_str(), "execute_input" | "status") {
+            let busy = msg_type == "execute_input"
+                || serde_json::from_slice::<Value>(&rest[4])
+                    .ok()
+                    .and_then(|c| c.get("execution_state").cloned())
+                    .is_some_and(|s| s != "idle");
+            if busy {
+                return out;
+            }
+        }
         let is_output = channel == "iopub" && output_kind(&msg_type, None).is_some();
         let slot = if is_output {
             match self.budgets.iter().position(|(id, _)| *id == parent_id) {
