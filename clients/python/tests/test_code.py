@@ -175,3 +175,50 @@ def test_mcp_run_code_returns_plots_as_image_content(server: LocalServer) -> Non
                 assert _is_error(r) and "NameError" in r.content[0].text, r
 
     asyncio.run(main())
+
+
+def test_another_tenants_key_cannot_drive_or_see_a_context() -> None:
+    import uuid
+
+    import httpx
+
+    mine, theirs = "tok-mine-" + uuid.uuid4().hex, "tok-theirs-" + uuid.uuid4().hex
+    srv = LocalServer(
+        corral_binary(),
+        config={
+            "defaults": {"image": PY_IMAGE, "labels": dict(LABELS)},
+            "server": {"token": mine, "tenants": {"theirs": {"token": theirs}}},
+        },
+    )
+    srv.start()
+    try:
+        sb = corral.Sandbox.create(base_url=srv.url, token=mine)
+        try:
+            sb.run_code("secret = 'mine'")
+            ctx = sb.create_code_context()
+            other = httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {theirs}"}, timeout=60)
+            base = f"/v1/sandboxes/{sb.id}/code"
+            attempts = [
+                other.post(base, json={"code": "secret"}),
+                other.post(base, json={"code": "secret", "context": ctx.id}),
+                other.get(f"{base}/contexts"),
+                other.post(f"{base}/contexts", json={}),
+                other.delete(f"{base}/contexts/{ctx.id}"),
+            ]
+            for r in attempts:
+                # Not found: another tenant's sandbox is not there for them.
+                assert r.status_code == 404, (r.request.method, r.request.url, r.status_code, r.text)
+                assert "mine" not in r.text
+            # A wrong token is refused outright.
+            r = httpx.post(f"{srv.url}{base}", json={"code": "secret"}, headers={"Authorization": "Bearer nope"}, timeout=60)
+            assert r.status_code == 401, r.text
+            other.close()
+            # Nothing of the owner's changed.
+            assert sb.run_code("secret").text == "'mine'"
+            assert ctx.id in {c.id for c in sb.code_contexts()}
+        finally:
+            sb.delete()
+    finally:
+        code = srv.stop()
+        srv.close()
+        assert code == 0
