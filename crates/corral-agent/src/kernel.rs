@@ -90,6 +90,37 @@ fn emit(v: &Value) {
     let _ = out.flush();
 }
 
+/// Writes `lines` in one write: messages the kernel sent together (a
+/// result, the idle status, the reply) reach corral as one read, not one
+/// wake-up of every process on the way each.
+fn emit_all(lines: &[Value]) {
+    if lines.is_empty() {
+        return;
+    }
+    let mut text = String::new();
+    for v in lines {
+        text.push_str(&v.to_string());
+        text.push('\n');
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+}
+
+/// The output of `f` if it is ready now, without waiting (a receive that
+/// is not ready is dropped, as `select!` drops the receives that lose).
+fn ready_now<F: std::future::Future>(f: F) -> Option<F::Output> {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => Some(v),
+        std::task::Poll::Pending => None,
+    }
+}
+
+/// Most messages gathered into one write.
+const BATCH: usize = 64;
+
 fn failed(message: impl Into<String>) -> i32 {
     emit(&json!({"event": "failed", "message": message.into()}));
     1
@@ -324,14 +355,55 @@ impl Relay {
                         }
                     }
                 },
-                m = shell.recv() => if let Ok(m) = m { self.relay("shell", m).iter().for_each(emit) },
-                m = control.recv() => if let Ok(m) = m { self.relay("control", m).iter().for_each(emit) },
-                m = iopub.recv() => if let Ok(m) = m { self.relay("iopub", m).iter().for_each(emit) },
+                m = shell.recv() => if let Ok(m) = m {
+                    let mut lines = self.relay("shell", m);
+                    self.gather(&mut shell, &mut control, &mut iopub, &mut lines);
+                    emit_all(&lines);
+                },
+                m = control.recv() => if let Ok(m) = m {
+                    let mut lines = self.relay("control", m);
+                    self.gather(&mut shell, &mut control, &mut iopub, &mut lines);
+                    emit_all(&lines);
+                },
+                m = iopub.recv() => if let Ok(m) = m {
+                    let mut lines = self.relay("iopub", m);
+                    self.gather(&mut shell, &mut control, &mut iopub, &mut lines);
+                    emit_all(&lines);
+                },
                 _ = tick.tick() => {
                     if let Ok(Some(_)) = child.try_wait() {
                         return 0;
                     }
                 }
+            }
+        }
+    }
+
+    /// Adds the lines of the messages that already arrived on any channel
+    /// (at most [`BATCH`]), so they go out in one write.
+    fn gather(
+        &mut self,
+        shell: &mut DealerSocket,
+        control: &mut DealerSocket,
+        iopub: &mut SubSocket,
+        lines: &mut Vec<Value>,
+    ) {
+        for _ in 0..BATCH {
+            let mut got = false;
+            if let Some(Ok(m)) = ready_now(iopub.recv()) {
+                lines.extend(self.relay("iopub", m));
+                got = true;
+            }
+            if let Some(Ok(m)) = ready_now(shell.recv()) {
+                lines.extend(self.relay("shell", m));
+                got = true;
+            }
+            if let Some(Ok(m)) = ready_now(control.recv()) {
+                lines.extend(self.relay("control", m));
+                got = true;
+            }
+            if !got {
+                return;
             }
         }
     }
