@@ -9,8 +9,9 @@
 # is tested in headless chromium) and the e2b SDK (pinned: the newest in
 # the venv, the oldest corral serves in $venv/e2b-oldest, for
 # tests/test_e2b.py with E2B_SDK_DIR), e2b-code-interpreter (pinned:
-# tests/test_e2b_code.py runs its run_code against code contexts) and
-# pytest-timeout (every test runs
+# tests/test_e2b_code.py runs its run_code against code contexts),
+# smolagents (pinned: tests/test_smolagents.py runs its E2BExecutor and a
+# CodeAgent on corral through the E2B listener), pytest-timeout (every test runs
 # under the per-test timeout of clients/python/pyproject.toml) and
 # pytest-xdist (scripts/test.sh runs the test files on three workers). Every
 # transitive version is pinned by scripts/python-constraints.txt (and
@@ -28,7 +29,7 @@ python=${PYTHON:-python3}
 e2b_oldest="e2b==2.7.0"
 constraints=scripts/python-constraints.txt
 constraints_oldest=scripts/python-constraints-e2b-oldest.txt
-reqs=(pytest pytest-asyncio pytest-timeout "pytest-xdist==3.8.0" mcp "mini-swe-agent==2.4.6" "ray==2.60.0" "uv==0.13.8" "hermes-agent==0.19.0" "selenium==4.27.1" "e2b==2.63.0" "e2b-code-interpreter==2.11.5" "python-dateutil<3" "rich==14.3.3")
+reqs=(pytest pytest-asyncio pytest-timeout "pytest-xdist==3.8.0" mcp "mini-swe-agent==2.4.6" "ray==2.60.0" "uv==0.13.8" "hermes-agent==0.19.0" "selenium==4.27.1" "e2b==2.63.0" "e2b-code-interpreter==2.11.5" "smolagents==1.26.0" "python-dateutil<3" "rich==14.3.3")
 
 if ! command -v "$python" >/dev/null 2>&1; then
   echo "python-env: $python not found (install python3 and python3-venv)" >&2
@@ -50,7 +51,7 @@ want=$(stamp_of)
 "$python" clients/python/tools/unasync.py
 
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.corral-stamp" ] && [ "$(cat "$venv/.corral-stamp")" = "$want" ] \
-   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, pytest_timeout, xdist, mcp, minisweagent, ray, hermes_constants, selenium, e2b, e2b_code_interpreter' >/dev/null 2>&1 \
+   && "$venv/bin/python" -c 'import corral, httpx, pytest, pytest_asyncio, pytest_timeout, xdist, mcp, minisweagent, ray, hermes_constants, selenium, e2b, e2b_code_interpreter, smolagents' >/dev/null 2>&1 \
    && [ -d "$venv/e2b-oldest/e2b" ] \
    && [ -x "$venv/bin/uv" ]; then
   echo "python-env: $venv is up to date"

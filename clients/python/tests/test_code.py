@@ -84,7 +84,22 @@ def test_timeout_interrupts_and_output_is_capped(server: LocalServer) -> None:
         assert sb.run_code("kept").text == "1"
         ex = sb.run_code("print('z' * 100000)", max_output=1000)
         assert ex.truncated
-        assert sum(len(s) for s in ex.logs.stdout) <= 1000
+        # The head that fits is kept (a print larger than the budget is cut,
+        # not dropped whole), with a notice on stderr.
+        assert "".join(ex.logs.stdout) == "z" * 1000, ex.logs.stdout
+        assert any("dropped" in s for s in ex.logs.stderr), ex.logs.stderr
+
+
+def test_printing_forever_is_bounded_typed_and_the_kernel_answers_after(server: LocalServer) -> None:
+    with sandbox(server) as sb:
+        seen = []
+        with pytest.raises(SandboxTimeoutError):
+            sb.run_code("while True:\n    print('y' * 1000)", timeout=4, max_output=20000, on_stdout=seen.append)
+        # Within the budget although the kernel printed far more.
+        assert 0 < sum(len(s) for s in seen) <= 20000, sum(len(s) for s in seen)
+        # No backlog of the flood stands between the next run and its answer.
+        assert sb.run_code("1 + 2", timeout=120).text == "3"
+        assert sb.run("echo up").stdout == "up\n"
 
 
 def test_an_oom_killed_kernel_is_typed_and_the_next_run_gets_a_fresh_one(server: LocalServer) -> None:
@@ -160,3 +175,50 @@ def test_mcp_run_code_returns_plots_as_image_content(server: LocalServer) -> Non
                 assert _is_error(r) and "NameError" in r.content[0].text, r
 
     asyncio.run(main())
+
+
+def test_another_tenants_key_cannot_drive_or_see_a_context() -> None:
+    import uuid
+
+    import httpx
+
+    mine, theirs = "tok-mine-" + uuid.uuid4().hex, "tok-theirs-" + uuid.uuid4().hex
+    srv = LocalServer(
+        corral_binary(),
+        config={
+            "defaults": {"image": PY_IMAGE, "labels": dict(LABELS)},
+            "server": {"token": mine, "tenants": {"theirs": {"token": theirs}}},
+        },
+    )
+    srv.start()
+    try:
+        sb = corral.Sandbox.create(base_url=srv.url, token=mine)
+        try:
+            sb.run_code("secret = 'mine'")
+            ctx = sb.create_code_context()
+            other = httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {theirs}"}, timeout=60)
+            base = f"/v1/sandboxes/{sb.id}/code"
+            attempts = [
+                other.post(base, json={"code": "secret"}),
+                other.post(base, json={"code": "secret", "context": ctx.id}),
+                other.get(f"{base}/contexts"),
+                other.post(f"{base}/contexts", json={}),
+                other.delete(f"{base}/contexts/{ctx.id}"),
+            ]
+            for r in attempts:
+                # Not found: another tenant's sandbox is not there for them.
+                assert r.status_code == 404, (r.request.method, r.request.url, r.status_code, r.text)
+                assert "mine" not in r.text
+            # A wrong token is refused outright.
+            r = httpx.post(f"{srv.url}{base}", json={"code": "secret"}, headers={"Authorization": "Bearer nope"}, timeout=60)
+            assert r.status_code == 401, r.text
+            other.close()
+            # Nothing of the owner's changed.
+            assert sb.run_code("secret").text == "'mine'"
+            assert ctx.id in {c.id for c in sb.code_contexts()}
+        finally:
+            sb.delete()
+    finally:
+        code = srv.stop()
+        srv.close()
+        assert code == 0

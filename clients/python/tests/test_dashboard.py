@@ -2,12 +2,15 @@
 chromium-driver, driven by selenium from PyPI) against a real ``corral
 serve``: the page loads with the token, shows a sandbox the test created
 with its usage, updates when a command runs (without a reload), and is
-refused without the token or with a wrong one. A screenshot is kept in
-``target/test-artifacts/dashboard.png``."""
+refused without the token or with a wrong one; code run from the page in
+a sandbox's code context shows its plot as an image. Screenshots are kept
+in ``target/test-artifacts/dashboard.png`` and ``dashboard-code.png``."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -84,5 +87,53 @@ def test_the_dashboard_shows_a_sandbox_its_usage_and_its_commands_live(corral_ur
             browser.get(url)
             body = browser.find_element(By.TAG_NAME, "body").text
             assert "unauthorized" in body and "sandboxes" not in body.lower(), body
+    finally:
+        browser.quit()
+
+
+def test_the_dashboard_runs_code_and_shows_a_results_image(corral_url, corral_client, corral_spec):
+    from selenium.webdriver.common.by import By
+
+    image = os.environ.get("CORRAL_PYTHON_IMAGE", "corral-test/python")
+    if subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode != 0:
+        pytest.skip(f"{image} is not built: scripts/build-test-images.sh --python")
+    token = corral.find_token(corral_url)
+    browser = _browser()
+    try:
+        with corral_client.sandbox(spec=corral_spec(image=image)) as sb:
+            browser.get(f"{corral_url}/dashboard?token={token}")
+
+            def row():
+                for tr in browser.find_elements(By.CSS_SELECTOR, "#sandboxes tr[data-sandbox]"):
+                    if tr.get_attribute("data-session") == sb.id:
+                        return tr
+                return None
+
+            _wait("the test's sandbox", lambda: row() is not None)
+            row().click()
+            box = browser.find_element(By.ID, "code")
+            box.clear()
+            box.send_keys("import matplotlib.pyplot as plt\nn = 20\nprint('plotted')\nplt.plot([3, 1, 2])\nplt.show()\n")
+            browser.find_element(By.ID, "run-code").click()
+            out = lambda: browser.find_element(By.ID, "code-out")  # noqa: E731
+            _wait("the run's end", lambda: "done in" in browser.find_element(By.ID, "code-status").text, timeout=180)
+            assert "plotted" in out().text
+            img = _wait("the plot as an image", lambda: out().find_elements(By.TAG_NAME, "img"))[0]
+            assert img.get_attribute("src").startswith("data:image/png;base64,iVBOR")
+            # The browser decoded it: a real picture, not a broken image.
+            width = browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img)
+            assert width and width > 100, width
+            shots = REPO / "target" / "test-artifacts"
+            shots.mkdir(parents=True, exist_ok=True)
+            assert browser.save_screenshot(str(shots / "dashboard-code.png"))
+            # The kernel keeps state between runs from the page, and an error shows as one.
+            box.clear()
+            box.send_keys("n + 1")
+            browser.find_element(By.ID, "run-code").click()
+            _wait("the kept variable", lambda: out().text.strip() == "21", timeout=120)
+            box.clear()
+            box.send_keys("undefined_name")
+            browser.find_element(By.ID, "run-code").click()
+            _wait("the error", lambda: "NameError" in out().text, timeout=120)
     finally:
         browser.quit()

@@ -163,15 +163,17 @@ def test_timeout_interrupts_a_busy_loop_and_the_context_lives_on(sbx: Sandbox) -
     assert ex.text == "8"
 
 
-@pytest.mark.skip(reason="fails on a loaded machine: the SDK times out reading a kernel that prints forever (issue 30 open: the unread-output queue and its truncation notice)")
 def test_printing_forever_and_spawning_past_the_pids_limit_stay_bounded(sbx: Sandbox) -> None:
-    ex = sbx.run_code("print('x' * (8 << 20))")
+    ex = sbx.run_code("print('x' * (8 << 20))", timeout=120)
     out = "".join(ex.logs.stdout)
-    # Kept within the output budget (1 MiB per stream), with a notice.
-    assert len(out) <= 1 << 20
+    # Its head kept within the output budget (1 MiB per stream), with a notice.
+    assert 0 < len(out) <= 1 << 20 and set(out) == {"x"}, len(out)
     assert any("dropped" in s for s in ex.logs.stderr), ex.logs.stderr
+    # The SDK gives up after 4 s and closes the stream, which interrupts the
+    # kernel; the flood it printed meanwhile is not queued for the next run.
     with pytest.raises(TimeoutException):
         sbx.run_code("while True:\n    print('y' * 1000)", timeout=4)
+    assert sbx.run_code("1 + 2", timeout=120).text == "3"
     ex = sbx.run_code(
         "import subprocess\nprocs = []\nfor _ in range(1000):\n    procs.append(subprocess.Popen(['sleep', '60']))",
         timeout=120,

@@ -13,14 +13,27 @@
 //! ports, and only a holder of the key can drive them.
 //!
 //! Input lines: `{"op":"send","channel":"shell"|"control","msg_id":..,
-//! "msg_type":..,"content":{..}}` and `{"op":"interrupt"}` (SIGINT to the
-//! kernel). Output lines: `{"event":"ready","pid":N}`, `{"event":"message",
-//! "channel":..,"msg_type":..,"parent":..,"content":{..}}` for every signed
-//! message the kernel sends, `{"event":"exited","code":..,"signal":..,
-//! "oom_killed":..}` when the kernel ends (the tool then exits), and
-//! `{"event":"failed","message":..}` when it cannot start. stdin's EOF
-//! ends the kernel.
+//! "msg_type":..,"content":{..},"max_output":N}` and `{"op":"interrupt"}`
+//! (SIGINT to the kernel). Output lines: `{"event":"ready","pid":N}`,
+//! `{"event":"message","channel":..,"msg_type":..,"parent":..,
+//! "content":{..}}` for every signed message the kernel sends,
+//! `{"event":"dropped","parent":..,"what":"stdout"|"stderr"|"results"}`
+//! once per stream when an execution's output passes its budget,
+//! `{"event":"exited","code":..,"signal":..,"oom_killed":..}` when the
+//! kernel ends (the tool then exits), and `{"event":"failed","message":..}`
+//! when it cannot start. stdin's EOF ends the kernel.
+//!
+//! Output is bounded here, where it is produced, not downstream: an
+//! `execute_request` sent with `max_output` keeps at most that many bytes
+//! of its stdout, of its stderr and of its rich results (the head; a
+//! print larger than what is left is cut to fit), and output no execution
+//! of corral's asked for (a background thread printing after its run) is
+//! not relayed at all. Past the budget a message is dropped on its
+//! headers alone, unverified and unparsed, so a kernel printing forever
+//! costs the relay little more than reading the socket, and no backlog
+//! builds up for the next execution to wade through.
 
+use std::collections::VecDeque;
 use std::io::{BufRead, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -38,6 +51,9 @@ use crate::sys;
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// The delimiter between routing identities and a Jupyter message.
 const DELIM: &[u8] = b"<IDS|MSG>";
+/// Executions whose output budgets are kept (the newest ones): output of an
+/// older one is for nobody.
+const KEPT_BUDGETS: usize = 16;
 
 /// Parses LANGUAGE; the languages this tool can start a kernel for.
 pub fn parse(rest: &[String]) -> Result<String, String> {
@@ -50,12 +66,16 @@ pub fn parse(rest: &[String]) -> Result<String, String> {
 /// The kernel's argv for `language`, or why there is none.
 fn kernel_argv(language: &str, connection_file: &str) -> Result<Vec<String>, String> {
     match language {
+        // No history database: IPython would write every execution to
+        // SQLite in the sandbox, most of a small execution's time, for a
+        // history nobody reads (`In`/`Out` still work, in memory).
         "python" | "python3" => Ok(vec![
             "python3".into(),
             "-m".into(),
             "ipykernel_launcher".into(),
             "-f".into(),
             connection_file.into(),
+            "--HistoryManager.enabled=False".into(),
         ]),
         other => Err(format!(
             "no kernel for language '{other}': corral starts Python kernels (ipykernel)"
@@ -69,6 +89,37 @@ fn emit(v: &Value) {
     let _ = writeln!(out, "{v}");
     let _ = out.flush();
 }
+
+/// Writes `lines` in one write: messages the kernel sent together (a
+/// result, the idle status, the reply) reach corral as one read, not one
+/// wake-up of every process on the way each.
+fn emit_all(lines: &[Value]) {
+    if lines.is_empty() {
+        return;
+    }
+    let mut text = String::new();
+    for v in lines {
+        text.push_str(&v.to_string());
+        text.push('\n');
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+}
+
+/// The output of `f` if it is ready now, without waiting (a receive that
+/// is not ready is dropped, as `select!` drops the receives that lose).
+fn ready_now<F: std::future::Future>(f: F) -> Option<F::Output> {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => Some(v),
+        std::task::Poll::Pending => None,
+    }
+}
+
+/// Most messages gathered into one write.
+const BATCH: usize = 64;
 
 fn failed(message: impl Into<String>) -> i32 {
     emit(&json!({"event": "failed", "message": message.into()}));
@@ -133,9 +184,10 @@ pub fn run(language: &str) -> i32 {
         }
     };
     let session = random_hex(16).unwrap_or_default();
-    let relay = Relay {
+    let mut relay = Relay {
         key: key.into_bytes(),
         session,
+        budgets: VecDeque::new(),
     };
     let code = rt.block_on(relay.serve(&ports, pid, &mut child));
     let _ = child.kill();
@@ -157,6 +209,48 @@ pub fn run(language: &str) -> i32 {
 struct Relay {
     key: Vec<u8>,
     session: String,
+    /// The output budgets of the latest executions, by their msg_id.
+    budgets: VecDeque<(String, Budget)>,
+}
+
+/// What one execution may still relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Budget {
+    /// Bytes left of stdout, stderr and rich results.
+    left: [u64; 3],
+    /// Which of them dropped something (and said so).
+    dropped: [bool; 3],
+}
+
+impl Budget {
+    fn new(max: u64) -> Budget {
+        Budget {
+            left: [max; 3],
+            dropped: [false; 3],
+        }
+    }
+}
+
+/// Which budget an output message counts against; `None` for messages that
+/// are not output (status, replies, errors: always relayed).
+fn output_kind(msg_type: &str, content_name: Option<&str>) -> Option<usize> {
+    match msg_type {
+        "stream" => Some(if content_name == Some("stderr") { 1 } else { 0 }),
+        "display_data" | "execute_result" | "update_display_data" => Some(2),
+        _ => None,
+    }
+}
+
+const OUTPUT_NAMES: [&str; 3] = ["stdout", "stderr", "results"];
+
+/// The longest prefix of `text` of at most `max` bytes, on a character
+/// boundary.
+fn head(text: &str, max: u64) -> &str {
+    let mut end = text.len().min(usize::try_from(max).unwrap_or(usize::MAX));
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// A line corral sent, or the end of its stdin.
@@ -166,7 +260,7 @@ enum Input {
 }
 
 impl Relay {
-    async fn serve(&self, ports: &[u16], pid: i32, child: &mut Child) -> i32 {
+    async fn serve(&mut self, ports: &[u16], pid: i32, child: &mut Child) -> i32 {
         let endpoint = |p: u16| format!("tcp://127.0.0.1:{p}");
         let mut shell = DealerSocket::new();
         let mut control = DealerSocket::new();
@@ -261,9 +355,21 @@ impl Relay {
                         }
                     }
                 },
-                m = shell.recv() => if let Ok(m) = m { self.relay("shell", m) },
-                m = control.recv() => if let Ok(m) = m { self.relay("control", m) },
-                m = iopub.recv() => if let Ok(m) = m { self.relay("iopub", m) },
+                m = shell.recv() => if let Ok(m) = m {
+                    let mut lines = self.relay("shell", m);
+                    self.gather(&mut shell, &mut control, &mut iopub, &mut lines);
+                    emit_all(&lines);
+                },
+                m = control.recv() => if let Ok(m) = m {
+                    let mut lines = self.relay("control", m);
+                    self.gather(&mut shell, &mut control, &mut iopub, &mut lines);
+                    emit_all(&lines);
+                },
+                m = iopub.recv() => if let Ok(m) = m {
+                    let mut lines = self.relay("iopub", m);
+                    self.gather(&mut shell, &mut control, &mut iopub, &mut lines);
+                    emit_all(&lines);
+                },
                 _ = tick.tick() => {
                     if let Ok(Some(_)) = child.try_wait() {
                         return 0;
@@ -273,9 +379,38 @@ impl Relay {
         }
     }
 
+    /// Adds the lines of the messages that already arrived on any channel
+    /// (at most [`BATCH`]), so they go out in one write.
+    fn gather(
+        &mut self,
+        shell: &mut DealerSocket,
+        control: &mut DealerSocket,
+        iopub: &mut SubSocket,
+        lines: &mut Vec<Value>,
+    ) {
+        for _ in 0..BATCH {
+            let mut got = false;
+            if let Some(Ok(m)) = ready_now(iopub.recv()) {
+                lines.extend(self.relay("iopub", m));
+                got = true;
+            }
+            if let Some(Ok(m)) = ready_now(shell.recv()) {
+                lines.extend(self.relay("shell", m));
+                got = true;
+            }
+            if let Some(Ok(m)) = ready_now(control.recv()) {
+                lines.extend(self.relay("control", m));
+                got = true;
+            }
+            if !got {
+                return;
+            }
+        }
+    }
+
     /// Acts on one input line.
     async fn input(
-        &self,
+        &mut self,
         line: &str,
         pid: i32,
         shell: &mut DealerSocket,
@@ -294,8 +429,17 @@ impl Relay {
                 };
                 let msg_id = field("msg_id")?;
                 let msg_type = field("msg_type")?;
+                let max_output = match v.get("max_output") {
+                    None | Some(Value::Null) => None,
+                    Some(m) => Some(m.as_u64().ok_or_else(|| {
+                        format!("send: field 'max_output' is {m}, not a byte count")
+                    })?),
+                };
                 let content = v.get("content").cloned().unwrap_or_else(|| json!({}));
                 let msg = self.message(msg_id, msg_type, content);
+                if let Some(max) = max_output {
+                    self.track(msg_id, max);
+                }
                 let socket = match field("channel")? {
                     "shell" => shell,
                     "control" => control,
@@ -307,6 +451,16 @@ impl Relay {
             }
             other => Err(format!("input line: op {other:?} is not send or interrupt")),
         }
+    }
+
+    /// Keeps the output of the execution `msg_id` within `max` bytes per
+    /// stream (and of results); the oldest tracked one is forgotten.
+    fn track(&mut self, msg_id: &str, max: u64) {
+        if self.budgets.len() >= KEPT_BUDGETS {
+            self.budgets.pop_front();
+        }
+        self.budgets
+            .push_back((msg_id.to_string(), Budget::new(max)));
     }
 
     /// A signed Jupyter message with no parent.
@@ -363,19 +517,152 @@ impl Relay {
         Some((header, parent, content))
     }
 
-    /// Passes a verified message on to corral.
-    fn relay(&self, channel: &str, msg: ZmqMessage) {
-        let Some((header, parent, content)) = self.verify(msg) else {
-            return;
+    /// The lines that pass a verified message on to corral, within its
+    /// execution's output budget (none for a message dropped).
+    fn relay(&mut self, channel: &str, msg: ZmqMessage) -> Vec<Value> {
+        let mut out = Vec::new();
+        let frames = msg.into_vec();
+        let Some(at) = frames.iter().position(|f| f.as_ref() == DELIM) else {
+            return out;
         };
-        emit(&json!({
-            "event": "message",
-            "channel": channel,
-            "msg_type": header.get("msg_type").cloned().unwrap_or(Value::Null),
-            "parent": parent.get("msg_id").cloned().unwrap_or(Value::Null),
-            "content": content,
-        }));
+        let rest = &frames[at + 1..];
+        if rest.len() < 5 {
+            return out;
+        }
+        // The headers are small; the content may be megabytes. Output past
+        // its budget is dropped on the headers alone: unverified, which is
+        // harmless, since nothing of it is relayed or counted.
+        let Ok(header) = serde_json::from_slice::<Value>(&rest[1]) else {
+            return out;
+        };
+        let Ok(parent) = serde_json::from_slice::<Value>(&rest[2]) else {
+            return out;
+        };
+        let msg_type = header
+            .get("msg_type")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let parent_id = parent
+            .get("msg_id")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        // Nothing corral reads: the busy status and the echo of the code
+        // (as large as the code). Not relaying them saves a wake-up of
+        // every process on the way per message.
+        if channel == "iopub" && matches!(msg_type.as_str(), "execute_input" | "status") {
+            let busy = msg_type == "execute_input"
+                || serde_json::from_slice::<Value>(&rest[4])
+                    .ok()
+                    .and_then(|c| c.get("execution_state").cloned())
+                    .is_some_and(|s| s != "idle");
+            if busy {
+                return out;
+            }
+        }
+        let is_output = channel == "iopub" && output_kind(&msg_type, None).is_some();
+        let slot = if is_output {
+            match self.budgets.iter().position(|(id, _)| *id == parent_id) {
+                // Output for no execution corral asked for: nobody reads it.
+                None => return out,
+                Some(i) => {
+                    let b = &self.budgets[i].1;
+                    // A stream's name is in the content: drop on the headers
+                    // only when both streams are spent.
+                    let spent = match msg_type.as_str() {
+                        "stream" => b.left[0] == 0 && b.left[1] == 0,
+                        _ => b.left[2] == 0,
+                    };
+                    if spent {
+                        return out;
+                    }
+                    Some(i)
+                }
+            }
+        } else {
+            None
+        };
+        if !self.verified(rest) {
+            return out;
+        }
+        let Ok(mut content) = serde_json::from_slice::<Value>(&rest[4]) else {
+            return out;
+        };
+        if let Some(i) = slot {
+            let name = content.get("name").and_then(Value::as_str);
+            let Some(kind) = output_kind(&msg_type, name) else {
+                return out;
+            };
+            let budget = &mut self.budgets[i].1;
+            let first = !budget.dropped[kind];
+            if kind == 2 {
+                // As corral counts a result: its MIME values serialised.
+                let size: u64 = content
+                    .get("data")
+                    .and_then(Value::as_object)
+                    .map(|d| d.values().map(|v| v.to_string().len() as u64).sum())
+                    .unwrap_or(0);
+                if size > budget.left[2] {
+                    // Dropped whole; a smaller one later may still fit.
+                    budget.dropped[2] = true;
+                    if first {
+                        out.push(dropped(&parent_id, 2));
+                    }
+                    return out;
+                }
+                budget.left[2] -= size;
+            } else {
+                let text = content.get("text").and_then(Value::as_str).unwrap_or("");
+                if text.len() as u64 > budget.left[kind] {
+                    // The head that fits, and nothing more of this stream.
+                    let kept = head(text, budget.left[kind]).to_string();
+                    budget.left[kind] = 0;
+                    budget.dropped[kind] = true;
+                    if !kept.is_empty() {
+                        content["text"] = Value::String(kept);
+                        out.push(message(channel, &msg_type, &parent_id, content));
+                    }
+                    if first {
+                        out.push(dropped(&parent_id, kind));
+                    }
+                    return out;
+                }
+                budget.left[kind] -= text.len() as u64;
+            }
+        }
+        out.push(message(channel, &msg_type, &parent_id, content));
+        out
     }
+
+    /// Whether the frames after the delimiter carry the key's signature.
+    fn verified(&self, rest: &[Bytes]) -> bool {
+        let mut mac = self.mac();
+        for p in &rest[1..5] {
+            mac.update(p);
+        }
+        let Some(want) = std::str::from_utf8(&rest[0]).ok().and_then(unhex) else {
+            return false;
+        };
+        mac.verify_slice(&want).is_ok()
+    }
+}
+
+/// The line that tells corral that an execution's `kind` output passed
+/// its budget.
+fn dropped(parent: &str, kind: usize) -> Value {
+    json!({"event": "dropped", "parent": parent, "what": OUTPUT_NAMES[kind]})
+}
+
+/// The line that relays one kernel message.
+fn message(channel: &str, msg_type: &str, parent: &str, content: Value) -> Value {
+    json!({
+        "event": "message",
+        "channel": channel,
+        "msg_type": msg_type,
+        "parent": parent,
+        "content": content,
+    })
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -438,6 +725,7 @@ mod tests {
         let relay = Relay {
             key: b"k".to_vec(),
             session: "s".into(),
+            budgets: VecDeque::new(),
         };
         let msg = relay.message("id1", "execute_request", json!({"code": "1"}));
         let (header, _, content) = relay.verify(msg.clone()).expect("own signature verifies");
@@ -446,11 +734,132 @@ mod tests {
         let other = Relay {
             key: b"other".to_vec(),
             session: "s".into(),
+            budgets: VecDeque::new(),
         };
         assert!(
             other.verify(msg).is_none(),
             "another key's signature is refused"
         );
+    }
+
+    /// A message as the kernel sends it: signed with `key`, answering
+    /// `parent`.
+    fn from_kernel(key: &[u8], msg_type: &str, parent: &str, content: Value) -> ZmqMessage {
+        let signer = Relay {
+            key: key.to_vec(),
+            session: "k".into(),
+            budgets: VecDeque::new(),
+        };
+        let parts = [
+            json!({"msg_id": "m", "msg_type": msg_type}).to_string(),
+            json!({"msg_id": parent}).to_string(),
+            "{}".to_string(),
+            content.to_string(),
+        ];
+        let sig = signer.sign(&parts);
+        let mut frames: Vec<Bytes> = vec![Bytes::from_static(DELIM), Bytes::from(sig)];
+        frames.extend(parts.into_iter().map(Bytes::from));
+        ZmqMessage::try_from(frames).expect("frames")
+    }
+
+    fn stream(name: &str, text: &str) -> Value {
+        json!({"name": name, "text": text})
+    }
+
+    #[test]
+    fn output_is_kept_within_each_executions_budget() {
+        let mut relay = Relay {
+            key: b"k".to_vec(),
+            session: "s".into(),
+            budgets: VecDeque::new(),
+        };
+        relay.track("e1", 10);
+        let out = relay.relay(
+            "iopub",
+            from_kernel(b"k", "stream", "e1", stream("stdout", "0123456")),
+        );
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0]["content"]["text"], "0123456");
+        // Cut to the 3 bytes left, then the notice; later output goes.
+        let out = relay.relay(
+            "iopub",
+            from_kernel(b"k", "stream", "e1", stream("stdout", "abcdef")),
+        );
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!(out[0]["content"]["text"], "abc");
+        assert_eq!(
+            out[1],
+            json!({"event": "dropped", "parent": "e1", "what": "stdout"})
+        );
+        let out = relay.relay(
+            "iopub",
+            from_kernel(b"k", "stream", "e1", stream("stdout", "more")),
+        );
+        assert!(out.is_empty(), "{out:?}");
+        // stderr has a budget of its own; a cut keeps whole characters.
+        let out = relay.relay(
+            "iopub",
+            from_kernel(b"k", "stream", "e1", stream("stderr", "ééééééé")),
+        );
+        assert_eq!(out[0]["content"]["text"], "ééééé");
+        assert_eq!(out[1]["what"], "stderr");
+        // A result too large is dropped whole; a small one still fits.
+        let big = json!({"data": {"text/plain": "x".repeat(20)}});
+        let out = relay.relay("iopub", from_kernel(b"k", "display_data", "e1", big));
+        assert_eq!(
+            out,
+            vec![json!({"event": "dropped", "parent": "e1", "what": "results"})]
+        );
+        let small = json!({"data": {"text/plain": "1"}});
+        let out = relay.relay("iopub", from_kernel(b"k", "execute_result", "e1", small));
+        assert_eq!(out[0]["msg_type"], "execute_result");
+        // Status and replies are not output: always relayed.
+        let out = relay.relay(
+            "iopub",
+            from_kernel(b"k", "status", "e1", json!({"execution_state": "idle"})),
+        );
+        assert_eq!(out.len(), 1);
+        let out = relay.relay(
+            "shell",
+            from_kernel(b"k", "execute_reply", "e1", json!({"status": "ok"})),
+        );
+        assert_eq!(out.len(), 1);
+    }
+
+    #[test]
+    fn output_for_no_execution_or_with_a_wrong_signature_is_not_relayed() {
+        let mut relay = Relay {
+            key: b"k".to_vec(),
+            session: "s".into(),
+            budgets: VecDeque::new(),
+        };
+        relay.track("e1", 100);
+        let out = relay.relay(
+            "iopub",
+            from_kernel(b"k", "stream", "other", stream("stdout", "x")),
+        );
+        assert!(out.is_empty(), "{out:?}");
+        let out = relay.relay(
+            "iopub",
+            from_kernel(b"forged", "stream", "e1", stream("stdout", "x")),
+        );
+        assert!(out.is_empty(), "{out:?}");
+        let out = relay.relay("iopub", from_kernel(b"forged", "status", "e1", json!({})));
+        assert!(out.is_empty(), "{out:?}");
+        // Only the newest executions are tracked.
+        for i in 0..KEPT_BUDGETS {
+            relay.track(&format!("n{i}"), 100);
+        }
+        let out = relay.relay(
+            "iopub",
+            from_kernel(b"k", "stream", "e1", stream("stdout", "x")),
+        );
+        assert!(out.is_empty(), "{out:?}");
+        let out = relay.relay(
+            "iopub",
+            from_kernel(b"k", "stream", "n0", stream("stdout", "x")),
+        );
+        assert_eq!(out.len(), 1);
     }
 
     #[test]

@@ -6,8 +6,11 @@
 //! reads the API with it like any client: `/v1/health`, `/v1/whoami`,
 //! `/v1/sandboxes` and each one's `/usage` every 2 s, `/metrics` for the
 //! pools, and `/v1/events` as a stream for commands per second, failures
-//! by kind and each sandbox's recent commands. It sees what its token's
-//! principal sees, nothing more.
+//! by kind and each sandbox's recent commands. Its code panel runs Python
+//! in the selected sandbox's default code context (`POST
+//! /v1/sandboxes/{id}/code`, read as a stream) and shows what comes back
+//! as text, a result's PNG or JPEG as an image (a `data:` URL), never as
+//! HTML. It sees and does what its token's principal may, nothing more.
 
 use axum::http::header;
 use axum::response::IntoResponse;

@@ -10,7 +10,11 @@
 //!    `server.allowed_origins`, or without one but marked by the browser as
 //!    cross-site (`Sec-Fetch-Site`), is refused. A web page can send a
 //!    `text/plain` POST to loopback without a CORS preflight; this is what
-//!    makes that harmless even with `auth: none`.
+//!    makes that harmless even with `auth: none`. On the API's own
+//!    listeners an `Origin` that is the request's own (`http://` or
+//!    `https://` and the `Host` that passed check 1) is the service's own
+//!    page, the dashboard, as `Sec-Fetch-Site: same-origin` is: no page of
+//!    a sandbox is ever served on that origin (port links have their own).
 //! 3. Authentication (all but `/v1/health`): the bearer token, compared in
 //!    constant time with every configured token, decides the request's
 //!    [`Principal`] (`server.admin_token`: the operator; `server.token`:
@@ -236,11 +240,28 @@ impl Guard {
     fn check_browser(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         let mut origins = headers.get_all(header::ORIGIN).iter().peekable();
         if origins.peek().is_some() {
+            // The request's own origin: the service's page (the Host was
+            // checked first). Not where sandboxes' host names are served.
+            let own = match (&self.listener, self.sandbox_hosts) {
+                (Listener::Tcp(_), false) => headers
+                    .get(header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .map(str::to_ascii_lowercase),
+                _ => None,
+            };
+            let is_own = |origin: &str| {
+                own.as_deref().is_some_and(|host| {
+                    origin
+                        .strip_prefix("http://")
+                        .or_else(|| origin.strip_prefix("https://"))
+                        == Some(host)
+                })
+            };
             // Every Origin given must be allowed (a browser sends one).
             for origin in origins {
                 let text = origin.to_str().unwrap_or("(not text)");
                 let normalized = text.trim_end_matches('/').to_ascii_lowercase();
-                if !self.origins.contains(&normalized) {
+                if !self.origins.contains(&normalized) && !is_own(&normalized) {
                     return Err(ApiError::forbidden(
                         "Origin",
                         format!(

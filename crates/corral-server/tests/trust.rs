@@ -74,6 +74,27 @@ async fn a_web_page_cannot_post_cross_origin() {
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
+    // The service's own origin (its dashboard, whose POSTs carry it) gets
+    // through; the same name on another port is another origin.
+    let own = format!("http://{}", svc.addr);
+    let r = svc
+        .send(svc.req("GET", "/v1/sandboxes").header("Origin", &own))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let elsewhere = format!("http://{}:1", svc.addr.ip());
+    let r = svc
+        .send(svc.req("GET", "/v1/sandboxes").header("Origin", &elsewhere))
+        .await;
+    assert_eq!((r.status, r.field()), (403, "Origin"), "{}", r.text);
+    // The own origin does not vouch for a foreign Host: check 1 refuses it.
+    let r = svc
+        .send(
+            svc.req("GET", "/v1/sandboxes")
+                .header("Host", "evil.example")
+                .header("Origin", "http://evil.example"),
+        )
+        .await;
+    assert_eq!((r.status, r.field()), (403, "Host"), "{}", r.text);
     assert_eq!(remaining("api-trust-origin"), Vec::<String>::new());
     svc.stop().await;
 }

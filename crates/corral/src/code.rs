@@ -36,9 +36,10 @@ const START_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long an interrupted execution may take to stop before the kernel is
 /// restarted.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
-/// Output of the relay queued while it is not read (an idle kernel's
-/// background thread printing, or a reader slower than the kernel): more
-/// is dropped. It holds one whole message of the largest kind an
+/// Output of the relay queued while it is not read (a reader slower than
+/// the kernel): more is dropped. The relay keeps each execution's output
+/// within its budget and relays none that no execution asked for, so
+/// this is a guard; it holds one whole message of the largest kind an
 /// execution keeps (a print of several MiB arrives as one line), so a
 /// slow reader loses no line it would have kept.
 const IDLE_QUEUE: usize = 32 << 20;
@@ -311,20 +312,32 @@ impl Relay {
         self.stdin.write(&bytes).await
     }
 
-    /// Sends one execute request. `stop_on_error` is off: executions are
-    /// sent one at a time, and with it on the kernel aborts (runs nothing
-    /// of) a request arriving just after an error or an interrupt.
-    async fn execute(&self, msg_id: &str, code: &str, silent: bool) -> Result<(), String> {
+    /// Sends one execute request, whose output the relay keeps within
+    /// `max_output` bytes per stream (and of results). `stop_on_error` is
+    /// off: executions are sent one at a time, and with it on the kernel
+    /// aborts (runs nothing of) a request arriving just after an error or
+    /// an interrupt.
+    async fn execute(
+        &self,
+        msg_id: &str,
+        code: &str,
+        silent: bool,
+        max_output: u64,
+    ) -> Result<(), String> {
         self.send(json!({
             "op": "send", "channel": "shell", "msg_id": msg_id, "msg_type": "execute_request",
             "content": {
                 "code": code, "silent": silent, "store_history": !silent,
                 "user_expressions": {}, "allow_stdin": false, "stop_on_error": false,
             },
+            "max_output": max_output,
         }))
         .await
     }
 }
+
+/// The kind `follow` hands on for the relay's notice that it dropped output.
+const DROPPED: &str = "corral:dropped";
 
 /// How one execution went on the kernel's side.
 enum Ran {
@@ -359,6 +372,28 @@ impl Budget {
             true
         }
     }
+
+    /// The head of `text` that fits in stream `which` (0 stdout, 1
+    /// stderr), taken from its budget; records a cut.
+    fn take(&mut self, which: u8, text: &str) -> String {
+        let used = if which == 0 {
+            &mut self.stdout
+        } else {
+            &mut self.stderr
+        };
+        let left = self.max.saturating_sub(*used);
+        if text.len() as u64 <= left {
+            *used += text.len() as u64;
+            return text.to_string();
+        }
+        self.truncated = true;
+        let mut end = usize::try_from(left).unwrap_or(usize::MAX).min(text.len());
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        *used += end as u64;
+        text[..end].to_string()
+    }
 }
 
 fn new_id() -> String {
@@ -390,6 +425,10 @@ async fn follow(relay: &mut Relay, msg_id: &str, mut on: impl FnMut(&str, &str, 
                         idle = true;
                     }
                     on(channel, kind, content);
+                }
+                // The relay dropped output past the execution's budget.
+                Some("dropped") if v["parent"].as_str() == Some(msg_id) => {
+                    on("", DROPPED, &v);
                 }
                 Some("exited") => {
                     let oom = v["oom_killed"].as_bool() == Some(true);
@@ -563,12 +602,16 @@ impl Sandbox {
                 keys = Value::Array(env.keys().cloned().map(Value::String).collect()),
                 env = Value::Object(env.clone()),
             );
-            if relay.execute(&env_id, &set, true).await.is_err() {
+            if relay.execute(&env_id, &set, true, 0).await.is_err() {
                 return Err(self.kernel_lost(&mut io, &ctx.info, "the relay's stdin closed"));
             }
         }
         let msg_id = new_id();
-        if relay.execute(&msg_id, &req.code, false).await.is_err() {
+        if relay
+            .execute(&msg_id, &req.code, false, req.max_output)
+            .await
+            .is_err()
+        {
             return Err(self.kernel_lost(&mut io, &ctx.info, "the relay's stdin closed"));
         }
         let mut guard = InterruptOnDrop(Some(relay.stdin.clone()));
@@ -583,13 +626,18 @@ impl Sandbox {
             |_channel: &str, kind: &str, content: &Value, outcome: &mut CodeOutcome| {
                 let event = match kind {
                     "stream" => {
-                        let text = content["text"].as_str().unwrap_or("").to_string();
-                        let (which, ev) = if content["name"] == "stderr" {
-                            (1, CodeEvent::Stderr { text: text.clone() })
-                        } else {
-                            (0, CodeEvent::Stdout { text: text.clone() })
-                        };
-                        budget.fits(which, text.len()).then_some(ev)
+                        let text = content["text"].as_str().unwrap_or("");
+                        let which = u8::from(content["name"] == "stderr");
+                        let kept = budget.take(which, text);
+                        match (kept.is_empty(), which) {
+                            (true, _) => None,
+                            (false, 0) => Some(CodeEvent::Stdout { text: kept }),
+                            (false, _) => Some(CodeEvent::Stderr { text: kept }),
+                        }
+                    }
+                    DROPPED => {
+                        budget.truncated = true;
+                        None
                     }
                     "execute_result" | "display_data" => {
                         let data = content["data"].as_object().cloned().unwrap_or_default();
@@ -608,18 +656,17 @@ impl Sandbox {
                     }
                     _ => None,
                 };
-                match event {
-                    Some(e) => on_event(e),
-                    None if budget.truncated && !notified => {
-                        notified = true;
-                        on_event(CodeEvent::Stderr {
-                            text: format!(
-                                "[corral: output beyond {} bytes per stream dropped]\n",
-                                budget.max
-                            ),
-                        });
-                    }
-                    None => {}
+                if let Some(e) = event {
+                    on_event(e);
+                }
+                if budget.truncated && !notified {
+                    notified = true;
+                    on_event(CodeEvent::Stderr {
+                        text: format!(
+                            "[corral: output beyond {} bytes per stream dropped]\n",
+                            budget.max
+                        ),
+                    });
                 }
             };
         let ran = match req.timeout {
@@ -722,7 +769,7 @@ async fn restore_env(relay: &mut Relay, env: &serde_json::Map<String, Value>) {
     }
     let id = format!("{}-restore", new_id());
     let code = "for _k, _v in _corral_env_saved.items():\n    if _v is None:\n        _corral_os.environ.pop(_k, None)\n    else:\n        _corral_os.environ[_k] = _v\ndel _k, _v, _corral_env_saved";
-    if relay.execute(&id, code, true).await.is_ok() {
+    if relay.execute(&id, code, true, 0).await.is_ok() {
         let _ = tokio::time::timeout(INTERRUPT_GRACE, follow(relay, &id, |_, _, _| {})).await;
     }
 }
@@ -782,5 +829,23 @@ mod tests {
         assert!(b.fits(1, 10));
         assert!(!b.fits(0, 1));
         assert!(b.truncated);
+    }
+
+    #[test]
+    fn a_stream_keeps_the_head_that_fits() {
+        let mut b = Budget {
+            max: 5,
+            stdout: 0,
+            stderr: 0,
+            results: 0,
+            truncated: false,
+        };
+        assert_eq!(b.take(0, "abc"), "abc");
+        assert!(!b.truncated);
+        // Two bytes left: 'é' is two, 'ü' would not fit.
+        assert_eq!(b.take(0, "éü"), "é");
+        assert!(b.truncated);
+        assert_eq!(b.take(0, "more"), "");
+        assert_eq!(b.take(1, "stderr!"), "stder");
     }
 }
