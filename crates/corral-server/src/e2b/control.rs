@@ -43,6 +43,7 @@ pub(super) fn routes() -> axum::Router<E2b> {
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/resume", post(resume))
+        .route("/sandboxes/{id}/metrics", get(metrics))
 }
 
 /// An E2B API error: `{"code": STATUS, "message": ...}`.
@@ -785,6 +786,81 @@ async fn resume_entry(
         .store(false, std::sync::atomic::Ordering::Release);
     e2b.arm_timer(entry, SystemTime::now() + life);
     Ok((status, Json(sandbox_json(entry))).into_response())
+}
+
+#[derive(Deserialize)]
+struct MetricsQuery {
+    start: Option<String>,
+    end: Option<String>,
+}
+
+/// `get_metrics`: E2B keeps a series sampled every few seconds; corral
+/// reads the sandbox's usage now ([`corral::Sandbox::usage`], as `GET
+/// /v1/sandboxes/{id}/usage`), one entry, within `start`..`end` (Unix
+/// seconds, or milliseconds as older SDKs send) when given, else none. `cpuUsedPct` is the average since the
+/// sandbox started (CPU time over wall time and CPUs); `memTotal` its
+/// memory limit (0: none); the disk is not measured (0).
+async fn metrics(
+    State(e2b): State<E2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<MetricsQuery>,
+) -> Result<Response, E2bError> {
+    let caller = caller(&e2b, &headers)?;
+    let seconds = |field: &str, v: &Option<String>| -> Result<Option<u64>, E2bError> {
+        v.as_deref()
+            .map(|t| {
+                t.trim().parse::<u64>().map_err(|_| {
+                    error(
+                        StatusCode::BAD_REQUEST,
+                        format!("{field}: '{t}' is not a Unix time in seconds"),
+                    )
+                })
+            })
+            .transpose()
+    };
+    // Older SDKs (2.7.0 among them) send milliseconds: a value past the
+    // year 5000 in seconds is one.
+    let unit = |t: Option<u64>| t.map(|t| if t > 100_000_000_000 { t / 1000 } else { t });
+    let (start, end) = (
+        unit(seconds("start", &q.start)?),
+        unit(seconds("end", &q.end)?),
+    );
+    let (entry, lease) = visible(&e2b, &caller, &id).await?;
+    let now = SystemTime::now();
+    let now_s = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    if start.is_some_and(|s| now_s < s) || end.is_some_and(|e| now_s > e) {
+        return Ok(Json(Vec::<Value>::new()).into_response());
+    }
+    let usage = lease
+        .sandbox()
+        .usage()
+        .await
+        .map_err(|e| api_error(ApiError::runtime(&e, "")))?;
+    let cpus = lease.spec().limits.cpus.map_or_else(
+        || std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64),
+        |c| c.max(0.01),
+    );
+    let wall = now
+        .duration_since(entry.started_at)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let pct = if wall > 0.0 {
+        (usage.cpu_ns as f64 / 1e9 / wall / cpus * 100.0).clamp(0.0, 100.0)
+    } else {
+        0.0
+    };
+    Ok(Json(vec![json!({
+        "timestamp": rfc3339(now),
+        "timestampUnix": now_s,
+        "cpuCount": cpus.ceil() as u64,
+        "cpuUsedPct": pct,
+        "memUsed": usage.memory_bytes,
+        "memTotal": usage.memory_limit_bytes.unwrap_or(0),
+        "memCache": 0,
+        "diskUsed": 0,
+        "diskTotal": 0,
+    })])
+    .into_response())
 }
 
 /// One percent-decoding of `s` (as it was before `urllib.parse.quote`).
