@@ -24,6 +24,8 @@ from typing import Any, Dict, Iterator
 import httpx
 import pytest
 
+import corral
+
 from test_e2b import (  # noqa: F401  (fixtures)
     TOKEN,
     _garbage_collected_inside_the_pool_lock,
@@ -106,6 +108,11 @@ def test_entry_info_has_owner_group_mode_time_and_link_target(e2b_server: Dict[s
     assert (rest["f"]["owner"], rest["f"]["group"], rest["f"]["uid"], rest["f"]["gid"]) == ("alice", "staff2", 1234, 4321)
     assert rest["f"]["mtime"] == WHEN.timestamp()
     assert (rest["n"]["owner"], rest["n"]["group"], rest["n"]["uid"]) == (None, None, 777)
+    # And corral's Python client reads them.
+    with corral.Client(e2b_server["corral"], token=TOKEN) as client:
+        mine = {e.name: e for e in client.sandbox(session=sbx.sandbox_id).list_files("/m")}
+    assert (mine["f"].owner, mine["f"].gid, mine["f"].mtime) == ("alice", 4321, WHEN.timestamp()), mine["f"]
+    assert (mine["n"].owner, mine["n"].uid) == (None, 777), mine["n"]
 
 
 def test_entry_info_async(e2b_server: Dict[str, str], loop: asyncio.AbstractEventLoop) -> None:
