@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import subprocess
+import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,6 +29,7 @@ import corral
 
 from test_e2b import (  # noqa: F401  (fixtures)
     TOKEN,
+    _docker_state,
     _garbage_collected_inside_the_pool_lock,
     e2b,
     e2b_server,
@@ -126,6 +128,48 @@ def test_entry_info_async(e2b_server: Dict[str, str], loop: asyncio.AbstractEven
             await sandbox.kill()
 
     loop.run_until_complete(main())
+
+
+# -- autoPause ---------------------------------------------------------------
+
+
+def _auto_paused(timeout: int) -> Sandbox:
+    import inspect
+
+    if "lifecycle" in inspect.signature(Sandbox.create).parameters:
+        return Sandbox.create(timeout=timeout, lifecycle={"on_timeout": "pause"})
+    return Sandbox.beta_create(timeout=timeout, auto_pause=True)  # 2.7.0
+
+
+def test_auto_pause_pauses_at_the_timeout_and_connect_resumes(e2b_server: Dict[str, str]) -> None:
+    sandbox = _auto_paused(3)
+    try:
+        keeper = sandbox.commands.run("sleep 600", background=True)
+        for _ in range(100):
+            if Sandbox.get_info(sandbox.sandbox_id).state == e2b.SandboxState.PAUSED:
+                break
+            time.sleep(0.2)
+        # Paused, not released: the container is frozen, with its processes.
+        assert Sandbox.get_info(sandbox.sandbox_id).state == e2b.SandboxState.PAUSED
+        assert _docker_state(e2b_server, sandbox.sandbox_id) == "paused"
+        resumed = Sandbox.connect(sandbox.sandbox_id, timeout=60)
+        assert _docker_state(e2b_server, sandbox.sandbox_id) == "running"
+        assert resumed.commands.run(f"kill -0 {keeper.pid} && echo alive").stdout == "alive\n"
+        keeper.disconnect()
+    finally:
+        sandbox.kill()
+    # What corral cannot do is refused by name.
+    for body, named in (
+        ({"autoPause": True, "autoResume": {"enabled": True}}, "autoResume"),
+        ({"autoPause": True, "autoPauseMemory": False}, "autoPauseMemory"),
+    ):
+        r = httpx.post(
+            f"{e2b_server['url']}/sandboxes",
+            json={"templateID": "base", **body},
+            headers={"X-API-KEY": TOKEN},
+            timeout=30,
+        )
+        assert r.status_code == 400 and named in r.json()["message"], r.text
 
 
 # -- get_metrics -------------------------------------------------------------

@@ -23,7 +23,7 @@
 //! through the sandbox's file API.
 //!
 //! E2B's own semantics live here only: a sandbox's `timeout` is its
-//! lifetime (a timer releases it), a command's `timeout` kills it, a
+//! lifetime (a timer releases it, or with `autoPause` pauses it), a command's `timeout` kills it, a
 //! non-zero exit is an `end` event the SDK turns into
 //! `CommandExitException`; `pause` freezes the sandbox with its memory
 //! ([`corral::Sandbox::pause`]: Docker's cgroup freezer; a typed 501 where
@@ -92,6 +92,8 @@ struct Entry {
     /// Whether its ports are reached through `get_host` without the
     /// traffic access token (E2B's `allowPublicTraffic`, default true).
     public: bool,
+    /// `autoPause`: paused, not released, when its timeout passes.
+    auto_pause: bool,
     /// Frozen by `pause` (its lifetime timer stopped) until resumed.
     paused: std::sync::atomic::AtomicBool,
 }
@@ -157,8 +159,12 @@ impl E2b {
         let id = entry.id.clone();
         let owner = entry.owner.clone();
         let wait = end.duration_since(SystemTime::now()).unwrap_or_default();
+        let auto_pause = entry.auto_pause;
         let task = tokio::spawn(async move {
             tokio::time::sleep(wait).await;
+            if auto_pause && this.pause_at_timeout(&id, &owner).await {
+                return;
+            }
             if this.registry().remove(&id).is_some() {
                 tracing::info!(sandbox = %id, "e2b sandbox reached the end of its timeout; releasing it");
                 if let Err(e) = this.app.release(&owner, &id).await {
@@ -171,6 +177,37 @@ impl E2b {
             old.abort();
         }
         slot.0 = end;
+    }
+}
+
+impl E2b {
+    /// `autoPause`: freezes `id` when its timeout passes, as `pause` does
+    /// (its memory kept, until `connect` or `resume`); false when it cannot
+    /// (gone, or an engine without pause), and it is then released as any
+    /// other.
+    async fn pause_at_timeout(&self, id: &str, owner: &Principal) -> bool {
+        let Some(entry) = self.entry(id) else {
+            return false;
+        };
+        let lease = match self.app.lease(owner, id).await {
+            Ok(l) => l,
+            Err(_) => return false,
+        };
+        match lease.pause().await {
+            Ok(()) => {
+                entry
+                    .paused
+                    .store(true, std::sync::atomic::Ordering::Release);
+                // This timer is over; `connect` or `resume` arms the next.
+                lock(&entry.end).1 = None;
+                tracing::info!(sandbox = %id, "e2b sandbox reached the end of its timeout; paused (autoPause)");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "cannot pause an e2b sandbox at its timeout (autoPause); releasing it");
+                false
+            }
+        }
     }
 }
 

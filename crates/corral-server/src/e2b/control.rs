@@ -132,6 +132,8 @@ struct NewSandbox {
     env_vars: BTreeMap<String, String>,
     #[serde(default)]
     auto_pause: bool,
+    auto_pause_memory: Option<bool>,
+    auto_resume: Option<Value>,
     #[serde(rename = "allow_internet_access", alias = "allowInternetAccess")]
     allow_internet_access: Option<bool>,
     mcp: Option<Value>,
@@ -266,8 +268,21 @@ fn refuse_unsupported(req: &NewSandbox) -> Result<(), E2bError> {
             format!("{field} is not supported by corral: {why}"),
         ))
     };
-    if req.auto_pause {
-        return refuse("autoPause", "sandboxes end when their timeout passes");
+    if req.auto_pause && req.auto_pause_memory == Some(false) {
+        return refuse(
+            "autoPauseMemory false",
+            "corral's pause freezes the sandbox with its memory",
+        );
+    }
+    let resume_enabled = match &req.auto_resume {
+        None | Some(Value::Null) => false,
+        Some(v) => v.get("enabled").and_then(Value::as_bool).unwrap_or(true),
+    };
+    if resume_enabled {
+        return refuse(
+            "autoResume",
+            "a paused sandbox resumes on Sandbox.connect (or resume), not on traffic",
+        );
     }
     if req.mcp.as_ref().is_some_and(|v| !v.is_null()) {
         return refuse("mcp", "E2B's MCP gateway is not part of corral");
@@ -367,6 +382,7 @@ async fn create(
         end: Mutex::new((now + life, None)),
         procs: Default::default(),
         public,
+        auto_pause: req.auto_pause,
         paused: Default::default(),
         watchers: Default::default(),
     });
