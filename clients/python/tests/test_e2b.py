@@ -317,8 +317,9 @@ def test_bad_input_names_the_field_or_route(e2b_server: Dict[str, str]) -> None:
     url = e2b_server["url"]
     r = httpx.post(f"{url}/v2/sandboxes", json={"templateID": 5}, headers={"X-API-KEY": TOKEN})
     assert r.status_code == 400 and "templateID" in r.json()["message"]
-    r = httpx.post(f"{url}/v2/sandboxes", json={"templateID": "base", "autoPause": True}, headers={"X-API-KEY": TOKEN})
-    assert r.status_code == 400 and "autoPause" in r.json()["message"]
+    body = {"templateID": "base", "volumeMounts": [{"name": "v", "path": "/v"}]}
+    r = httpx.post(f"{url}/v2/sandboxes", json=body, headers={"X-API-KEY": TOKEN})
+    assert r.status_code == 400 and "volumeMounts" in r.json()["message"]
     r = httpx.get(f"{url}/v3/sandboxes", headers={"X-API-KEY": TOKEN})
     assert r.status_code == 404 and "GET /v3/sandboxes" in r.json()["message"]
     r = httpx.get(f"{url}/v2/sandboxes")
