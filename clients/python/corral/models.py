@@ -285,13 +285,21 @@ class ResetResult:
 class FileEntry:
     """One directory entry: ``type`` is ``file``, ``dir``, ``symlink`` or
     ``other``; ``mode`` the permission bits; ``target`` a symlink's target as
-    stored (not resolved)."""
+    stored (not resolved); ``mtime`` the last modification in seconds since
+    the epoch; ``uid``/``gid`` the numeric owner and group, ``owner``/``group``
+    their names in the sandbox's /etc/passwd and /etc/group (None when not
+    named there)."""
 
     name: str
     type: str
     size: int = 0
     mode: int = 0
     target: Optional[str] = None
+    mtime: float = 0.0
+    uid: int = 0
+    gid: int = 0
+    owner: Optional[str] = None
+    group: Optional[str] = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "FileEntry":
@@ -301,6 +309,11 @@ class FileEntry:
             size=int(data.get("size") or 0),
             mode=int(data.get("mode") or 0),
             target=data.get("target"),
+            mtime=float(data.get("mtime") or 0.0),
+            uid=int(data.get("uid") or 0),
+            gid=int(data.get("gid") or 0),
+            owner=data.get("owner"),
+            group=data.get("group"),
         )
 
     @property

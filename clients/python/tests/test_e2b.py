@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import gc
 import json
 import os
@@ -95,12 +96,13 @@ def _garbage_collected_inside_the_pool_lock() -> Iterator[None]:
         pool.ConnectionPool._assign_requests_to_connections = assign
 
 
-@pytest.fixture(scope="module")
-def e2b_server() -> Iterator[Dict[str, str]]:
-    """A corral serve of its own (two tenants, an E2B listener), and the
-    SDK's environment pointing at it."""
+@contextlib.contextmanager
+def e2b_service(**sections: Dict[str, object]) -> Iterator[Dict[str, str]]:
+    """A corral serve of its own (two tenants, an E2B listener; `sections`
+    merged over its config, one level deep), and the SDK's environment
+    pointing at it. Shared by the other E2B test files."""
     e2b_port = free_port()
-    config = {
+    config: Dict[str, Dict[str, object]] = {
         "defaults": {"image": IMAGE, "labels": dict(LABELS)},
         "server": {
             "token": TOKEN,
@@ -108,6 +110,8 @@ def e2b_server() -> Iterator[Dict[str, str]]:
             "e2b_listen": f"127.0.0.1:{e2b_port}",
         },
     }
+    for name, values in sections.items():
+        config.setdefault(name, {}).update(values)
     server = LocalServer(corral_binary(), config=config)
     server.start()
     url = f"http://127.0.0.1:{e2b_port}"
@@ -129,6 +133,14 @@ def e2b_server() -> Iterator[Dict[str, str]]:
         server.close()
         assert_no_leaks()
         assert code == 0, f"corral serve exited with {code}:\n{tail}"
+
+
+@pytest.fixture(scope="module")
+def e2b_server() -> Iterator[Dict[str, str]]:
+    """A corral serve of its own (two tenants, an E2B listener), and the
+    SDK's environment pointing at it."""
+    with e2b_service() as server:
+        yield server
 
 
 @pytest.fixture
@@ -305,8 +317,9 @@ def test_bad_input_names_the_field_or_route(e2b_server: Dict[str, str]) -> None:
     url = e2b_server["url"]
     r = httpx.post(f"{url}/v2/sandboxes", json={"templateID": 5}, headers={"X-API-KEY": TOKEN})
     assert r.status_code == 400 and "templateID" in r.json()["message"]
-    r = httpx.post(f"{url}/v2/sandboxes", json={"templateID": "base", "autoPause": True}, headers={"X-API-KEY": TOKEN})
-    assert r.status_code == 400 and "autoPause" in r.json()["message"]
+    body = {"templateID": "base", "volumeMounts": [{"name": "v", "path": "/v"}]}
+    r = httpx.post(f"{url}/v2/sandboxes", json=body, headers={"X-API-KEY": TOKEN})
+    assert r.status_code == 400 and "volumeMounts" in r.json()["message"]
     r = httpx.get(f"{url}/v3/sandboxes", headers={"X-API-KEY": TOKEN})
     assert r.status_code == 404 and "GET /v3/sandboxes" in r.json()["message"]
     r = httpx.get(f"{url}/v2/sandboxes")

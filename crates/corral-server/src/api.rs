@@ -41,7 +41,7 @@ mod code;
 mod egress;
 mod events;
 mod images;
-mod ports;
+pub(crate) mod ports;
 mod snapshots;
 mod usage;
 

@@ -23,7 +23,7 @@
 //! through the sandbox's file API.
 //!
 //! E2B's own semantics live here only: a sandbox's `timeout` is its
-//! lifetime (a timer releases it), a command's `timeout` kills it, a
+//! lifetime (a timer releases it, or with `autoPause` pauses it), a command's `timeout` kills it, a
 //! non-zero exit is an `end` event the SDK turns into
 //! `CommandExitException`; `pause` freezes the sandbox with its memory
 //! ([`corral::Sandbox::pause`]: Docker's cgroup freezer; a typed 501 where
@@ -52,8 +52,10 @@ use connect::{Code, RpcError};
 use control::E2bError;
 
 /// The `envd` version the service reports: the SDK picks its wire format by
-/// it (0.5.7: stdin on demand, `CloseStdin`, octet-stream uploads; below
-/// 0.6.2, so no file metadata).
+/// it (0.5.7: stdin on demand, `CloseStdin`, octet-stream uploads). Below
+/// 0.6.2, which gates `files.write(metadata=...)` (user extended
+/// attributes, not kept here); owner, group and times of entries are read
+/// from any version's answers.
 pub const ENVD_VERSION: &str = "0.5.7";
 
 /// envd's port, as the SDK names it in `E2b-Sandbox-Port`.
@@ -75,6 +77,10 @@ struct Entry {
     /// The envd access token: opens this sandbox's envd calls only.
     token: String,
     metadata: BTreeMap<String, String>,
+    /// The address the SDK reached this listener at (`Host` of the create
+    /// call): E2B's sandbox `domain`, under which `get_host(port)` names
+    /// `PORT-ID.DOMAIN`.
+    domain: Option<String>,
     /// `envVars` of the create request, given to every command.
     envs: BTreeMap<String, String>,
     started_at: SystemTime,
@@ -84,6 +90,11 @@ struct Entry {
     procs: process::Table,
     /// Watchers of `CreateWatcher`, by id.
     watchers: Mutex<HashMap<String, Arc<filesystem::Watcher>>>,
+    /// Whether its ports are reached through `get_host` without the
+    /// traffic access token (E2B's `allowPublicTraffic`, default true).
+    public: bool,
+    /// `autoPause`: paused, not released, when its timeout passes.
+    auto_pause: bool,
     /// Frozen by `pause` (its lifetime timer stopped) until resumed.
     paused: std::sync::atomic::AtomicBool,
 }
@@ -149,8 +160,12 @@ impl E2b {
         let id = entry.id.clone();
         let owner = entry.owner.clone();
         let wait = end.duration_since(SystemTime::now()).unwrap_or_default();
+        let auto_pause = entry.auto_pause;
         let task = tokio::spawn(async move {
             tokio::time::sleep(wait).await;
+            if auto_pause && this.pause_at_timeout(&id, &owner).await {
+                return;
+            }
             if this.registry().remove(&id).is_some() {
                 tracing::info!(sandbox = %id, "e2b sandbox reached the end of its timeout; releasing it");
                 if let Err(e) = this.app.release(&owner, &id).await {
@@ -163,6 +178,37 @@ impl E2b {
             old.abort();
         }
         slot.0 = end;
+    }
+}
+
+impl E2b {
+    /// `autoPause`: freezes `id` when its timeout passes, as `pause` does
+    /// (its memory kept, until `connect` or `resume`); false when it cannot
+    /// (gone, or an engine without pause), and it is then released as any
+    /// other.
+    async fn pause_at_timeout(&self, id: &str, owner: &Principal) -> bool {
+        let Some(entry) = self.entry(id) else {
+            return false;
+        };
+        let lease = match self.app.lease(owner, id).await {
+            Ok(l) => l,
+            Err(_) => return false,
+        };
+        match lease.pause().await {
+            Ok(()) => {
+                entry
+                    .paused
+                    .store(true, std::sync::atomic::Ordering::Release);
+                // This timer is over; `connect` or `resume` arms the next.
+                lock(&entry.end).1 = None;
+                tracing::info!(sandbox = %id, "e2b sandbox reached the end of its timeout; paused (autoPause)");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "cannot pause an e2b sandbox at its timeout (autoPause); releasing it");
+                false
+            }
+        }
     }
 }
 
@@ -275,8 +321,7 @@ impl E2b {
                     &format!("header E2b-Sandbox-Port '{port}'"),
                     &format!(
                         "this call is served on port {served}; envd is port 49983, the code \
-                         interpreter 49999; reach another server inside a sandbox through \
-                         corral's port links (GET /v1/sandboxes/{{id}}/ports/{{port}})"
+                         interpreter 49999"
                     ),
                 ));
             }
@@ -418,12 +463,133 @@ pub fn router(app: AppState) -> axum::Router {
         .merge(filesystem::routes())
         .merge(code::routes())
         .fallback(not_served)
-        .with_state(e2b)
+        .with_state(e2b.clone())
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(e2b, sandbox_port))
         .layer(axum::middleware::from_fn_with_state(
             ceilings,
             crate::ceilings::hold,
         ))
+}
+
+/// The sandbox and port a request is for when it is neither envd's nor the
+/// code interpreter's: `Host: PORT-ID.DOMAIN` (what `get_host(port)`
+/// names), or `E2b-Sandbox-Port` with `E2b-Sandbox-Id`.
+fn other_port(headers: &HeaderMap) -> Option<Result<(String, u16), Response>> {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    let (id, port) = match (header("e2b-sandbox-port"), header("e2b-sandbox-id")) {
+        (Some(port), id) => (id.map(str::to_string), port.to_string()),
+        (None, _) => {
+            let host = header("host")?;
+            let (label, _) = host.split_once('.')?;
+            let (port, id) = label.split_once('-')?;
+            if id.is_empty() {
+                return None;
+            }
+            (Some(id.to_string()), port.to_string())
+        }
+    };
+    if port == ENVD_PORT || port == code::JUPYTER_PORT {
+        return None;
+    }
+    let Some(port) = port.parse::<u16>().ok().filter(|p| *p > 0) else {
+        return Some(Err(control::error(
+            StatusCode::BAD_REQUEST,
+            format!("port '{port}' (of E2b-Sandbox-Port or Host) is not a port (1 to 65535)"),
+        )
+        .into_response()));
+    };
+    match id {
+        Some(id) if !id.is_empty() => Some(Ok((id, port))),
+        _ => Some(Err(control::error(
+            StatusCode::BAD_REQUEST,
+            "header E2b-Sandbox-Id is missing: it names the sandbox whose port E2b-Sandbox-Port is",
+        )
+        .into_response())),
+    }
+}
+
+/// Headers of E2B's own that name or open a sandbox: never sent on to a
+/// server inside it.
+const E2B_HEADERS: [&str; 4] = [
+    "e2b-traffic-access-token",
+    "x-access-token",
+    "e2b-sandbox-id",
+    "e2b-sandbox-port",
+];
+
+/// A request for a port other than envd's and the code interpreter's (an
+/// HTTP server the sandbox runs, reached through the SDK's
+/// `get_host(port)`): relayed unbuffered to that port by the port-link
+/// proxy's relay (WebSocket upgrades included). A sandbox created with
+/// `allowPublicTraffic: false` needs its traffic access token
+/// (`E2b-Traffic-Access-Token`); E2B's default is public, the sandbox id
+/// (160 random bits) naming it. Everything else goes on to the routes.
+async fn sandbox_port(
+    axum::extract::State(e2b): axum::extract::State<E2b>,
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (id, port) = match other_port(req.headers()) {
+        None => return next.run(req).await,
+        Some(Err(r)) => return r,
+        Some(Ok(target)) => target,
+    };
+    let gone = || {
+        control::error(
+            StatusCode::BAD_GATEWAY,
+            format!("sandbox '{id}' was not found (killed, or its timeout passed)"),
+        )
+        .into_response()
+    };
+    let Some(entry) = e2b.entry(&id) else {
+        return gone();
+    };
+    if !entry.public {
+        let given = req
+            .headers()
+            .get("e2b-traffic-access-token")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if given.is_empty() || !same_bytes(given.as_bytes(), entry.token.as_bytes()) {
+            return control::error(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "header E2b-Traffic-Access-Token does not open the ports of sandbox '{id}' \
+                     (created with allowPublicTraffic false)"
+                ),
+            )
+            .into_response();
+        }
+    }
+    if entry.is_paused() {
+        return control::error(
+            StatusCode::CONFLICT,
+            format!("sandbox '{id}' is paused: connect to it (Sandbox.connect) to resume it"),
+        )
+        .into_response();
+    }
+    let lease = match e2b.app.lease(&entry.owner, &entry.id).await {
+        Ok(l) => l,
+        Err(e) if e.status == StatusCode::NOT_FOUND => {
+            e2b.forget(&entry.id);
+            return gone();
+        }
+        Err(e) => return e.into_response(),
+    };
+    for name in E2B_HEADERS {
+        req.headers_mut().remove(name);
+    }
+    let path_and_query = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| "/".to_string(), |p| p.as_str().to_string());
+    crate::api::ports::relay(&lease.sandbox(), port, path_and_query, None, req).await
 }
 
 /// Anything else: named, so an SDK of another version says what it asked.

@@ -359,16 +359,43 @@ pub struct DirEntryBody {
     /// A symlink's target as stored (not resolved).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub target: Option<String>,
+    /// Last modification, in seconds since the epoch (with a fraction; of
+    /// the link itself for a symlink).
+    #[serde(default)]
+    pub mtime: f64,
+    /// Numeric owner.
+    #[serde(default)]
+    pub uid: u32,
+    /// Numeric group.
+    #[serde(default)]
+    pub gid: u32,
+    /// The owner's name in the sandbox's `/etc/passwd`; null when the uid is
+    /// not named there.
+    #[serde(default)]
+    pub owner: Option<String>,
+    /// The group's name in the sandbox's `/etc/group`; null when the gid is
+    /// not named there.
+    #[serde(default)]
+    pub group: Option<String>,
 }
 
 impl From<&corral::DirEntry> for DirEntryBody {
     fn from(e: &corral::DirEntry) -> Self {
+        let mtime = match e.modified.duration_since(std::time::UNIX_EPOCH) {
+            Ok(after) => after.as_secs_f64(),
+            Err(before) => -before.duration().as_secs_f64(),
+        };
         DirEntryBody {
             name: e.name.clone(),
             kind: e.kind.as_str().to_string(),
             size: e.size,
             mode: e.mode,
             target: e.target.clone(),
+            mtime,
+            uid: e.uid,
+            gid: e.gid,
+            owner: e.owner.clone(),
+            group: e.group.clone(),
         }
     }
 }

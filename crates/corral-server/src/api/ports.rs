@@ -144,7 +144,7 @@ async fn forward(
     port: String,
     token: String,
     rest: String,
-    mut req: Request,
+    req: Request,
 ) -> Response {
     let Ok(port) = parse_port(&port) else {
         return refused();
@@ -160,6 +160,27 @@ async fn forward(
     if !s.inner.port_key.verify(&key, sandbox.id(), port, &token) {
         return refused();
     }
+    let prefix = port_links::prefix(&key, port, &token);
+    let query = req
+        .uri()
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    relay(&sandbox, port, format!("/{rest}{query}"), Some(prefix), req).await
+}
+
+/// Sends `req` to `port` of `sandbox` at `path_and_query` over a
+/// connection of its own, and its response back as the server writes it
+/// (an upgrade becomes a two-way byte pipe). `Host` becomes
+/// `localhost:PORT`; `prefix`, when the client's path had one, is sent as
+/// `X-Forwarded-Prefix`. Who may reach the port is the caller's check.
+pub(crate) async fn relay(
+    sandbox: &corral::Sandbox,
+    port: u16,
+    path_and_query: String,
+    prefix: Option<String>,
+    mut req: Request,
+) -> Response {
     let stream = match sandbox.open_port(port).await {
         Ok(stream) => stream,
         Err(e) => return bad_gateway(e.to_string()),
@@ -175,14 +196,6 @@ async fn forward(
             tracing::debug!(sandbox = %sandbox_id, port, error = %e, "port connection ended");
         }
     });
-
-    let prefix = port_links::prefix(&key, port, &token);
-    let query = req
-        .uri()
-        .query()
-        .map(|q| format!("?{q}"))
-        .unwrap_or_default();
-    let path_and_query = format!("/{rest}{query}");
     let upgrade = req
         .headers()
         .get(header::UPGRADE)
@@ -200,7 +213,7 @@ async fn forward(
     if let Ok(host) = HeaderValue::from_str(&format!("localhost:{port}")) {
         parts.headers.insert(header::HOST, host);
     }
-    if let Ok(p) = HeaderValue::from_str(&prefix) {
+    if let Some(p) = prefix.and_then(|p| HeaderValue::from_str(&p).ok()) {
         parts.headers.insert("x-forwarded-prefix", p);
     }
     let upstream = axum::http::Request::from_parts(parts, body);

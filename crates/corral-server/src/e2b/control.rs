@@ -47,6 +47,7 @@ pub(super) fn routes() -> axum::Router<E2b> {
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/resume", post(resume))
+        .route("/sandboxes/{id}/metrics", get(metrics))
 }
 
 /// An E2B API error: `{"code": STATUS, "message": ...}`.
@@ -135,6 +136,8 @@ struct NewSandbox {
     env_vars: BTreeMap<String, String>,
     #[serde(default)]
     auto_pause: bool,
+    auto_pause_memory: Option<bool>,
+    auto_resume: Option<Value>,
     #[serde(rename = "allow_internet_access", alias = "allowInternetAccess")]
     allow_internet_access: Option<bool>,
     mcp: Option<Value>,
@@ -157,6 +160,111 @@ fn lifetime(field: &str, timeout: Option<u64>) -> Result<Duration, E2bError> {
     }
 }
 
+/// E2B's `network` options (`SandboxNetworkConfig`); anything else in it
+/// is refused by name.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct NetworkOpts {
+    allow_out: Option<Vec<String>>,
+    deny_out: Option<Vec<String>>,
+    allow_public_traffic: Option<bool>,
+    mask_request_host: Option<Value>,
+    dns_servers: Option<Value>,
+    egress_proxy: Option<Value>,
+    https_ports: Option<Value>,
+    rules: Option<Value>,
+}
+
+/// E2B's "all traffic" (`ctx.all_traffic`).
+const ALL_TRAFFIC: &str = "0.0.0.0/0";
+
+/// What E2B's `allow_internet_access` and `network` ask, as corral's: the
+/// spec's `network` (`None`: the service's own), and whether the
+/// sandbox's ports are public (`allowPublicTraffic`, E2B's default true;
+/// false: `get_host` URLs need the traffic access token).
+///
+/// Internet access off (`allow_internet_access: false`, or `denyOut`
+/// naming all traffic) with no `allowOut` is `network: none`; with
+/// `allowOut` an egress allow-list of it, the rest of `denyOut` its deny
+/// list (which wins in corral where `allowOut` wins in E2B: a name that
+/// both allow is refused, never the other way round). The result goes
+/// through `server.policy` as a REST create's `spec.network` does.
+fn network_of(req: &NewSandbox) -> Result<(Option<Value>, bool), E2bError> {
+    let bad = |message: String| Err(error(StatusCode::BAD_REQUEST, message));
+    let opts: NetworkOpts = match &req.network {
+        None | Some(Value::Null) => NetworkOpts::default(),
+        Some(v) => match serde_path_to_error::deserialize(v.clone()) {
+            Ok(o) => o,
+            Err(e) => {
+                return bad(format!(
+                    "network.{}: {} (corral maps allowOut, denyOut and allowPublicTraffic)",
+                    e.path(),
+                    e.inner()
+                ))
+            }
+        },
+    };
+    let unmapped = [
+        (
+            "maskRequestHost",
+            opts.mask_request_host.is_some(),
+            "requests reach a sandbox's port with Host localhost:PORT",
+        ),
+        (
+            "dnsServers",
+            opts.dns_servers.is_some(),
+            "an allowed name is resolved by the sandbox's egress gateway",
+        ),
+        (
+            "egressProxy",
+            opts.egress_proxy.is_some(),
+            "egress leaves through the sandbox's own gateway",
+        ),
+        (
+            "httpsPorts",
+            opts.https_ports.is_some(),
+            "TLS is routed by SNI on any allowed port (name:PORT in allowOut)",
+        ),
+        (
+            "rules",
+            opts.rules.is_some(),
+            "egress is relayed, never rewritten",
+        ),
+    ];
+    for (field, given, why) in unmapped {
+        if given {
+            return bad(format!("network.{field} is not supported by corral: {why}"));
+        }
+    }
+    let deny = opts.deny_out.unwrap_or_default();
+    let allow = opts.allow_out.unwrap_or_default();
+    let deny_all =
+        req.allow_internet_access == Some(false) || deny.iter().any(|d| d == ALL_TRAFFIC);
+    let deny: Vec<String> = deny.into_iter().filter(|d| d != ALL_TRAFFIC).collect();
+    if let Some(i) = allow.iter().position(|a| a == ALL_TRAFFIC) {
+        return bad(format!(
+            "network.allowOut[{i}] '{ALL_TRAFFIC}' is not supported by corral: its egress is an \
+             allow-list of names and networks; leave allow_internet_access and denyOut out to \
+             keep the service's network"
+        ));
+    }
+    let public = opts.allow_public_traffic.unwrap_or(true);
+    let network = match (deny_all, allow.is_empty()) {
+        (true, true) => Some(json!("none")),
+        (true, false) => Some(json!({"egress": {"allow": allow, "deny": deny}})),
+        (false, _) if !deny.is_empty() => {
+            return bad(format!(
+                "network.denyOut {deny:?} without '{ALL_TRAFFIC}' is not supported by corral: its \
+                 egress is an allow-list; deny all traffic (denyOut ['{ALL_TRAFFIC}'] or \
+                 allow_internet_access=False) and list what is allowed in allowOut"
+            ))
+        }
+        // Without a denial E2B allows everything: allowOut changes nothing.
+        (false, _) => None,
+    };
+    Ok((network, public))
+}
+
 fn refuse_unsupported(req: &NewSandbox) -> Result<(), E2bError> {
     let refuse = |field: &str, why: &str| {
         Err(error(
@@ -164,24 +272,24 @@ fn refuse_unsupported(req: &NewSandbox) -> Result<(), E2bError> {
             format!("{field} is not supported by corral: {why}"),
         ))
     };
-    if req.auto_pause {
-        return refuse("autoPause", "sandboxes end when their timeout passes");
-    }
-    if req.allow_internet_access == Some(false) {
+    if req.auto_pause && req.auto_pause_memory == Some(false) {
         return refuse(
-            "allow_internet_access false",
-            "a sandbox's network is set by the service's configuration (defaults.network), \
-             not per request",
+            "autoPauseMemory false",
+            "corral's pause freezes the sandbox with its memory",
+        );
+    }
+    let resume_enabled = match &req.auto_resume {
+        None | Some(Value::Null) => false,
+        Some(v) => v.get("enabled").and_then(Value::as_bool).unwrap_or(true),
+    };
+    if resume_enabled {
+        return refuse(
+            "autoResume",
+            "a paused sandbox resumes on Sandbox.connect (or resume), not on traffic",
         );
     }
     if req.mcp.as_ref().is_some_and(|v| !v.is_null()) {
         return refuse("mcp", "E2B's MCP gateway is not part of corral");
-    }
-    if req.network.as_ref().is_some_and(|v| !v.is_null()) {
-        return refuse(
-            "network",
-            "a sandbox's network is set by the service's configuration",
-        );
     }
     if !req.volume_mounts.is_empty() {
         return refuse("volumeMounts", "E2B volumes are not part of corral");
@@ -197,6 +305,7 @@ async fn create(
     let owner = caller(&e2b, &headers)?;
     let req: NewSandbox = body(&bytes)?;
     refuse_unsupported(&req)?;
+    let (network, public) = network_of(&req)?;
     let life = lifetime("timeout", req.timeout)?;
     if req.template_id.trim().is_empty() {
         return Err(error(StatusCode::BAD_REQUEST, "templateID '' is empty"));
@@ -208,6 +317,7 @@ async fn create(
         image: (req.template_id != DEFAULT_TEMPLATE && code_interpreter.is_none())
             .then(|| req.template_id.clone()),
         profile: code_interpreter.clone(),
+        spec: network.clone().map(|n| json!({"network": n})),
         ..CreateSandbox::default()
     };
     // A template naming one of the caller's snapshots (or a shared one)
@@ -233,10 +343,25 @@ async fn create(
     } else {
         None
     };
+    let was_forked = forked.is_some();
     let created = match forked {
         Some(info) => Ok((StatusCode::CREATED, info)),
         None => e2b.app.create(&owner, &create).await,
     };
+    if created.is_ok() && was_forked && network.is_some() {
+        // A fork keeps its snapshot's network: refused rather than ignored.
+        if let Err(e) = e2b.app.release(&owner, &id).await {
+            tracing::warn!(sandbox = %id, error = %e.detail.message, "cannot release a refused fork");
+        }
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "network / allow_internet_access with templateID '{}' (a snapshot) is not \
+                 supported by corral: a fork keeps its snapshot's network",
+                req.template_id
+            ),
+        ));
+    }
     if let Err(mut e) = created {
         // The template is what an E2B caller named as the image.
         if e.detail.field.as_deref() == Some("image") {
@@ -252,10 +377,16 @@ async fn create(
         template: req.template_id.clone(),
         token: corral::host::random_hex(48),
         metadata: req.metadata,
+        domain: headers
+            .get("host")
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_string),
         envs: req.env_vars,
         started_at: now,
         end: Mutex::new((now + life, None)),
         procs: Default::default(),
+        public,
+        auto_pause: req.auto_pause,
         paused: Default::default(),
         watchers: Default::default(),
     });
@@ -275,7 +406,9 @@ fn sandbox_json(e: &Entry) -> Value {
         // e2b-code-interpreter sends this one (not X-Access-Token) with its
         // context calls; the same secret opens the same sandbox.
         "trafficAccessToken": e.token,
-        "domain": null,
+        // `get_host(port)` is PORT-ID.DOMAIN: this listener, which relays
+        // such a Host to that port of the sandbox.
+        "domain": e.domain,
     })
 }
 
@@ -298,7 +431,7 @@ fn detail_json(e: &Entry, sandbox: &corral::Sandbox, with_token: bool) -> Value 
     });
     if with_token {
         v["envdAccessToken"] = json!(e.token);
-        v["domain"] = Value::Null;
+        v["domain"] = json!(e.domain);
     }
     v
 }
@@ -696,6 +829,81 @@ async fn resume_entry(
         .store(false, std::sync::atomic::Ordering::Release);
     e2b.arm_timer(entry, SystemTime::now() + life);
     Ok((status, Json(sandbox_json(entry))).into_response())
+}
+
+#[derive(Deserialize)]
+struct MetricsQuery {
+    start: Option<String>,
+    end: Option<String>,
+}
+
+/// `get_metrics`: E2B keeps a series sampled every few seconds; corral
+/// reads the sandbox's usage now ([`corral::Sandbox::usage`], as `GET
+/// /v1/sandboxes/{id}/usage`), one entry, within `start`..`end` (Unix
+/// seconds, or milliseconds as older SDKs send) when given, else none. `cpuUsedPct` is the average since the
+/// sandbox started (CPU time over wall time and CPUs); `memTotal` its
+/// memory limit (0: none); the disk is not measured (0).
+async fn metrics(
+    State(e2b): State<E2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<MetricsQuery>,
+) -> Result<Response, E2bError> {
+    let caller = caller(&e2b, &headers)?;
+    let seconds = |field: &str, v: &Option<String>| -> Result<Option<u64>, E2bError> {
+        v.as_deref()
+            .map(|t| {
+                t.trim().parse::<u64>().map_err(|_| {
+                    error(
+                        StatusCode::BAD_REQUEST,
+                        format!("{field}: '{t}' is not a Unix time in seconds"),
+                    )
+                })
+            })
+            .transpose()
+    };
+    // Older SDKs (2.7.0 among them) send milliseconds: a value past the
+    // year 5000 in seconds is one.
+    let unit = |t: Option<u64>| t.map(|t| if t > 100_000_000_000 { t / 1000 } else { t });
+    let (start, end) = (
+        unit(seconds("start", &q.start)?),
+        unit(seconds("end", &q.end)?),
+    );
+    let (entry, lease) = visible(&e2b, &caller, &id).await?;
+    let now = SystemTime::now();
+    let now_s = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    if start.is_some_and(|s| now_s < s) || end.is_some_and(|e| now_s > e) {
+        return Ok(Json(Vec::<Value>::new()).into_response());
+    }
+    let usage = lease
+        .sandbox()
+        .usage()
+        .await
+        .map_err(|e| api_error(ApiError::runtime(&e, "")))?;
+    let cpus = lease.spec().limits.cpus.map_or_else(
+        || std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64),
+        |c| c.max(0.01),
+    );
+    let wall = now
+        .duration_since(entry.started_at)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let pct = if wall > 0.0 {
+        (usage.cpu_ns as f64 / 1e9 / wall / cpus * 100.0).clamp(0.0, 100.0)
+    } else {
+        0.0
+    };
+    Ok(Json(vec![json!({
+        "timestamp": rfc3339(now),
+        "timestampUnix": now_s,
+        "cpuCount": cpus.ceil() as u64,
+        "cpuUsedPct": pct,
+        "memUsed": usage.memory_bytes,
+        "memTotal": usage.memory_limit_bytes.unwrap_or(0),
+        "memCache": 0,
+        "diskUsed": 0,
+        "diskTotal": 0,
+    })])
+    .into_response())
 }
 
 /// One percent-decoding of `s` (as it was before `urllib.parse.quote`).

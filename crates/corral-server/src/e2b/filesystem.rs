@@ -137,14 +137,22 @@ fn entry_info(dir: &str, entry: &DirEntry) -> Value {
         "size": entry.size.to_string(),
         "mode": entry.mode,
         "permissions": permissions(entry.kind, entry.mode),
-        "owner": "",
-        "group": "",
+        // Names from the sandbox's own /etc/passwd and /etc/group, else
+        // the number, as envd answers.
+        "owner": entry.owner.clone().unwrap_or_else(|| entry.uid.to_string()),
+        "group": entry.group.clone().unwrap_or_else(|| entry.gid.to_string()),
+        "modifiedTime": timestamp(entry.modified),
         "isSymlink": entry.kind == EntryKind::Symlink,
     });
     if let Some(t) = &entry.target {
         v["symlinkTarget"] = json!(t);
     }
     v
+}
+
+/// `t` as a protobuf `Timestamp` in JSON: RFC 3339 in UTC with nanoseconds.
+fn timestamp(t: std::time::SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
 }
 
 fn list_options(e2b: &E2b) -> FileOptions {
@@ -251,11 +259,23 @@ const MAX_LINKS: usize = 40;
 /// what it leads to, and that target as an absolute path; a link leading
 /// nowhere is answered as itself.
 async fn follow(e2b: &E2b, lease: &Lease, entry: Value) -> Result<Value, RpcError> {
+    if entry["type"] != "FILE_TYPE_SYMLINK" {
+        // Not a link: no target to name.
+        return Ok(entry);
+    }
     let mut at = entry.clone();
     for _ in 0..MAX_LINKS {
         if at["type"] != "FILE_TYPE_SYMLINK" {
             let mut out = entry;
-            for field in ["type", "size", "mode", "permissions"] {
+            for field in [
+                "type",
+                "size",
+                "mode",
+                "permissions",
+                "owner",
+                "group",
+                "modifiedTime",
+            ] {
                 out[field] = at[field].clone();
             }
             out["symlinkTarget"] = at["path"].clone();

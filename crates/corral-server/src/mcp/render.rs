@@ -556,6 +556,11 @@ mod tests {
             size,
             mode,
             target: target.map(String::from),
+            modified: std::time::UNIX_EPOCH,
+            uid: 0,
+            gid: 0,
+            owner: None,
+            group: None,
         };
         let text = listing(
             "/w",
