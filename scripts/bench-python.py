@@ -25,12 +25,26 @@ With --code (image corral-test/python: scripts/build-test-images.sh
 and through e2b-code-interpreter (template code-interpreter-v1, the profile
 `code-interpreter`), against `python3 -c '1+1'` as a command in the same
 sandbox: the cost a stateless agent pays each step.
+
+With --throughput: commands/s that one Python process drives through the
+asyncio client, `run(["true"])` in a loop per sandbox, with 1, 64 and 512
+sandboxes at once (--levels), each level for --seconds, against the same
+service's capacity measured from Rust in the same run: `corral loadgen`
+sending the same `POST /v1/sandboxes/{id}/exec` requests to the same
+sandboxes (one keep-alive connection and one command at a time per
+sandbox). Besides cmd/s it reports CPU per command, of this Python process
+(the client) and of `corral serve`, each from its own CPU time over the
+level (getrusage and /proc/PID/stat). The sandboxes are small
+(--memory-mb, default 16), created for the run and all deleted at its end.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -120,9 +134,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--url", help="an already running corral service (default: start one)")
     ap.add_argument("--image", default=os.environ.get("CORRAL_TEST_IMAGE", "corral-test/busybox"))
     ap.add_argument("--code", action="store_true", help="code contexts against python3 -c as a command")
+    ap.add_argument("--throughput", action="store_true", help="commands/s of one process against corral loadgen")
+    ap.add_argument("--levels", default="1,64,512", help="sandboxes at once, per level (default 1,64,512)")
+    ap.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level and driver (default 5)")
+    ap.add_argument("--memory-mb", type=int, default=16, help="memory limit of each sandbox in MiB (default 16)")
     args = ap.parse_args(argv)
     if args.code:
         return code_main(args)
+    if args.throughput:
+        return throughput_main(args)
 
     run_label = f"corralbench.run={uuid.uuid4().hex[:12]}"
     key, value = run_label.split("=")
@@ -299,6 +319,139 @@ def code_main(args: argparse.Namespace) -> int:
         if sb is not None:
             sb.delete()
         client.close()
+        server.close()
+    left = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label={run_label}"], capture_output=True, text=True
+    ).stdout.split()
+    if left:
+        subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
+        print(f"bench-python: containers left behind (removed): {left}", file=sys.stderr)
+        return 1
+    print("leak check: no container left")
+    return status
+
+
+def cpu_seconds_of(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+# Output kept per stream: the service reserves a command's worst case
+# (max_output per stream) before running it, so the default of 64 MiB would
+# cap the commands in flight far below 512.
+THROUGHPUT_MAX_OUTPUT = 4096
+
+
+async def drive_python(sandboxes: List["corral.AsyncSandbox"], seconds: float) -> tuple:
+    """Each sandbox runs `true` in a loop for ``seconds``; returns
+    (commands, wall seconds, client CPU seconds)."""
+    stop_at = time.perf_counter() + seconds
+    counts = [0] * len(sandboxes)
+
+    async def loop(i: int, sb: "corral.AsyncSandbox") -> None:
+        while time.perf_counter() < stop_at:
+            r = await sb.run(["true"], timeout=30, max_output=THROUGHPUT_MAX_OUTPUT)
+            if r.exit_code != 0:
+                raise RuntimeError(f"python client: exit {r.exit_code}")
+            counts[i] += 1
+
+    cpu0, t0 = own_cpu_seconds(), time.perf_counter()
+    await asyncio.gather(*(loop(i, sb) for i, sb in enumerate(sandboxes)))
+    return sum(counts), time.perf_counter() - t0, own_cpu_seconds() - cpu0
+
+
+def drive_rust(binary: str, url: str, token: str, ids: List[str], seconds: float) -> dict:
+    """`corral loadgen` against the same route and sandboxes."""
+    out = subprocess.run(
+        [binary, "loadgen", "--url", url, "--seconds", str(seconds), "--max-output", str(THROUGHPUT_MAX_OUTPUT),
+         "--json", *ids],
+        capture_output=True, text=True, timeout=seconds + 120, env={**os.environ, "CORRAL_TOKEN": token},
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"corral loadgen failed ({out.returncode}): {out.stderr.strip()[-2000:]}")
+    return json.loads(out.stdout)
+
+
+def throughput_main(args: argparse.Namespace) -> int:
+    levels = sorted({int(x) for x in args.levels.split(",") if x.strip()})
+    if not levels or levels[0] < 1:
+        raise SystemExit(f"--levels: give whole numbers of at least 1, got {args.levels!r}")
+    most = levels[-1]
+    run_label = f"corralbench.run={uuid.uuid4().hex[:12]}"
+    key, value = run_label.split("=")
+    binary = os.environ.get("CORRAL_BIN") or str(REPO / "target" / "debug" / "corral")
+    config = {
+        "defaults": {"image": args.image, "labels": {key: value}, "limits": {"memory": args.memory_mb << 20}},
+        "provider": {"max_live": most + 8, "idle_timeout_ms": 0},
+    }
+    server = LocalServer(binary, config=config)
+    server.start()
+    assert server.proc is not None
+    serve_pid = server.proc.pid
+    token = server.client_token or ""
+    status = 0
+    rows: List[tuple] = []
+
+    async def run() -> None:
+        client = corral.AsyncClient(server.url, timeout=120)
+        sandboxes: List[corral.AsyncSandbox] = []
+        try:
+            gate = asyncio.Semaphore(16)
+
+            async def make() -> None:
+                async with gate:
+                    sandboxes.append(await client.create_sandbox(image=args.image))
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(make() for _ in range(most)))
+            print(f"{most} sandboxes ({args.memory_mb} MiB each) created in {time.perf_counter() - t0:.1f} s", flush=True)
+            for sb in sandboxes:  # warm: each connection and sandbox once
+                await sb.run(["true"], timeout=30, max_output=THROUGHPUT_MAX_OUTPUT)
+            for level in levels:
+                group = sandboxes[:level]
+                s0 = cpu_seconds_of(serve_pid)
+                n, wall, cpu = await drive_python(group, args.seconds)
+                s1 = cpu_seconds_of(serve_pid)
+                rust = await asyncio.get_running_loop().run_in_executor(
+                    None, drive_rust, binary, server.url, token, [sb.id for sb in group], args.seconds
+                )
+                s2 = cpu_seconds_of(serve_pid)
+                rows.append((level, n, wall, cpu, s1 - s0, rust, s2 - s1))
+                print(f"level {level}: python {n / wall:.0f} cmd/s, rust {rust['commands'] / rust['seconds']:.0f} cmd/s",
+                      flush=True)
+        finally:
+            gate = asyncio.Semaphore(32)
+
+            async def drop(sb: corral.AsyncSandbox) -> None:
+                async with gate:
+                    await sb.delete()
+
+            await asyncio.gather(*(drop(sb) for sb in sandboxes), return_exceptions=True)
+            await client.aclose()
+
+    try:
+        asyncio.run(run())
+        print(f"`true` commands/s through corral serve ({args.seconds:g} s per level and driver, same run, "
+              f"max_output {THROUGHPUT_MAX_OUTPUT})")
+        print(f"{'sandboxes':>9} {'python cmd/s':>12} {'client CPU ms/cmd':>17} {'serve CPU ms/cmd':>16} "
+              f"{'rust cmd/s':>10} {'serve CPU ms/cmd':>16} {'python/rust':>11}")
+        for level, n, wall, cpu, serve_cpu, rust, rust_serve_cpu in rows:
+            py_rate = n / wall
+            rust_rate = rust["commands"] / rust["seconds"]
+            print(f"{level:>9} {py_rate:>12.0f} {cpu * 1000 / max(n, 1):>17.3f} {serve_cpu * 1000 / max(n, 1):>16.3f} "
+                  f"{rust_rate:>10.0f} {rust_serve_cpu * 1000 / max(rust['commands'], 1):>16.3f} "
+                  f"{py_rate / rust_rate:>11.2f}")
+    except Exception as exc:  # report, then clean up
+        print(f"bench-python: {exc!r}", file=sys.stderr)
+        status = 1
+    finally:
         server.close()
     left = subprocess.run(
         ["docker", "ps", "-aq", "--filter", f"label={run_label}"], capture_output=True, text=True

@@ -169,6 +169,12 @@ def shell_body(command: str, *, timeout: Optional[float] = None, max_output: Opt
     return body
 
 
+def exec_read_timeout(timeout: Optional[float]) -> Optional[float]:
+    """Seconds to wait for a command's answer: its own timeout plus a
+    grace, or none when the command has none."""
+    return None if timeout is None else float(timeout) + EXEC_GRACE
+
+
 def exec_http_timeout(base: httpx.Timeout, timeout: Optional[float]) -> httpx.Timeout:
     """The HTTP read timeout for a command: its own timeout plus a grace, or
     none when the command has none."""
@@ -399,6 +405,20 @@ def transport_error(exc: Exception, url: str) -> CorralError:
     from .errors import ServiceUnavailableError
 
     err = ServiceUnavailableError(msg, kind=kind)
+    err.__cause__ = exc
+    return err
+
+
+def lean_transport_error(exc: Exception, url: str) -> CorralError:
+    """The error of a request of the lean HTTP/1.1 client (``_http1``) that
+    got no answer, as :func:`transport_error` gives for httpx's."""
+    from . import _http1
+    from .errors import ServiceUnavailableError
+
+    if isinstance(exc, _http1.Timeout):
+        err = ServiceUnavailableError(f"no answer from the corral service at {url} in time: {exc}", kind="service_timeout")
+    else:
+        err = ServiceUnavailableError(f"cannot reach the corral service at {url}: {exc}", kind="service_unavailable")
     err.__cause__ = exc
     return err
 

@@ -51,6 +51,7 @@ RENAMES = [
     (r"\bAsyncIterator\b", "Iterator"),
     (r"\bAsyncHTTPTransport\b", "HTTPTransport"),
     (r"\bAsyncBaseTransport\b", "BaseTransport"),
+    (r"\bAsyncJsonPool\b", "JsonPool"),
     (r"\b__aenter__\b", "__enter__"),
     (r"\b__aexit__\b", "__exit__"),
     (r"\b__aiter__\b", "__iter__"),

@@ -8,6 +8,7 @@ pub mod egress;
 pub mod events;
 pub mod gc;
 pub mod images;
+pub mod loadgen;
 pub mod mcp;
 pub mod port;
 pub mod ps;
