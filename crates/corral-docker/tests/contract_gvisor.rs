@@ -62,11 +62,6 @@ const CANNOT_HOLD: &[(&str, &str)] = &[
     ("snapshot_a_fork_of_a_fork_has_both_layers", NO_DELTA),
     ("snapshot_fork_is_all_or_nothing", NO_DELTA),
     ("snapshot_a_durable_delta_outlives_its_runtime", NO_DELTA),
-    (
-        "commands_multiplex_on_one_sandbox",
-        "KNOWN BROKEN, not a limit of gVisor: with 24 commands started at once the sandbox's \
-         agent exits with status 2 under runsc (container_lost); to be fixed",
-    ),
 ];
 
 struct Gvisor {
