@@ -18,7 +18,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use corral_core::protocol::ExecRequest;
@@ -46,6 +46,20 @@ pub struct Spawned {
     pub pty: Option<File>,
     /// Just before the spawn; durations are measured from here.
     pub started: Instant,
+}
+
+/// `RLIMIT_NPROC` of every command (`init --nproc`), fixed before the
+/// first command so the spawn path only reads it.
+static NPROC: OnceLock<u64> = OnceLock::new();
+
+/// Sets the `RLIMIT_NPROC` every command runs with: soft and hard, so no
+/// command can raise it again without CAP_SYS_RESOURCE, which commands do
+/// not hold. The agent keeps its own (unlimited), so it can always start
+/// the threads that serve, time out and kill commands.
+pub fn limit_processes(n: Option<u64>) {
+    if let Some(n) = n {
+        let _ = NPROC.set(n);
+    }
 }
 
 /// Expands `~` and `~/...` with `home` (`/` when unset or empty).
@@ -164,9 +178,10 @@ pub fn spawn(
     let filters = crate::confine::filters();
     // The agent's own capabilities (the reset's, CAP_KILL with setuid_caps).
     let own = crate::caps::agent_only();
+    let nproc = NPROC.get().copied();
     // SAFETY: the closure runs between fork and exec and only makes
     // async-signal-safe calls (open/write/close, sigemptyset, pthread_sigmask,
-    // signal, prctl, setns, chdir, capget/capset, seccomp); it does not
+    // signal, setrlimit, prctl, setns, chdir, capget/capset, seccomp); it does not
     // allocate or touch locks (the filter was built before any command and
     // is only read; the world's path was made above).
     unsafe {
@@ -175,6 +190,9 @@ pub fn spawn(
             sys::reset_signals_in_child()?;
             if on_terminal {
                 sys::take_terminal_in_child()?;
+            }
+            if let Some(n) = nproc {
+                sys::limit_processes_in_child(n)?;
             }
             if let Some((ns, dir)) = &enter {
                 sys::setns_mount(*ns)?;

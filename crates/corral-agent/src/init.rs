@@ -34,6 +34,10 @@ pub struct InitOptions {
     /// Capabilities the container holds for PID 1 alone
     /// (`--agent-caps`): every command drops them.
     pub agent_caps: Vec<u32>,
+    /// `RLIMIT_NPROC` for every command (`--nproc`): the sandbox's
+    /// process limit where the engine's pids cgroup cannot be it (gVisor,
+    /// whose own host tasks fill that cgroup).
+    pub nproc: Option<u64>,
 }
 
 /// Default grace of the dead-man switch.
@@ -84,6 +88,7 @@ pub fn run(opts: &InitOptions) -> i32 {
         (None, None) => crate::pristine::Pristine::off(),
     };
     crate::caps::init(&opts.agent_caps, pristine.holds_extra_caps());
+    crate::command::limit_processes(opts.nproc);
     // Before any command can change them.
     crate::tunables::record();
     if let Err(e) = sys::block_signals(&sys::FORWARDED) {

@@ -46,7 +46,7 @@ use std::time::Duration;
 use files::{FileRequest, Op};
 use init::{InitOptions, DEFAULT_GRACE_MS};
 
-const USAGE: &str = "usage: corral-agent init [--grace-ms N] [--agent-caps KILL,SETPCAP] [--pristine [--pristine-size BYTES]] [--pristine-refused REASON]
+const USAGE: &str = "usage: corral-agent init [--grace-ms N] [--agent-caps KILL,SETPCAP] [--nproc N] [--pristine [--pristine-size BYTES]] [--pristine-refused REASON]
        corral-agent install DIR
        corral-agent file-write PATH [--root DIR] [--mode OCTAL] [--mkdirs] [--max BYTES]
        corral-agent file-read PATH [--root DIR] [--max BYTES]
@@ -61,7 +61,9 @@ const USAGE: &str = "usage: corral-agent init [--grace-ms N] [--agent-caps KILL,
        corral-agent --version
 
 --agent-caps names capabilities the container holds for PID 1 alone: every
-command drops them before it runs. --pristine-refused says why the engine
+command drops them before it runs. --nproc N runs every command with
+RLIMIT_NPROC N (soft and hard): the sandbox's process limit where the kernel
+counts only the sandbox's processes (gVisor's). --pristine-refused says why the engine
 could not start the sandbox for in-place reset; the handshake reports it.
 
 init serves corral on its stdin and stdout; with CORRAL_AGENT_LISTEN=PORT and
@@ -205,6 +207,7 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
             let mut pristine = None;
             let mut agent_caps = Vec::new();
             let mut pristine_refused = None;
+            let mut nproc = None;
             let mut it = rest.iter();
             while let Some(arg) = it.next() {
                 if arg == "--pristine" {
@@ -228,32 +231,35 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
                     agent_caps = caps::parse_list(value)?;
                     continue;
                 }
-                let (flag, value) = if arg == "--grace-ms" || arg == "--pristine-size" {
-                    let v = it
-                        .next()
-                        .ok_or_else(|| format!("missing value for '{arg}'"))?;
-                    (arg.as_str(), v.as_str())
-                } else if let Some(v) = arg.strip_prefix("--grace-ms=") {
-                    ("--grace-ms", v)
-                } else if let Some(v) = arg.strip_prefix("--pristine-size=") {
-                    ("--pristine-size", v)
-                } else {
-                    return Err(format!("unexpected argument '{arg}' for init"));
-                };
-                let number: u64 = value.parse().map_err(|_| {
-                    let unit = if flag == "--grace-ms" {
-                        "milliseconds"
+                let (flag, value) =
+                    if arg == "--grace-ms" || arg == "--pristine-size" || arg == "--nproc" {
+                        let v = it
+                            .next()
+                            .ok_or_else(|| format!("missing value for '{arg}'"))?;
+                        (arg.as_str(), v.as_str())
+                    } else if let Some(v) = arg.strip_prefix("--grace-ms=") {
+                        ("--grace-ms", v)
+                    } else if let Some(v) = arg.strip_prefix("--pristine-size=") {
+                        ("--pristine-size", v)
+                    } else if let Some(v) = arg.strip_prefix("--nproc=") {
+                        ("--nproc", v)
                     } else {
-                        "bytes"
+                        return Err(format!("unexpected argument '{arg}' for init"));
+                    };
+                let number: u64 = value.parse().map_err(|_| {
+                    let unit = match flag {
+                        "--grace-ms" => "milliseconds",
+                        "--nproc" => "processes",
+                        _ => "bytes",
                     };
                     format!(
                         "invalid value '{value}' for '{flag}': expected a whole number of {unit}"
                     )
                 })?;
-                if flag == "--grace-ms" {
-                    grace_ms = number;
-                } else {
-                    pristine = Some(Some(number));
+                match flag {
+                    "--grace-ms" => grace_ms = number,
+                    "--nproc" => nproc = Some(number),
+                    _ => pristine = Some(Some(number)),
                 }
             }
             if pristine.is_some() && pristine_refused.is_some() {
@@ -264,6 +270,7 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
                 pristine,
                 pristine_refused,
                 agent_caps,
+                nproc,
             }))
         }
         "install" => match rest {
@@ -337,6 +344,7 @@ mod tests {
             pristine: None,
             pristine_refused: None,
             agent_caps: Vec::new(),
+            nproc: None,
         });
         assert_eq!(parse(&["init"]), Ok(default));
         let pristine = Mode::Init(InitOptions {
@@ -344,6 +352,7 @@ mod tests {
             pristine: Some(Some(1 << 20)),
             pristine_refused: None,
             agent_caps: Vec::new(),
+            nproc: None,
         });
         assert_eq!(
             parse(&["init", "--pristine", "--pristine-size", "1048576"]),
@@ -359,6 +368,7 @@ mod tests {
             pristine: None,
             pristine_refused: None,
             agent_caps: Vec::new(),
+            nproc: None,
         });
         assert_eq!(parse(&["init", "--grace-ms", "1500"]), Ok(short));
         let kill = Mode::Init(InitOptions {
@@ -366,6 +376,7 @@ mod tests {
             pristine: None,
             pristine_refused: None,
             agent_caps: vec![caps::CAP_KILL, caps::CAP_SETPCAP],
+            nproc: None,
         });
         assert_eq!(parse(&["init", "--agent-caps", "KILL,SETPCAP"]), Ok(kill));
         assert!(parse(&["init", "--agent-caps=KILL"]).is_ok());
@@ -377,6 +388,7 @@ mod tests {
             pristine: None,
             pristine_refused: Some("namespace forbids it".into()),
             agent_caps: Vec::new(),
+            nproc: None,
         });
         assert_eq!(
             parse(&["init", "--pristine-refused", "namespace forbids it"]),
@@ -389,6 +401,13 @@ mod tests {
             parse(&["init", "--grace-ms=0"]),
             Ok(Mode::Init(_))
         ));
+        let nproc = parse(&["init", "--nproc", "256"]);
+        assert!(
+            matches!(&nproc, Ok(Mode::Init(o)) if o.nproc == Some(256)),
+            "{nproc:?}"
+        );
+        let e = parse(&["init", "--nproc=many"]).expect_err("not a number");
+        assert!(e.contains("'many'") && e.contains("'--nproc'"), "{e}");
         assert!(parse(&["attach"]).is_err(), "the relay is gone");
         assert_eq!(parse(&["--version"]), Ok(Mode::Version));
         assert_eq!(

@@ -187,6 +187,17 @@ pub fn prefer_oom_kill_in_child() {
     }
 }
 
+/// Sets `RLIMIT_NPROC` (soft and hard) of a forked child to `n`;
+/// async-signal-safe.
+pub fn limit_processes_in_child(n: u64) -> io::Result<()> {
+    let limit = libc::rlimit {
+        rlim_cur: n,
+        rlim_max: n,
+    };
+    // SAFETY: setrlimit reads one valid struct and is async-signal-safe.
+    cvt(unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &limit) }).map(drop)
+}
+
 /// Makes the process `cmd` spawns receive SIGKILL when the thread that
 /// spawned it ends (`PR_SET_PDEATHSIG`): a kernel never outlives its
 /// `corral-agent kernel` relay.

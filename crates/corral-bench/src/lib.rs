@@ -24,6 +24,7 @@
 
 mod floors;
 mod fork;
+mod isolation;
 mod net;
 mod report;
 mod reset;
@@ -99,16 +100,21 @@ pub enum Rows {
     /// warm pristine pools, against forks that start containers and
     /// against preparing each from scratch.
     Forks,
+    /// gVisor against runc in the same run: cold start, round trip,
+    /// reset, CPU-bound and syscall-heavy commands.
+    Isolation,
 }
 
 impl Rows {
-    /// Parses `default`, `net` or `all`; `None` for anything else.
+    /// Parses `default`, `net`, `all`, `forks` or `isolation`; `None` for
+    /// anything else.
     pub fn parse(text: &str) -> Option<Rows> {
         match text {
             "default" => Some(Rows::Default),
             "net" => Some(Rows::Net),
             "all" => Some(Rows::All),
             "forks" => Some(Rows::Forks),
+            "isolation" => Some(Rows::Isolation),
             _ => None,
         }
     }
@@ -123,6 +129,10 @@ impl Rows {
 
     fn forks(self) -> bool {
         self == Rows::Forks
+    }
+
+    fn isolation(self) -> bool {
+        self == Rows::Isolation
     }
 }
 
@@ -171,6 +181,9 @@ impl Samples {
         if options.rows.net() {
             // Both sides of HTTP, HTTPS and the port links; both transfers.
             steps += (2 * 3 * self.connections + 2 * self.transfers) as u64;
+        }
+        if options.rows.isolation() {
+            steps += isolation::steps(self.starts, self.round_trips, self.resets);
         }
         if options.rows.forks() {
             steps += fork::POOL_FORKS
@@ -315,7 +328,16 @@ impl Bench {
             true => Some(self.pool_forks().await?),
             false => None,
         };
-        Ok(Report { core, net, forks })
+        let isolation = match self.options.rows.isolation() {
+            true => Some(self.measure_isolation().await?),
+            false => None,
+        };
+        Ok(Report {
+            core,
+            net,
+            forks,
+            isolation,
+        })
     }
 
     /// The default rows.

@@ -24,6 +24,8 @@ pub struct Report {
     pub(crate) net: Option<crate::net::NetReport>,
     /// The pool-fork rows (`--rows forks`).
     pub(crate) forks: Option<Vec<crate::fork::PoolForkRun>>,
+    /// gVisor against runc (`--rows isolation`).
+    pub(crate) isolation: Option<crate::isolation::IsolationReport>,
 }
 
 /// The default rows of a run.
@@ -398,6 +400,9 @@ impl Report {
         if let Some(forks) = &self.forks {
             rows.extend(forks.iter().flat_map(crate::fork::PoolForkRun::rows));
         }
+        if let Some(isolation) = &self.isolation {
+            rows.extend(isolation.rows());
+        }
         rows
     }
 
@@ -412,6 +417,9 @@ impl Report {
         }
         if let Some(forks) = &self.forks {
             ratios.extend(crate::fork::pool_fork_ratios(forks));
+        }
+        if let Some(isolation) = &self.isolation {
+            ratios.extend(isolation.ratios());
         }
         ratios
     }
@@ -453,6 +461,9 @@ impl Report {
         }
         if let Some(net) = &self.net {
             let _ = writeln!(out, "{}; times in ms", net.describe());
+        }
+        if let Some(isolation) = &self.isolation {
+            let _ = writeln!(out, "{}; times in ms", isolation.describe());
         }
         out.push('\n');
         let _ = writeln!(
@@ -661,6 +672,7 @@ mod tests {
             core: None,
             net: Some(net()),
             forks: None,
+            isolation: None,
         };
         let table = only.table_of(&header(&opts));
         let lines: Vec<&str> = table.lines().collect();
@@ -748,6 +760,7 @@ mod tests {
             core: Some(report()),
             net: Some(net()),
             forks: None,
+            isolation: None,
         };
         let v = all.json_of(&header(&opts), &MetricsSnapshot::default());
         assert_eq!(keys(&v["rows"]).len(), 17 + 8);
@@ -828,6 +841,7 @@ mod tests {
             core: Some(report()),
             net: None,
             forks: None,
+            isolation: None,
         }
         .json_of(&header(&opts), &MetricsSnapshot::default());
         assert_eq!(
@@ -942,6 +956,7 @@ mod tests {
             core: Some(report()),
             net: None,
             forks: None,
+            isolation: None,
         }
         .table_of(&header(&opts));
         let lines: Vec<&str> = table.lines().collect();
@@ -1017,6 +1032,7 @@ mod tests {
             core: Some(report()),
             net: None,
             forks: None,
+            isolation: None,
         }
         .table_of(&header(&at_target));
         assert!(

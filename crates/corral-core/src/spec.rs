@@ -115,6 +115,14 @@ pub enum Isolation {
 /// `scripts/ensure-gvisor.sh` registers it.
 pub const GVISOR_RUNTIME: &str = "runsc";
 
+/// Host tasks the engine's pids cgroup allows per sandbox process under
+/// [`Isolation::Gvisor`] (measured: about nine on the ptrace platform).
+pub const GVISOR_HOST_TASKS_PER_PROCESS: i64 = 16;
+
+/// Host tasks the engine's pids cgroup allows under [`Isolation::Gvisor`]
+/// for gVisor's kernel itself (measured: about 45 with one process).
+pub const GVISOR_KERNEL_TASKS: i64 = 128;
+
 impl Isolation {
     /// Every tier, weakest first.
     pub const ALL: [Isolation; 2] = [Isolation::Container, Isolation::Gvisor];
@@ -593,6 +601,38 @@ impl SandboxSpec {
     /// they count against anyway); `None`: the kernel's default.
     pub fn pristine_state_size(&self) -> Option<u64> {
         self.limits.disk.or(self.limits.memory)
+    }
+
+    /// The engine's pids limit: what the container's pids cgroup may hold.
+    ///
+    /// Under [`Isolation::Container`] that is `limits.pids`, the sandbox's
+    /// processes. Under [`Isolation::Gvisor`] the cgroup holds gVisor's own
+    /// host tasks (its kernel's threads, and a host process with stub
+    /// threads per address space: about nine per sandbox process on
+    /// gVisor's ptrace platform), and gVisor's kernel stops when it cannot
+    /// make one. So the cgroup gets [`GVISOR_HOST_TASKS_PER_PROCESS`] per
+    /// process plus [`GVISOR_KERNEL_TASKS`], and the sandbox's processes
+    /// are bounded inside gVisor instead ([`SandboxSpec::command_nproc`]).
+    pub fn engine_pids_limit(&self) -> Option<i64> {
+        let pids = self.limits.pids?;
+        Some(match self.isolation {
+            Isolation::Container => pids,
+            Isolation::Gvisor => pids
+                .saturating_mul(GVISOR_HOST_TASKS_PER_PROCESS)
+                .saturating_add(GVISOR_KERNEL_TASKS),
+        })
+    }
+
+    /// The `RLIMIT_NPROC` every command runs with, where the process
+    /// limit is kept inside the sandbox: `limits.pids` under
+    /// [`Isolation::Gvisor`], whose kernel counts only the sandbox's own
+    /// processes (per uid, as Linux does). `None` under runc, where the
+    /// host kernel would count every process of the uid on the host.
+    pub fn command_nproc(&self) -> Option<u64> {
+        match self.isolation {
+            Isolation::Container => None,
+            Isolation::Gvisor => self.limits.pids.and_then(|p| u64::try_from(p).ok()),
+        }
     }
 
     /// The dead-man grace the agent runs with, in ms: `agent_grace_ms`,

@@ -124,6 +124,9 @@ fn entrypoint(spec: &SandboxSpec, pristine: bool) -> Vec<String> {
     if !own.is_empty() {
         args.extend(["--agent-caps".into(), own.join(",")]);
     }
+    if let Some(n) = spec.command_nproc() {
+        args.extend(["--nproc".into(), n.to_string()]);
+    }
     if pristine {
         args.push("--pristine".into());
         if let Some(size) = spec.pristine_state_size() {
@@ -209,7 +212,7 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
         // Swap equal to memory: no swap, so exceeding the limit is an OOM.
         memory_swap: memory,
         nano_cpus: spec.limits.cpus.map(|c| (c * 1e9) as i64),
-        pids_limit: spec.limits.pids,
+        pids_limit: spec.engine_pids_limit(),
         cap_drop: sec.drop_all_caps.then(|| vec!["ALL".to_string()]),
         cap_add: sec.drop_all_caps.then(|| {
             // Commands' and the agent's own (which commands drop:
@@ -367,6 +370,46 @@ mod tests {
             .position(|a| a == "--agent-caps")
             .expect("--agent-caps");
         assert_eq!(entry[at + 1], "KILL,SETPCAP");
+    }
+
+    #[test]
+    fn under_gvisor_the_process_limit_moves_inside_the_sandbox() {
+        let owner = owner_labels(&Owner {
+            host: "h".into(),
+            pid: 1,
+            start: 2,
+        });
+        let mut spec = SandboxSpec::new("img");
+        let runc = create_body(&spec, &params(&owner));
+        assert_eq!(runc.host_config.expect("hc").pids_limit, Some(256));
+        assert!(!runc
+            .entrypoint
+            .expect("entrypoint")
+            .contains(&"--nproc".to_string()));
+
+        spec.isolation = corral_core::Isolation::Gvisor;
+        let body = create_body(&spec, &params(&owner));
+        let hc = body.host_config.expect("hc");
+        assert_eq!(hc.runtime.as_deref(), Some(GVISOR_RUNTIME));
+        // gVisor's own host tasks fit: it stops when it cannot make one.
+        assert_eq!(
+            hc.pids_limit,
+            Some(
+                256 * corral_core::spec::GVISOR_HOST_TASKS_PER_PROCESS
+                    + corral_core::spec::GVISOR_KERNEL_TASKS
+            )
+        );
+        let entry = body.entrypoint.expect("entrypoint");
+        let at = entry.iter().position(|a| a == "--nproc").expect("--nproc");
+        assert_eq!(entry[at + 1], "256");
+
+        spec.limits.pids = None;
+        let unlimited = create_body(&spec, &params(&owner));
+        assert_eq!(unlimited.host_config.expect("hc").pids_limit, None);
+        assert!(!unlimited
+            .entrypoint
+            .expect("entrypoint")
+            .contains(&"--nproc".to_string()));
     }
 
     #[test]

@@ -5,14 +5,15 @@
 //! sees instead is asserted by the gVisor-only tests at the end. Without
 //! the runtime every case prints that it was skipped and why. Cases run
 //! in parallel (`--test-threads`): each has its own sandboxes and label.
+//! The target is `common::ContractTarget`, the one `contract.rs` runs
+//! under runc.
 
 mod common;
 
 use std::io::Write;
 
-use corral::{Isolation, Runtime, SandboxSpec};
-use corral_core::spec::GVISOR_RUNTIME;
-use corral_testing::contract::{BoxFuture, Target, TEST_LABEL};
+use corral::{Isolation, SandboxSpec};
+use corral_testing::contract::{Target, TEST_LABEL};
 
 const NO_IN_PLACE_RESET: &str = "in-place reset is runc's (SandboxSpec::in_place_reset refuses \
      isolation gvisor): a reset replaces the sandbox and says why \
@@ -62,93 +63,19 @@ const CANNOT_HOLD: &[(&str, &str)] = &[
     ("snapshot_a_fork_of_a_fork_has_both_layers", NO_DELTA),
     ("snapshot_fork_is_all_or_nothing", NO_DELTA),
     ("snapshot_a_durable_delta_outlives_its_runtime", NO_DELTA),
-    (
-        "commands_multiplex_on_one_sandbox",
-        "KNOWN BROKEN, not a limit of gVisor: with 24 commands started at once the sandbox's \
-         agent exits with status 2 under runsc (container_lost); to be fixed",
-    ),
 ];
-
-struct Gvisor {
-    runtime: Runtime,
-}
-
-impl Target for Gvisor {
-    fn engine(&self) -> &'static str {
-        "Docker (gVisor)"
-    }
-
-    fn runtime(&self) -> &Runtime {
-        &self.runtime
-    }
-
-    fn base_spec(&self) -> SandboxSpec {
-        let mut spec = SandboxSpec::new(common::BUSYBOX);
-        spec.isolation = Isolation::Gvisor;
-        spec
-    }
-
-    fn leftovers<'a>(&'a self, label: &'a str) -> BoxFuture<'a, Vec<String>> {
-        Box::pin(async move {
-            let filter = format!("label={TEST_LABEL}={label}");
-            let out = tokio::process::Command::new("docker")
-                .args(["ps", "-aq", "--no-trunc", "--filter", &filter])
-                .output()
-                .await
-                .expect("docker ps");
-            assert!(out.status.success(), "docker ps: {out:?}");
-            String::from_utf8_lossy(&out.stdout)
-                .split_whitespace()
-                .map(String::from)
-                .collect()
-        })
-    }
-
-    fn sweep<'a>(&'a self, label: &'a str) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            let left = self.leftovers(label).await;
-            if !left.is_empty() {
-                let _ = tokio::process::Command::new("docker")
-                    .args(["rm", "-f"])
-                    .args(&left)
-                    .output()
-                    .await;
-            }
-        })
-    }
-}
-
-/// Whether the daemon has the gVisor runtime; `false` after saying why
-/// `test` is skipped.
-fn gvisor_registered(test: &str) -> bool {
-    let out = std::process::Command::new("docker")
-        .args(["info", "--format", "{{json .Runtimes}}"])
-        .output()
-        .expect("docker info");
-    let registered =
-        String::from_utf8_lossy(&out.stdout).contains(&format!("\"{GVISOR_RUNTIME}\""));
-    if !registered {
-        // Straight to stderr: the harness captures eprintln!, and a skip
-        // must be seen.
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped {test}: the daemon has no runtime '{GVISOR_RUNTIME}' \
-             (scripts/ensure-gvisor.sh registers it)"
-        );
-    }
-    registered
-}
 
 async fn gvisor(case: &str) -> Option<Box<dyn Target>> {
     if let Some((_, why)) = CANNOT_HOLD.iter().find(|(name, _)| *name == case) {
         let _ = writeln!(std::io::stderr(), "not under gVisor: {case}: {why}");
         return None;
     }
-    if !gvisor_registered(case) {
+    if !common::tier_available(Isolation::Gvisor, case) {
         return None;
     }
-    Some(Box::new(Gvisor {
+    Some(Box::new(common::ContractTarget {
         runtime: common::backend().await,
+        isolation: Isolation::Gvisor,
     }))
 }
 
@@ -156,7 +83,7 @@ corral_testing::contract_suite!(gvisor);
 
 /// A gVisor sandbox for the tests below, or `None` when runsc is missing.
 async fn sandbox(test: &str, spec: impl FnOnce(&mut SandboxSpec)) -> Option<corral::Sandbox> {
-    if !gvisor_registered(test) {
+    if !common::tier_available(Isolation::Gvisor, test) {
         return None;
     }
     let runtime = common::backend().await;

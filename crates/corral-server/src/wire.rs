@@ -30,9 +30,13 @@ pub struct CreateSandbox {
     /// startup, recovery, pristine, own labels, limits up to the maxima,
     /// network `none` or an egress policy (`{"egress": {"allow": [...],
     /// "deny": [...]}}`) that narrows the service's network and stays within
-    /// `server.policy.egress_allow`; host mounts, capabilities, weakened
-    /// hardening, runtime, host environment, `corral.*` labels and
-    /// `persistent` are refused (403 naming the field).
+    /// `server.policy.egress_allow`, and `isolation` (`container`: runc
+    /// over the host's kernel; `gvisor`: gVisor's user-space kernel in
+    /// between, slower, no in-place reset) at or above the service's
+    /// `defaults.isolation` (lowering it is refused, 403 naming
+    /// `isolation`); host mounts, capabilities, weakened hardening,
+    /// runtime, host environment, `corral.*` labels and `persistent` are
+    /// refused (403 naming the field).
     #[schema(value_type = Object)]
     pub spec: Option<serde_json::Value>,
     /// Image, overriding the one of the spec, profile or defaults: one of

@@ -246,6 +246,7 @@ macro_rules! contract_suite {
             output_is_capped_head_and_tail_and_binary_safe,
             timeout_kills_the_whole_process_tree,
             commands_multiplex_on_one_sandbox,
+            a_fork_bomb_meets_the_pids_limit_and_the_sandbox_lives,
             a_missing_image_is_image_not_found_and_leaves_nothing,
             pty_runs_an_interactive_shell,
             // Limits.

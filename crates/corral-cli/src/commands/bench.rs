@@ -61,13 +61,17 @@ pub struct BenchArgs {
     /// Which rows: default (starts, round trips, resets, workloads, forks),
     /// net (egress gateway and port links against direct), all (both), or
     /// forks (forks of 8/64/256 from 10 MB and 100 MB states into warm
-    /// pristine pools, against container-start forks and from scratch).
-    #[arg(long, default_value = "default", value_parser = rows, value_name = "default|net|all|forks")]
+    /// pristine pools, against container-start forks and from scratch), or
+    /// isolation (gVisor against runc in the same run: cold start, round
+    /// trip, reset, CPU-bound, syscall-heavy and, where the image has
+    /// python3, a Python start with imports; needs runtime runsc).
+    #[arg(long, default_value = "default", value_parser = rows, value_name = "default|net|all|forks|isolation")]
     rows: Rows,
 }
 
 fn rows(text: &str) -> Result<Rows, String> {
-    Rows::parse(text).ok_or_else(|| format!("'{text}' is not default, net, all or forks"))
+    Rows::parse(text)
+        .ok_or_else(|| format!("'{text}' is not default, net, all, forks or isolation"))
 }
 
 fn at_least_one(text: &str) -> Result<usize, String> {

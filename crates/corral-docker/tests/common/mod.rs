@@ -208,3 +208,90 @@ pub fn docker(args: &[&str]) -> String {
         .expect("run docker");
     String::from_utf8_lossy(&out.stdout).to_string()
 }
+
+/// Whether sandboxes of `isolation` can run on this daemon: always for
+/// `container`; for `gvisor` when the daemon has the runtime, and
+/// otherwise `false` after saying on stderr why `test` is skipped.
+pub fn tier_available(isolation: corral::Isolation, test: &str) -> bool {
+    use corral_core::spec::GVISOR_RUNTIME;
+    use std::io::Write;
+    if isolation == corral::Isolation::Container {
+        return true;
+    }
+    let out = Command::new("docker")
+        .args(["info", "--format", "{{json .Runtimes}}"])
+        .output()
+        .expect("docker info");
+    let registered =
+        String::from_utf8_lossy(&out.stdout).contains(&format!("\"{GVISOR_RUNTIME}\""));
+    if !registered {
+        // Straight to stderr: the harness captures eprintln!, and a skip
+        // must be seen.
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped {test}: the daemon has no runtime '{GVISOR_RUNTIME}' \
+             (scripts/ensure-gvisor.sh registers it)"
+        );
+    }
+    registered
+}
+
+/// The engine contract's target on the local daemon under one isolation
+/// tier: the hardened default spec over the offline busybox image.
+/// Leftovers are found and swept with the `docker` CLI, not through the
+/// backend under test.
+pub struct ContractTarget {
+    pub runtime: Runtime,
+    pub isolation: corral::Isolation,
+}
+
+impl corral_testing::contract::Target for ContractTarget {
+    fn engine(&self) -> &'static str {
+        match self.isolation {
+            corral::Isolation::Container => "Docker",
+            corral::Isolation::Gvisor => "Docker (gVisor)",
+        }
+    }
+
+    fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    fn base_spec(&self) -> SandboxSpec {
+        let mut spec = SandboxSpec::new(BUSYBOX);
+        spec.isolation = self.isolation;
+        spec
+    }
+
+    fn leftovers<'a>(
+        &'a self,
+        label: &'a str,
+    ) -> corral_testing::contract::BoxFuture<'a, Vec<String>> {
+        Box::pin(async move {
+            let filter = format!("label={}={label}", corral_testing::contract::TEST_LABEL);
+            let out = tokio::process::Command::new("docker")
+                .args(["ps", "-aq", "--no-trunc", "--filter", &filter])
+                .output()
+                .await
+                .expect("docker ps");
+            assert!(out.status.success(), "docker ps: {out:?}");
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .map(String::from)
+                .collect()
+        })
+    }
+
+    fn sweep<'a>(&'a self, label: &'a str) -> corral_testing::contract::BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let left = self.leftovers(label).await;
+            if !left.is_empty() {
+                let _ = tokio::process::Command::new("docker")
+                    .args(["rm", "-f"])
+                    .args(&left)
+                    .output()
+                    .await;
+            }
+        })
+    }
+}

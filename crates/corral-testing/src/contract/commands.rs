@@ -167,6 +167,51 @@ pub async fn commands_multiplex_on_one_sandbox(c: &Case) {
     sb.destroy().await.expect("destroy");
 }
 
+/// A fork bomb meets the sandbox's process limit: its forks fail inside
+/// the sandbox ("can't fork"), nothing else does, and once its processes
+/// end the sandbox runs commands as before (under gVisor, whose own host
+/// tasks share the engine's pids cgroup, the limit is kept inside it).
+pub async fn a_fork_bomb_meets_the_pids_limit_and_the_sandbox_lives(c: &Case) {
+    let mut spec = c.spec();
+    if spec.limits.pids.is_none() {
+        // An engine whose sandboxes cannot have a pids limit (a pod).
+        return;
+    }
+    spec.limits.pids = Some(64);
+    let sb = c.create(&spec).await;
+    let r = sb
+        .run(&sh(
+            "i=0; while [ $i -lt 200 ]; do sleep 2 & i=$((i+1)); done; echo all forked",
+        ))
+        .await;
+    assert_eq!(r.failure, None, "{r:?}");
+    assert!(
+        text(&r.stderr).contains("can't fork"),
+        "no fork failed: {r:?}"
+    );
+    assert!(!text(&r.stdout).contains("all forked"), "{r:?}");
+    // Its sleepers end on their own; then commands run as before.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let r = sb.run(&sh("echo alive")).await;
+        if r.failure.is_none() && text(&r.stdout) == "alive\n" {
+            break;
+        }
+        assert!(
+            r.failure
+                .as_ref()
+                .is_none_or(|f| f.kind != FailureKind::ContainerLost),
+            "the sandbox died: {r:?}"
+        );
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never alive again: {r:?}"
+        );
+    }
+    sb.destroy().await.expect("destroy");
+}
+
 /// An image the engine cannot get is a typed `image_not_found` naming it,
 /// and the failed start leaves nothing behind.
 pub async fn a_missing_image_is_image_not_found_and_leaves_nothing(c: &Case) {
