@@ -236,6 +236,18 @@ impl Bench {
 /// 100 MB state stops at 64.
 pub(crate) const POOL_FORKS: [(usize, &[usize]); 2] = [(10, &[8, 64, 256]), (100, &[8, 64])];
 
+/// Most warm sandboxes a fork pool keeps: a pool is what a service keeps
+/// ready for its next batch, not one container per fork ever asked for.
+/// Forks beyond it start containers (while the pool refills behind them),
+/// and the pool row says how many landed warm. On 2 cores a pool of 64
+/// fills in well under a minute; one of 256 takes minutes and holds
+/// memory a shared machine needs.
+const POOL_WARM_MAX: usize = 64;
+
+/// Longest one way of one row may take before the row reports it as not
+/// run (its sandboxes are swept with the run's).
+const WAY_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// Writes `mb` files of 1 MB under /srv/prepared.
 fn prepare_mb(mb: usize) -> CommandSpec {
     CommandSpec::shell(format!(
@@ -251,6 +263,9 @@ fn check_mb(mb: usize) -> CommandSpec {
     ))
 }
 
+/// A way's wall time, or why it could not be measured.
+pub(crate) type Way = Result<Duration, String>;
+
 /// K sandboxes with one prepared state, three ways, in one run.
 #[derive(Debug, Clone)]
 pub(crate) struct PoolForkRun {
@@ -259,15 +274,25 @@ pub(crate) struct PoolForkRun {
     /// Sandboxes made each way.
     pub(crate) k: usize,
     /// K sandboxes started and prepared from scratch, all at once.
-    pub(crate) scratch: Duration,
+    pub(crate) scratch: Way,
     /// K forks that each start a container and take the delta in.
-    pub(crate) started: Duration,
+    pub(crate) started: Way,
     /// K forks into warm pristine sandboxes of a matching pool.
-    pub(crate) pooled: Duration,
-    /// Of those, how many landed in a warm sandbox (the rest started one).
+    pub(crate) pooled: Way,
+    /// Warm sandboxes the pool held before the forks.
+    pub(crate) warm: usize,
+    /// Of the forks, how many landed in a warm sandbox (the rest started one).
     pub(crate) landed: u64,
-    /// Filling the pool with K warm sandboxes beforehand (not in `pooled`).
+    /// Filling the pool beforehand (not in `pooled`).
     pub(crate) fill: Duration,
+    /// Copying the state inside one sandbox (`cp -a` to its tmpfs upper
+    /// layer): the floor of taking the delta in, without stream or tar.
+    pub(crate) copy: Way,
+}
+
+/// Keeps the error's chain on one line, for a row's note.
+fn reason(e: &anyhow::Error) -> String {
+    format!("{e:#}")
 }
 
 impl Bench {
@@ -278,7 +303,9 @@ impl Bench {
     }
 
     /// Every size and count of [`POOL_FORKS`]: from scratch, forks that
-    /// start containers, forks into a warm pool.
+    /// start containers, forks into a warm pool. A way that fails is
+    /// reported on its row with the reason; the other ways and rows still
+    /// run.
     pub(crate) async fn pool_forks(self: &Arc<Self>) -> anyhow::Result<Vec<PoolForkRun>> {
         let mut runs = Vec::new();
         for (mb, counts) in POOL_FORKS {
@@ -289,30 +316,88 @@ impl Bench {
                 .runtime
                 .create(&spec)
                 .await
-                .context("the pool-fork source")?;
-            let measured = async {
+                .context("the pool-fork source");
+            let source = match source {
+                Ok(sb) => sb,
+                Err(e) => {
+                    let why = reason(&e);
+                    runs.extend(counts.iter().map(|&k| PoolForkRun::not_run(mb, k, &why)));
+                    continue;
+                }
+            };
+            let prepared = async {
                 ok(&source, prepare_mb(mb), "preparing the source").await?;
+                let copy = self.copy_floor(&source).await;
                 let info = source
                     .snapshot(&name, SnapshotOptions::default())
                     .await
                     .context("the pool-fork snapshot")?;
-                for &k in counts {
-                    self.progress
-                        .set_message(format!("fork {k} from a {mb} MB state, three ways"));
-                    runs.push(self.pool_fork_run(&spec, &info, mb, k).await?);
-                }
-                anyhow::Ok(())
+                anyhow::Ok((info, copy))
             }
             .await;
+            // Forks need only the snapshot: the source's memory goes back
+            // before they start.
             destroy_all(std::slice::from_ref(&source)).await;
+            match prepared {
+                Ok((info, copy)) => {
+                    for &k in counts {
+                        self.progress
+                            .set_message(format!("fork {k} from a {mb} MB state, three ways"));
+                        let mut run = self.pool_fork_run(&spec, &info, mb, k).await;
+                        run.copy = copy.clone();
+                        runs.push(run);
+                    }
+                }
+                Err(e) => {
+                    let why = reason(&e);
+                    runs.extend(counts.iter().map(|&k| PoolForkRun::not_run(mb, k, &why)));
+                }
+            }
             if self.runtime.snapshot_info(&name).await.is_ok() {
                 if let Err(e) = self.runtime.delete_snapshot(&name).await {
                     tracing::warn!(snapshot = %name, error = %e, "deleting the bench snapshot failed");
                 }
             }
-            measured?;
         }
         Ok(runs)
+    }
+
+    /// Times `cp -a` of the prepared state inside `sb` (then removes the
+    /// copy).
+    async fn copy_floor(&self, sb: &Sandbox) -> Way {
+        let t = Instant::now();
+        let copied = ok(
+            sb,
+            CommandSpec::shell("cp -a /srv/prepared /srv/copy").timeout(Duration::from_secs(300)),
+            "copying the state",
+        )
+        .await;
+        let took = t.elapsed();
+        let removed = ok(
+            sb,
+            CommandSpec::shell("rm -rf /srv/copy"),
+            "removing the copy",
+        )
+        .await;
+        copied.and(removed).map(|()| took).map_err(|e| reason(&e))
+    }
+
+    /// One way, bounded by [`WAY_TIMEOUT`], as a row shows it.
+    async fn way(
+        &self,
+        k: usize,
+        what: &str,
+        f: impl std::future::Future<Output = anyhow::Result<Duration>>,
+    ) -> Way {
+        let r = match tokio::time::timeout(WAY_TIMEOUT, f).await {
+            Ok(r) => r.map_err(|e| reason(&e)),
+            Err(_) => Err(format!("{what} took over {WAY_TIMEOUT:?}")),
+        };
+        if let Err(e) = &r {
+            tracing::warn!(forks = k, way = what, error = %e, "a pool-fork way did not complete");
+        }
+        self.progress.inc(k as u64);
+        r
     }
 
     async fn pool_fork_run(
@@ -321,8 +406,45 @@ impl Bench {
         info: &corral_core::snapshot::SnapshotInfo,
         mb: usize,
         k: usize,
-    ) -> anyhow::Result<PoolForkRun> {
-        // From scratch: K starts and K preparations, all at once.
+    ) -> PoolForkRun {
+        let scratch = self
+            .way(k, "preparing from scratch", self.scratch_way(spec, mb, k))
+            .await;
+        let started = self
+            .way(
+                k,
+                "forking by starting containers",
+                self.start_way(info, mb, k),
+            )
+            .await;
+        let mut pool = (0, 0, Duration::ZERO);
+        let pooled = self
+            .way(k, "forking into a warm pool", async {
+                let (took, warm, landed, fill) = self.pool_way(info, mb, k).await?;
+                pool = (warm, landed, fill);
+                Ok(took)
+            })
+            .await;
+        PoolForkRun {
+            mb,
+            k,
+            scratch,
+            started,
+            pooled,
+            warm: pool.0,
+            landed: pool.1,
+            fill: pool.2,
+            copy: Err("not measured".into()),
+        }
+    }
+
+    /// K starts and K preparations, all at once.
+    async fn scratch_way(
+        &self,
+        spec: &corral_core::SandboxSpec,
+        mb: usize,
+        k: usize,
+    ) -> anyhow::Result<Duration> {
         let t = Instant::now();
         let made = futures_util::future::join_all((0..k).map(|_| async {
             let sb = self.runtime.create(spec).await.context("a scratch start")?;
@@ -347,47 +469,71 @@ impl Bench {
             }
         }
         destroy_all(&sandboxes).await;
-        if let Some(e) = failed {
-            return Err(e);
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(scratch),
         }
-        self.progress.inc(k as u64);
+    }
 
-        // Today's fork: K container starts, each taking the delta in.
-        let name = info.qualified().to_string();
+    /// K container starts, each taking the delta in.
+    async fn start_way(
+        &self,
+        info: &corral_core::snapshot::SnapshotInfo,
+        mb: usize,
+        k: usize,
+    ) -> anyhow::Result<Duration> {
         let t = Instant::now();
         let forks = self
             .runtime
-            .fork(&name, k)
+            .fork(&info.qualified().to_string(), k)
             .await
             .context("forking by starting containers")?;
         let started = t.elapsed();
-        let checked = ok(&forks[0], check_mb(mb), "checking a fork").await;
+        let checked = match forks.first() {
+            Some(f) => ok(f, check_mb(mb), "checking a fork").await,
+            None => Err(anyhow::anyhow!("the fork made no sandbox")),
+        };
         destroy_all(&forks).await;
-        checked?;
-        self.progress.inc(k as u64);
+        checked.map(|()| started)
+    }
 
-        // Into a warm pool whose spec is the snapshot's.
+    /// K forks into a warm pool whose spec is the snapshot's, filled
+    /// beforehand with up to [`POOL_WARM_MAX`]: the forks' time, the warm
+    /// sandboxes, how many forks landed in one, and the fill's time.
+    async fn pool_way(
+        self: &Arc<Self>,
+        info: &corral_core::snapshot::SnapshotInfo,
+        mb: usize,
+        k: usize,
+    ) -> anyhow::Result<(Duration, usize, u64, Duration)> {
         let fork_spec = info.fork_spec();
         let base = self.runtime.fork_base(info).await?;
+        let warm = k.min(POOL_WARM_MAX);
         let config = corral_core::pool::ProviderConfig {
             pools: std::collections::BTreeMap::from([(
                 "forks".to_string(),
                 corral_core::pool::PoolConfig {
                     spec: fork_spec.clone(),
-                    warm: k,
+                    warm,
                     pristine: true,
                     ..Default::default()
                 },
             )]),
+            // Room for every fork and the refill behind them: no fork
+            // waits for room, none evicts another.
+            max_live: k + warm,
             ..Default::default()
         };
         let provider = corral::Provider::new(self.runtime.clone(), config);
         *crate::lock(&self.provider) = Some(provider.clone());
         let run = async {
             let t = Instant::now();
-            let fill = crate::FILL_TIMEOUT + Duration::from_secs(k as u64);
+            let fill = crate::FILL_TIMEOUT + Duration::from_secs(warm as u64);
             if !provider.wait_warm("forks", fill).await {
-                bail!("the fork pool did not reach {k} sandboxes within {fill:?}");
+                bail!(
+                    "the fork pool did not reach {warm} warm sandboxes within {fill:?} (it held {})",
+                    provider.stats().pooled.get("forks").copied().unwrap_or(0)
+                );
             }
             let filled = t.elapsed();
             let hits = provider.stats().pool_hits;
@@ -404,101 +550,230 @@ impl Bench {
                 .into_iter()
                 .collect::<Result<Vec<_>, _>>()
                 .context("forking into the pool")?;
-            ok(&leases[0], check_mb(mb), "checking a pool fork").await?;
+            // The first lands warm, the last (past the pool) may not.
+            for lease in [leases.first(), leases.last()].into_iter().flatten() {
+                ok(lease, check_mb(mb), "checking a pool fork").await?;
+            }
             leases.clear();
-            anyhow::Ok((pooled, landed, filled))
+            anyhow::Ok((pooled, warm, landed, filled))
         }
         .await;
         provider.shutdown().await;
         crate::lock(&self.provider).take();
-        let (pooled, landed, fill) = run?;
-        self.progress.inc(k as u64);
-        Ok(PoolForkRun {
-            mb,
-            k,
-            scratch,
-            started,
-            pooled,
-            landed,
-            fill,
-        })
+        run
     }
 }
 
 impl PoolForkRun {
-    /// Its three rows: from scratch (the floor), forks that start
-    /// containers, forks into the warm pool.
+    /// A row none of whose ways could run, for `why`.
+    fn not_run(mb: usize, k: usize, why: &str) -> PoolForkRun {
+        PoolForkRun {
+            mb,
+            k,
+            scratch: Err(why.to_string()),
+            started: Err(why.to_string()),
+            pooled: Err(why.to_string()),
+            warm: 0,
+            landed: 0,
+            fill: Duration::ZERO,
+            copy: Err(why.to_string()),
+        }
+    }
+
+    /// Its rows: from scratch (the floor), forks that start containers,
+    /// forks into the warm pool; a way that did not complete has no
+    /// samples and says why. The 10 MB and 100 MB states' first rows also
+    /// carry the copy floor.
     pub(crate) fn rows(&self) -> Vec<crate::report::Row<'_>> {
         use crate::report::Row;
         use crate::stats::{ms, times, Latency};
         use serde_json::json;
         let (mb, k) = (self.mb, self.k);
         let id = |way: &str| format!("pool_fork_{mb}mb_{k}_{way}");
-        vec![
+        let latency = |w: &Way| Latency::of(w.as_ref().map(|d| vec![*d]).unwrap_or_default());
+        let failed = |w: &Way| w.as_ref().err().map(|e| format!("not run: {e}"));
+        let ratio = |a: &Way, b: &Way| match (a, b) {
+            (Ok(a), Ok(b)) => Some(times(*a, *b)),
+            _ => None,
+        };
+        let shown = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.1}x"));
+        let mut rows = vec![
             Row::new(
                 id("scratch"),
                 "",
                 format!("prepare {k} from scratch ({mb} MB state)"),
-                Latency::of(vec![self.scratch]),
+                latency(&self.scratch),
             )
             .floor()
+            .noted(failed(&self.scratch))
             .with("forks", json!(k))
             .with("state_mb", json!(mb)),
             Row::new(
                 id("start"),
                 "",
                 format!("fork {k}, a container start each ({mb} MB)"),
-                Latency::of(vec![self.started]),
+                latency(&self.started),
             )
-            .noted(Some(format!(
-                "{:.1}x scratch",
-                times(self.scratch, self.started)
-            )))
+            .noted(failed(&self.started).or_else(|| {
+                Some(format!(
+                    "{} scratch",
+                    shown(ratio(&self.scratch, &self.started))
+                ))
+            }))
             .with("forks", json!(k))
             .with("state_mb", json!(mb)),
+        ];
+        let pool_note = failed(&self.pooled).or_else(|| {
+            // Only when every fork landed warm is the time all imports.
+            let import = match &self.pooled {
+                Ok(d) if self.landed == k as u64 => format!(
+                    "; {:.0} MB/s taken in",
+                    (k * mb) as f64 / d.as_secs_f64().max(1e-9)
+                ),
+                _ => String::new(),
+            };
+            Some(format!(
+                "{}/{k} warm (pool of {}); {} scratch, {} container-start fork\
+                 {import}; pool filled in {:.0} ms before",
+                self.landed,
+                self.warm,
+                shown(ratio(&self.scratch, &self.pooled)),
+                shown(ratio(&self.started, &self.pooled)),
+                ms(self.fill)
+            ))
+        });
+        rows.push(
             Row::new(
                 id("pool"),
                 "",
                 format!("fork {k} into a warm pristine pool ({mb} MB)"),
-                Latency::of(vec![self.pooled]),
+                latency(&self.pooled),
             )
-            .noted(Some(format!(
-                "{}/{k} warm; {:.1}x scratch, {:.1}x container-start fork; pool filled in {:.0} ms before",
-                self.landed,
-                times(self.scratch, self.pooled),
-                times(self.started, self.pooled),
-                ms(self.fill)
-            )))
+            .noted(pool_note)
             .with("forks", json!(k))
             .with("state_mb", json!(mb))
+            .with("pool_warm", json!(self.warm))
             .with("landed_warm", json!(self.landed))
             .with("fill_ms", json!(ms(self.fill))),
-        ]
+        );
+        if k == POOL_FORKS
+            .iter()
+            .find(|(m, _)| *m == mb)
+            .and_then(|(_, counts)| counts.first().copied())
+            .unwrap_or(0)
+        {
+            let copy_note = failed(&self.copy).or_else(|| {
+                self.copy.as_ref().ok().map(|d| {
+                    format!(
+                        "{:.0} MB/s on one core",
+                        mb as f64 / d.as_secs_f64().max(1e-9)
+                    )
+                })
+            });
+            rows.insert(
+                0,
+                Row::new(
+                    format!("pool_fork_{mb}mb_copy"),
+                    "",
+                    format!("copy the {mb} MB state inside one sandbox"),
+                    latency(&self.copy),
+                )
+                .floor()
+                .noted(copy_note)
+                .with("state_mb", json!(mb)),
+            );
+        }
+        rows
     }
 }
 
 /// The targets of the pool-fork rows: a fork of 64 from a 10 MB state
-/// at least 10x preparing 64 from scratch, and ahead of today's fork.
+/// at least 10x preparing 64 from scratch, and ahead of today's fork
+/// (none when a way of that row did not complete: its row says why).
 pub(crate) fn pool_fork_ratios(runs: &[PoolForkRun]) -> Vec<crate::report::Ratio> {
     use crate::report::Ratio;
     use crate::stats::times;
     let Some(run) = runs.iter().find(|r| r.mb == 10 && r.k == 64) else {
         return Vec::new();
     };
+    let (Ok(scratch), Ok(started), Ok(pooled)) = (&run.scratch, &run.started, &run.pooled) else {
+        return Vec::new();
+    };
     vec![
         Ratio {
             id: "pool_fork_64_10mb_vs_prepare",
             label: "fork 64 (10 MB) into a pool vs preparing 64",
-            value: times(run.scratch, run.pooled),
+            value: times(*scratch, *pooled),
             target: 10.0,
             applies: true,
         },
         Ratio {
             id: "pool_fork_64_10mb_vs_start_fork",
             label: "fork 64 (10 MB) into a pool vs starting 64",
-            value: times(run.started, run.pooled),
+            value: times(*started, *pooled),
             target: 1.0,
             applies: true,
         },
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(pooled: Way) -> PoolForkRun {
+        PoolForkRun {
+            mb: 10,
+            k: 64,
+            scratch: Ok(Duration::from_secs(20)),
+            started: Ok(Duration::from_secs(10)),
+            pooled,
+            warm: 64,
+            landed: 64,
+            fill: Duration::from_secs(30),
+            copy: Err("not measured".into()),
+        }
+    }
+
+    #[test]
+    fn a_way_that_did_not_run_says_why_and_has_no_ratio() {
+        let r = run(Err("the fork pool did not reach 64 warm sandboxes".into()));
+        let rows = r.rows();
+        assert_eq!(rows.len(), 3);
+        let pool = rows.last().expect("the pool row");
+        assert_eq!(pool.latency.n, 0);
+        assert_eq!(
+            pool.note.as_deref(),
+            Some("not run: the fork pool did not reach 64 warm sandboxes")
+        );
+        assert!(pool_fork_ratios(std::slice::from_ref(&r)).is_empty());
+    }
+
+    #[test]
+    fn a_completed_row_has_its_ratios() {
+        let r = run(Ok(Duration::from_secs(1)));
+        let ratios = pool_fork_ratios(std::slice::from_ref(&r));
+        let values: Vec<f64> = ratios.iter().map(|r| r.value).collect();
+        assert_eq!(values, [20.0, 10.0]);
+        let pool = r.rows().pop().expect("the pool row");
+        assert_eq!(pool.latency.n, 1);
+        assert!(
+            pool.note
+                .as_deref()
+                .unwrap_or_default()
+                .starts_with("64/64 warm (pool of 64); 20.0x scratch, 10.0x"),
+            "{:?}",
+            pool.note
+        );
+    }
+
+    #[test]
+    fn the_first_count_of_a_state_carries_its_copy_floor() {
+        let mut r = run(Ok(Duration::from_secs(1)));
+        r.k = 8;
+        r.copy = Ok(Duration::from_millis(100));
+        let rows = r.rows();
+        assert_eq!(rows.len(), 4);
+        assert_eq!(rows[0].note.as_deref(), Some("100 MB/s on one core"));
+    }
 }

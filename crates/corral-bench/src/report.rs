@@ -88,9 +88,9 @@ pub(crate) struct Row<'a> {
     num: &'static str,
     label: Cow<'static, str>,
     floor: bool,
-    latency: Latency,
+    pub(crate) latency: Latency,
     workload: Option<&'a Workload>,
-    note: Option<String>,
+    pub(crate) note: Option<String>,
     /// Keys the row's JSON object has besides the common ones.
     extra: serde_json::Map<String, Value>,
 }

@@ -61,7 +61,9 @@ pub struct BenchArgs {
     /// Which rows: default (starts, round trips, resets, workloads, forks),
     /// net (egress gateway and port links against direct), all (both), or
     /// forks (forks of 8/64/256 from 10 MB and 100 MB states into warm
-    /// pristine pools, against container-start forks and from scratch), or
+    /// pristine pools of at most 64, against container-start forks and
+    /// from scratch; a way that cannot complete is reported on its row
+    /// with the reason, and the other rows still run), or
     /// isolation (gVisor against runc in the same run: cold start, round
     /// trip, reset, CPU-bound, syscall-heavy and, where the image has
     /// python3, a Python start with imports; needs runtime runsc).
