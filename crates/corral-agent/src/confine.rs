@@ -209,11 +209,13 @@ fn x32_guard() -> BpfProgram {
     ]
 }
 
+/// Asked of the kernel, not read from `/proc/self/status`: gVisor's status
+/// file has no `NoNewPrivs` line although the flag is set, and reading it
+/// there left commands under gVisor without the filter.
 fn no_new_privs() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .any(|l| l.starts_with("NoNewPrivs:") && l.trim_end().ends_with('1'))
-    })
+    // SAFETY: PR_GET_NO_NEW_PRIVS takes no pointer and only reads the
+    // calling thread's flag.
+    unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1 }
 }
 
 fn cond(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, String> {

@@ -29,13 +29,9 @@ const BROKEN_UNDER_GVISOR: &[(&str, &str)] = &[
     ("trust-pid1", GVISOR_PROC1_FD),
     (
         "trust-signals",
-        "KNOWN BROKEN under gVisor, SECURITY: a command's signals to PID 1 end the agent \
-         (the sandbox stops with 137): a failing command becomes container_lost",
-    ),
-    (
-        "trust-reach-pid1",
-        "KNOWN BROKEN under gVisor, SECURITY: prlimit(RLIMIT_CPU) on PID 1, renice and \
-         ioprio of PID 1 and of other users' processes are allowed to commands",
+        "KNOWN BROKEN under gVisor, SECURITY: a command's SIGKILL to PID 1 ends the agent \
+         (gVisor does not shield a PID namespace's init from it; the sandbox stops with \
+         137): a failing command becomes container_lost",
     ),
     (
         "trust-stop-spawn",
