@@ -826,16 +826,47 @@ pub fn open_pty(cols: u16, rows: u16) -> io::Result<(OwnedFd, OwnedFd)> {
     set_window_size(master.as_raw_fd(), cols, rows)?;
     // SAFETY: TIOCGPTPEER takes open(2) flags by value and returns a new
     // descriptor we own.
-    let slave = cvt(unsafe {
+    let peer = cvt(unsafe {
         libc::ioctl(
             master.as_raw_fd(),
             libc::TIOCGPTPEER,
             libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
         )
-    })?;
-    // SAFETY: as above, a new descriptor owned by nobody else.
-    let slave = unsafe { OwnedFd::from_raw_fd(slave) };
+    });
+    let slave = match peer {
+        // SAFETY: as above, a new descriptor owned by nobody else.
+        Ok(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
+        // gVisor has no TIOCGPTPEER: the slave by its number instead.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) => {
+            open_pty_slave_by_number(master.as_raw_fd())?
+        }
+        Err(e) => return Err(e),
+    };
     Ok((master, slave))
+}
+
+/// The slave of `master` opened as `/dev/pts/N` (`TIOCGPTN`), where the
+/// kernel cannot hand it over through the master. A command cannot put
+/// another file there (devpts makes its own entries, and commands have no
+/// mount rights); the descriptor is still checked to be a terminal, and a
+/// symbolic link is not followed.
+fn open_pty_slave_by_number(master: RawFd) -> io::Result<OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut n: libc::c_uint = 0;
+    // SAFETY: TIOCGPTN writes one unsigned int through the pointer, which
+    // is valid for the call.
+    cvt(unsafe { libc::ioctl(master, libc::TIOCGPTN, &mut n) })?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY | libc::O_NOFOLLOW)
+        .open(format!("/dev/pts/{n}"))?;
+    let slave = OwnedFd::from(file);
+    // SAFETY: isatty takes a live descriptor and no pointers.
+    if unsafe { libc::isatty(slave.as_raw_fd()) } != 1 {
+        return Err(io::Error::other(format!("/dev/pts/{n} is not a terminal")));
+    }
+    Ok(slave)
 }
 
 /// Sets a terminal's size (`TIOCSWINSZ`); on a master the kernel sends the

@@ -205,9 +205,24 @@ async fn sandboxes_commands_shells_and_files() {
     )
     .await;
     assert_eq!(st, StatusCode::OK, "{l}");
-    assert_eq!(
-        l["entries"],
-        json!([{"name": "b.bin", "type": "file", "size": 256, "mode": 0o644}])
+    let entries = l["entries"].as_array().expect("entries");
+    assert_eq!(entries.len(), 1, "{l}");
+    let b = &entries[0];
+    for (key, want) in [
+        ("name", json!("b.bin")),
+        ("type", json!("file")),
+        ("size", json!(256)),
+        ("mode", json!(0o644)),
+        ("uid", json!(0)),
+        ("gid", json!(0)),
+        ("owner", json!("root")),
+        ("group", json!("root")),
+    ] {
+        assert_eq!(b[key], want, "{key} of {b}");
+    }
+    assert!(
+        b["mtime"].as_f64().is_some_and(|t| t > 1.0e9),
+        "mtime of {b}"
     );
     let (st, e) = call(
         &app,
