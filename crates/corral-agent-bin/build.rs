@@ -9,18 +9,12 @@
 //! is `crates/corral-agent/build_static.rs`, shared with `corral-testing`.
 
 use std::env;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 include!("../corral-agent/build_static.rs");
 
 fn main() {
-    let manifest =
-        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let root = manifest
-        .parent()
-        .and_then(Path::parent)
-        .expect("crate lives in <workspace>/crates/")
-        .to_path_buf();
+    let root = workspace_root();
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("corral-agent");
     let built = build_static_agent(&root);
     std::fs::copy(&built, &out).unwrap_or_else(|e| panic!("cannot copy {}: {e}", built.display()));

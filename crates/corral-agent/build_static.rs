@@ -1,7 +1,20 @@
 // The static agent build shared by the build scripts that need the agent
-// binary (`corral-docker` embeds it, `corral-testing` runs it), included
+// binary (`corral-agent-bin` embeds it, `corral-testing` runs it), included
 // with `include!` so both build it the same way into the same
 // `target/agent` directory (one build, shared). Not part of the agent crate.
+
+/// The workspace's root, from the including crate's manifest directory
+/// (every crate lives in `<workspace>/crates/`).
+fn workspace_root() -> std::path::PathBuf {
+    let manifest = std::path::PathBuf::from(
+        std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    );
+    manifest
+        .parent()
+        .and_then(std::path::Path::parent)
+        .expect("crate lives in <workspace>/crates/")
+        .to_path_buf()
+}
 
 /// Builds `corral-agent` statically (`+crt-static`, gnu target) for the
 /// workspace at `root` with the `agent` profile, and returns the binary's

@@ -4,19 +4,10 @@
 //! through `CORRAL_TESTING_AGENT_BIN`. Set `CORRAL_AGENT_BIN` to use a
 //! prebuilt agent instead.
 
-use std::env;
-use std::path::{Path, PathBuf};
-
 include!("../corral-agent/build_static.rs");
 
 fn main() {
-    let manifest =
-        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let root = manifest
-        .parent()
-        .and_then(Path::parent)
-        .expect("crate lives in <workspace>/crates/")
-        .to_path_buf();
+    let root = workspace_root();
     let built = build_static_agent(&root);
     println!(
         "cargo:rustc-env=CORRAL_TESTING_AGENT_BIN={}",
