@@ -10,6 +10,8 @@ container daemon, no mocks.
 * ``corral_url`` (session): its base URL.
 * ``corral_client``: a :class:`corral.Client` for it.
 * ``corral_sandbox``: a fresh sandbox, deleted after the test.
+* ``internet`` (module): the test internet (``corral-internet up``:
+  pypi.test, evil.test), removed at the end.
 * ``corral_spec``: builds a sandbox spec that names the test image and
   labels (a spec is merged over the server's ``defaults`` anyway).
 
@@ -20,6 +22,7 @@ of its own namespace, ``corral-snapshot/NAMESPACE:NAME``).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -137,3 +140,22 @@ def corral_spec() -> Callable[..., Dict[str, Any]]:
         return spec
 
     return make
+
+
+def internet_binary() -> str:
+    return os.environ.get("CORRAL_INTERNET_BIN") or str(REPO / "target" / "debug" / "corral-internet")
+
+
+@pytest.fixture(scope="module")
+def internet() -> Iterator[Dict[str, Any]]:
+    """The test internet (pypi.test, evil.test), removed at the end."""
+    binary = internet_binary()
+    if not Path(binary).is_file():
+        pytest.fail(f"no corral-internet binary at {binary}: run `cargo build --bin corral-internet`", pytrace=False)
+    tag = f"corral-egtest-py-{uuid.uuid4().hex[:8]}"
+    try:
+        out = subprocess.run([binary, "up", tag], capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, f"corral-internet up failed: {out.stderr}"
+        yield json.loads(out.stdout)
+    finally:
+        subprocess.run([binary, "down", tag], capture_output=True, timeout=300)

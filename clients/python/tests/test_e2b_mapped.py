@@ -13,13 +13,8 @@ internet (``corral-internet``) and checked by ``server.policy``.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import subprocess
 import time
-import uuid
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Dict, Iterator
 
 import httpx
@@ -39,7 +34,6 @@ from test_e2b import (  # noqa: F401  (fixtures)
 from e2b import AsyncSandbox, Sandbox  # noqa: E402
 from e2b.exceptions import SandboxException  # noqa: E402
 
-from conftest import REPO  # noqa: E402
 
 pytestmark = [
     pytest.mark.server,
@@ -290,25 +284,6 @@ def test_get_host_async(e2b_server: Dict[str, str], loop: asyncio.AbstractEventL
 
 
 # -- network -----------------------------------------------------------------
-
-
-def _internet_binary() -> str:
-    return os.environ.get("CORRAL_INTERNET_BIN") or str(REPO / "target" / "debug" / "corral-internet")
-
-
-@pytest.fixture(scope="module")
-def internet() -> Iterator[Dict[str, Any]]:
-    """The test internet (pypi.test, evil.test), removed at the end."""
-    binary = _internet_binary()
-    if not Path(binary).is_file():
-        pytest.fail(f"no corral-internet binary at {binary}: run `cargo build --bin corral-internet`", pytrace=False)
-    tag = f"corral-egtest-e2b-{uuid.uuid4().hex[:8]}"
-    try:
-        out = subprocess.run([binary, "up", tag], capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, f"corral-internet up failed: {out.stderr}"
-        yield json.loads(out.stdout)
-    finally:
-        subprocess.run([binary, "down", tag], capture_output=True, timeout=300)
 
 
 def _reaches(sandbox: Sandbox, target: str) -> bool:

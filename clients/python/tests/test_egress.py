@@ -19,11 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
-import subprocess
-import uuid
-from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Dict, Iterator, Optional
 
 import anyio
@@ -32,7 +28,7 @@ import pytest
 
 import corral
 from corral.errors import NotFoundError
-from conftest import REPO, assert_no_leaks, corral_binary, server_config
+from conftest import assert_no_leaks, corral_binary, server_config
 from corral.testing import LocalServer
 from mcp import ClientSession
 from test_mcp import STEP_TIMEOUT, _http_client, _mcp_http_client, _ok
@@ -43,25 +39,6 @@ pytestmark = pytest.mark.server
 # resolve names: static glibc has no resolver of its own).
 ALLOWED = "curl -sf -m 10 -o /dev/null http://pypi.test/"
 DENIED = "curl -sf -m 10 -o /dev/null http://evil.test/"
-
-
-def internet_binary() -> str:
-    return os.environ.get("CORRAL_INTERNET_BIN") or str(REPO / "target" / "debug" / "corral-internet")
-
-
-@pytest.fixture(scope="module")
-def internet() -> Iterator[Dict[str, Any]]:
-    """The test internet (pypi.test, evil.test), removed at the end."""
-    binary = internet_binary()
-    if not Path(binary).is_file():
-        pytest.fail(f"no corral-internet binary at {binary}: run `cargo build --bin corral-internet`", pytrace=False)
-    tag = f"corral-egtest-py-{uuid.uuid4().hex[:8]}"
-    try:
-        out = subprocess.run([binary, "up", tag], capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, f"corral-internet up failed: {out.stderr}"
-        yield json.loads(out.stdout)
-    finally:
-        subprocess.run([binary, "down", tag], capture_output=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
