@@ -137,7 +137,7 @@ impl SnapshotConfig {
 
 /// How to reach a Kubernetes cluster and how hard to lean on its API
 /// server (`backend: kubernetes`). The rate-limit defaults are derived in
-/// `docs/kubernetes-scale.md`.
+/// `docs/book/src/kubernetes-scale.md`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct KubernetesConfig {
