@@ -3,7 +3,7 @@
 # 1. installs the wheels into a new venv with cargo's target dir and
 #    ~/.cargo/bin off PATH (no Rust toolchain to be found), runs
 #    `corral run` on the daemon, starts the venv's `corral serve` in the
-#    background on a free port and runs the README's first Python example
+#    background on a free port and runs the quickstart example
 #    (examples/python/quickstart.py) through it;
 # 2. builds the service image from the binary the wheel installed
 #    (scripts/build-service-image.sh --binary), runs it against the host's

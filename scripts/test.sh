@@ -8,7 +8,7 @@
 #
 # The engine contract (corral_testing::contract) runs against the Docker
 # daemon here; its Kubernetes instantiation runs too when
-# CORRAL_TEST_KUBECONFIG names a cluster (see README, "The engine
+# CORRAL_TEST_KUBECONFIG names a cluster (see docs/book/src/development.md, "The engine
 # contract"), and otherwise says each case is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,6 +1,6 @@
 """corral from Python: create a sandbox, run commands, move files.
 
-Start the service first (see the README's "Python client" section):
+Start the service first (see the README, or the book's "The Python client"):
 
     target/debug/corral serve            # http://127.0.0.1:7070
 

@@ -11,8 +11,8 @@
 //! has `python3`, a Python start with a few standard-library imports.
 //! Each workload row times the whole command round trip, so it includes
 //! one agent round trip (negligible next to the work). Ratios are runc's
-//! p50 over gVisor's (1 would be free); their targets are what the README
-//! says the tier costs.
+//! p50 over gVisor's (1 would be free); their targets are what this crate
+//! holds the tier to (the book's security model reports the measured ratios).
 
 use std::time::{Duration, Instant};
 
@@ -125,7 +125,7 @@ impl IsolationReport {
     }
 
     /// runc over gVisor (higher is better, 1 would be free). The targets
-    /// are what the README promises gVisor costs at most: starts and
+    /// are what corral holds gVisor's cost to at most: starts and
     /// round trips within 3x, resets within 100x (a replacement against
     /// an in-place reset), CPU-bound work within 1.25x, syscall-heavy work
     /// within 10x.

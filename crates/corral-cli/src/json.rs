@@ -61,7 +61,7 @@ mod tests {
         }
     }
 
-    /// The keys README documents for `corral run --json`; a change here is a
+    /// The keys the book's CLI chapter documents for `corral run --json`; a change here is a
     /// change of the contract scripts and the Python client read.
     #[test]
     fn run_json_has_the_documented_keys_including_the_log_tail() {

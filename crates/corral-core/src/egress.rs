@@ -12,7 +12,7 @@
 //! cloud metadata services answer) is refused unless an allow CIDR names
 //! it. There is no rule for an IP literal to be
 //! reached directly: a sandbox with an egress policy has no route but the
-//! gateway (see ARCHITECTURE.md).
+//! gateway (see the book's security model, docs/book/src/security.md).
 //!
 //! No IO: the gateway (in the agent binary) and the client policy use this.
 
