@@ -199,3 +199,20 @@ fn the_checker_sees_links_anchors_and_code() {
         "egress-by-name-allowed-destinations"
     );
 }
+
+#[test]
+fn the_front_door_stays_short() {
+    // The README is one screen and a table; ARCHITECTURE.md a map. Detail
+    // belongs in the book.
+    let root = workspace_root();
+    for (file, most) in [("README.md", 200), ("ARCHITECTURE.md", 300)] {
+        let lines = std::fs::read_to_string(root.join(file))
+            .expect("read")
+            .lines()
+            .count();
+        assert!(
+            lines <= most,
+            "{file} has {lines} lines, more than {most}: move detail into docs/book"
+        );
+    }
+}
