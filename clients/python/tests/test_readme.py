@@ -1,7 +1,8 @@
 """Every code block of the top-level README runs: shell blocks with the built
 corral on the real daemon, Python blocks against a real ``corral serve``. A
 block that cannot run here is marked just above it with
-``<!-- readme: skip: REASON -->``, and the reason is required."""
+``<!-- readme: skip: REASON -->``, and the reason is required. The Python
+blocks of the book's guides run the same way."""
 
 import os
 import re
@@ -40,6 +41,7 @@ def blocks(text: str) -> List[Tuple[int, str, str, Optional[str]]]:
 
 
 ALL = blocks(README.read_text())
+GUIDES = [REPO / "docs" / "book" / "src" / name for name in ("guide-agents.md", "guide-rl.md")]
 
 
 def test_every_block_runs_or_says_why_not():
@@ -79,3 +81,25 @@ def test_python_block(line: int, code: str, corral_url: str):
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, f"README.md:{line} failed ({out.returncode}):\n{code}\n{out.stdout}\n{out.stderr}"
     assert out.stdout.strip(), f"README.md:{line} printed nothing"
+
+
+GUIDE_BLOCKS = [
+    (f"{path.name}:{line}", code)
+    for path in GUIDES
+    for line, lang, code, skip in blocks(path.read_text())
+    if lang == "python" and skip is None
+]
+
+
+def test_the_guides_have_examples():
+    assert len(GUIDE_BLOCKS) >= len(GUIDES), GUIDE_BLOCKS
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("where,code", GUIDE_BLOCKS, ids=lambda v: v if ":" in v and "\n" not in v else "")
+def test_guide_python_block(where: str, code: str, corral_url: str):
+    env = dict(os.environ, CORRAL_URL=corral_url)
+    env.pop("CORRAL_TOKEN", None)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, f"{where} failed ({out.returncode}):\n{code}\n{out.stdout}\n{out.stderr}"
+    assert out.stdout.strip(), f"{where} printed nothing"
