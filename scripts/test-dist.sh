@@ -3,8 +3,8 @@
 # 1. installs the wheels into a new venv with cargo's target dir and
 #    ~/.cargo/bin off PATH (no Rust toolchain to be found), runs
 #    `corral run` on the daemon, starts the venv's `corral serve` in the
-#    background on a free port and runs the quickstart example
-#    (examples/python/quickstart.py) through it;
+#    background on a free port and runs the README's first Python example
+#    and the quickstart example (examples/python/quickstart.py) through it;
 # 2. builds the service image from the binary the wheel installed
 #    (scripts/build-service-image.sh --binary), runs it against the host's
 #    daemon socket on a free port with a token, runs the example through it
@@ -103,6 +103,20 @@ quickstart() {
   grep -q '^hello from ' "$work/quickstart.out" || { echo "test-dist: the example printed no greeting" >&2; exit 1; }
   sed -n 's/^sandbox .* (container \([0-9a-f]*\),.*/\1/p' "$work/quickstart.out"
 }
+# The README's first Python example, as a new user pastes it: the first
+# fenced python block of README.md, run by the venv's Python.
+echo "== README.md's first Python example through the wheel's corral serve"
+python - "$root/README.md" >"$work/readme.py" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+m = re.search(r"^```python\n(.*?)^```", text, re.S | re.M)
+if not m:
+    sys.exit("test-dist: README.md has no python block")
+print(m.group(1), end="")
+PY
+timeout 180 python "$work/readme.py" >"$work/readme.out" || { echo "test-dist: README.md's first Python example failed" >&2; exit 1; }
+cat "$work/readme.out"
+grep -q '^3 hello' "$work/readme.out" || { echo "test-dist: README.md's first Python example printed no '3 hello'" >&2; exit 1; }
 container=$(quickstart)
 
 kill -TERM "$serve_pid"
