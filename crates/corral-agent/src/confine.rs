@@ -13,7 +13,15 @@
 //!   default, which ZeroMQ sets on its own threads by tid);
 //! - `setpriority` and `ioprio_set` for anything but the caller (which
 //!   "process", who 0), since "every process of my user" includes PID 1;
-//! - `ptrace`, `process_vm_readv` and `process_vm_writev` outright.
+//! - `ptrace`, `process_vm_readv` and `process_vm_writev` outright;
+//! - any signal to PID 1: `kill`, `tkill`, `rt_sigqueueinfo` and
+//!   `pidfd_open` with pid 1, `tgkill` and `rt_tgsigqueueinfo` with thread
+//!   group 1. Linux already drops a signal from inside the PID namespace
+//!   that its init has no handler for, SIGKILL and SIGSTOP included, but
+//!   gVisor delivers them (a command's `kill -KILL 1` ended the sandbox);
+//!   refused here, a command gets the same answer under both. A `tkill`
+//!   aimed at another of the agent's threads by its thread id is not
+//!   covered (the filter cannot tell the caller's threads from the agent's).
 //!
 //! The filter is built for the x86_64 system-call ABI: a call through the
 //! i386 ABI (`int 0x80`) kills the calling process (so 32-bit programs do
@@ -38,6 +46,9 @@ use seccompiler::{
 const PRIO_PROCESS: u64 = 0;
 /// `which` of ioprio_set(2) for a single process.
 const IOPRIO_WHO_PROCESS: u64 = 1;
+
+/// The agent's pid in its sandbox.
+const AGENT_PID: u64 = 1;
 
 static FILTER: OnceLock<Option<Vec<BpfProgram>>> = OnceLock::new();
 
@@ -262,6 +273,17 @@ fn build() -> Result<BpfProgram, String> {
             rule(vec![cond(1, SeccompCmpOp::Ne, 0)?])?,
         ],
     );
+    // Signals to PID 1 (the agent), by pid or by thread group.
+    for nr in [
+        libc::SYS_kill,
+        libc::SYS_tkill,
+        libc::SYS_tgkill,
+        libc::SYS_rt_sigqueueinfo,
+        libc::SYS_rt_tgsigqueueinfo,
+        libc::SYS_pidfd_open,
+    ] {
+        rules.insert(nr, vec![rule(vec![cond(0, SeccompCmpOp::Eq, AGENT_PID)?])?]);
+    }
     // Refused outright.
     for nr in [
         libc::SYS_ptrace,
