@@ -13,7 +13,10 @@
 //!   default, which ZeroMQ sets on its own threads by tid);
 //! - `setpriority` and `ioprio_set` for anything but the caller (which
 //!   "process", who 0), since "every process of my user" includes PID 1;
-//! - `ptrace`, `process_vm_readv` and `process_vm_writev` outright.
+//! - `ptrace`, `process_vm_readv` and `process_vm_writev` outright;
+//! - `kill`, `tkill`, `tgkill`, `rt_sigqueueinfo`, `rt_tgsigqueueinfo`
+//!   and `pidfd_open` aimed at pid 1, the agent (gVisor, unlike Linux,
+//!   lets a namespace's own processes SIGKILL its init).
 //!
 //! The filter is built for the x86_64 system-call ABI: a call through the
 //! i386 ABI (`int 0x80`) kills the calling process (so 32-bit programs do
@@ -262,6 +265,23 @@ fn build() -> Result<BpfProgram, String> {
             rule(vec![cond(1, SeccompCmpOp::Ne, 0)?])?,
         ],
     );
+    // Signals aimed at PID 1, the agent. Under runc the kernel shields a
+    // PID namespace's init from its own namespace's signals it has no
+    // handler for; gVisor delivers SIGKILL to it regardless, which ended
+    // the agent and the sandbox. Refusing the calls works under both:
+    // `kill`, `tkill`, `rt_sigqueueinfo` and `pidfd_open` name the target
+    // in the first argument, `tgkill` and `rt_tgsigqueueinfo` the thread
+    // group in the first too.
+    for nr in [
+        libc::SYS_kill,
+        libc::SYS_tkill,
+        libc::SYS_tgkill,
+        libc::SYS_rt_sigqueueinfo,
+        libc::SYS_rt_tgsigqueueinfo,
+        libc::SYS_pidfd_open,
+    ] {
+        rules.insert(nr, vec![rule(vec![cond(0, SeccompCmpOp::Eq, 1)?])?]);
+    }
     // Refused outright.
     for nr in [
         libc::SYS_ptrace,

@@ -28,12 +28,6 @@ const BROKEN_UNDER_GVISOR: &[(&str, &str)] = &[
     ("trust-exclusive", GVISOR_PROC1_FD),
     ("trust-pid1", GVISOR_PROC1_FD),
     (
-        "trust-signals",
-        "KNOWN BROKEN under gVisor, SECURITY: a command's SIGKILL to PID 1 ends the agent \
-         (gVisor does not shield a PID namespace's init from it; the sandbox stops with \
-         137): a failing command becomes container_lost",
-    ),
-    (
         "trust-stop-spawn",
         "KNOWN BROKEN under gVisor: a child stopped before exec holds the agent's spawn \
          (the watchdog does not free it): the command ends as agent_error",
