@@ -13,7 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-docker.sh
-# gVisor: the engine contract also runs under runsc (crates/corral-docker/tests/contract_gvisor.rs).
+# gVisor: the engine contract and the trust attacks under runsc
+# (contract_gvisor.rs, trust_gvisor.rs) are .ci/run's own step, not this run's.
 scripts/ensure-gvisor.sh >/dev/null
 # --net: the egress tests' sandbox and "internet" image (crates/corral-docker/tests/egress.rs);
 # --python: the code-interpreter tests' image with a Jupyter kernel (clients/python/tests/test_code.py, test_e2b_code.py).
