@@ -243,21 +243,34 @@ def test_code_in_one_sandbox_cannot_reach_another_sandboxes_kernel(e2b_server: s
         port_list = json.loads(ports.text)
         addr = a.run_code("import socket\nsocket.gethostbyname(socket.gethostname())").text.strip("'")
         assert json.loads(a.run_code("c['ip']").text.replace("'", '"')) == "127.0.0.1"
+        # b's own kernel listens on b's loopback on ports of its own; one of
+        # them can carry the number of one of a's (both are picked at
+        # random), and connecting to it reaches b's kernel, not a's. So on
+        # 127.0.0.1 the probe in b skips the ports b's own connection file
+        # names; every other port of a's must be closed.
+        own = (
+            "import glob, json\n"
+            "own = set()\n"
+            "for f in glob.glob('/tmp/corral-kernel-*/connection.json'):\n"
+            "    c = json.load(open(f))\n"
+            "    own |= {c[k] for k in ('shell_port', 'iopub_port', 'control_port', 'stdin_port', 'hb_port')}\n"
+        )
         probe = (
             "import socket\nres = []\n"
             f"for host in ['127.0.0.1', {addr!r}]:\n"
             f"    for p in {port_list!r}:\n"
+            "        if host == '127.0.0.1' and p in own: continue\n"
             "        s = socket.socket(); s.settimeout(2)\n"
             "        try:\n            s.connect((host, p)); res.append((host, p, 'open'))\n"
             "        except OSError as e:\n            res.append((host, p, type(e).__name__))\n"
             "        finally:\n            s.close()\n"
             "[r for r in res if r[2] == 'open']"
         )
-        ex = b.run_code(probe, timeout=120)
+        ex = b.run_code(own + probe, timeout=120)
         assert ex.error is None, ex.error
         assert ex.text == "[]", f"reachable from another sandbox: {ex.text}"
         # Inside a, the same probe reaches its own kernel on loopback (the probe works).
-        assert a.run_code(probe.replace(repr(addr), "'127.0.0.1'"), timeout=120).text != "[]"
+        assert a.run_code("own = set()\n" + probe.replace(repr(addr), "'127.0.0.1'"), timeout=120).text != "[]"
     finally:
         a.kill()
         b.kill()
