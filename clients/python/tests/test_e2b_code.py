@@ -233,12 +233,13 @@ def test_code_in_one_sandbox_cannot_reach_another_sandboxes_kernel(e2b_server: s
     a = Sandbox.create(timeout=120)
     b = Sandbox.create(timeout=120)
     try:
-        # a's kernel ports, as code inside a sees them (its own connection file).
-        ports = a.run_code(
+        # A sandbox's kernel ports, as code inside it sees them (its own connection file).
+        kernel_ports = (
             "import glob, json\n"
             "c = json.load(open(glob.glob('/tmp/corral-kernel-*/connection.json')[0]))\n"
             "[c[k] for k in ('shell_port', 'iopub_port', 'control_port', 'stdin_port', 'hb_port')]"
         )
+        ports = a.run_code(kernel_ports)
         assert ports.error is None, ports.error
         port_list = json.loads(ports.text)
         addr = a.run_code("import socket\nsocket.gethostbyname(socket.gethostname())").text.strip("'")
@@ -246,31 +247,29 @@ def test_code_in_one_sandbox_cannot_reach_another_sandboxes_kernel(e2b_server: s
         # b's own kernel listens on b's loopback on ports of its own; one of
         # them can carry the number of one of a's (both are picked at
         # random), and connecting to it reaches b's kernel, not a's. So on
-        # 127.0.0.1 the probe in b skips the ports b's own connection file
-        # names; every other port of a's must be closed.
-        own = (
-            "import glob, json\n"
-            "own = set()\n"
-            "for f in glob.glob('/tmp/corral-kernel-*/connection.json'):\n"
-            "    c = json.load(open(f))\n"
-            "    own |= {c[k] for k in ('shell_port', 'iopub_port', 'control_port', 'stdin_port', 'hb_port')}\n"
-        )
-        probe = (
-            "import socket\nres = []\n"
-            f"for host in ['127.0.0.1', {addr!r}]:\n"
-            f"    for p in {port_list!r}:\n"
-            "        if host == '127.0.0.1' and p in own: continue\n"
-            "        s = socket.socket(); s.settimeout(2)\n"
-            "        try:\n            s.connect((host, p)); res.append((host, p, 'open'))\n"
-            "        except OSError as e:\n            res.append((host, p, type(e).__name__))\n"
-            "        finally:\n            s.close()\n"
-            "[r for r in res if r[2] == 'open']"
-        )
-        ex = b.run_code(own + probe, timeout=120)
+        # 127.0.0.1 the probe in b skips b's own kernel ports; every other
+        # port of a's must be closed.
+        b_ports = b.run_code(kernel_ports)
+        assert b_ports.error is None, b_ports.error
+
+        def probe(hosts: list, skip_on_loopback: list) -> str:
+            return (
+                "import socket\nres = []\n"
+                f"for host in {hosts!r}:\n"
+                f"    for p in {port_list!r}:\n"
+                f"        if host == '127.0.0.1' and p in {skip_on_loopback!r}: continue\n"
+                "        s = socket.socket(); s.settimeout(2)\n"
+                "        try:\n            s.connect((host, p)); res.append((host, p, 'open'))\n"
+                "        except OSError as e:\n            res.append((host, p, type(e).__name__))\n"
+                "        finally:\n            s.close()\n"
+                "[r for r in res if r[2] == 'open']"
+            )
+
+        ex = b.run_code(probe(["127.0.0.1", addr], json.loads(b_ports.text)), timeout=120)
         assert ex.error is None, ex.error
         assert ex.text == "[]", f"reachable from another sandbox: {ex.text}"
         # Inside a, the same probe reaches its own kernel on loopback (the probe works).
-        assert a.run_code("own = set()\n" + probe.replace(repr(addr), "'127.0.0.1'"), timeout=120).text != "[]"
+        assert a.run_code(probe(["127.0.0.1"], []), timeout=120).text != "[]"
     finally:
         a.kill()
         b.kill()
