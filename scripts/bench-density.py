@@ -76,26 +76,25 @@ def binary(given: Optional[str]) -> str:
 # -- what a process costs ------------------------------------------------------
 
 
-def rss_kb(pid: int) -> int:
+def proc_kb(path: str, field: str) -> int:
+    """The kB value of ``field:`` in a /proc file, 0 when it cannot be read."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     except OSError:
         pass
     return 0
+
+
+def rss_kb(pid: int) -> int:
+    return proc_kb(f"/proc/{pid}/status", "VmRSS")
 
 
 def pss_kb(pid: int) -> int:
     """Proportional set size: shared pages (the shim's binary) split among
     the processes sharing them, so a sum over shims is what they cost."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    return proc_kb(f"/proc/{pid}/smaps_rollup", "Pss")
 
 
 def fds(pid: int) -> int:

@@ -233,15 +233,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if server is not None:
             server.close()
 
-    if server is not None:
-        left = subprocess.run(
-            ["docker", "ps", "-aq", "--filter", f"label={run_label}"], capture_output=True, text=True
-        ).stdout.split()
-        if left:
-            subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
-            print(f"bench-python: containers left behind (removed): {left}", file=sys.stderr)
-            return 1
-        print("leak check: no container left")
+    if server is not None and not no_leak(run_label):
+        return 1
     return status
 
 
@@ -320,15 +313,21 @@ def code_main(args: argparse.Namespace) -> int:
             sb.delete()
         client.close()
         server.close()
+    return status if no_leak(run_label) else 1
+
+
+def no_leak(run_label: str) -> bool:
+    """True when no container of this run is left; removes (and names) any
+    that is."""
     left = subprocess.run(
         ["docker", "ps", "-aq", "--filter", f"label={run_label}"], capture_output=True, text=True
     ).stdout.split()
     if left:
         subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
         print(f"bench-python: containers left behind (removed): {left}", file=sys.stderr)
-        return 1
+        return False
     print("leak check: no container left")
-    return status
+    return True
 
 
 def cpu_seconds_of(pid: int) -> float:
@@ -453,15 +452,7 @@ def throughput_main(args: argparse.Namespace) -> int:
         status = 1
     finally:
         server.close()
-    left = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label={run_label}"], capture_output=True, text=True
-    ).stdout.split()
-    if left:
-        subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
-        print(f"bench-python: containers left behind (removed): {left}", file=sys.stderr)
-        return 1
-    print("leak check: no container left")
-    return status
+    return status if no_leak(run_label) else 1
 
 
 if __name__ == "__main__":
