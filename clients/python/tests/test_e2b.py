@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 import uuid
-from typing import Dict, Iterator, List
+from typing import Awaitable, Callable, Dict, Iterator, List
 
 import httpx
 import pytest
@@ -94,6 +94,28 @@ def _garbage_collected_inside_the_pool_lock() -> Iterator[None]:
         yield
     finally:
         pool.ConnectionPool._assign_requests_to_connections = assign
+
+
+def run_on_a_new_loop(main: Callable[[], Awaitable[None]]) -> None:
+    """``asyncio.run(main())`` for a test's async SDK calls.
+
+    SDKs before pyqwest (2.7.0 among them) keep one async transport for the
+    whole process (``AsyncTransportWithLogger.singleton``), and its pooled
+    connections belong to the event loop that opened them. A second
+    ``asyncio.run`` in the same process then closes a stale connection on
+    the first, closed, loop (``RuntimeError: Event loop is closed``), so the
+    second async test on a pytest worker failed whenever the first had run
+    there. A user's program that calls ``asyncio.run`` once never meets this;
+    a test per loop drops the process-wide transport first.
+    """
+    try:
+        from e2b.api.client_async import AsyncTransportWithLogger
+    except ImportError:
+        pass
+    else:
+        if hasattr(AsyncTransportWithLogger, "singleton"):
+            AsyncTransportWithLogger.singleton = None
+    asyncio.run(main())
 
 
 @contextlib.contextmanager
@@ -512,7 +534,7 @@ def test_pty_async(e2b_server: Dict[str, str]) -> None:
         finally:
             assert await sandbox.kill() is True
 
-    asyncio.run(main())
+    run_on_a_new_loop(main)
 
 
 def test_user_is_the_sandboxs_own_or_refused_by_name(sbx: Sandbox) -> None:
@@ -754,4 +776,4 @@ def test_async_sdk(e2b_server: Dict[str, str]) -> None:
             assert await sandbox.kill() is True
         assert not await sandbox.is_running()
 
-    asyncio.run(main())
+    run_on_a_new_loop(main)
