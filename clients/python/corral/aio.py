@@ -25,7 +25,7 @@ import os
 import json as _json
 import asyncio
 from types import TracebackType
-from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Type, Union
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Tuple, Type, Union
 # unasync: async only
 from typing import Generator
 # unasync: end
@@ -636,6 +636,8 @@ class AsyncSandbox:
         max_output: Optional[int] = None,
         wait_for_output: bool = False,
         raise_on_failure: bool = True,
+        pty: Optional[Tuple[int, int]] = None,
+        interactive: bool = False,
     ) -> "AsyncCommandStream":
         """Run a command, yielding its output as it comes::
 
@@ -649,6 +651,18 @@ class AsyncSandbox:
         as ``.result`` of the returned stream). A failure raises its typed
         exception in place of the ``result`` event unless
         ``raise_on_failure=False``. ``wait_for_output`` is as for :meth:`run`.
+
+        ``pty=(cols, rows)`` runs the command on a terminal of that size (its
+        output, stdout and stderr merged as a terminal shows them, comes as
+        ``stdout``); ``interactive=True`` (implied by ``pty``) keeps its stdin
+        open: its first event is ``started``, and from then until its
+        ``result``, :meth:`AsyncCommandStream.send_stdin`, ``resize``,
+        ``signal`` and ``close_stdin`` reach it::
+
+            with sb.stream("python3 -q", pty=(80, 24)) as s:
+                for ev in s:
+                    if ">>> " in ev.text:
+                        s.send_stdin("exit()\r")
         """
         body = _core.exec_body(
             cmd,
@@ -659,6 +673,11 @@ class AsyncSandbox:
             max_output=max_output,
             wait_for_output=wait_for_output,
         )
+        if pty is not None:
+            cols, rows = pty
+            body["pty"] = {"cols": cols, "rows": rows}
+        if interactive:
+            body["interactive"] = True
         return AsyncCommandStream(self, body, timeout, raise_on_failure)
 
     # -- code contexts -----------------------------------------------------
@@ -1046,6 +1065,9 @@ class AsyncCommandStream:
         self._raise = raise_on_failure
         self._response: Optional[httpx.Response] = None
         self._started = False
+        #: Names the running command for its input (an interactive or pty
+        #: stream, once its ``started`` event arrived).
+        self.handle: Optional[str] = None
 
     async def _open(self) -> httpx.Response:
         c = self.sandbox.client
@@ -1110,12 +1132,48 @@ class AsyncCommandStream:
 
     def _event(self, event: str, data: str) -> Optional[StreamEvent]:
         kind, payload = _core.stream_event(event, data)
+        if kind == "started" and isinstance(payload, Mapping):
+            self.handle = str(payload.get("handle", "")) or None
+            return StreamEvent(kind="started")
         ev = _to_event(kind, payload)
         if ev is not None and ev.result is not None:
             self.result = ev.result
             if self._raise:
                 ev.result.raise_for_failure()
         return ev
+
+    async def _input(self, body: Dict[str, Any]) -> None:
+        if self.handle is None:
+            raise RuntimeError(
+                "no input before the stream's started event: start it with interactive=True or pty=(cols, rows),"
+                " and iterate it until its first event"
+            )
+        await self.sandbox.client.request(
+            "POST", self.sandbox._path("exec", seg(self.handle), "input"), json=body
+        )
+
+    async def send_stdin(self, data: Union[str, bytes]) -> None:
+        """Sends ``data`` to the running command's stdin (on a terminal:
+        keystrokes, ``"\r"`` ends a line and ``"\x03"`` is Ctrl-C)."""
+        if isinstance(data, bytes):
+            import base64 as _b64
+
+            await self._input({"data_base64": _b64.b64encode(data).decode("ascii")})
+        else:
+            await self._input({"data": data})
+
+    async def close_stdin(self) -> None:
+        """Closes the command's stdin (not on a terminal: send ``"\x04"``)."""
+        await self._input({"eof": True})
+
+    async def resize(self, cols: int, rows: int) -> None:
+        """Resizes the command's terminal; its foreground job gets SIGWINCH."""
+        await self._input({"resize": {"cols": cols, "rows": rows}})
+
+    async def signal(self, signal: int) -> None:
+        """Sends ``signal`` (a number: 2 SIGINT, 15 SIGTERM) to the command's
+        process group."""
+        await self._input({"signal": signal})
 
     async def aclose(self) -> None:
         if self._response is not None:

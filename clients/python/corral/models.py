@@ -331,7 +331,8 @@ class StreamEvent:
 
     ``kind`` is ``stdout`` or ``stderr`` for an output chunk (``text`` as
     UTF-8, lossy; ``data`` the exact bytes) and ``result`` for the last event
-    (``result`` set).
+    (``result`` set). An interactive or terminal stream begins with
+    ``started``: its input is open from then on.
     """
 
     kind: str

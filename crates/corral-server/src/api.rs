@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -80,6 +80,16 @@ struct Shared {
     /// Where port links are served, once `serve` has bound the port-link
     /// listener; before that (a router without it) no link is handed out.
     port_origin: std::sync::OnceLock<crate::port_links::PortOrigin>,
+    /// Interactive commands running on an `exec/stream`, by sandbox key and
+    /// handle: what `exec/{handle}/input` reaches.
+    interactive: Mutex<BTreeMap<(String, u64), Interactive>>,
+    next_handle: AtomicU64,
+}
+
+/// An interactive streamed command's input side.
+struct Interactive {
+    stdin: corral::StdinWriter,
+    on_terminal: bool,
 }
 
 #[derive(Clone)]
@@ -139,6 +149,8 @@ impl AppState {
                 ceilings,
                 port_key: crate::port_links::PortKey::new(),
                 port_origin: std::sync::OnceLock::new(),
+                interactive: Mutex::new(BTreeMap::new()),
+                next_handle: AtomicU64::new(1),
             }),
         }
     }
@@ -188,6 +200,14 @@ impl AppState {
     /// Refuses new work from now on (requests in flight go on).
     pub fn close(&self) {
         self.inner.closing.store(true, Ordering::Release);
+    }
+
+    fn interactive(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, u64), Interactive>> {
+        // Plain map updates: a panic cannot leave one half-done.
+        self.inner
+            .interactive
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     fn sessions(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Meta>> {
@@ -446,6 +466,21 @@ fn command(req: ExecRequest, c: &Ceilings) -> Result<CommandSpec, ApiError> {
     cmd.cwd = req.cwd;
     cmd.exclusive = req.exclusive;
     cmd.wait_for_output = req.wait_for_output;
+    if let Some(size) = req.pty {
+        let size = corral_core::PtySize {
+            cols: size.cols,
+            rows: size.rows,
+        };
+        size.validate().map_err(|m| {
+            let field = if m.starts_with("invalid pty.cols") {
+                "pty.cols"
+            } else {
+                "pty.rows"
+            };
+            ApiError::invalid(field, m)
+        })?;
+        cmd.pty = Some(size);
+    }
     for (name, value) in req.env {
         if name.is_empty() || name.contains('=') || name.contains('\0') {
             return Err(ApiError::invalid(
@@ -950,6 +985,12 @@ async fn exec(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> Result<(Reservation, Json<CommandOutcome>), ApiError> {
+    if req.interactive {
+        return Err(ApiError::invalid(
+            "interactive",
+            "interactive true is only for POST /v1/sandboxes/{id}/exec/stream (input needs a running stream)",
+        ));
+    }
     let cmd = command(req, s.ceilings())?;
     let held = s.ceilings().exec(&cmd, false)?;
     let (result, sandbox_id) = match s.leased(&caller, &id).await? {
@@ -990,7 +1031,12 @@ async fn exec_stream(
     ),
     ApiError,
 > {
-    let cmd = command(req, s.ceilings())?;
+    let interactive = req.interactive || req.pty.is_some();
+    let mut cmd = command(req, s.ceilings())?;
+    if interactive && cmd.stdin.is_none() {
+        // A pipe for the input to come; none would be an immediate EOF.
+        cmd.stdin = Some(Vec::new());
+    }
     // Held by the response body (chunks a slow reader has not taken) and
     // by the task below (the output it gathers), until both are done.
     let held = s.ceilings().exec(&cmd, true)?;
@@ -1022,13 +1068,31 @@ async fn exec_stream(
             Ok(execution) => {
                 // `exec` opens the stdin pipe; the bytes are ours to send,
                 // as `Sandbox::run` sends them (else the command never sees
-                // its stdin, nor EOF).
+                // its stdin, nor EOF). An interactive command's stays open
+                // for `exec/{handle}/input`.
                 if let Some(bytes) = &cmd.stdin {
-                    if execution.write_stdin(bytes).await.is_ok() {
+                    let sent = bytes.is_empty() || execution.write_stdin(bytes).await.is_ok();
+                    if sent && !interactive {
                         let _ = execution.close_stdin().await;
                     }
                 }
                 let control = execution.stdin();
+                let handle = interactive.then(|| {
+                    let n = s.inner.next_handle.fetch_add(1, Ordering::Relaxed);
+                    s.interactive().insert(
+                        (sandbox_id.clone(), n),
+                        Interactive {
+                            stdin: execution.stdin(),
+                            on_terminal: cmd.pty.is_some(),
+                        },
+                    );
+                    if let Ok(event) = Event::default().event("started").json_data(StreamStarted {
+                        handle: n.to_string(),
+                    }) {
+                        let _ = tx.send(Ok(event));
+                    }
+                    n
+                });
                 let output = tx.clone();
                 let wait = execution.wait_with(move |stream, bytes| {
                     let name = match stream {
@@ -1045,7 +1109,7 @@ async fn exec_stream(
                     }
                 });
                 tokio::pin!(wait);
-                tokio::select! {
+                let result = tokio::select! {
                     result = &mut wait => result,
                     () = tx.closed() => {
                         // The client closed the stream (the response body
@@ -1056,7 +1120,11 @@ async fn exec_stream(
                         }
                         wait.await
                     }
+                };
+                if let Some(n) = handle {
+                    s.interactive().remove(&(sandbox_id.clone(), n));
                 }
+                result
             }
         };
         s.inner.metrics.command("stream", &result);
@@ -1073,6 +1141,114 @@ async fn exec_stream(
         held,
         Sse::new(UnboundedReceiverStream::new(rx)).keep_alive(KeepAlive::default()),
     ))
+}
+
+/// Send input, a resize or a signal to an interactive command running on an
+/// `exec/stream` (one started with `interactive` or `pty`), named by the
+/// `handle` of its stream's `started` event. Answers 204 once the sandbox's
+/// agent has it; 404 once the command has ended (or for another's sandbox).
+#[utoipa::path(
+    post, path = "/v1/sandboxes/{id}/exec/{handle}/input", tag = "commands",
+    params(
+        ("id" = String, Path, description = "Sandbox id"),
+        ("handle" = String, Path, description = "The `handle` of the stream's `started` event"),
+    ),
+    request_body = ExecInput,
+    responses(
+        (status = 204, description = "Sent"),
+        (status = 400, description = "A bad field, named in `field`", body = ErrorBody),
+        (status = 404, description = "No such sandbox, or no such running command in it", body = ErrorBody),
+        (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody), (status = 415, description = "A JSON body not sent as application/json", body = ErrorBody),
+    )
+)]
+async fn exec_input(
+    State(s): State<AppState>,
+    Caller(caller): Caller,
+    Path((id, handle)): Path<(String, String)>,
+    JsonBody(req): JsonBody<ExecInput>,
+) -> Result<StatusCode, ApiError> {
+    let data = match (req.data, req.data_base64) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "data",
+                "give either data or data_base64, not both",
+            ))
+        }
+        (Some(t), None) => Some(t.into_bytes()),
+        (None, Some(b)) => Some(
+            base64::engine::general_purpose::STANDARD
+                .decode(b.trim())
+                .map_err(|e| ApiError::invalid("data_base64", format!("not base64: {e}")))?,
+        ),
+        (None, None) => None,
+    };
+    if let Some(len) = data.as_ref().map(Vec::len) {
+        s.ceilings().stdin("data", len as u64)?;
+    }
+    let size = match req.resize {
+        None => None,
+        Some(size) => {
+            let size = corral_core::PtySize {
+                cols: size.cols,
+                rows: size.rows,
+            };
+            size.validate().map_err(|m| {
+                let field = if m.starts_with("invalid pty.cols") {
+                    "resize.cols"
+                } else {
+                    "resize.rows"
+                };
+                ApiError::invalid(field, m.replacen("pty.", "resize.", 1))
+            })?;
+            Some(size)
+        }
+    };
+    let gone = || {
+        let mut e = ApiError::not_found(format!(
+            "no running interactive command '{handle}' in sandbox '{id}' (it ended, or its stream was closed)"
+        ));
+        e.detail.field = Some("handle".into());
+        e
+    };
+    let n: u64 = handle.parse().map_err(|_| gone())?;
+    // The same owner check as every command: another's sandbox is absent.
+    let key = match s.leased(&caller, &id).await? {
+        Leased::Live(lease) => lease.id().to_string(),
+        Leased::Lost(_) => return Err(gone()),
+    };
+    let (stdin, on_terminal) = match s.interactive().get(&(key, n)) {
+        Some(i) => (i.stdin.clone(), i.on_terminal),
+        None => return Err(gone()),
+    };
+    if size.is_some() && !on_terminal {
+        return Err(ApiError::invalid(
+            "resize",
+            format!("command '{handle}' does not run on a terminal (start it with pty)"),
+        ));
+    }
+    if req.eof && on_terminal {
+        return Err(ApiError::invalid(
+            "eof",
+            "eof true would hang the terminal up; send \"\\u0004\" (Ctrl-D) as data instead",
+        ));
+    }
+    let sent = async {
+        if let Some(size) = size {
+            stdin.resize(size).await?;
+        }
+        if let Some(bytes) = data.filter(|d| !d.is_empty()) {
+            stdin.write(&bytes).await?;
+        }
+        if req.eof {
+            stdin.close().await?;
+        }
+        if let Some(signal) = req.signal {
+            stdin.signal(signal).await?;
+        }
+        Ok::<(), String>(())
+    };
+    sent.await.map_err(|_| gone())?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Run a command in a stateful shell session (created on first use).
@@ -1496,6 +1672,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(reset_sandbox))
         .routes(routes!(exec))
         .routes(routes!(exec_stream))
+        .routes(routes!(exec_input))
         .routes(routes!(code::run_code))
         .routes(routes!(code::create_context, code::list_contexts))
         .routes(routes!(code::delete_context))

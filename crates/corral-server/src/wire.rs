@@ -157,6 +157,61 @@ pub struct ExecRequest {
     /// main process's.
     #[serde(default)]
     pub wait_for_output: bool,
+    /// Run the command on a pseudo-terminal of this size: it leads a new
+    /// session with the terminal as its controlling terminal, its output
+    /// (stdout and stderr merged, as a terminal shows them) arrives as
+    /// `stdout`, and its input is keystrokes (`"\u0003"` is Ctrl-C).
+    /// `wait_for_output` does not apply.
+    pub pty: Option<TerminalSize>,
+    /// Only on `exec/stream`: keep the command's stdin open (after `stdin`,
+    /// if given) and take input, resizes and signals through
+    /// `POST /v1/sandboxes/{id}/exec/{handle}/input`; the stream's first
+    /// event is `started` with the `handle`. A `pty` command is always
+    /// interactive on a stream.
+    #[serde(default)]
+    pub interactive: bool,
+}
+
+/// A terminal's size in character cells.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TerminalSize {
+    /// Columns (width), 1 to 4096.
+    pub cols: u16,
+    /// Rows (height), 1 to 4096.
+    pub rows: u16,
+}
+
+/// The first event of an interactive command's stream (`started`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct StreamStarted {
+    /// Names the command in `POST /v1/sandboxes/{id}/exec/{handle}/input`
+    /// while it runs.
+    pub handle: String,
+}
+
+/// Input to an interactive command that runs on an `exec/stream`. The
+/// fields act in this order: `resize`, `data`/`data_base64`, `eof`,
+/// `signal`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecInput {
+    /// Text for its stdin; on a terminal, keystrokes (`"\r"` or `"\n"`
+    /// ends a line, `"\u0003"` interrupts, `"\u0004"` at a line's start
+    /// is end of input).
+    pub data: Option<String>,
+    /// Bytes for its stdin, base64; not with `data`.
+    pub data_base64: Option<String>,
+    /// Close its stdin after the data (not on a terminal, where `"\u0004"`
+    /// is end of input and closing would hang the terminal up).
+    #[serde(default)]
+    pub eof: bool,
+    /// The terminal's new size (a `pty` command only); its foreground
+    /// process group gets SIGWINCH.
+    pub resize: Option<TerminalSize>,
+    /// A signal number for the command's process group (2 SIGINT, 15
+    /// SIGTERM, 9 SIGKILL).
+    pub signal: Option<i32>,
 }
 
 /// A command in a shell session.
