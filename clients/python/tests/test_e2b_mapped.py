@@ -339,3 +339,75 @@ def test_network_options_async(internet: Dict[str, Any], loop: asyncio.AbstractE
 
     with e2b_service(defaults={"image": internet["image"]}, daemon={"egress_network": internet["network"]}):
         loop.run_until_complete(main())
+
+
+# -- snapshots and forks -------------------------------------------------------
+
+
+def _fork_bases(server: Dict[str, str]) -> list:
+    """The snapshots under E2B forks that corral still keeps (REST, as the
+    operator)."""
+    r = httpx.get(f"{server['corral']}/v1/snapshots", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+    assert r.status_code == 200, r.text
+    return [s["name"] for s in r.json()["snapshots"] if "e2b-fork-" in s["name"]]
+
+
+def test_snapshots_and_forks_are_corrals(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
+    if not hasattr(Sandbox, "fork"):
+        pytest.skip(f"e2b {e2b.__version__ if hasattr(e2b, '__version__') else ''} has no fork or snapshot API")
+    from test_e2b import OTHER_TOKEN
+    from e2b.exceptions import NotFoundException
+
+    sbx.files.write("/state.txt", "prepared")
+    info = sbx.create_snapshot()
+    sid = info.snapshot_id
+    try:
+        assert info.names == [sid]
+        mine = [s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items()]
+        assert sid in mine, mine
+        # Another tenant neither sees, forks nor deletes it.
+        theirs = [s.snapshot_id for s in Sandbox.list_snapshots(api_key=OTHER_TOKEN).next_items()]
+        assert sid not in theirs, theirs
+        assert Sandbox.delete_snapshot(sid, api_key=OTHER_TOKEN) is False
+        with pytest.raises(NotFoundException):
+            Sandbox._cls_fork_sandbox(sbx.sandbox_id, count=1, api_key=OTHER_TOKEN)  # type: ignore[attr-defined]
+        # To another tenant the name is no snapshot, only an image it may not run.
+        with pytest.raises(Exception, match="is not allowed: it is not on the daemon"):
+            Sandbox.create(sid, api_key=OTHER_TOKEN, timeout=60)
+
+        # A sandbox started from the snapshot has its file system.
+        child = Sandbox.create(sid, timeout=120)
+        try:
+            assert child.files.read("/state.txt") == "prepared"
+        finally:
+            child.kill()
+
+        # A fork: count sandboxes of the state now, each its own.
+        sbx.files.write("/state.txt", "forked")
+        forks = sbx.fork(count=2, timeout=120)
+        try:
+            assert len(forks) == 2 and all(isinstance(f, Sandbox) for f in forks), forks
+            assert len({f.sandbox_id for f in forks} | {sbx.sandbox_id}) == 3
+            for i, f in enumerate(forks):
+                assert f.files.read("/state.txt") == "forked"
+                f.files.write("/state.txt", f"fork {i}")
+            assert [f.files.read("/state.txt") for f in forks] == ["fork 0", "fork 1"]
+            assert sbx.files.read("/state.txt") == "forked"
+            assert sbx.is_running()
+        finally:
+            for f in forks:
+                if isinstance(f, Sandbox):
+                    f.kill()
+        # The snapshot under the forks is gone with them, and never listed.
+        assert _fork_bases(e2b_server) == []
+        assert all("e2b-fork-" not in s.snapshot_id for s in Sandbox.list_snapshots().next_items())
+
+        # What corral cannot do is refused by name.
+        with pytest.raises(SandboxException, match="memory"):
+            sbx.create_snapshot(mode="full")
+        with pytest.raises(SandboxException, match="count"):
+            Sandbox._cls_fork_sandbox(sbx.sandbox_id, count=0)  # type: ignore[attr-defined]
+    finally:
+        assert Sandbox.delete_snapshot(sid) is True
+    assert Sandbox.delete_snapshot(sid) is False
+    assert sid not in [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]

@@ -34,6 +34,7 @@ mod connect;
 mod control;
 mod filesystem;
 mod process;
+mod snapshots;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -66,6 +67,9 @@ const ENVD_PORT: &str = "49983";
 pub struct E2b {
     app: AppState,
     sandboxes: Arc<Mutex<HashMap<String, Arc<Entry>>>>,
+    /// Snapshots taken under forks, with their owners, until the engine
+    /// lets them go (`snapshots.rs`).
+    fork_bases: Arc<Mutex<Vec<(Principal, String)>>>,
 }
 
 /// One sandbox created through this front end.
@@ -111,6 +115,7 @@ impl E2b {
         E2b {
             app,
             sandboxes: Arc::new(Mutex::new(HashMap::new())),
+            fork_bases: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
@@ -171,6 +176,7 @@ impl E2b {
                 if let Err(e) = this.app.release(&owner, &id).await {
                     tracing::warn!(sandbox = %id, error = %e.detail.message, "cannot release an expired e2b sandbox");
                 }
+                this.sweep_fork_bases().await;
             }
         });
         let mut slot = lock(&entry.end);

@@ -152,41 +152,12 @@ pub(super) async fn take_snapshot(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<CreateSnapshot>,
 ) -> Result<(StatusCode, Json<SnapshotBody>), ApiError> {
-    let target = caller
-        .own_snapshot(&req.name)
-        .map_err(|e| ApiError::invalid("name", e.to_string()))?;
-    if !caller.may_snapshot(SnapshotAccess::Write, &target, s.inner.tenancy.sharing()) {
-        return Err(ApiError::forbidden(
-            "name",
-            format!(
-                "snapshot '{}' is not in your namespace: a snapshot is taken under a name of \
-                 your own",
-                req.name
-            ),
-        ));
-    }
-    let lease = s.lease(&caller, &id).await?;
-    check_snapshot_quota(&s, &caller, &target).await?;
     let opts = SnapshotOptions {
         durable: req.durable,
-        namespace: target.namespace.clone(),
+        namespace: None,
         kind: req.kind.map(Into::into),
     };
-    let info = lease
-        .snapshot(&target.name, opts)
-        .await
-        .map_err(|e| ApiError::runtime(&e, ""))?;
-    // Its size is known only now: one that takes the tenant over its byte
-    // quota is not kept.
-    if let Some((tenant, quota)) = s.inner.tenancy.quota(&caller) {
-        let (_, bytes) = tenant_snapshots(&s, &tenant, None).await?;
-        if let Err(e) = quota.snapshot_bytes(&tenant, bytes) {
-            if let Err(d) = s.inner.runtime.delete_snapshot(&target.to_string()).await {
-                tracing::warn!(snapshot = %target, error = %d, "removing a snapshot over quota failed");
-            }
-            return Err(ApiError::quota(&e));
-        }
-    }
+    let info = s.snapshot_as(&caller, &id, &req.name, opts).await?;
     Ok((
         StatusCode::CREATED,
         Json(SnapshotBody::new(&info, &caller, false)),
@@ -203,15 +174,11 @@ pub(super) async fn list_snapshots(
     State(s): State<AppState>,
     Caller(caller): Caller,
 ) -> Result<Json<SnapshotList>, ApiError> {
-    let all = all_snapshots(&s).await?;
-    let sharing = s.inner.tenancy.sharing();
-    let snapshots = all
+    let snapshots = s
+        .snapshots_of(&caller)
+        .await?
         .iter()
-        .filter(|i| caller.may_snapshot(SnapshotAccess::Read, &i.qualified(), sharing))
-        .map(|i| {
-            let writable = caller.may_snapshot(SnapshotAccess::Write, &i.qualified(), sharing);
-            SnapshotBody::new(i, &caller, !writable)
-        })
+        .map(|(i, read_only)| SnapshotBody::new(i, &caller, *read_only))
         .collect();
     Ok(Json(SnapshotList { snapshots }))
 }
@@ -242,21 +209,8 @@ pub(super) async fn delete_snapshot(
     Caller(caller): Caller,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    s.refuse_when_closing()?;
-    let (info, _) = find(&s, &caller, &name, SnapshotAccess::Write).await?;
-    let qualified = info.qualified().to_string();
-    match s.inner.runtime.delete_snapshot(&qualified).await {
-        Ok(()) => Ok(StatusCode::NO_CONTENT),
-        Err(Error::InvalidSpec(e)) if e.field == "snapshot" => {
-            // It existed a moment ago: in use, unless it just went away.
-            find(&s, &caller, &name, SnapshotAccess::Write).await?;
-            Err(conflict(
-                "name",
-                format!("snapshot '{name}' is not deleted: {}", e.reason),
-            ))
-        }
-        Err(e) => Err(ApiError::runtime(&e, "")),
-    }
+    s.delete_snapshot_as(&caller, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Start sandboxes from a snapshot, all or nothing: each has the
@@ -440,6 +394,99 @@ fn fork_keys(prefix: Option<&str>, count: usize) -> Result<Vec<String>, ApiError
         ));
     }
     Ok((0..count).map(|i| format!("{prefix}-{i}")).collect())
+}
+
+impl AppState {
+    /// Takes snapshot `name` of sandbox `id` in `caller`'s namespace (the
+    /// one way every front end snapshots): the caller's own sandbox, a
+    /// name of its own, within its tenant's snapshot quota.
+    pub(crate) async fn snapshot_as(
+        &self,
+        caller: &Principal,
+        id: &str,
+        name: &str,
+        opts: SnapshotOptions,
+    ) -> Result<SnapshotInfo, ApiError> {
+        let s = self;
+        let target = caller
+            .own_snapshot(name)
+            .map_err(|e| ApiError::invalid("name", e.to_string()))?;
+        if !caller.may_snapshot(SnapshotAccess::Write, &target, s.inner.tenancy.sharing()) {
+            return Err(ApiError::forbidden(
+                "name",
+                format!(
+                    "snapshot '{}' is not in your namespace: a snapshot is taken under a name of \
+                     your own",
+                    name
+                ),
+            ));
+        }
+        let lease = s.lease(caller, id).await?;
+        check_snapshot_quota(s, caller, &target).await?;
+        let opts = SnapshotOptions {
+            namespace: target.namespace.clone(),
+            ..opts
+        };
+        let info = lease
+            .snapshot(&target.name, opts)
+            .await
+            .map_err(|e| ApiError::runtime(&e, ""))?;
+        // Its size is known only now: one that takes the tenant over its byte
+        // quota is not kept.
+        if let Some((tenant, quota)) = s.inner.tenancy.quota(caller) {
+            let (_, bytes) = tenant_snapshots(s, &tenant, None).await?;
+            if let Err(e) = quota.snapshot_bytes(&tenant, bytes) {
+                if let Err(d) = s.inner.runtime.delete_snapshot(&target.to_string()).await {
+                    tracing::warn!(snapshot = %target, error = %d, "removing a snapshot over quota failed");
+                }
+                return Err(ApiError::quota(&e));
+            }
+        }
+        Ok(info)
+    }
+
+    /// Deletes `caller`'s snapshot `name` (refused, 409, while it is in
+    /// use).
+    pub(crate) async fn delete_snapshot_as(
+        &self,
+        caller: &Principal,
+        name: &str,
+    ) -> Result<(), ApiError> {
+        let s = self;
+        s.refuse_when_closing()?;
+        let (info, _) = find(s, caller, name, SnapshotAccess::Write).await?;
+        let qualified = info.qualified().to_string();
+        match s.inner.runtime.delete_snapshot(&qualified).await {
+            Ok(()) => Ok(()),
+            Err(Error::InvalidSpec(e)) if e.field == "snapshot" => {
+                // It existed a moment ago: in use, unless it just went away.
+                find(s, caller, name, SnapshotAccess::Write).await?;
+                Err(conflict(
+                    "name",
+                    format!("snapshot '{name}' is not deleted: {}", e.reason),
+                ))
+            }
+            Err(e) => Err(ApiError::runtime(&e, "")),
+        }
+    }
+
+    /// The snapshots `caller` may see (its own and those shared with it),
+    /// each with whether it may only read it.
+    pub(crate) async fn snapshots_of(
+        &self,
+        caller: &Principal,
+    ) -> Result<Vec<(SnapshotInfo, bool)>, ApiError> {
+        let all = all_snapshots(self).await?;
+        let sharing = self.inner.tenancy.sharing();
+        Ok(all
+            .into_iter()
+            .filter(|i| caller.may_snapshot(SnapshotAccess::Read, &i.qualified(), sharing))
+            .map(|i| {
+                let writable = caller.may_snapshot(SnapshotAccess::Write, &i.qualified(), sharing);
+                (i, !writable)
+            })
+            .collect())
+    }
 }
 
 #[cfg(test)]

@@ -48,6 +48,7 @@ pub(super) fn routes() -> axum::Router<E2b> {
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/resume", post(resume))
         .route("/sandboxes/{id}/metrics", get(metrics))
+        .merge(super::snapshots::routes())
 }
 
 /// An E2B API error: `{"code": STATUS, "message": ...}`.
@@ -83,7 +84,7 @@ pub(super) fn error(status: StatusCode, message: impl Into<String>) -> E2bError 
     }
 }
 
-fn api_error(e: ApiError) -> E2bError {
+pub(super) fn api_error(e: ApiError) -> E2bError {
     let message = match &e.detail.field {
         Some(f) if !e.detail.message.contains(f.as_str()) => format!("{f}: {}", e.detail.message),
         _ => e.detail.message.clone(),
@@ -95,19 +96,19 @@ fn api_error(e: ApiError) -> E2bError {
     }
 }
 
-fn not_found(id: &str) -> E2bError {
+pub(super) fn not_found(id: &str) -> E2bError {
     error(StatusCode::NOT_FOUND, format!("sandbox '{id}' not found"))
 }
 
 /// The caller of a control-plane request.
-fn caller(e2b: &E2b, headers: &HeaderMap) -> Result<Principal, E2bError> {
+pub(super) fn caller(e2b: &E2b, headers: &HeaderMap) -> Result<Principal, E2bError> {
     let server = &e2b.app.config().server;
     check_origin(server, headers)?;
     principal_of_key(server, headers)
 }
 
 /// A JSON body, naming the field at fault; an empty body is `{}`.
-fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, E2bError> {
+pub(super) fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, E2bError> {
     let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
         b"{}"
     } else {
@@ -146,7 +147,7 @@ struct NewSandbox {
     volume_mounts: Vec<Value>,
 }
 
-fn lifetime(field: &str, timeout: Option<u64>) -> Result<Duration, E2bError> {
+pub(super) fn lifetime(field: &str, timeout: Option<u64>) -> Result<Duration, E2bError> {
     match timeout.unwrap_or(DEFAULT_TIMEOUT_S) {
         0 => Err(error(
             StatusCode::BAD_REQUEST,
@@ -370,33 +371,69 @@ async fn create(
         }
         return Err(api_error(e));
     }
+    let entry = register(
+        &e2b,
+        Registered {
+            id,
+            owner,
+            template: req.template_id.clone(),
+            metadata: req.metadata,
+            envs: req.env_vars,
+            public,
+            auto_pause: req.auto_pause,
+        },
+        &headers,
+        life,
+    );
+    Ok((StatusCode::CREATED, Json(sandbox_json(&entry))).into_response())
+}
+
+/// What a sandbox started through this front end is registered with.
+pub(super) struct Registered {
+    pub(super) id: String,
+    pub(super) owner: Principal,
+    pub(super) template: String,
+    pub(super) metadata: BTreeMap<String, String>,
+    pub(super) envs: BTreeMap<String, String>,
+    pub(super) public: bool,
+    pub(super) auto_pause: bool,
+}
+
+/// Registers a sandbox just started (by a create or a fork) under its E2B
+/// id, with a fresh envd access token and its lifetime timer armed.
+pub(super) fn register(
+    e2b: &E2b,
+    r: Registered,
+    headers: &HeaderMap,
+    life: Duration,
+) -> Arc<Entry> {
     let now = SystemTime::now();
     let entry = Arc::new(Entry {
-        id: id.clone(),
-        owner,
-        template: req.template_id.clone(),
+        id: r.id.clone(),
+        owner: r.owner,
+        template: r.template,
         token: corral::host::random_hex(48),
-        metadata: req.metadata,
+        metadata: r.metadata,
         domain: headers
             .get("host")
             .and_then(|h| h.to_str().ok())
             .map(str::to_string),
-        envs: req.env_vars,
+        envs: r.envs,
         started_at: now,
         end: Mutex::new((now + life, None)),
         procs: Default::default(),
-        public,
-        auto_pause: req.auto_pause,
+        public: r.public,
+        auto_pause: r.auto_pause,
         paused: Default::default(),
         watchers: Default::default(),
     });
-    e2b.registry().insert(id.clone(), entry.clone());
+    e2b.registry().insert(r.id, entry.clone());
     e2b.arm_timer(&entry, now + life);
-    Ok((StatusCode::CREATED, Json(sandbox_json(&entry))).into_response())
+    entry
 }
 
 /// E2B's `Sandbox`: what create and connect answer.
-fn sandbox_json(e: &Entry) -> Value {
+pub(super) fn sandbox_json(e: &Entry) -> Value {
     json!({
         "templateID": e.template,
         "sandboxID": e.id,
@@ -684,7 +721,9 @@ async fn kill(
             let _ = lease.resume().await;
         }
     }
-    match e2b.app.release(&entry.owner, &id).await {
+    let released = e2b.app.release(&entry.owner, &id).await;
+    e2b.sweep_fork_bases().await;
+    match released {
         Ok(()) => Ok(StatusCode::NO_CONTENT.into_response()),
         Err(e) if e.status == StatusCode::NOT_FOUND => Err(not_found(&id)),
         Err(e) => Err(api_error(e)),
