@@ -451,7 +451,9 @@ def test_pty_create_send_stdin_resize_kill(e2b_server: Dict[str, str]) -> None:
                         return out[start:].decode(errors="replace")
             raise AssertionError(f"the terminal ended before {needle!r}: {bytes(out)!r}")
 
-        sandbox.pty.send_stdin(term.pid, b"echo $((6*7)); tty; stty size\n")
+        # A prompt that shows only when the shell reads again: its text as
+        # typed ("$((1+1))") differs from its expansion ("2").
+        sandbox.pty.send_stdin(term.pid, b"PS1='R$((1+1))> '; echo $((6*7)); tty; stty size\n")
         seen = until(b"24 80\r\n")
         assert "42\r\n" in seen and "/dev/pts/" in seen, seen
 
@@ -468,6 +470,10 @@ def test_pty_create_send_stdin_resize_kill(e2b_server: Dict[str, str]) -> None:
         sandbox.pty.send_stdin(term.pid, b"print(6*7)\n")
         until(b"42\r\n>>> ")
         sandbox.pty.send_stdin(term.pid, b"exit()\n")
+        # Type nothing until the shell reads again: what is typed while
+        # python3 exits can be half taken by it (the shell then ran a
+        # truncated line: "...: command not found", and the rest).
+        until(b"R2> ")
 
         # Ctrl-C interrupts the foreground command; the shell answers again.
         sandbox.pty.send_stdin(term.pid, b"sleep 100; echo $((1+1))slept\n")
