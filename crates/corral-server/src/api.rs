@@ -442,6 +442,28 @@ fn merge(base: &mut serde_json::Value, patch: serde_json::Value) {
     }
 }
 
+/// A terminal size from request field `field` (`pty` or `resize`), checked
+/// by [`corral_core::PtySize::validate`]; an error names `FIELD.cols` or
+/// `FIELD.rows`.
+fn terminal_size(field: &str, size: TerminalSize) -> Result<corral_core::PtySize, ApiError> {
+    let size = corral_core::PtySize {
+        cols: size.cols,
+        rows: size.rows,
+    };
+    size.validate().map_err(|m| {
+        let part = if m.starts_with("invalid pty.cols") {
+            "cols"
+        } else {
+            "rows"
+        };
+        ApiError::invalid(
+            format!("{field}.{part}"),
+            m.replacen("pty.", &format!("{field}."), 1),
+        )
+    })?;
+    Ok(size)
+}
+
 /// The command of an exec request, validated and within the ceilings.
 fn command(req: ExecRequest, c: &Ceilings) -> Result<CommandSpec, ApiError> {
     let mut cmd = match (req.command, req.argv) {
@@ -467,18 +489,7 @@ fn command(req: ExecRequest, c: &Ceilings) -> Result<CommandSpec, ApiError> {
     cmd.exclusive = req.exclusive;
     cmd.wait_for_output = req.wait_for_output;
     if let Some(size) = req.pty {
-        let size = corral_core::PtySize {
-            cols: size.cols,
-            rows: size.rows,
-        };
-        size.validate().map_err(|m| {
-            let field = if m.starts_with("invalid pty.cols") {
-                "pty.cols"
-            } else {
-                "pty.rows"
-            };
-            ApiError::invalid(field, m)
-        })?;
+        let size = terminal_size("pty", size)?;
         cmd.pty = Some(size);
     }
     for (name, value) in req.env {
@@ -1188,18 +1199,7 @@ async fn exec_input(
     let size = match req.resize {
         None => None,
         Some(size) => {
-            let size = corral_core::PtySize {
-                cols: size.cols,
-                rows: size.rows,
-            };
-            size.validate().map_err(|m| {
-                let field = if m.starts_with("invalid pty.cols") {
-                    "resize.cols"
-                } else {
-                    "resize.rows"
-                };
-                ApiError::invalid(field, m.replacen("pty.", "resize.", 1))
-            })?;
+            let size = terminal_size("resize", size)?;
             Some(size)
         }
     };
