@@ -202,6 +202,23 @@ def test_lifecycle_list_info_timeout_connect_kill(e2b_server: Dict[str, str]) ->
     assert not sandbox.is_running()
 
 
+def test_a_timeout_of_zero_ends_the_sandbox_now(e2b_server: Dict[str, str]) -> None:
+    # E2B's set_timeout(0) is "time out now"; it was refused as a bad value.
+    sandbox = Sandbox.create(timeout=300)
+    try:
+        sandbox.set_timeout(0)
+        for _ in range(200):
+            if not sandbox.is_running():
+                break
+            asyncio.run(asyncio.sleep(0.1))
+        assert not sandbox.is_running()
+        with pytest.raises(NotFoundException):
+            Sandbox.get_info(sandbox.sandbox_id)
+    finally:
+        with contextlib.suppress(Exception):
+            sandbox.kill()
+
+
 def test_a_sandbox_ends_when_its_timeout_passes(e2b_server: Dict[str, str]) -> None:
     sandbox = Sandbox.create(timeout=1)
     # The lifetime timer releases it; waiting on the SDK's own probe keeps
@@ -586,6 +603,35 @@ def test_files(sbx: Sandbox) -> None:
     assert sbx.commands.run("cat /work/sub/c.txt").stdout == "gamma"
 
 
+@pytest.fixture(scope="module")
+def workdir_image() -> str:
+    """An image whose WORKDIR is /home/user/work, built offline from the
+    busybox test image."""
+    name = "corral-test/e2b-workdir"
+    subprocess.run(["docker", "build", "-q", "-t", name, "-"], check=True, capture_output=True,
+                   input=b"FROM corral-test/busybox\nWORKDIR /home/user/work\n")
+    return name
+
+
+def test_relative_paths_are_where_commands_run(e2b_server: Dict[str, str], workdir_image: str) -> None:
+    # E2B's relative paths are the user's home, where its commands run; on
+    # corral, the sandbox's working directory (here the image's WORKDIR),
+    # for files and commands alike. They were taken from / for files.
+    sandbox = Sandbox.create(template=workdir_image, timeout=120)
+    try:
+        assert sandbox.commands.run("pwd").stdout.strip() == "/home/user/work"
+        sandbox.files.write("rel.txt", "relative")
+        assert sandbox.commands.run("cat /home/user/work/rel.txt").stdout == "relative"
+        sandbox.commands.run("echo made > made.txt")
+        assert sandbox.files.read("made.txt").strip() == "made"
+        sandbox.files.make_dir("d/e")
+        assert sandbox.files.exists("/home/user/work/d/e")
+        assert [e.name for e in sandbox.files.list("d")] == ["e"]
+        assert not sandbox.files.exists("/rel.txt")
+    finally:
+        sandbox.kill()
+
+
 def test_files_answer_as_envd_does(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
     # Removing what is not there is a no-op.
     sbx.files.remove("/nowhere/at/all")
@@ -609,7 +655,7 @@ def test_files_answer_as_envd_does(e2b_server: Dict[str, str], sbx: Sandbox) -> 
     assert r.status_code == 200 and b"Pid:" in r.content, r.text
 
 
-def test_gzip_uploads_are_decoded_and_signed_urls_refused_by_name(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
+def test_gzip_uploads_are_decoded(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
     import gzip
 
     url = e2b_server["url"]
@@ -624,9 +670,83 @@ def test_gzip_uploads_are_decoded_and_signed_urls_refused_by_name(e2b_server: Di
     r = httpx.post(f"{url}/files", params={"path": "/gz/c.txt"}, content=b"x",
                    headers={**envd, "Content-Type": "application/octet-stream", "Content-Encoding": "br"})
     assert r.status_code == 501 and "Content-Encoding 'br'" in r.json()["message"]
-    # Signed URLs: a typed refusal naming the parameter, never a 500.
-    r = httpx.get(f"{url}/files", params={"path": "/gz/a.txt", "signature": "v1_abc"}, headers=envd)
-    assert r.status_code == 501 and "signature" in r.json()["message"]
+
+
+def _signed(path: str, operation: str, token: str, expiration: "int | None" = None, user: str = "") -> Dict[str, str]:
+    """E2B's v1 signature of a file URL, computed as its SDK documents it:
+    `v1_` and the unpadded base64 of SHA-256 over PATH:OPERATION:USER:TOKEN
+    (and :EXPIRATION)."""
+    import hashlib
+
+    raw = f"{path}:{operation}:{user}:{token}" + ("" if expiration is None else f":{expiration}")
+    digest = base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=").decode()
+    query = {"path": path, "signature": f"v1_{digest}"}
+    if expiration is not None:
+        query["signature_expiration"] = str(expiration)
+    if user:
+        query["username"] = user
+    return query
+
+
+def test_signed_urls_open_one_path_one_way_until_they_expire(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
+    import time
+
+    url = e2b_server["url"]
+    token = sbx._envd_access_token
+    sbx.files.write("/signed/a.txt", "signed data")
+    # No access token, no sandbox id: the signature alone opens the file.
+    r = httpx.get(f"{url}/files", params=_signed("/signed/a.txt", "read", token))
+    assert r.status_code == 200 and r.content == b"signed data", r.text
+    r = httpx.post(f"{url}/files", params=_signed("/signed/b.txt", "write", token), content=b"uploaded",
+                   headers={"Content-Type": "application/octet-stream"})
+    assert r.status_code == 200, r.text
+    assert sbx.files.read("/signed/b.txt") == "uploaded"
+    later = int(time.time()) + 300
+    r = httpx.get(f"{url}/files", params=_signed("/signed/a.txt", "read", token, later))
+    assert r.status_code == 200 and r.content == b"signed data", r.text
+    # Expired: E2B's own answer.
+    r = httpx.get(f"{url}/files", params=_signed("/signed/a.txt", "read", token, int(time.time()) - 120))
+    assert r.status_code == 401 and r.json() == {"code": 401, "message": "signature is already expired"}, r.text
+
+    # What a signature does not open: another path, the other operation, a
+    # later expiry than signed, a tampered signature.
+    refused = [
+        ("get", {**_signed("/signed/a.txt", "read", token), "path": "/etc/shadow"}),
+        ("post", _signed("/signed/a.txt", "read", token)),
+        ("get", {**_signed("/signed/a.txt", "read", token, later), "signature_expiration": str(later + 1)}),
+        ("get", {**_signed("/signed/a.txt", "read", token), "signature": "v1_" + "A" * 43}),
+    ]
+    for method, params in refused:
+        r = httpx.request(method.upper(), f"{url}/files", params=params, content=b"overwritten" if method == "post" else None,
+                          headers={"Content-Type": "application/octet-stream"})
+        assert r.status_code == 401, (method, params, r.status_code, r.text)
+    assert sbx.files.read("/signed/a.txt") == "signed data"
+    r = httpx.get(f"{url}/files", params={"path": "/signed/a.txt"})
+    assert r.status_code == 400 and "E2b-Sandbox-Id" in r.json()["message"], r.text
+    r = httpx.get(f"{url}/files", params={"path": "/signed/a.txt", "signature_expiration": str(later)})
+    assert r.status_code == 400 and r.json()["message"].startswith("signature_expiration"), r.text
+
+    # Attack: another tenant's sandbox signs with its own token. Naming this
+    # sandbox does not open it; not naming one opens only its own sandbox,
+    # where the path does not exist.
+    other = Sandbox.create(api_key=OTHER_TOKEN, timeout=120)
+    try:
+        theirs = other._envd_access_token
+        r = httpx.get(f"{url}/files", params=_signed("/signed/a.txt", "read", theirs),
+                      headers={"E2b-Sandbox-Id": sbx.sandbox_id})
+        assert r.status_code == 401, r.text
+        r = httpx.get(f"{url}/files", params=_signed("/signed/a.txt", "read", theirs))
+        assert r.status_code == 404 and b"signed data" not in r.content, r.text
+    finally:
+        other.kill()
+
+    # The SDK's own signed URLs, where it makes them.
+    try:
+        signed_url = sbx.download_url("/signed/a.txt", use_signature_expiration=60)
+    except TypeError:
+        return
+    if "signature=" in signed_url:
+        assert httpx.get(signed_url).content == b"signed data"
 
 
 def test_watch_dir_reports_creates_writes_and_removes(sbx: Sandbox) -> None:
@@ -656,6 +776,31 @@ def test_watch_dir_reports_creates_writes_and_removes(sbx: Sandbox) -> None:
         handle.stop()
     with pytest.raises(SandboxException):
         sbx.files.watch_dir("/watched/missing")
+
+
+def test_watcher_events_are_there_when_asked(sbx: Sandbox) -> None:
+    # The sync SDK polls: a change made before the poll is in its answer
+    # (the watcher compares the directory once more), as envd's inotify
+    # events are. A new file with content is CREATE then WRITE; a
+    # subdirectory whose entries change has no WRITE of its own.
+    sbx.files.make_dir("/asked/sub")
+    handle = sbx.files.watch_dir("/asked", recursive=True)
+    try:
+        sbx.files.write("/asked/new.txt", "one")
+        events = [(e.name, e.type) for e in handle.get_new_events()]
+        assert events == [("new.txt", e2b.FilesystemEventType.CREATE), ("new.txt", e2b.FilesystemEventType.WRITE)], events
+        # Same size: the modification time tells (after a tick of the
+        # kernel's coarse file clock).
+        sbx.commands.run("sleep 0.05")
+        sbx.files.write("/asked/new.txt", "two")
+        assert ("new.txt", e2b.FilesystemEventType.WRITE) in [(e.name, e.type) for e in handle.get_new_events()]
+        sbx.files.write("/asked/sub/deep.txt", "deep")
+        events = [(e.name, e.type) for e in handle.get_new_events()]
+        assert events[0] == ("sub/deep.txt", e2b.FilesystemEventType.CREATE), events
+        assert ("sub", e2b.FilesystemEventType.WRITE) not in events, events
+        assert handle.get_new_events() == []
+    finally:
+        handle.stop()
 
 
 # -- principals: attacks ------------------------------------------------------

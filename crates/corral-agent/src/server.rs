@@ -250,6 +250,9 @@ impl Conn {
             deltas: self.shared.pristine.deltas(),
             usage: true,
             pty: true,
+            workdir: std::env::current_dir()
+                .ok()
+                .and_then(|d| d.to_str().map(str::to_string)),
         };
         self.writer
             .new_session(&Frame::json(FrameKind::HelloAck, frame.id, &ack));

@@ -518,6 +518,11 @@ pub struct HelloAck {
     /// corral refuses a terminal rather than run the command on pipes.
     #[serde(default)]
     pub pty: bool,
+    /// The directory commands without a `cwd` run in: the agent's own
+    /// (the image's `WorkingDir`, or the spec's `workdir`); absent from an
+    /// older agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
 }
 
 /// What the agent said about in-place reset at the handshake.

@@ -284,6 +284,69 @@ impl E2b {
     /// the code interpreter's: `code.rs`).
     async fn envd_on(&self, headers: &HeaderMap, served: &str) -> Result<Envd, RpcError> {
         let (entry, gone) = self.envd_entry(headers, served)?;
+        self.envd_lease(entry, gone).await
+    }
+
+    /// [`E2b::envd`] for a signed file URL (`signature`, as the SDK's
+    /// `download_url`/`upload_url` make it): no access token is sent; the
+    /// signature is keyed by it. E2B's v1 signature is `v1_` and the
+    /// unpadded base64 of SHA-256 over `PATH:OPERATION:USER:TOKEN`, with
+    /// `:EXPIRATION` (Unix seconds) when the URL expires. A URL through
+    /// `E2B_SANDBOX_URL` names no sandbox, so the signature does: every
+    /// sandbox's token is tried (one hash each), or only the named one's.
+    async fn envd_signed(
+        &self,
+        headers: &HeaderMap,
+        signed: &Signed<'_>,
+    ) -> Result<Envd, RpcError> {
+        check_origin(&self.app.config().server, headers)
+            .map_err(|_| RpcError::new(Code::PermissionDenied, "header Origin is not allowed"))?;
+        let named = sandbox_id(headers).ok();
+        let candidates: Vec<Arc<Entry>> = match &named {
+            Some(id) => self.entry(id).into_iter().collect(),
+            None => self.registry().values().cloned().collect(),
+        };
+        let entry = candidates
+            .into_iter()
+            .find(|e| {
+                same_bytes(
+                    signed.expected(&e.token).as_bytes(),
+                    signed.signature.as_bytes(),
+                )
+            })
+            .ok_or_else(|| {
+                RpcError::new(
+                    Code::Unauthenticated,
+                    "signature does not open this path for this operation and user",
+                )
+            })?;
+        if let Some(at) = signed.expiration {
+            let now = SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            if at < 0 || (at as u64) < now {
+                return Err(RpcError::new(
+                    Code::Unauthenticated,
+                    "signature is already expired",
+                ));
+            }
+        }
+        let id = entry.id.clone();
+        if entry.is_paused() {
+            return Err(RpcError::new(
+                Code::Unavailable,
+                format!("sandbox '{id}' is paused: connect to it (Sandbox.connect) to resume it"),
+            ));
+        }
+        let gone = RpcError::new(
+            Code::Unavailable,
+            format!("sandbox '{id}' was not found (killed, or its timeout passed)"),
+        );
+        self.envd_lease(entry, gone).await
+    }
+
+    /// The lease of an envd call's sandbox; `gone` when it ended.
+    async fn envd_lease(&self, entry: Arc<Entry>, gone: RpcError) -> Result<Envd, RpcError> {
         let lease = match self.app.lease(&entry.owner, &entry.id).await {
             Ok(l) => l,
             Err(e) if e.status == StatusCode::NOT_FOUND => {
@@ -448,6 +511,35 @@ fn requested_user(headers: &HeaderMap, lease: &Lease) -> Result<(), RpcError> {
                  user), and corral does not switch users inside a sandbox"
             ),
         ))
+    }
+}
+
+/// What a signed file URL carries ([`E2b::envd_signed`]).
+struct Signed<'a> {
+    signature: &'a str,
+    expiration: Option<i64>,
+    /// The `path` query parameter as sent (before it is made absolute).
+    path: &'a str,
+    /// `read` (a download) or `write` (an upload).
+    operation: &'a str,
+    /// The `username` query parameter; empty for the default user.
+    user: &'a str,
+}
+
+impl Signed<'_> {
+    /// The signature this URL would carry for a sandbox whose access
+    /// token is `token`.
+    fn expected(&self, token: &str) -> String {
+        use sha2::Digest;
+        let mut raw = format!("{}:{}:{}:{token}", self.path, self.operation, self.user);
+        if let Some(at) = self.expiration {
+            raw.push_str(&format!(":{at}"));
+        }
+        let digest = sha2::Sha256::digest(raw.as_bytes());
+        format!(
+            "v1_{}",
+            base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
+        )
     }
 }
 

@@ -387,6 +387,7 @@ impl AgentConn {
                 deltas: false,
                 usage: false,
                 pty: false,
+                workdir: None,
             },
         };
         let agent_err = |message: String| Error::Agent {

@@ -249,6 +249,7 @@ impl Sandbox {
             bytes = size,
             entries = report.entries,
             ms = started.elapsed().as_secs_f64() * 1e3,
+            agent_ms = report.elapsed_us as f64 / 1e3,
             "imported a delta"
         );
         Ok(())

@@ -673,8 +673,14 @@ impl Provider {
         };
         // The refiller starts replacements now, while the imports run.
         self.inner.changed.notify_waiters();
+        let asked = Instant::now();
         let imported = {
             let _slot = self.inner.fork_imports.acquire().await;
+            tracing::debug!(
+                sandbox = sb.id(),
+                waited_ms = asked.elapsed().as_secs_f64() * 1e3,
+                "a warm sandbox takes a fork"
+            );
             sb.take_fork(delta).await
         };
         match imported {

@@ -645,6 +645,18 @@ impl Sandbox {
         self.conn().hello.clone()
     }
 
+    /// The directory its commands run in when they name none: the spec's
+    /// `workdir`, else the one the agent reported (the image's
+    /// `WorkingDir`), else `/`.
+    pub fn workdir(&self) -> String {
+        self.inner
+            .spec
+            .workdir
+            .clone()
+            .or_else(|| self.conn_hello().workdir)
+            .unwrap_or_else(|| "/".into())
+    }
+
     /// The runtime that made it.
     pub(crate) fn runtime(&self) -> &Runtime {
         &self.inner.runtime

@@ -749,7 +749,12 @@ async fn set_timeout(
             "timeout is required (seconds)",
         ));
     }
-    let life = lifetime("timeout", req.timeout)?;
+    // 0 is E2B's "time out now": the sandbox is released (or paused,
+    // with autoPause) at once, as when its timeout passes.
+    let life = match req.timeout {
+        Some(0) => Duration::ZERO,
+        t => lifetime("timeout", t)?,
+    };
     match visible(&e2b, &caller, &id).await {
         Ok((entry, _)) => {
             e2b.arm_timer(&entry, SystemTime::now() + life);

@@ -6,15 +6,18 @@
 //! run `mkdir -p`, `mv` and `rm -rf` in the sandbox (with the path as an
 //! argument, never through a shell). `Stat` is the entry in its parent's
 //! listing, a symlink followed. An upload may be gzip (`Content-Encoding`);
-//! a signed URL (`signature`) is refused by name (501). Watching (`WatchDir`, and `CreateWatcher`, `GetWatcherEvents`,
-//! `RemoveWatcher` that the sync SDK polls) compares listings of the
-//! directory every [`WATCH_EVERY`] (corral has no file system events):
+//! a signed URL (`signature`, `signature_expiration`) opens its transfer
+//! without the access token (`E2b::envd_signed`). Watching (`WatchDir`,
+//! and `CreateWatcher`, `GetWatcherEvents`, `RemoveWatcher` that the sync
+//! SDK polls) compares listings of the directory every [`WATCH_EVERY`],
+//! and once more when the sync SDK asks (corral has no file system events):
 //! an entry that appears is `CREATE`, one that goes `REMOVE`, a changed
 //! size `WRITE`, changed permissions `CHMOD`; a change undone within one
 //! interval is not seen.
 //!
-//! A relative path is taken from the sandbox's working directory (its
-//! spec's `workdir`, else `/`): E2B's is the user's home.
+//! A relative path is taken from the sandbox's working directory, where
+//! its commands run (its spec's `workdir`, else the image's `WorkingDir`):
+//! E2B's is the user's home.
 
 use std::time::Duration;
 
@@ -81,7 +84,7 @@ fn absolute(lease: &Lease, field: &str, path: &str) -> Result<String, RpcError> 
     if path.starts_with('/') {
         return Ok(path.to_string());
     }
-    let base = lease.spec().workdir.clone().unwrap_or_else(|| "/".into());
+    let base = lease.workdir();
     Ok(format!("{}/{}", base.trim_end_matches('/'), path))
 }
 
@@ -452,7 +455,16 @@ struct WatcherRequest {
 }
 
 /// What a listing shows of one entry, to tell changes.
-type Seen = std::collections::BTreeMap<String, (EntryKind, u64, u32)>;
+#[derive(PartialEq)]
+struct Shown {
+    kind: EntryKind,
+    size: u64,
+    mode: u32,
+    modified: std::time::SystemTime,
+}
+
+/// The entries of a watched directory, by path relative to it.
+type Seen = std::collections::BTreeMap<String, Shown>;
 
 /// The entries under `dir` (down to `depth` levels), by path relative to it.
 async fn snapshot(e2b: &E2b, lease: &Lease, dir: &str, depth: u32) -> Result<Seen, RpcError> {
@@ -483,23 +495,43 @@ async fn snapshot(e2b: &E2b, lease: &Lease, dir: &str, depth: u32) -> Result<See
                 };
                 dirs.push((child, name.clone(), level + 1));
             }
-            seen.insert(name, (e.kind, e.size, e.mode));
+            let shown = Shown {
+                kind: e.kind,
+                size: e.size,
+                mode: e.mode,
+                modified: e.modified,
+            };
+            seen.insert(name, shown);
         }
     }
     Ok(seen)
 }
 
-/// envd's events between two listings.
+/// envd's events between two listings: a new entry is `CREATE` (and a
+/// new file with content also `WRITE`, as a file system reports a file
+/// created and written); a changed type, or a file's changed size or
+/// modification time, is `WRITE`; changed permissions alone `CHMOD`; a gone
+/// entry `REMOVE`.
 fn changes(before: &Seen, after: &Seen) -> Vec<Value> {
     let mut out = Vec::new();
-    for (name, (kind, size, mode)) in after {
+    let event = |name: &str, kind: &str| json!({"name": name, "type": kind});
+    for (name, now) in after {
         match before.get(name) {
-            None => out.push(json!({"name": name, "type": "EVENT_TYPE_CREATE"})),
-            Some((k, s, m)) => {
-                if k != kind || s != size {
-                    out.push(json!({"name": name, "type": "EVENT_TYPE_WRITE"}));
-                } else if m != mode {
-                    out.push(json!({"name": name, "type": "EVENT_TYPE_CHMOD"}));
+            None => {
+                out.push(event(name, "EVENT_TYPE_CREATE"));
+                if now.kind == EntryKind::File && now.size > 0 {
+                    out.push(event(name, "EVENT_TYPE_WRITE"));
+                }
+            }
+            Some(was) => {
+                // A directory's own size and time change with its entries,
+                // which have events of their own.
+                let rewritten = now.kind != EntryKind::Dir
+                    && (was.size != now.size || was.modified != now.modified);
+                if was.kind != now.kind || rewritten {
+                    out.push(event(name, "EVENT_TYPE_WRITE"));
+                } else if was.mode != now.mode {
+                    out.push(event(name, "EVENT_TYPE_CHMOD"));
                 }
             }
         }
@@ -584,8 +616,12 @@ async fn watch_dir(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes) -> R
     response
 }
 
-/// A watcher of `CreateWatcher`: its events wait for `GetWatcherEvents`.
+/// A watcher of `CreateWatcher`: its events wait for `GetWatcherEvents`,
+/// which also compares the directory once more before it answers (so a
+/// change made just before the call is in its answer, as inotify's would
+/// be).
 pub(super) struct Watcher {
+    poller: std::sync::Arc<Poller>,
     events: std::sync::Mutex<Vec<Value>>,
     failed: std::sync::Mutex<Option<RpcError>>,
     task: tokio::task::AbortHandle,
@@ -597,6 +633,30 @@ impl Drop for Watcher {
     }
 }
 
+/// One watched directory and its last listing.
+struct Poller {
+    lease: Lease,
+    dir: String,
+    depth: u32,
+    before: tokio::sync::Mutex<Seen>,
+}
+
+impl Poller {
+    /// Lists the directory again and queues what changed into `kept` (at
+    /// most [`MAX_PENDING_EVENTS`] wait), in order: one comparison at a
+    /// time.
+    async fn poll(&self, e2b: &E2b, kept: &std::sync::Mutex<Vec<Value>>) -> Result<(), RpcError> {
+        let mut before = self.before.lock().await;
+        let after = snapshot(e2b, &self.lease, &self.dir, self.depth).await?;
+        let mut events = changes(&before, &after);
+        *before = after;
+        let mut kept = super::lock(kept);
+        events.truncate(MAX_PENDING_EVENTS.saturating_sub(kept.len()));
+        kept.extend(events);
+        Ok(())
+    }
+}
+
 async fn create_watcher(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes) -> Response {
     connect::unary(
         async {
@@ -604,17 +664,24 @@ async fn create_watcher(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes)
             let Envd { entry, lease } = e2b.envd(&headers).await?;
             requested_user(&headers, &lease)?;
             let (dir, depth) = watched(&e2b, &lease, &req).await?;
-            let mut before = snapshot(&e2b, &lease, &dir, depth).await?;
+            let before = snapshot(&e2b, &lease, &dir, depth).await?;
             if super::lock(&entry.watchers).len() >= MAX_WATCHERS {
                 return Err(RpcError::new(
                     Code::ResourceExhausted,
                     format!("sandbox already has {MAX_WATCHERS} watchers: remove one first"),
                 ));
             }
+            let poller = std::sync::Arc::new(Poller {
+                lease,
+                dir,
+                depth,
+                before: tokio::sync::Mutex::new(before),
+            });
             let id = corral::host::random_hex(16);
             let weak_entry = std::sync::Arc::downgrade(&entry);
             let wid = id.clone();
             let e2b2 = e2b.clone();
+            let polled = poller.clone();
             let task = tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(WATCH_EVERY).await;
@@ -624,23 +691,14 @@ async fn create_watcher(State(e2b): State<E2b>, headers: HeaderMap, body: Bytes)
                     let Some(w) = super::lock(&entry.watchers).get(&wid).cloned() else {
                         return;
                     };
-                    match snapshot(&e2b2, &lease, &dir, depth).await {
-                        Ok(after) => {
-                            let mut events = changes(&before, &after);
-                            before = after;
-                            let mut kept = super::lock(&w.events);
-                            let room = MAX_PENDING_EVENTS.saturating_sub(kept.len());
-                            events.truncate(room);
-                            kept.extend(events);
-                        }
-                        Err(e) => {
-                            *super::lock(&w.failed) = Some(e);
-                            return;
-                        }
+                    if let Err(e) = polled.poll(&e2b2, &w.events).await {
+                        *super::lock(&w.failed) = Some(e);
+                        return;
                     }
                 }
             });
             let watcher = std::sync::Arc::new(Watcher {
+                poller,
                 events: Default::default(),
                 failed: Default::default(),
                 task: task.abort_handle(),
@@ -673,6 +731,11 @@ async fn get_watcher_events(State(e2b): State<E2b>, headers: HeaderMap, body: By
             let req: WatcherRequest = connect::unary_request(&headers, &body)?;
             let Envd { entry, .. } = e2b.envd(&headers).await?;
             let w = find_watcher(&entry, &req)?;
+            if super::lock(&w.failed).is_none() {
+                if let Err(e) = w.poller.poll(&e2b, &w.events).await {
+                    *super::lock(&w.failed) = Some(e);
+                }
+            }
             let events: Vec<Value> = std::mem::take(&mut *super::lock(&w.events));
             if events.is_empty() {
                 if let Some(e) = super::lock(&w.failed).clone() {
@@ -718,6 +781,7 @@ struct FilesQuery {
     path: Option<String>,
     username: Option<String>,
     signature: Option<String>,
+    signature_expiration: Option<i64>,
 }
 
 fn user_header(mut headers: HeaderMap, username: Option<&str>) -> HeaderMap {
@@ -735,13 +799,36 @@ fn files_query(
     q: Result<Query<FilesQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<FilesQuery, RpcError> {
     let Query(q) = q.map_err(|e| RpcError::invalid("query", e.body_text()))?;
-    if q.signature.is_some() {
-        return Err(RpcError::unimplemented(
-            "signature (signed file URLs)",
-            "use the sandbox's access token",
+    if q.signature.is_none() && q.signature_expiration.is_some() {
+        return Err(RpcError::invalid(
+            "signature_expiration",
+            "is given without signature",
         ));
     }
     Ok(q)
+}
+
+/// The sandbox of a file transfer: opened by its access token, or by a
+/// signed URL's `signature` for `operation` (`read` or `write`).
+async fn files_envd(
+    e2b: &E2b,
+    headers: &HeaderMap,
+    q: &FilesQuery,
+    operation: &str,
+) -> Result<Envd, RpcError> {
+    match &q.signature {
+        Some(signature) => {
+            let signed = super::Signed {
+                signature,
+                expiration: q.signature_expiration,
+                path: q.path.as_deref().unwrap_or(""),
+                operation,
+                user: q.username.as_deref().unwrap_or(""),
+            };
+            e2b.envd_signed(headers, &signed).await
+        }
+        None => e2b.envd(headers).await,
+    }
 }
 
 async fn read_file(
@@ -751,7 +838,7 @@ async fn read_file(
 ) -> Response {
     let r = async {
         let q = files_query(q)?;
-        let Envd { lease, .. } = e2b.envd(&headers).await?;
+        let Envd { lease, .. } = files_envd(&e2b, &headers, &q, "read").await?;
         requested_user(&user_header(headers.clone(), q.username.as_deref()), &lease)?;
         let path = absolute(&lease, "path", q.path.as_deref().unwrap_or(""))?;
         let opts = list_options(&e2b);
@@ -781,7 +868,7 @@ async fn write_files(
     let headers = request.headers().clone();
     let r = async {
         let q = files_query(q)?;
-        let Envd { lease, .. } = e2b.envd(&headers).await?;
+        let Envd { lease, .. } = files_envd(&e2b, &headers, &q, "write").await?;
         requested_user(&user_header(headers.clone(), q.username.as_deref()), &lease)?;
         let ct = headers
             .get(header::CONTENT_TYPE)
@@ -917,16 +1004,31 @@ mod tests {
 
     #[test]
     fn listings_compare_into_envd_events() {
+        use std::time::{Duration, UNIX_EPOCH};
+        let at = |s: u64| UNIX_EPOCH + Duration::from_secs(s);
+        let shown = |kind, size, mode, t| Shown {
+            kind,
+            size,
+            mode,
+            modified: at(t),
+        };
         let mut before = Seen::new();
-        before.insert("kept".into(), (EntryKind::File, 1, 0o644));
-        before.insert("grown".into(), (EntryKind::File, 1, 0o644));
-        before.insert("gone".into(), (EntryKind::File, 1, 0o644));
-        before.insert("chmod".into(), (EntryKind::File, 1, 0o644));
-        let mut after = before.clone();
-        after.remove("gone");
-        after.insert("grown".into(), (EntryKind::File, 2, 0o644));
-        after.insert("chmod".into(), (EntryKind::File, 1, 0o600));
-        after.insert("new".into(), (EntryKind::Dir, 0, 0o755));
+        for name in ["kept", "grown", "gone", "chmod", "touched"] {
+            before.insert(name.into(), shown(EntryKind::File, 1, 0o644, 1));
+        }
+        before.insert("dir".into(), shown(EntryKind::Dir, 4096, 0o755, 1));
+        let mut after = Seen::new();
+        for name in ["kept", "touched", "chmod", "grown"] {
+            after.insert(name.into(), shown(EntryKind::File, 1, 0o644, 1));
+        }
+        after.insert("grown".into(), shown(EntryKind::File, 2, 0o644, 1));
+        after.insert("touched".into(), shown(EntryKind::File, 1, 0o644, 2));
+        after.insert("chmod".into(), shown(EntryKind::File, 1, 0o600, 1));
+        // A directory whose entries changed: its own events say so.
+        after.insert("dir".into(), shown(EntryKind::Dir, 8192, 0o755, 2));
+        after.insert("new".into(), shown(EntryKind::Dir, 0, 0o755, 2));
+        after.insert("new.txt".into(), shown(EntryKind::File, 3, 0o644, 2));
+        after.insert("empty.txt".into(), shown(EntryKind::File, 0, 0o644, 2));
         let got: Vec<(String, String)> = changes(&before, &after)
             .iter()
             .map(|e| {
@@ -938,8 +1040,12 @@ mod tests {
             .collect();
         let want = [
             ("chmod", "EVENT_TYPE_CHMOD"),
+            ("empty.txt", "EVENT_TYPE_CREATE"),
             ("grown", "EVENT_TYPE_WRITE"),
             ("new", "EVENT_TYPE_CREATE"),
+            ("new.txt", "EVENT_TYPE_CREATE"),
+            ("new.txt", "EVENT_TYPE_WRITE"),
+            ("touched", "EVENT_TYPE_WRITE"),
             ("gone", "EVENT_TYPE_REMOVE"),
         ];
         assert_eq!(got, want.map(|(a, b)| (a.to_string(), b.to_string())));
