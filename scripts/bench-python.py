@@ -16,8 +16,11 @@ daemon's Unix socket. With the `e2b` SDK installed (scripts/python-env.sh
 pins it) and its own service, a third path: the same command through the
 e2b SDK (`commands.run("true")`, a sandbox of its own created through the
 service's E2B-compatible listener, configured by E2B_API_URL,
-E2B_SANDBOX_URL and E2B_API_KEY only). It prints p50/p90/mean of each and
-the ratios, then deletes the sandboxes, stops the service and checks no
+E2B_SANDBOX_URL and E2B_API_KEY only), and two rows that split its cost:
+the argv the SDK runs for it (`/bin/bash -l -c true`, envd's login shell)
+through corral's client, and the same envd `Start` call sent without the
+SDK over one kept HTTP/1.1 connection (the service's share). It prints
+p50/p90/mean of each and the ratios, then deletes the sandboxes, stops the service and checks no
 container of its own is left.
 
 With --code (image corral-test/python: scripts/build-test-images.sh
@@ -120,6 +123,35 @@ def e2b_version() -> str:
     return version("e2b")
 
 
+class RawEnvdStart:
+    """envd's `process.Process/Start` as the SDK sends it, over one kept
+    HTTP/1.1 connection: the Connect streaming envelope of a JSON request,
+    read to its end-of-stream message."""
+
+    def __init__(self, base: str, sandbox_id: str, token: Optional[str], argv: List[str]) -> None:
+        import http.client
+        import struct
+        from urllib.parse import urlsplit
+
+        u = urlsplit(base)
+        self.conn = http.client.HTTPConnection(u.hostname, u.port)
+        body = json.dumps({"process": {"cmd": argv[0], "args": argv[1:], "envs": {}}, "stdin": False}).encode()
+        self.body = struct.pack(">BI", 0, len(body)) + body
+        self.headers = {
+            "Content-Type": "application/connect+json",
+            "Connect-Protocol-Version": "1",
+            "E2b-Sandbox-Id": sandbox_id,
+            "X-Access-Token": token or "",
+        }
+
+    def run(self) -> None:
+        self.conn.request("POST", "/process.Process/Start", body=self.body, headers=self.headers)
+        r = self.conn.getresponse()
+        data = r.read()
+        if r.status != 200 or b'"end"' not in data or b'"exitCode":0' not in data:
+            raise RuntimeError(f"envd Start: {r.status} {data[:200]!r}")
+
+
 def docker_socket() -> str:
     host = os.environ.get("DOCKER_HOST", "")
     if host.startswith("unix://"):
@@ -196,6 +228,25 @@ def main(argv: Optional[List[str]] = None) -> int:
                     raise RuntimeError(f"e2b: exit {r.exit_code}")
 
             paths.append((f"e2b SDK {e2b_version()}, commands.run('true')", via_e2b, []))
+
+            # What the SDK runs for commands.run("true") (envd's way: a
+            # login shell), through corral's client: the same work in the
+            # sandbox, so the ratio to it is the e2b path's own cost.
+            login = ["/bin/bash", "-l", "-c", "true"]
+
+            def via_client_login() -> None:
+                r = sb.run(login, timeout=30)
+                if r.exit_code != 0:
+                    raise RuntimeError(f"client: exit {r.exit_code}")
+
+            paths.append(("corral client, the SDK's argv (bash -l -c true)", via_client_login, []))
+
+            # The same envd Start call without the SDK (one kept-alive
+            # HTTP/1.1 connection, Connect's JSON envelope): the service's
+            # share of the e2b path.
+            envd = RawEnvdStart(os.environ["E2B_SANDBOX_URL"], e2b_sb.sandbox_id,
+                                e2b_sb._envd_access_token, login)
+            paths.append(("envd Start without the SDK (HTTP/1.1)", envd.run, []))
         for _ in range(args.warmup):
             for _, fn, _ in paths:
                 fn()
@@ -216,9 +267,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         ratio = percentile(client_ms, 0.5) / percentile(docker_ms, 0.5)
         print(f"p50 ratio client/docker: {ratio:.3f} (the client's round trip is {1 / ratio:.1f}x faster)")
         if len(paths) > 2:
-            e2b_ratio = percentile(paths[2][2], 0.5) / percentile(client_ms, 0.5)
-            print(f"p50 ratio e2b SDK/corral client: {e2b_ratio:.3f} (same service, same run; "
-                  "the e2b sandbox is one of its own; target <= 1.5)")
+            e2b_p50 = percentile(paths[2][2], 0.5)
+            login_p50 = percentile(paths[3][2], 0.5)
+            raw_p50 = percentile(paths[4][2], 0.5)
+            print(f"p50 ratio e2b SDK/corral client: {e2b_p50 / percentile(client_ms, 0.5):.3f} (same service, "
+                  "same run; the e2b sandbox is one of its own; target <= 1.5)")
+            print(f"  of which the sandbox's own work: the SDK runs `bash -l -c true`, {login_p50:.2f} ms "
+                  f"through corral's client")
+            print(f"p50 ratio e2b SDK/corral client, same argv: {e2b_p50 / login_p50:.3f}; "
+                  f"envd Start without the SDK/corral client, same argv: {raw_p50 / login_p50:.3f} "
+                  "(the service's e2b path; the rest is the SDK's own time)")
     except Exception as exc:  # report, then clean up
         print(f"bench-python: {exc}", file=sys.stderr)
         status = 1
