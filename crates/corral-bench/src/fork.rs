@@ -236,6 +236,50 @@ impl Bench {
 /// 100 MB state stops at 64.
 pub(crate) const POOL_FORKS: [(usize, &[usize]); 2] = [(10, &[8, 64, 256]), (100, &[8, 64])];
 
+/// One prepared state of the pool-fork rows and the fork counts from it
+/// (`corral bench --forks MB:K,K`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForkRows {
+    /// Size of the prepared state, MB.
+    pub mb: usize,
+    /// Forks made from it, one row each.
+    pub counts: Vec<usize>,
+}
+
+impl ForkRows {
+    /// [`POOL_FORKS`]: forks of 8, 64 and 256 from 10 MB, 8 and 64 from
+    /// 100 MB.
+    pub fn defaults() -> Vec<ForkRows> {
+        POOL_FORKS
+            .iter()
+            .map(|(mb, counts)| ForkRows {
+                mb: *mb,
+                counts: counts.to_vec(),
+            })
+            .collect()
+    }
+
+    /// Parses `MB:K[,K...]` (each at least 1), or says what is wrong.
+    pub fn parse(text: &str) -> Result<ForkRows, String> {
+        let whole = |t: &str, what: &str| match t.trim().parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => Err(format!(
+                "'{text}': {what} '{t}' is not a whole number of at least 1 (expected MB:K[,K...])"
+            )),
+        };
+        let (mb, counts) = text
+            .split_once(':')
+            .ok_or_else(|| format!("'{text}' is not MB:K[,K...] (e.g. 10:8,64)"))?;
+        Ok(ForkRows {
+            mb: whole(mb, "the state size")?,
+            counts: counts
+                .split(',')
+                .map(|k| whole(k, "the fork count"))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+}
+
 /// Most warm sandboxes a fork pool keeps: a pool is what a service keeps
 /// ready for its next batch, not one container per fork ever asked for.
 /// Forks beyond it start containers (while the pool refills behind them),
@@ -288,6 +332,8 @@ pub(crate) struct PoolForkRun {
     /// Copying the state inside one sandbox (`cp -a` to its tmpfs upper
     /// layer): the floor of taking the delta in, without stream or tar.
     pub(crate) copy: Way,
+    /// The first row of its state: it carries the copy floor.
+    pub(crate) first_of_state: bool,
 }
 
 /// Keeps the error's chain on one line, for a row's note.
@@ -308,7 +354,8 @@ impl Bench {
     /// run.
     pub(crate) async fn pool_forks(self: &Arc<Self>) -> anyhow::Result<Vec<PoolForkRun>> {
         let mut runs = Vec::new();
-        for (mb, counts) in POOL_FORKS {
+        for ForkRows { mb, counts } in self.options.forks.clone() {
+            let counts = counts.as_slice();
             let mut spec = self.spec.clone();
             spec.pristine = true;
             let name = self.pool_fork_snapshot_name();
@@ -340,11 +387,12 @@ impl Bench {
             destroy_all(std::slice::from_ref(&source)).await;
             match prepared {
                 Ok((info, copy)) => {
-                    for &k in counts {
+                    for (i, &k) in counts.iter().enumerate() {
                         self.progress
                             .set_message(format!("fork {k} from a {mb} MB state, three ways"));
                         let mut run = self.pool_fork_run(&spec, &info, mb, k).await;
                         run.copy = copy.clone();
+                        run.first_of_state = i == 0;
                         runs.push(run);
                     }
                 }
@@ -435,6 +483,7 @@ impl Bench {
             landed: pool.1,
             fill: pool.2,
             copy: Err("not measured".into()),
+            first_of_state: false,
         }
     }
 
@@ -577,6 +626,7 @@ impl PoolForkRun {
             landed: 0,
             fill: Duration::ZERO,
             copy: Err(why.to_string()),
+            first_of_state: false,
         }
     }
 
@@ -656,12 +706,7 @@ impl PoolForkRun {
             .with("landed_warm", json!(self.landed))
             .with("fill_ms", json!(ms(self.fill))),
         );
-        if k == POOL_FORKS
-            .iter()
-            .find(|(m, _)| *m == mb)
-            .and_then(|(_, counts)| counts.first().copied())
-            .unwrap_or(0)
-        {
+        if self.first_of_state {
             let copy_note = failed(&self.copy).or_else(|| {
                 self.copy.as_ref().ok().map(|d| {
                     format!(
@@ -732,6 +777,7 @@ mod tests {
             landed: 64,
             fill: Duration::from_secs(30),
             copy: Err("not measured".into()),
+            first_of_state: false,
         }
     }
 
@@ -772,6 +818,8 @@ mod tests {
         let mut r = run(Ok(Duration::from_secs(1)));
         r.k = 8;
         r.copy = Ok(Duration::from_millis(100));
+        assert_eq!(r.rows().len(), 3, "not the first row of its state");
+        r.first_of_state = true;
         let rows = r.rows();
         assert_eq!(rows.len(), 4);
         assert_eq!(rows[0].note.as_deref(), Some("100 MB/s on one core"));

@@ -24,6 +24,7 @@
 
 mod floors;
 mod fork;
+pub use fork::ForkRows;
 mod isolation;
 mod net;
 mod report;
@@ -84,6 +85,8 @@ pub struct BenchOptions {
     pub progress: bool,
     /// Which rows run.
     pub rows: Rows,
+    /// The pool-fork rows' states and fork counts (`--rows forks`).
+    pub forks: Vec<fork::ForkRows>,
 }
 
 /// Which rows a run measures (`corral bench --rows`).
@@ -186,9 +189,10 @@ impl Samples {
             steps += isolation::steps(self.starts, self.round_trips, self.resets);
         }
         if options.rows.forks() {
-            steps += fork::POOL_FORKS
+            steps += options
+                .forks
                 .iter()
-                .map(|(_, counts)| 3 * counts.iter().sum::<usize>() as u64)
+                .map(|f| 3 * f.counts.iter().sum::<usize>() as u64)
                 .sum::<u64>();
         }
         steps
@@ -639,6 +643,7 @@ mod tests {
             samples: Some(5),
             progress: false,
             rows: Rows::Default,
+            forks: ForkRows::defaults(),
         };
         // Raw and cold starts and warm acquires, raw execs, agent and
         // shell round trips, resets; seven workload passes of 4 x 3; two
@@ -663,6 +668,33 @@ mod tests {
             Samples::new(Some(5)).steps(&all),
             3 * 5 + 5 + 2 * 5 + 5 + 7 * 12 + 3 * 2 + 2 * 3 * 5 + 2 * 5
         );
+        // The pool-fork rows: three ways of each count.
+        let forks = BenchOptions {
+            rows: Rows::Forks,
+            forks: vec![ForkRows::parse("10:8,64").expect("parses")],
+            ..all
+        };
+        assert_eq!(Samples::new(Some(5)).steps(&forks), 3 * (8 + 64));
+    }
+
+    #[test]
+    fn fork_rows_parse_or_name_what_is_wrong() {
+        assert_eq!(
+            ForkRows::parse("10:8,64"),
+            Ok(ForkRows {
+                mb: 10,
+                counts: vec![8, 64]
+            })
+        );
+        for (bad, named) in [
+            ("10", "MB:K"),
+            ("0:8", "state size '0'"),
+            ("10:8,x", "fork count 'x'"),
+            ("10:", "fork count ''"),
+        ] {
+            let e = ForkRows::parse(bad).expect_err(bad);
+            assert!(e.contains(named), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -784,6 +784,7 @@ mod tests {
             samples: None,
             progress: false,
             rows: crate::Rows::Default,
+            forks: crate::ForkRows::defaults(),
         }
     }
 

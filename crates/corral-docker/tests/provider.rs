@@ -382,6 +382,12 @@ async fn forks_land_in_warm_pristine_sandboxes_and_go_back_pristine() {
                 .expect("fork"),
         );
     }
+    // The pool refills behind the forks (one start at a time while a fork
+    // is taking a sandbox, all of them once none is).
+    assert!(
+        p.wait_warm("p", Duration::from_secs(60)).await,
+        "the pool did not refill after the forks"
+    );
     for f in &round {
         assert!(
             warm.contains(&f.id().to_string()),

@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Deref;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -74,6 +74,28 @@ struct Inner {
     teardowns: Arc<Teardowns>,
     /// Bounds the forks being imported into pool sandboxes at once.
     fork_imports: tokio::sync::Semaphore,
+    /// Forks taking a pool sandbox right now: while any does, the refiller
+    /// starts one container per pool at a time, behind them.
+    forking: AtomicUsize,
+}
+
+/// One fork taking a pool sandbox, counted in `Inner::forking` while it
+/// lives; the last one to end wakes the refiller.
+struct Forking<'a>(&'a Inner);
+
+impl<'a> Forking<'a> {
+    fn new(inner: &'a Inner) -> Forking<'a> {
+        inner.forking.fetch_add(1, Ordering::AcqRel);
+        Forking(inner)
+    }
+}
+
+impl Drop for Forking<'_> {
+    fn drop(&mut self) {
+        if self.0.forking.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.changed.notify_waiters();
+        }
+    }
 }
 
 /// A count of background teardowns and a wake-up when it reaches zero.
@@ -346,6 +368,7 @@ impl Provider {
             session_locks: Mutex::new(HashMap::new()),
             teardowns: Arc::default(),
             fork_imports: tokio::sync::Semaphore::new(FORK_IMPORTS),
+            forking: AtomicUsize::new(0),
         });
         tokio::spawn(maintain(Arc::downgrade(&inner)));
         Provider { inner }
@@ -671,8 +694,11 @@ impl Provider {
             }
             self.take_pooled(&mut st, pool, key, now)?
         };
-        // The refiller starts replacements now, while the imports run.
-        self.inner.changed.notify_waiters();
+        // Container starts compete with the imports for the same cores: the
+        // refiller starts its replacements behind the forks (one at a time
+        // per pool while any fork is taking a sandbox), woken when the last
+        // is done.
+        let forking = Forking::new(&self.inner);
         let asked = Instant::now();
         let imported = {
             let _slot = self.inner.fork_imports.acquire().await;
@@ -683,6 +709,7 @@ impl Provider {
             );
             sb.take_fork(delta).await
         };
+        drop(forking);
         match imported {
             Ok(()) => {
                 self.inner
@@ -1399,11 +1426,15 @@ impl Provider {
             if self.inner.closed.load(Ordering::Acquire) {
                 return;
             }
+            let behind_forks = self.inner.forking.load(Ordering::Acquire) > 0;
             for (name, pool) in &cfg.pools {
-                let have = st.pools.get(name).map_or(0, VecDeque::len)
-                    + st.refilling.get(name).copied().unwrap_or(0);
-                for _ in have..pool.warm {
+                let refilling = st.refilling.get(name).copied().unwrap_or(0);
+                let have = st.pools.get(name).map_or(0, VecDeque::len) + refilling;
+                for started in 0..pool.warm.saturating_sub(have) {
                     if cfg.max_live > 0 && st.live >= cfg.max_live {
+                        break;
+                    }
+                    if behind_forks && refilling + started >= 1 {
                         break;
                     }
                     st.live += 1;

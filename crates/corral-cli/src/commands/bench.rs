@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use corral_bench::{Bench, BenchOptions, Rows};
+use corral_bench::{Bench, BenchOptions, ForkRows, Rows};
 
 /// Measure corral against floors taken in the same run.
 ///
@@ -69,6 +69,11 @@ pub struct BenchArgs {
     /// python3, a Python start with imports; needs runtime runsc).
     #[arg(long, default_value = "default", value_parser = rows, value_name = "default|net|all|forks|isolation")]
     rows: Rows,
+    /// With --rows forks: a prepared state's size in MB and the fork
+    /// counts from it, one row each; repeat for more states [default:
+    /// 10:8,64,256 and 100:8,64].
+    #[arg(long = "forks", value_parser = ForkRows::parse, value_name = "MB:K[,K...]")]
+    forks: Vec<ForkRows>,
 }
 
 fn rows(text: &str) -> Result<Rows, String> {
@@ -94,6 +99,10 @@ impl BenchArgs {
             // corral-bench draws its own bar, on the CLI's terms.
             progress: crate::progress::wanted(self.json),
             rows: self.rows,
+            forks: match self.forks.is_empty() {
+                true => ForkRows::defaults(),
+                false => self.forks.clone(),
+            },
         }
     }
 }
