@@ -219,6 +219,32 @@ def test_a_timeout_of_zero_ends_the_sandbox_now(e2b_server: Dict[str, str]) -> N
             sandbox.kill()
 
 
+def test_refreshes_keep_alive_and_network_updates_are_refused_by_name(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
+    import datetime
+
+    url, mine = e2b_server["url"], {"X-API-KEY": TOKEN}
+    theirs = {"X-API-KEY": OTHER_TOKEN}
+    before = Sandbox.get_info(sbx.sandbox_id).end_at
+    r = httpx.post(f"{url}/sandboxes/{sbx.sandbox_id}/refreshes", json={"duration": 3000}, headers=mine)
+    assert r.status_code == 204, r.text
+    after = Sandbox.get_info(sbx.sandbox_id).end_at
+    assert after > before and after > datetime.datetime.now(after.tzinfo) + datetime.timedelta(seconds=2900), (before, after)
+    for body, field in (({"duration": 0}, "duration"), ({"duration": 10**9}, "duration"), ({"ttl": 5}, "ttl")):
+        r = httpx.post(f"{url}/sandboxes/{sbx.sandbox_id}/refreshes", json=body, headers=mine)
+        assert r.status_code == 400 and field in r.json()["message"], r.text
+    r = httpx.post(f"{url}/sandboxes/{sbx.sandbox_id}/refreshes", json={"duration": 60}, headers=theirs)
+    assert r.status_code == 404, r.text
+
+    r = httpx.put(f"{url}/sandboxes/{sbx.sandbox_id}/network", json={"denyOut": ["0.0.0.0/0"]}, headers=mine)
+    assert r.status_code == 501 and r.json()["message"].startswith("network"), r.text
+    r = httpx.put(f"{url}/sandboxes/{sbx.sandbox_id}/network", json={}, headers=theirs)
+    assert r.status_code == 404, r.text
+    if hasattr(sbx, "update_network"):
+        with pytest.raises(SandboxException, match="network"):
+            sbx.update_network({"deny_out": ["8.8.8.8"]})
+    assert sbx.is_running()
+
+
 def test_a_sandbox_ends_when_its_timeout_passes(e2b_server: Dict[str, str]) -> None:
     sandbox = Sandbox.create(timeout=1)
     # The lifetime timer releases it; waiting on the SDK's own probe keeps

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Json;
 use corral_core::principal::Principal;
 use serde::Deserialize;
@@ -48,6 +48,8 @@ pub(super) fn routes() -> axum::Router<E2b> {
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/resume", post(resume))
         .route("/sandboxes/{id}/metrics", get(metrics))
+        .route("/sandboxes/{id}/refreshes", post(refresh))
+        .route("/sandboxes/{id}/network", put(update_network))
         .merge(super::snapshots::routes())
 }
 
@@ -762,6 +764,47 @@ async fn set_timeout(
         }
         Err(r) => Err(r),
     }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RefreshBody {
+    duration: Option<u64>,
+}
+
+/// E2B's keep-alive: the sandbox lives at least `duration` seconds more
+/// (never shortened, as `connect`'s timeout).
+async fn refresh(
+    State(e2b): State<E2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    bytes: axum::body::Bytes,
+) -> Result<Response, E2bError> {
+    let caller = caller(&e2b, &headers)?;
+    let req: RefreshBody = body(&bytes)?;
+    let life = lifetime("duration", req.duration)?;
+    let (entry, _) = visible(&e2b, &caller, &id).await?;
+    let wanted = SystemTime::now() + life;
+    if !entry.is_paused() && wanted > lock(&entry.end).0 {
+        e2b.arm_timer(&entry, wanted);
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Changing a running sandbox's network (`sandbox.update_network`):
+/// corral sets egress when a sandbox is created; refused by name (after
+/// the same visibility check as every call on a sandbox).
+async fn update_network(
+    State(e2b): State<E2b>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, E2bError> {
+    let caller = caller(&e2b, &headers)?;
+    visible(&e2b, &caller, &id).await?;
+    Err(error(
+        StatusCode::NOT_IMPLEMENTED,
+        "network: changing a running sandbox's network is not supported by corral;          set network (allow_out, deny_out) or allow_internet_access when creating it",
+    ))
 }
 
 /// Connect to a running sandbox: its envd token, and with `timeout` a new
