@@ -658,6 +658,40 @@ def test_relative_paths_are_where_commands_run(e2b_server: Dict[str, str], workd
         sandbox.kill()
 
 
+def test_relative_paths_watch_events_and_timeout_zero_async(e2b_server: Dict[str, str], workdir_image: str) -> None:
+    # The async SDK over the same behaviours: relative paths where commands
+    # run, a new file's CREATE then WRITE on the watch stream, and
+    # set_timeout(0) ending the sandbox.
+    async def main() -> None:
+        sandbox = await AsyncSandbox.create(template=workdir_image, timeout=120)
+        try:
+            assert (await sandbox.commands.run("pwd")).stdout.strip() == "/home/user/work"
+            await sandbox.files.write("rel.txt", "relative")
+            assert (await sandbox.commands.run("cat /home/user/work/rel.txt")).stdout == "relative"
+            await sandbox.files.make_dir("w")
+            events: List[tuple] = []
+            watch = await sandbox.files.watch_dir("w", on_event=lambda e: events.append((e.name, e.type)))
+            await sandbox.files.write("w/new.txt", "content")
+            wanted = [("new.txt", e2b.FilesystemEventType.CREATE), ("new.txt", e2b.FilesystemEventType.WRITE)]
+            for _ in range(100):
+                if events[:2] == wanted:
+                    break
+                await asyncio.sleep(0.1)
+            await watch.stop()
+            assert events[:2] == wanted, events
+            await sandbox.set_timeout(0)
+            for _ in range(200):
+                if not await sandbox.is_running():
+                    break
+                await asyncio.sleep(0.1)
+            assert not await sandbox.is_running()
+        finally:
+            with contextlib.suppress(Exception):
+                await sandbox.kill()
+
+    run_on_a_new_loop(main)
+
+
 def test_files_answer_as_envd_does(e2b_server: Dict[str, str], sbx: Sandbox) -> None:
     # Removing what is not there is a no-op.
     sbx.files.remove("/nowhere/at/all")
