@@ -159,6 +159,15 @@ impl E2b {
         Some(entry)
     }
 
+    /// Moves `entry`'s end to `life` from now unless it is later already
+    /// (E2B's `connect` and keep-alive refreshes never shorten it).
+    fn extend_timer(&self, entry: &Arc<Entry>, life: std::time::Duration) {
+        let wanted = SystemTime::now() + life;
+        if wanted > lock(&entry.end).0 {
+            self.arm_timer(entry, wanted);
+        }
+    }
+
     /// Releases `id` when `end` comes, unless its timeout changes first.
     fn arm_timer(&self, entry: &Arc<Entry>, end: SystemTime) {
         let this = self.clone();

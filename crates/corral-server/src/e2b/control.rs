@@ -784,9 +784,9 @@ async fn refresh(
     let req: RefreshBody = body(&bytes)?;
     let life = lifetime("duration", req.duration)?;
     let (entry, _) = visible(&e2b, &caller, &id).await?;
-    let wanted = SystemTime::now() + life;
-    if !entry.is_paused() && wanted > lock(&entry.end).0 {
-        e2b.arm_timer(&entry, wanted);
+    // A paused sandbox has no timer to extend (resuming starts one).
+    if !entry.is_paused() {
+        e2b.extend_timer(&entry, life);
     }
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -823,11 +823,7 @@ async fn connect(
         return resume_entry(&e2b, &entry, &lease, req.timeout, StatusCode::CREATED).await;
     }
     if req.timeout.is_some() {
-        let life = lifetime("timeout", req.timeout)?;
-        let wanted = SystemTime::now() + life;
-        if wanted > lock(&entry.end).0 {
-            e2b.arm_timer(&entry, wanted);
-        }
+        e2b.extend_timer(&entry, lifetime("timeout", req.timeout)?);
     }
     Ok((StatusCode::OK, Json(sandbox_json(&entry))).into_response())
 }
