@@ -78,6 +78,10 @@ REFUSED = "refused"
 SKEW = "skew"
 DIFFERS = "differs"
 SERVED = "served"
+THREE_EVENTS = (
+    "expects exactly 3 events for a file written through envd (its write path also changes the "
+    "owner, a CHMOD); corral's watcher reports what its listings show: CREATE and WRITE"
+)
 CLASSES: List[Tuple[str, str, str]] = [
     ("*template_sync/*", CLOUD, "builds templates on E2B's template builder"),
     ("*template_async/*", CLOUD, "builds templates on E2B's template builder"),
@@ -115,12 +119,8 @@ CLASSES: List[Tuple[str, str, str]] = [
      "autoResume: a paused sandbox resumes on connect, not on traffic (refused by name)"),
     ("*test_snapshot_filesystem_only.py::test_pause_filesystem_only", REFUSED,
      "pause(keep_memory=False): refused by name (501 naming memory), the sandbox left running"),
-    ("*test_watch.py::test_watch_iterated", DIFFERS,
-     "expects exactly 3 events for a file written through envd (its write path also changes the "
-     "owner, a CHMOD); corral's watcher reports what its listings show: CREATE and WRITE"),
-    ("sync/*test_watch.py::test_watch_recursive_directory_changes", DIFFERS,
-     "expects exactly 3 events for a file written through envd (its write path also changes the "
-     "owner, a CHMOD); corral's watcher reports what its listings show: CREATE and WRITE"),
+    ("*test_watch.py::test_watch_iterated", DIFFERS, THREE_EVENTS),
+    ("sync/*test_watch.py::test_watch_recursive_directory_changes", DIFFERS, THREE_EVENTS),
     ("*test_connect.py::test_connect_normalizes_unset_tokens", SKEW,
      "mocks POST /sandboxes/{id}/connect; the newest SDK calls /v2/sandboxes/{id}/connect, so the "
      "unmocked call reaches the service with a placeholder key"),

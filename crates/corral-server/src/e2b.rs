@@ -340,17 +340,8 @@ impl E2b {
                 ));
             }
         }
-        let id = entry.id.clone();
-        if entry.is_paused() {
-            return Err(RpcError::new(
-                Code::Unavailable,
-                format!("sandbox '{id}' is paused: connect to it (Sandbox.connect) to resume it"),
-            ));
-        }
-        let gone = RpcError::new(
-            Code::Unavailable,
-            format!("sandbox '{id}' was not found (killed, or its timeout passed)"),
-        );
+        not_paused(&entry)?;
+        let gone = envd_gone(&entry.id);
         self.envd_lease(entry, gone).await
     }
 
@@ -428,27 +419,39 @@ impl E2b {
         // found" (the SDK then reports it not running); a known one with
         // another token is refused. Ids are random: telling that one
         // exists opens nothing.
-        let gone = || {
-            RpcError::new(
-                Code::Unavailable,
-                format!("sandbox '{id}' was not found (killed, or its timeout passed)"),
-            )
-        };
-        let entry = self.entry(&id).ok_or_else(gone)?;
-        if entry.is_paused() {
-            return Err(RpcError::new(
-                Code::Unavailable,
-                format!("sandbox '{id}' is paused: connect to it (Sandbox.connect) to resume it"),
-            ));
-        }
+        let entry = self.entry(&id).ok_or_else(|| envd_gone(&id))?;
+        not_paused(&entry)?;
         if given.is_empty() || !same_bytes(given.as_bytes(), entry.token.as_bytes()) {
             return Err(RpcError::new(
                 Code::Unauthenticated,
                 format!("header X-Access-Token does not open sandbox '{id}'"),
             ));
         }
-        Ok((entry, gone()))
+        Ok((entry, envd_gone(&id)))
     }
+}
+
+/// envd's answer for a sandbox that ended or never was, as E2B's proxy
+/// answers (the SDK then reports it not running).
+fn envd_gone(id: &str) -> RpcError {
+    RpcError::new(
+        Code::Unavailable,
+        format!("sandbox '{id}' was not found (killed, or its timeout passed)"),
+    )
+}
+
+/// Refuses an envd call on a paused sandbox.
+fn not_paused(entry: &Entry) -> Result<(), RpcError> {
+    if entry.is_paused() {
+        return Err(RpcError::new(
+            Code::Unavailable,
+            format!(
+                "sandbox '{}' is paused: connect to it (Sandbox.connect) to resume it",
+                entry.id
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The sandbox an envd call names: `E2b-Sandbox-Id` (what the SDK sends

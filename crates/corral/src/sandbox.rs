@@ -653,7 +653,7 @@ impl Sandbox {
             .spec
             .workdir
             .clone()
-            .or_else(|| self.conn_hello().workdir)
+            .or_else(|| self.conn().hello.workdir.clone())
             .unwrap_or_else(|| "/".into())
     }
 

@@ -803,7 +803,8 @@ async fn update_network(
     visible(&e2b, &caller, &id).await?;
     Err(error(
         StatusCode::NOT_IMPLEMENTED,
-        "network: changing a running sandbox's network is not supported by corral;          set network (allow_out, deny_out) or allow_internet_access when creating it",
+        "network: changing a running sandbox's network is not supported by corral; \
+         set network (allow_out, deny_out) or allow_internet_access when creating it",
     ))
 }
 

@@ -11,8 +11,9 @@
 //! and `CreateWatcher`, `GetWatcherEvents`, `RemoveWatcher` that the sync
 //! SDK polls) compares listings of the directory every [`WATCH_EVERY`],
 //! and once more when the sync SDK asks (corral has no file system events):
-//! an entry that appears is `CREATE`, one that goes `REMOVE`, a changed
-//! size `WRITE`, changed permissions `CHMOD`; a change undone within one
+//! an entry that appears is `CREATE` (a new file with content also
+//! `WRITE`), one that goes `REMOVE`, a file's changed size or modification
+//! time `WRITE`, changed permissions `CHMOD`; a change undone within one
 //! interval is not seen.
 //!
 //! A relative path is taken from the sandbox's working directory, where
@@ -455,7 +456,6 @@ struct WatcherRequest {
 }
 
 /// What a listing shows of one entry, to tell changes.
-#[derive(PartialEq)]
 struct Shown {
     kind: EntryKind,
     size: u64,
