@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from typing import Awaitable, Callable, Dict, Iterator, List
 
@@ -511,14 +512,27 @@ def test_pty_create_send_stdin_resize_kill(e2b_server: Dict[str, str]) -> None:
         sandbox.pty.send_stdin(term.pid, b"print(6*7)\n")
         until(b"42\r\n>>> ")
         sandbox.pty.send_stdin(term.pid, b"exit()\n")
-        # Type nothing until the shell reads again: what is typed while
-        # python3 exits can be half taken by it (the shell then ran a
-        # truncated line: "...: command not found", and the rest).
         until(b"R2> ")
+        # What is typed just as the shell takes the terminal back from
+        # python3 can lose its first bytes (the shell then runs a truncated
+        # line: "leep: command not found"). Probe until a whole line comes
+        # through; each probe's answer differs from its text as typed.
+        for attempt in range(5):
+            sandbox.pty.send_stdin(term.pid, b"echo $((%d*3))ready\n" % (attempt + 3))
+            seen = until(b"R2> ")
+            if f"{(attempt + 3) * 3}ready" in seen:
+                break
+        else:
+            raise AssertionError(f"the shell never read a whole line: {bytes(out)!r}")
 
         # Ctrl-C interrupts the foreground command; the shell answers again.
+        # The Ctrl-C is typed only once sleep runs on this terminal: typed
+        # earlier, it would interrupt the shell's reading of the line.
         sandbox.pty.send_stdin(term.pid, b"sleep 100; echo $((1+1))slept\n")
-        until(b"sleep 100")
+        deadline = time.monotonic() + 30
+        while "sleep" not in sandbox.commands.run("cat /proc/[0-9]*/comm 2>/dev/null || true").stdout.split():
+            assert time.monotonic() < deadline, f"sleep never ran on the terminal: {bytes(out)!r}"
+            time.sleep(0.05)
         sandbox.pty.send_stdin(term.pid, b"\x03")
         sandbox.pty.send_stdin(term.pid, b"echo $((40+2))x\n")
         assert "2slept" not in until(b"42x\r\n")

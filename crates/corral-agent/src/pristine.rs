@@ -69,7 +69,9 @@ use std::time::{Duration, Instant};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use corral_core::protocol::{DeltaError, DeltaErrorKind, ResetReport, ResetSupport};
+use corral_core::protocol::{
+    DeltaError, DeltaErrorKind, ResetReport, ResetSupport, SHARED_DELTAS_DIR,
+};
 
 use crate::delta;
 use crate::reaper::Reaper;
@@ -274,16 +276,23 @@ pub struct Pristine {
     /// import's thread holds `state` while it waits for bytes, so the
     /// reader thread must not wait for that lock meanwhile).
     importing: AtomicBool,
+    /// The host directory corral shares deltas through, taken from
+    /// [`SHARED_DELTAS_DIR`] at start (see [`take_shared_deltas`]).
+    shared: Option<fs::File>,
 }
 
 /// Prepares PID 1 for resets. Call once, while the agent has one thread.
 pub fn init(size: Option<u64>, filtered: bool) -> Pristine {
     let extra_caps = missing_extra_cap().is_none();
+    let mut shared = None;
     let support = match readiness(filtered) {
-        Ok(()) => ResetSupport {
-            ready: true,
-            reason: String::new(),
-        },
+        Ok(()) => {
+            shared = take_shared_deltas();
+            ResetSupport {
+                ready: true,
+                reason: String::new(),
+            }
+        }
         Err(reason) => {
             eprintln!("corral-agent: in-place reset is unavailable: {reason}");
             ResetSupport {
@@ -300,7 +309,42 @@ pub fn init(size: Option<u64>, filtered: bool) -> Pristine {
         world: RwLock::new(None),
         state: Mutex::new(State::default()),
         importing: AtomicBool::new(false),
+        shared,
     }
+}
+
+/// Takes the shared deltas mount for the agent alone: opens its directory,
+/// then detaches the mount from the agent's (private) namespace, so no
+/// world, built from that namespace, carries it, and no command sees what
+/// it holds (the agent's descriptors are close-on-exec and PID 1 is not
+/// dumpable: `/proc/1/fd` is closed to commands). `None` when nothing is
+/// mounted there: a directory of the image by that name is never read.
+fn take_shared_deltas() -> Option<fs::File> {
+    let path = CString::new(SHARED_DELTAS_DIR).ok()?;
+    let dir = fs::File::open(SHARED_DELTAS_DIR).ok()?;
+    match sys::umount_detach(&path) {
+        Ok(()) => Some(dir),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => None,
+        Err(e) => {
+            eprintln!("corral-agent: cannot take the shared deltas mount: {e}");
+            None
+        }
+    }
+}
+
+/// Whether `name` may name a file of the shared deltas directory: one or
+/// two components of letters, digits, `.`, `_` and `-`, none of them `.`
+/// or `..`.
+fn shared_name_ok(name: &str) -> bool {
+    let parts: Vec<&str> = name.split('/').collect();
+    parts.len() <= 2
+        && parts.iter().all(|p| {
+            !p.is_empty()
+                && *p != "."
+                && *p != ".."
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        })
 }
 
 /// The first of [`EXTRA_CAPS`] missing from this process's effective set.
@@ -397,6 +441,7 @@ impl Pristine {
             world: RwLock::new(None),
             state: Mutex::new(State::default()),
             importing: AtomicBool::new(false),
+            shared: None,
         }
     }
 
@@ -414,6 +459,7 @@ impl Pristine {
             world: RwLock::new(None),
             state: Mutex::new(State::default()),
             importing: AtomicBool::new(false),
+            shared: None,
         }
     }
 
@@ -430,6 +476,37 @@ impl Pristine {
     /// Whether deltas can be exported and imported.
     pub fn deltas(&self) -> bool {
         self.requested && self.support.ready
+    }
+
+    /// Whether a delta can be taken from the shared deltas directory.
+    pub fn shared_deltas(&self) -> bool {
+        self.deltas() && self.shared.is_some()
+    }
+
+    /// Opens the shared delta `name`, which must be a regular file of
+    /// exactly `size` bytes. `Err` says why not (nothing was touched).
+    pub fn open_shared(&self, name: &str, size: u64) -> Result<fs::File, String> {
+        let dir = self
+            .shared
+            .as_ref()
+            .filter(|_| self.deltas())
+            .ok_or("no shared deltas directory is mounted")?;
+        if !shared_name_ok(name) {
+            return Err(format!("shared delta {name:?}: not a valid name"));
+        }
+        let c =
+            CString::new(name).map_err(|_| format!("shared delta {name:?}: not a valid name"))?;
+        let file = sys::open_file_beneath(dir.as_fd(), &c)
+            .map_err(|e| format!("shared delta {name}: {e}"))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| format!("shared delta {name}: {e}"))?;
+        if !meta.file_type().is_file() || meta.len() != size {
+            return Err(format!(
+                "shared delta {name}: not a regular file of {size} bytes"
+            ));
+        }
+        Ok(file)
     }
 
     /// The current world, held so that no reset replaces it meanwhile.
@@ -1552,6 +1629,18 @@ fn child(overlay: &[CString; 2], root: &CString, steps: &[Step], ready: RawFd, g
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shared_delta_is_named_by_one_or_two_plain_components() {
+        for ok in ["a.tar", "123-456/0af9.tar", "x_y-z.1"] {
+            assert!(shared_name_ok(ok), "{ok}");
+        }
+        for bad in [
+            "", "/abs.tar", "a/", "../x", "a/../b", "a/b/c", ".", "a/.", "a b", "a\0b", "ü",
+        ] {
+            assert!(!shared_name_ok(bad), "{bad:?}");
+        }
+    }
 
     #[test]
     fn a_mount_inside_a_fresh_mount_gets_its_mount_point() {

@@ -248,6 +248,7 @@ impl Conn {
             session: hello.session,
             reset: self.shared.pristine.support().cloned(),
             deltas: self.shared.pristine.deltas(),
+            shared_deltas: self.shared.pristine.shared_deltas(),
             usage: true,
             pty: true,
             workdir: std::env::current_dir()
@@ -545,8 +546,9 @@ impl Conn {
         }
     }
 
-    /// Starts taking a delta in: its bytes follow in ImportData frames and
-    /// go to a thread of its own, which answers ImportDone.
+    /// Starts taking a delta in, on a thread of its own that answers
+    /// ImportDone: from the shared deltas directory when the request names
+    /// a file there, else from the ImportData frames that follow.
     fn import(&self, id: u32, req: ImportRequest) {
         let refuse = |kind: DeltaErrorKind, message: String| {
             let report = DeltaReport {
@@ -576,6 +578,15 @@ impl Conn {
                 ),
             );
         }
+        // A shared delta is opened before anything changes: if it cannot
+        // be, corral sends the bytes instead.
+        let shared = match &req.shared {
+            Some(name) => match self.shared.pristine.open_shared(name, req.size) {
+                Ok(file) => Some(file),
+                Err(message) => return refuse(DeltaErrorKind::Unsupported, message),
+            },
+            None => None,
+        };
         if let Err(e) = self.shared.pristine.begin_import(req.replace) {
             let report = DeltaReport {
                 error: Some(e),
@@ -591,38 +602,54 @@ impl Conn {
         let size = req.size;
         let replace = req.replace;
         let reaper = self.shared.reaper.clone();
+        let from_file = shared.is_some();
         let spawned = std::thread::Builder::new()
             .name("import".into())
             .stack_size(THREAD_STACK)
             .spawn(move || {
                 let started = Instant::now();
-                let mut input = Incoming {
-                    rx,
-                    size,
-                    got: 0,
-                    chunk: Vec::new(),
-                    at: 0,
+                let (result, got) = match shared {
+                    Some(file) => {
+                        let mut input = Counted {
+                            inner: io::BufReader::with_capacity(1 << 20, file).take(size),
+                            got: 0,
+                        };
+                        let result = pristine.import(&mut input, replace, &reaper);
+                        (result, input.got)
+                    }
+                    None => {
+                        let mut input = Incoming {
+                            rx,
+                            size,
+                            got: 0,
+                            chunk: Vec::new(),
+                            at: 0,
+                        };
+                        let result = pristine.import(&mut input, replace, &reaper);
+                        // Stop taking bytes before answering.
+                        let got = input.got;
+                        drop(input);
+                        (result, got)
+                    }
                 };
-                let result = pristine.import(&mut input, replace, &reaper);
                 let report = match result {
                     Ok(done) => DeltaReport {
                         error: None,
-                        bytes: input.got,
+                        bytes: got,
                         entries: done.entries,
                         elapsed_us: started.elapsed().as_micros() as u64,
                     },
                     Err(e) => DeltaReport {
                         error: Some(e),
-                        bytes: input.got,
+                        bytes: got,
                         elapsed_us: started.elapsed().as_micros() as u64,
                         ..Default::default()
                     },
                 };
-                // Stop taking bytes before answering.
-                drop(input);
                 writer.send(&Frame::json(FrameKind::ImportDone, id, &report));
             });
         match spawned {
+            Ok(_) if from_file => {}
             Ok(_) => {
                 *lock(&self.import) = Some(Importing {
                     id,
@@ -745,6 +772,20 @@ impl std::io::Write for Chunks {
 
 /// An import's bytes as the reader thread hands them over: exactly
 /// `size`, or an error when the stream stops short.
+/// A reader that counts what went through it.
+struct Counted<R> {
+    inner: R,
+    got: u64,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.got += n as u64;
+        Ok(n)
+    }
+}
+
 struct Incoming {
     rx: mpsc::Receiver<Vec<u8>>,
     size: u64,

@@ -599,6 +599,38 @@ pub fn open_in_root(root: BorrowedFd<'_>, path: &CStr) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Opens the regular file `name` under the directory `dir` for reading,
+/// resolved beneath it: no `..` out of it, no symlink, no other mount.
+pub fn open_file_beneath(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<std::fs::File> {
+    let mut how: libc::open_how = {
+        // SAFETY: open_how is plain data; all-zero is a valid value.
+        unsafe { std::mem::zeroed() }
+    };
+    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NOCTTY) as u64;
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_XDEV;
+    // SAFETY: name is NUL-terminated; `how` is valid for its size.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    let fd = cvt(fd as libc::c_int)?;
+    // SAFETY: openat2 returned a new descriptor we now own.
+    Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// Detaches the mount at `path` from this mount namespace (`MNT_DETACH`):
+/// descriptors already open beneath it keep working. EINVAL when `path`
+/// is no mount point.
+pub fn umount_detach(path: &CStr) -> io::Result<()> {
+    // SAFETY: path is NUL-terminated.
+    cvt(unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) }).map(drop)
+}
+
 /// fork(2). In the child only async-signal-safe calls may follow (the
 /// parent is multi-threaded), ending in `_exit`.
 ///

@@ -553,6 +553,14 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// The host directory this backend mounts read-only (at
+    /// [`crate::protocol::SHARED_DELTAS_DIR`]) into sandboxes that reset in
+    /// place, where the runtime writes a delta once for every fork to
+    /// read; `None`: forks get their delta over their agent's stream.
+    fn shared_deltas(&self) -> Option<&std::path::Path> {
+        None
+    }
+
     /// Keeps the file system of the sandbox at `placement` as snapshot
     /// `req.name` (replacing one of that name), from which sandboxes can
     /// start ([`SnapshotInfo::image`]).

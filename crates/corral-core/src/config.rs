@@ -102,6 +102,12 @@ pub struct SnapshotConfig {
     /// directory). Default `None`: `$XDG_DATA_HOME/corral/snapshots`, else
     /// `~/.local/share/corral/snapshots` (see [`Config::snapshot_dir`]).
     pub dir: Option<String>,
+    /// Forks read a delta from a host directory that every sandbox
+    /// resetting in place mounts read-only (its agent alone reaches it),
+    /// written once per snapshot, rather than each fork getting the bytes
+    /// over its own stream. Only with an engine on this host (a local
+    /// socket, corral not itself in a container). Default true.
+    pub share: bool,
 }
 
 impl Default for SnapshotConfig {
@@ -109,6 +115,7 @@ impl Default for SnapshotConfig {
         SnapshotConfig {
             max_bytes: 1 << 30,
             dir: None,
+            share: true,
         }
     }
 }

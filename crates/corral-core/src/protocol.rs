@@ -50,6 +50,12 @@ pub const OUTPUT_CHUNK: usize = 64 * 1024;
 
 /// Where the agent binary sits inside every sandbox.
 pub const AGENT_DIR: &str = "/.corral";
+
+/// Where a sandbox that resets in place finds the host directory corral
+/// shares deltas through (read-only). Its agent takes the mount for
+/// itself at start (an open directory, the mount detached), so no command
+/// ever sees what is in it; the directory left behind is empty.
+pub const SHARED_DELTAS_DIR: &str = "/.corral-deltas";
 /// Full path of the agent binary inside every sandbox.
 pub const AGENT_PATH: &str = "/.corral/corral-agent";
 
@@ -523,6 +529,11 @@ pub struct HelloAck {
     /// older agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workdir: Option<String>,
+    /// The agent holds [`SHARED_DELTAS_DIR`] and takes a delta from a file
+    /// there ([`ImportRequest::shared`]); absent from an older agent, or
+    /// with no such mount: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared_deltas: bool,
 }
 
 /// What the agent said about in-place reset at the handshake.
@@ -588,6 +599,14 @@ pub struct ImportRequest {
     /// world starts over the imported one. Absent means false.
     #[serde(default)]
     pub replace: bool,
+    /// The archive is the file of this name in the shared deltas
+    /// directory ([`HelloAck::shared_deltas`]), `size` bytes long, and no
+    /// ImportData frames follow. A name is one or two components of
+    /// letters, digits, `.`, `_` and `-` (no `..`). If the agent cannot
+    /// open it, it answers `unsupported` before touching anything, and
+    /// corral sends the bytes instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared: Option<String>,
 }
 
 /// How an export or an import went.

@@ -1,7 +1,7 @@
 //! The Docker backend: containers whose PID 1 is corral's agent, reached
 //! through the daemon's attach to PID 1's own stdin and stdout.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -57,6 +57,9 @@ pub struct DockerConfig {
     /// The network egress gateways reach out through
     /// (`daemon.egress_network`); `None`: corral's own bridge network.
     pub egress_network: Option<String>,
+    /// Share deltas with sandboxes that reset in place through a host
+    /// directory (`snapshots.share`), when the daemon runs on this host.
+    pub share_deltas: bool,
 }
 
 impl Default for DockerConfig {
@@ -78,6 +81,42 @@ impl From<&Config> for DockerConfig {
                 .as_ref()
                 .map(std::path::PathBuf::from),
             egress_network: config.daemon.egress_network.clone(),
+            share_deltas: config.snapshots.share,
+        }
+    }
+}
+
+/// The directory deltas are shared through, made (0711: sandboxes reach
+/// the files they are named, nobody lists them) when the daemon at
+/// `endpoint` may see this host's files: a local socket. (Whether it does
+/// shows at the first create that mounts it: see `do_create`.)
+fn shared_deltas_dir(endpoint: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if !(endpoint.starts_with("unix://") || endpoint.starts_with('/')) {
+        return None;
+    }
+    let uid = std::fs::metadata("/proc/self").map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.uid()
+    });
+    let dir = corral_core::paths::user_runtime_dir(
+        std::env::var_os("XDG_RUNTIME_DIR")
+            .as_deref()
+            .map(std::path::Path::new),
+        &std::env::temp_dir(),
+        uid.unwrap_or(0),
+    )
+    .join("deltas");
+    let made = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o711)
+        .create(&dir)
+        .and_then(|()| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)));
+    match made {
+        Ok(()) => Some(dir),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot make the shared deltas directory; forks stream their deltas");
+            None
         }
     }
 }
@@ -98,6 +137,10 @@ pub(crate) struct BackendInner {
     storage_opt: OnceCell<bool>,
     pulls: crate::pull::Pulls,
     pub(crate) events: Arc<EventRouter>,
+    /// See [`Backend::shared_deltas`].
+    shared_deltas: Option<std::path::PathBuf>,
+    /// A create found the daemon cannot mount `shared_deltas`.
+    share_failed: AtomicBool,
 }
 
 impl DockerBackend {
@@ -105,6 +148,11 @@ impl DockerBackend {
     /// answers.
     pub async fn connect(config: &DockerConfig) -> Result<Self, Error> {
         let (docker, endpoint) = crate::connect::connect(config.endpoint.as_deref()).await?;
+        let shared_deltas = if config.share_deltas {
+            shared_deltas_dir(&endpoint)
+        } else {
+            None
+        };
         Ok(DockerBackend {
             inner: Arc::new(BackendInner {
                 docker,
@@ -120,6 +168,8 @@ impl DockerBackend {
                     auth_file: config.registry_auth_file.clone(),
                 }),
                 events: Arc::new(EventRouter::default()),
+                shared_deltas,
+                share_failed: AtomicBool::new(false),
             }),
         })
     }
@@ -531,22 +581,38 @@ impl DockerBackend {
         if private_agent {
             agent_volume::make_private(docker, id, &spec.image, req.owner).await?;
         }
-        let body = create_body(
-            spec,
-            &CreateParams {
-                sandbox_id: id,
-                labels: &req.labels,
-                env: req.agent_env.clone(),
-                agent_volume: &volume,
-                storage_opt_supported,
-                network: &network,
-                dns: dns.as_deref(),
-            },
-        );
-        match self
-            .create_container(&container_name(id), id, &spec.image, body)
-            .await
-        {
+        let body = |shared_deltas| {
+            create_body(
+                spec,
+                &CreateParams {
+                    sandbox_id: id,
+                    labels: &req.labels,
+                    env: req.agent_env.clone(),
+                    agent_volume: &volume,
+                    storage_opt_supported,
+                    network: &network,
+                    dns: dns.as_deref(),
+                    shared_deltas,
+                },
+            )
+        };
+        let shared = self.shared_deltas();
+        let mut created = self
+            .create_container(&container_name(id), id, &spec.image, body(shared))
+            .await;
+        if let (Err(e), Some(dir)) = (&created, shared) {
+            // The daemon does not see this host's files after all (corral
+            // runs in another container, or on another machine than the
+            // socket's daemon): forks stream their deltas from now on.
+            if e.to_string().contains(&dir.display().to_string()) {
+                tracing::warn!(dir = %dir.display(), error = %e, "the daemon cannot mount the shared deltas directory; forks stream their deltas");
+                self.inner.share_failed.store(true, Ordering::Relaxed);
+                created = self
+                    .create_container(&container_name(id), id, &spec.image, body(None))
+                    .await;
+            }
+        }
+        match created {
             Ok(cid) => Ok(Placement(cid)),
             Err(e) => {
                 if private_agent {
@@ -770,6 +836,13 @@ impl Backend for DockerBackend {
 
     fn keeps_snapshot_images(&self) -> bool {
         true
+    }
+
+    fn shared_deltas(&self) -> Option<&std::path::Path> {
+        self.inner
+            .shared_deltas
+            .as_deref()
+            .filter(|_| !self.inner.share_failed.load(Ordering::Relaxed))
     }
 
     fn image_snapshot<'a>(

@@ -37,6 +37,9 @@ pub struct CreateParams<'a> {
     /// The resolver the sandbox uses (its egress gateway's address), for a
     /// sandbox with an egress policy.
     pub dns: Option<&'a str>,
+    /// The host directory of shared deltas ([`corral_core::Backend::shared_deltas`]),
+    /// mounted read-only into a sandbox that resets in place.
+    pub shared_deltas: Option<&'a std::path::Path>,
 }
 
 /// The host-side helper directories of a `nosuid` mount of `host`: an
@@ -162,6 +165,21 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
         read_only: Some(true),
         ..Default::default()
     }];
+    // Deltas are shared only with a sandbox that resets in place (its
+    // agent takes the mount from its commands at start) and that no
+    // capability lets reach a read-only mount's writable side.
+    if let Some(dir) = p
+        .shared_deltas
+        .filter(|_| spec.in_place_reset().is_ok() && !crate::agent_volume::needs_private_copy(spec))
+    {
+        mounts.push(Mount {
+            target: Some(corral_core::protocol::SHARED_DELTAS_DIR.into()),
+            source: Some(dir.display().to_string()),
+            typ: Some(MountType::BIND),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
     mounts.extend(spec.mounts.iter().map(|m| {
         if m.nosuid {
             return nosuid_mount(m, p.sandbox_id);
@@ -305,6 +323,7 @@ mod tests {
             storage_opt_supported: false,
             network: "net-id",
             dns: None,
+            shared_deltas: None,
         }
     }
 
@@ -343,6 +362,42 @@ mod tests {
             .entrypoint
             .expect("entrypoint")
             .contains(&"--pristine".to_string()));
+    }
+
+    #[test]
+    fn shared_deltas_are_mounted_read_only_into_pristine_sandboxes_alone() {
+        let owner = owner_labels(&Owner {
+            host: "h".into(),
+            pid: 1,
+            start: 2,
+        });
+        let dir = std::path::Path::new("/run/c/deltas");
+        let shared = |spec: &SandboxSpec| {
+            let body = create_body(
+                spec,
+                &CreateParams {
+                    shared_deltas: Some(dir),
+                    ..params(&owner)
+                },
+            );
+            body.host_config
+                .and_then(|h| h.mounts)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|m| m.target.as_deref() == Some(corral_core::protocol::SHARED_DELTAS_DIR))
+                .collect::<Vec<_>>()
+        };
+        let mut spec = SandboxSpec::new("img");
+        assert!(shared(&spec).is_empty(), "not pristine");
+        spec.pristine = true;
+        let mounts = shared(&spec);
+        assert_eq!(mounts.len(), 1, "{mounts:?}");
+        assert_eq!(mounts[0].source.as_deref(), Some("/run/c/deltas"));
+        assert_eq!(mounts[0].read_only, Some(true));
+        assert_eq!(mounts[0].typ, Some(MountType::BIND));
+        // A capability that could reach a read-only mount's writable side.
+        spec.security.cap_add = vec!["DAC_READ_SEARCH".into()];
+        assert!(shared(&spec).is_empty(), "granted DAC_READ_SEARCH");
     }
 
     #[test]

@@ -481,3 +481,150 @@ async fn forks_land_in_warm_pristine_sandboxes_and_go_back_pristine() {
         .expect("delete the snapshot");
     g.assert_clean();
 }
+
+/// The files of this test's delta in the shared deltas directory `root`:
+/// those whose bytes are exactly `delta`'s (other tests of this process
+/// publish theirs beside it).
+fn published(root: &std::path::Path, delta: &[u8]) -> Vec<std::path::PathBuf> {
+    let mine = format!("{}-", std::process::id());
+    let mut found = Vec::new();
+    for dir in std::fs::read_dir(root)
+        .expect("the shared deltas directory")
+        .flatten()
+    {
+        if !dir.file_name().to_string_lossy().starts_with(&mine) {
+            continue;
+        }
+        for f in std::fs::read_dir(dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if std::fs::read(f.path()).is_ok_and(|b| b == delta) {
+                found.push(f.path());
+            }
+        }
+    }
+    found
+}
+
+/// A fork reads its delta from the shared deltas directory: written once
+/// on the host for every fork, and out of reach of every command (the
+/// mount is the agent's alone); with sharing off the bytes go over the
+/// agent's stream and the fork is the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn forks_read_a_shared_delta_that_no_command_reaches() {
+    let g = Guard::new("prov-shared-delta");
+    let rt = backend().await;
+    let root = rt
+        .backend()
+        .shared_deltas()
+        .expect("a local daemon gets a shared deltas directory")
+        .to_path_buf();
+    let mut spec = g.spec(BUSYBOX);
+    spec.pristine = true;
+    let prepare = "mkdir -p /srv && echo secret-$((6*7)) > /srv/secret \
+                   && dd if=/dev/urandom of=/srv/blob bs=1k count=256 2>/dev/null && md5sum /srv/blob";
+    let source = rt.create(&spec).await.expect("create the source");
+    let blob = out(&source, prepare).await;
+    let name = format!(
+        "shared-{}-{}",
+        std::process::id(),
+        corral::host::random_hex(6)
+    );
+    let info = source
+        .snapshot(&name, corral::SnapshotOptions::default())
+        .await
+        .expect("snapshot");
+    let base = rt
+        .fork_base(&info)
+        .await
+        .expect("its delta")
+        .expect("a delta snapshot");
+    let forks = rt.fork(&name, 2).await.expect("fork");
+
+    // One file on the host for both forks, the delta's bytes exactly.
+    let files = published(&root, base.as_bytes());
+    assert_eq!(files.len(), 1, "{files:?}");
+    let file = files[0].clone();
+    let shared_name = format!(
+        "{}/{}",
+        file.parent()
+            .and_then(|d| d.file_name())
+            .expect("its process directory")
+            .to_string_lossy(),
+        file.file_name().expect("its name").to_string_lossy()
+    );
+
+    // Each fork has the state; none of its commands finds the mount, the
+    // file (by its exact name), or the agent's descriptor of the directory.
+    let attack = format!(
+        "for p in /.corral-deltas/{n} /proc/1/root/.corral-deltas/{n} /proc/1/cwd/.corral-deltas/{n}; do \
+           cat $p >/dev/null 2>&1 && echo READ $p; done; \
+         i=0; while [ $i -lt 64 ]; do ls /proc/1/fd/$i/ >/dev/null 2>&1 && echo LISTED $i; i=$((i+1)); done; \
+         grep -c corral-deltas /proc/self/mountinfo; ls -A /.corral-deltas | wc -l; \
+         cat /srv/secret; md5sum /srv/blob",
+        n = shared_name
+    );
+    for f in &forks {
+        assert_eq!(
+            out(f, &attack).await,
+            format!("0\n0\nsecret-42\n{blob}"),
+            "fork {}",
+            f.id()
+        );
+    }
+    // A sandbox that took no fork reaches it no better.
+    let other = rt.create(&spec).await.expect("create another");
+    let no_fork = other.run(&sh(&format!("({attack}) 2>&1"))).await;
+    assert!(
+        text(&no_fork.stdout).starts_with("0\n0\ncat: can't open '/srv/secret'"),
+        "{no_fork:?}"
+    );
+
+    for sb in forks.iter().chain([&source, &other]) {
+        sb.destroy().await.expect("destroy");
+    }
+    rt.delete_snapshot(&name)
+        .await
+        .expect("delete the snapshot");
+    drop((info, base, forks, source, other));
+    assert!(!file.exists(), "{} outlived its snapshot", file.display());
+
+    // Sharing off: the same fork, its bytes over the agent's stream.
+    let streamed = common::connect(&common::BackendConfig {
+        share_deltas: false,
+        ..Default::default()
+    })
+    .await
+    .expect("connect");
+    assert!(streamed.backend().shared_deltas().is_none());
+    let source = streamed.create(&spec).await.expect("create the source");
+    let blob = out(&source, prepare).await;
+    streamed
+        .fork_base(
+            &source
+                .snapshot(&name, corral::SnapshotOptions::default())
+                .await
+                .expect("snapshot"),
+        )
+        .await
+        .expect("its delta");
+    let forks = streamed.fork(&name, 1).await.expect("fork");
+    assert_eq!(
+        out(
+            &forks[0],
+            "grep -c corral-deltas /proc/self/mountinfo; cat /srv/secret; md5sum /srv/blob"
+        )
+        .await,
+        format!("0\nsecret-42\n{blob}")
+    );
+    for sb in forks.iter().chain([&source]) {
+        sb.destroy().await.expect("destroy");
+    }
+    streamed
+        .delete_snapshot(&name)
+        .await
+        .expect("delete the snapshot");
+    g.assert_clean();
+}

@@ -388,6 +388,7 @@ impl AgentConn {
                 usage: false,
                 pty: false,
                 workdir: None,
+                shared_deltas: false,
             },
         };
         let agent_err = |message: String| Error::Agent {

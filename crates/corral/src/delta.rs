@@ -16,11 +16,15 @@
 
 use std::time::{Duration, Instant};
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
 use bytes::Bytes;
 use corral_core::protocol::{
     DeltaErrorKind, DeltaReport, ExportRequest, Frame, FrameKind, ImportRequest, MAX_PAYLOAD,
 };
 use corral_core::Error;
+use tokio::sync::OnceCell;
 
 use crate::conn::Exchange;
 use crate::sandbox::Sandbox;
@@ -34,9 +38,96 @@ const TIME_PER_64_MIB: Duration = Duration::from_secs(60);
 
 /// A sandbox's changes to its image, as the tar archive (OCI whiteouts)
 /// its agent exported: cheap to clone, shared by every fork.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Delta {
     bytes: Bytes,
+    /// Its file in the backend's shared deltas directory, written by the
+    /// first import that wants it; removed with the last clone.
+    shared: Arc<OnceCell<Option<SharedFile>>>,
+}
+
+impl PartialEq for Delta {
+    fn eq(&self, other: &Delta) -> bool {
+        self.bytes == other.bytes
+    }
+}
+
+impl Eq for Delta {}
+
+/// A delta written to the shared deltas directory, as
+/// `<pid>-<start>/<random>.tar` (the directory names the corral process
+/// that wrote it, so one that died is cleaned up by the next).
+struct SharedFile {
+    name: String,
+    path: PathBuf,
+}
+
+impl Drop for SharedFile {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot remove a shared delta");
+        }
+    }
+}
+
+/// This process's directory under the shared deltas directory `root`,
+/// made on first use (0711, as `root`), after removing those of corral
+/// processes that are gone.
+fn process_dir(root: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    static MADE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let owner = crate::host::this_owner();
+    let mine = format!("{}-{}", owner.pid, owner.start);
+    let dir = root.join(&mine);
+    if MADE.get().is_none() {
+        for entry in std::fs::read_dir(root)?.flatten() {
+            let name = entry.file_name();
+            let Some((pid, start)) = name.to_str().and_then(|n| n.split_once('-')) else {
+                continue;
+            };
+            let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else {
+                continue;
+            };
+            if !crate::host::process_alive(pid, start) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        let _ = MADE.set(mine);
+    }
+    std::fs::DirBuilder::new()
+        .mode(0o711)
+        .create(&dir)
+        .or_else(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
+    Ok(dir)
+}
+
+/// Writes `bytes` to a new file of `root` (0644 under an unguessable
+/// name: the directories above it cannot be listed).
+fn write_shared(root: &Path, bytes: &[u8]) -> std::io::Result<SharedFile> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = process_dir(root)?;
+    let file = format!("{}.tar", crate::host::random_hex(32));
+    let path = dir.join(&file);
+    let name = format!(
+        "{}/{file}",
+        dir.file_name().and_then(|n| n.to_str()).unwrap_or_default()
+    );
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&path)?;
+    let shared = SharedFile { name, path };
+    f.write_all(bytes)?;
+    Ok(shared)
 }
 
 impl std::fmt::Debug for Delta {
@@ -54,7 +145,33 @@ impl Delta {
     pub fn from_bytes(bytes: impl Into<Bytes>) -> Delta {
         Delta {
             bytes: bytes.into(),
+            shared: Arc::default(),
         }
+    }
+
+    /// Its name in the shared deltas directory `root`, writing it there
+    /// once (every fork of this delta reads the same file); `None` when it
+    /// cannot be written (logged: forks get the bytes over their stream).
+    async fn shared_name(&self, root: &Path) -> Option<String> {
+        let file = self
+            .shared
+            .get_or_init(|| async {
+                let (dir, bytes) = (root.to_path_buf(), self.bytes.clone());
+                let written = tokio::task::spawn_blocking(move || write_shared(&dir, &bytes)).await;
+                match written {
+                    Ok(Ok(f)) => Some(f),
+                    Ok(Err(e)) => {
+                        tracing::warn!(dir = %root.display(), error = %e, "cannot write a shared delta; forks get it over their stream");
+                        None
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "writing a shared delta failed");
+                        None
+                    }
+                }
+            })
+            .await;
+        file.as_ref().map(|f| f.name.clone())
     }
 
     /// The archive.
@@ -194,6 +311,58 @@ impl Sandbox {
             return Err(e);
         }
         let started = Instant::now();
+        // Through the shared deltas directory when the agent holds it: the
+        // delta is written once for every fork, not sent to each.
+        let shared = match self.runtime().backend().shared_deltas() {
+            Some(root) if self.conn_hello().shared_deltas => delta.shared_name(root).await,
+            _ => None,
+        };
+        let mut answered = None;
+        if let Some(name) = &shared {
+            let report = self
+                .import_exchange(delta, max_bytes, replace, Some(name))
+                .await?;
+            match &report.error {
+                // Refused before anything changed (the file is not where
+                // the agent looks): the bytes go over the stream instead.
+                Some(e) if e.kind == DeltaErrorKind::Unsupported && report.bytes == 0 => {
+                    tracing::warn!(sandbox = self.id(), error = %e.message, "the agent could not read the shared delta; sending it");
+                }
+                _ => answered = Some(report),
+            }
+        }
+        let report = match answered {
+            Some(r) => r,
+            None => {
+                self.import_exchange(delta, max_bytes, replace, None)
+                    .await?
+            }
+        };
+        if let Some(e) = self.delta_error(&report, "importing the delta", max_bytes) {
+            return Err(e);
+        }
+        let size = delta.len();
+        tracing::debug!(
+            sandbox = self.id(),
+            bytes = size,
+            entries = report.entries,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            agent_ms = report.elapsed_us as f64 / 1e3,
+            shared = shared.is_some(),
+            "imported a delta"
+        );
+        Ok(())
+    }
+
+    /// One import exchange: the request, then the bytes unless `shared`
+    /// names the file the agent reads them from, then the agent's report.
+    async fn import_exchange(
+        &self,
+        delta: &Delta,
+        max_bytes: u64,
+        replace: bool,
+        shared: Option<&str>,
+    ) -> Result<DeltaReport, Error> {
         let agent = |message: String| Error::Agent {
             sandbox: self.id().to_string(),
             message,
@@ -213,12 +382,15 @@ impl Sandbox {
                     size,
                     max_bytes,
                     replace,
+                    shared: shared.map(str::to_string),
                 },
             ))
             .await?;
-            const { assert!(CHUNK <= MAX_PAYLOAD) };
-            for chunk in delta.as_bytes().chunks(CHUNK) {
-                conn.send_parts(FrameKind::ImportData, id, chunk).await?;
+            if shared.is_none() {
+                const { assert!(CHUNK <= MAX_PAYLOAD) };
+                for chunk in delta.as_bytes().chunks(CHUNK) {
+                    conn.send_parts(FrameKind::ImportData, id, chunk).await?;
+                }
             }
             match rx.recv().await {
                 Some(frame) => Ok(frame),
@@ -238,20 +410,8 @@ impl Sandbox {
                 String::from_utf8_lossy(&answer.payload)
             )));
         }
-        let report: DeltaReport = answer
+        answer
             .parse()
-            .map_err(|e| agent(format!("unreadable import report: {e}")))?;
-        if let Some(e) = self.delta_error(&report, "importing the delta", max_bytes) {
-            return Err(e);
-        }
-        tracing::debug!(
-            sandbox = self.id(),
-            bytes = size,
-            entries = report.entries,
-            ms = started.elapsed().as_secs_f64() * 1e3,
-            agent_ms = report.elapsed_us as f64 / 1e3,
-            "imported a delta"
-        );
-        Ok(())
+            .map_err(|e| agent(format!("unreadable import report: {e}")))
     }
 }

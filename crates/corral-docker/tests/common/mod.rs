@@ -75,6 +75,7 @@ pub struct BackendConfig {
     pub pull_timeout: Duration,
     pub pull_limit: usize,
     pub registry_auth_file: Option<PathBuf>,
+    pub share_deltas: bool,
 }
 
 impl Default for BackendConfig {
@@ -96,6 +97,7 @@ impl Default for BackendConfig {
             pull_timeout: d.pull_timeout,
             pull_limit: d.pull_limit,
             registry_auth_file: d.registry_auth_file,
+            share_deltas: d.share_deltas,
         }
     }
 }
@@ -109,6 +111,7 @@ pub async fn connect(c: &BackendConfig) -> Result<Runtime, corral::Error> {
         pull_limit: c.pull_limit,
         registry_auth_file: c.registry_auth_file.clone(),
         egress_network: None,
+        share_deltas: c.share_deltas,
     })
     .await?;
     Ok(Runtime::new(
