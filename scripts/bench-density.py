@@ -16,7 +16,8 @@ little. Then:
 1. creates N sandboxes through the async Python client, `--parallel` at a
    time, and reports creates/s and create p50/p99; it stops early, and
    says where and why, after `--max-failures` creates failed;
-2. runs `echo` on every live sandbox `--rounds` times, `--parallel` at a
+2. runs `echo` on every live sandbox `--rounds` times, `--parallel` (or
+   `--command-parallel`) at a
    time, and reports command p50/p90/p99 and commands/s;
 3. reports the cost per live sandbox: the service (RSS, open fds, OS
    threads of the `corral serve` process, growth over its idle start,
@@ -264,7 +265,7 @@ class Density:
         }
 
     async def commands(self) -> None:
-        parallel, rounds = self.args.parallel, self.args.rounds
+        parallel, rounds = self.args.command_parallel or self.args.parallel, self.args.rounds
         latencies: List[float] = []
         failures: List[str] = []
         gate = asyncio.Semaphore(parallel)
@@ -396,7 +397,7 @@ def table(r: Dict[str, Any]) -> str:
         lines.append(f"    failure: {f}")
     if m:
         lines.append(
-            f"  commands: {m['commands']} at {m['per_s']}/s, p50 {m['p50_ms']} ms, p90 {m['p90_ms']} ms, "
+            f"  commands: {m['commands']} at {m['per_s']}/s, {m['parallel']} at a time, p50 {m['p50_ms']} ms, p90 {m['p90_ms']} ms, "
             f"p99 {m['p99_ms']} ms; service CPU {m['service_cpu_ms_per_command']} ms each; {m['failures']} failed"
         )
     if s:
@@ -427,14 +428,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", "--sandboxes", type=int, default=1000, help="live sandboxes to reach (default 1000)")
     ap.add_argument("--parallel", type=int, default=16, help="creates, commands, deletes in flight (default 16)")
+    ap.add_argument(
+        "--command-parallel", type=int, default=None,
+        help="commands in flight, when other than --parallel (the load the latencies are taken under)",
+    )
     ap.add_argument("--rounds", type=int, default=3, help="echo commands per sandbox (default 3)")
     ap.add_argument("--max-failures", type=int, default=20, help="stop creating after this many failed (default 20)")
     ap.add_argument("--image", default=os.environ.get("CORRAL_TEST_IMAGE", "corral-test/busybox"))
     ap.add_argument("--binary", help="the corral binary")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args(argv)
-    for name in ("sandboxes", "parallel", "rounds", "max_failures"):
-        if getattr(args, name) < 1:
+    for name in ("sandboxes", "parallel", "command_parallel", "rounds", "max_failures"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
 
     run = uuid.uuid4().hex[:10]

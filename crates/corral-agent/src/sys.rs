@@ -578,17 +578,44 @@ pub fn drop_caps_in_child(caps: &[u32], bounding: bool) -> io::Result<()> {
 /// as if `root` were the root directory: `..` and absolute symlinks cannot
 /// leave it.
 pub fn open_in_root(root: BorrowedFd<'_>, path: &CStr) -> io::Result<OwnedFd> {
+    openat2(
+        root,
+        path,
+        libc::O_PATH | libc::O_CLOEXEC,
+        libc::RESOLVE_IN_ROOT,
+    )
+}
+
+/// Opens the regular file `name` under the directory `dir` for reading,
+/// resolved beneath it: no `..` out of it, no symlink, no other mount.
+pub fn open_file_beneath(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<std::fs::File> {
+    openat2(
+        dir,
+        name,
+        libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NOCTTY,
+        libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_XDEV,
+    )
+    .map(std::fs::File::from)
+}
+
+/// openat2(2): `path` from `dir`, with open `flags` and `resolve` flags.
+fn openat2(
+    dir: BorrowedFd<'_>,
+    path: &CStr,
+    flags: libc::c_int,
+    resolve: u64,
+) -> io::Result<OwnedFd> {
     let mut how: libc::open_how = {
         // SAFETY: open_how is plain data; all-zero is a valid value.
         unsafe { std::mem::zeroed() }
     };
-    how.flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
-    how.resolve = libc::RESOLVE_IN_ROOT;
+    how.flags = flags as u64;
+    how.resolve = resolve;
     // SAFETY: path is NUL-terminated; `how` is valid for its size.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_openat2,
-            root.as_raw_fd(),
+            dir.as_raw_fd(),
             path.as_ptr(),
             &how as *const libc::open_how,
             std::mem::size_of::<libc::open_how>(),
@@ -597,30 +624,6 @@ pub fn open_in_root(root: BorrowedFd<'_>, path: &CStr) -> io::Result<OwnedFd> {
     let fd = cvt(fd as libc::c_int)?;
     // SAFETY: openat2 returned a new descriptor we now own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Opens the regular file `name` under the directory `dir` for reading,
-/// resolved beneath it: no `..` out of it, no symlink, no other mount.
-pub fn open_file_beneath(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<std::fs::File> {
-    let mut how: libc::open_how = {
-        // SAFETY: open_how is plain data; all-zero is a valid value.
-        unsafe { std::mem::zeroed() }
-    };
-    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NOCTTY) as u64;
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_XDEV;
-    // SAFETY: name is NUL-terminated; `how` is valid for its size.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    let fd = cvt(fd as libc::c_int)?;
-    // SAFETY: openat2 returned a new descriptor we now own.
-    Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 /// Detaches the mount at `path` from this mount namespace (`MNT_DETACH`):
