@@ -770,8 +770,6 @@ impl std::io::Write for Chunks {
     }
 }
 
-/// An import's bytes as the reader thread hands them over: exactly
-/// `size`, or an error when the stream stops short.
 /// A reader that counts what went through it.
 struct Counted<R> {
     inner: R,
@@ -786,6 +784,8 @@ impl<R: Read> Read for Counted<R> {
     }
 }
 
+/// An import's bytes as the reader thread hands them over: exactly
+/// `size`, or an error when the stream stops short.
 struct Incoming {
     rx: mpsc::Receiver<Vec<u8>>,
     size: u64,

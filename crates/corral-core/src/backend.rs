@@ -553,10 +553,14 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
-    /// The host directory this backend mounts read-only (at
-    /// [`crate::protocol::SHARED_DELTAS_DIR`]) into sandboxes that reset in
-    /// place, where the runtime writes a delta once for every fork to
-    /// read; `None`: forks get their delta over their agent's stream.
+    /// Where the runtime writes a delta once for every fork to read: each
+    /// sandbox that resets in place gets its own directory of it
+    /// ([`sandbox_deltas_dir`]) mounted read-only at
+    /// [`crate::protocol::SHARED_DELTAS_DIR`], and the runtime links the
+    /// delta there only for the import of that sandbox (so a sandbox only
+    /// ever finds there the delta it is taking in, even where its agent
+    /// could not hide the mount). `None`: forks get their delta over their
+    /// agent's stream.
     fn shared_deltas(&self) -> Option<&std::path::Path> {
         None
     }
@@ -606,4 +610,10 @@ pub trait Backend: Send + Sync + 'static {
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
+}
+
+/// The directory of [`Backend::shared_deltas`] `root` that sandbox
+/// `sandbox_id` mounts.
+pub fn sandbox_deltas_dir(root: &std::path::Path, sandbox_id: &str) -> std::path::PathBuf {
+    root.join("sandboxes").join(sandbox_id)
 }

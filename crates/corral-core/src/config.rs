@@ -102,10 +102,10 @@ pub struct SnapshotConfig {
     /// directory). Default `None`: `$XDG_DATA_HOME/corral/snapshots`, else
     /// `~/.local/share/corral/snapshots` (see [`Config::snapshot_dir`]).
     pub dir: Option<String>,
-    /// Forks read a delta from a host directory that every sandbox
-    /// resetting in place mounts read-only (its agent alone reaches it),
-    /// written once per snapshot, rather than each fork getting the bytes
-    /// over its own stream. Only with an engine on this host (a local
+    /// Forks read a delta written once to a file on the host, linked for
+    /// each import into a directory the importing sandbox mounts read-only
+    /// (its agent alone reaches it), rather than each fork getting the
+    /// bytes over its own stream. Only with an engine on this host (a local
     /// socket, corral not itself in a container). Default true.
     pub share: bool,
 }

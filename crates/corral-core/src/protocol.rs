@@ -51,11 +51,13 @@ pub const OUTPUT_CHUNK: usize = 64 * 1024;
 /// Where the agent binary sits inside every sandbox.
 pub const AGENT_DIR: &str = "/.corral";
 
-/// Where a sandbox that resets in place finds the host directory corral
-/// shares deltas through (read-only). Its agent takes the mount for
+/// Where a sandbox that resets in place finds its own host directory of
+/// shared deltas (read-only), into which corral links a delta only for
+/// that sandbox's import. Its agent takes the mount for
 /// itself at start (an open directory, the mount detached), so no command
 /// ever sees what is in it; the directory left behind is empty.
 pub const SHARED_DELTAS_DIR: &str = "/.corral-deltas";
+
 /// Full path of the agent binary inside every sandbox.
 pub const AGENT_PATH: &str = "/.corral/corral-agent";
 

@@ -491,6 +491,15 @@ impl DockerBackend {
             agent_volume::remove_private(docker, sandbox).await;
             // A sandbox with an egress policy had a gateway and a network.
             crate::egress::remove(docker, sandbox).await;
+            // A pristine one had its own shared deltas directory.
+            if let Some(root) = &self.inner.shared_deltas {
+                let dir = corral_core::backend::sandbox_deltas_dir(root, sandbox);
+                if let Err(e) = std::fs::remove_dir_all(&dir) {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        tracing::warn!(sandbox, dir = %dir.display(), error = %e, "cannot remove a sandbox's shared deltas directory");
+                    }
+                }
+            }
         }
         match removed {
             Ok(()) => Ok(()),
@@ -596,11 +605,27 @@ impl DockerBackend {
                 },
             )
         };
-        let shared = self.shared_deltas();
+        let shared_root = self.shared_deltas();
+        let shared_dir = shared_root.and_then(|root| {
+            use std::os::unix::fs::DirBuilderExt;
+            let dir = corral_core::backend::sandbox_deltas_dir(root, id);
+            let made = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o711)
+                .create(&dir);
+            match made {
+                Ok(()) => Some(dir),
+                Err(e) => {
+                    tracing::warn!(sandbox = id, dir = %dir.display(), error = %e, "cannot make the sandbox's shared deltas directory; its forks stream their deltas");
+                    None
+                }
+            }
+        });
+        let shared = shared_dir.as_deref();
         let mut created = self
             .create_container(&container_name(id), id, &spec.image, body(shared))
             .await;
-        if let (Err(e), Some(dir)) = (&created, shared) {
+        if let (Err(e), Some(dir)) = (&created, shared_root) {
             // The daemon does not see this host's files after all (corral
             // runs in another container, or on another machine than the
             // socket's daemon): forks stream their deltas from now on.

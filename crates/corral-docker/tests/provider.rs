@@ -556,6 +556,16 @@ async fn forks_read_a_shared_delta_that_no_command_reaches() {
         file.file_name().expect("its name").to_string_lossy()
     );
 
+    // Each fork's own directory (the one it mounts) held the delta only
+    // for its import: nothing is left there to find.
+    for f in &forks {
+        let dir = corral_core::backend::sandbox_deltas_dir(&root, f.id());
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .collect();
+        assert!(left.is_empty(), "{}: {left:?}", dir.display());
+    }
+
     // Each fork has the state; none of its commands finds the mount, the
     // file (by its exact name), or the agent's descriptor of the directory.
     let attack = format!(
@@ -588,8 +598,15 @@ async fn forks_read_a_shared_delta_that_no_command_reaches() {
     rt.delete_snapshot(&name)
         .await
         .expect("delete the snapshot");
+    let dirs: Vec<_> = forks
+        .iter()
+        .map(|f| corral_core::backend::sandbox_deltas_dir(&root, f.id()))
+        .collect();
     drop((info, base, forks, source, other));
     assert!(!file.exists(), "{} outlived its snapshot", file.display());
+    for dir in dirs {
+        assert!(!dir.exists(), "{} outlived its sandbox", dir.display());
+    }
 
     // Sharing off: the same fork, its bytes over the agent's stream.
     let streamed = common::connect(&common::BackendConfig {

@@ -56,9 +56,10 @@ impl Eq for Delta {}
 
 /// A delta written to the shared deltas directory, as
 /// `<pid>-<start>/<random>.tar` (the directory names the corral process
-/// that wrote it, so one that died is cleaned up by the next).
+/// that wrote it, so one that died is cleaned up by the next). No sandbox
+/// mounts that directory: each import links the file into the importing
+/// sandbox's own directory for its duration.
 struct SharedFile {
-    name: String,
     path: PathBuf,
 }
 
@@ -112,20 +113,17 @@ fn process_dir(root: &Path) -> std::io::Result<PathBuf> {
 /// name: the directories above it cannot be listed).
 fn write_shared(root: &Path, bytes: &[u8]) -> std::io::Result<SharedFile> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let dir = process_dir(root)?;
-    let file = format!("{}.tar", crate::host::random_hex(32));
-    let path = dir.join(&file);
-    let name = format!(
-        "{}/{file}",
-        dir.file_name().and_then(|n| n.to_str()).unwrap_or_default()
-    );
+    let path = dir.join(format!("{}.tar", crate::host::random_hex(32)));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o644)
         .open(&path)?;
-    let shared = SharedFile { name, path };
+    let shared = SharedFile { path };
+    // 0644 whatever the umask: the agents read it as another user.
+    f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
     f.write_all(bytes)?;
     Ok(shared)
 }
@@ -149,10 +147,10 @@ impl Delta {
         }
     }
 
-    /// Its name in the shared deltas directory `root`, writing it there
-    /// once (every fork of this delta reads the same file); `None` when it
+    /// Its file in the shared deltas directory `root`, written there once
+    /// (every fork of this delta links the same file); `None` when it
     /// cannot be written (logged: forks get the bytes over their stream).
-    async fn shared_name(&self, root: &Path) -> Option<String> {
+    async fn shared_file(&self, root: &Path) -> Option<PathBuf> {
         let file = self
             .shared
             .get_or_init(|| async {
@@ -171,7 +169,7 @@ impl Delta {
                 }
             })
             .await;
-        file.as_ref().map(|f| f.name.clone())
+        file.as_ref().map(|f| f.path.clone())
     }
 
     /// The archive.
@@ -187,6 +185,37 @@ impl Delta {
     /// True for an empty archive.
     pub fn is_empty(&self) -> bool {
         self.bytes.is_empty()
+    }
+}
+
+/// A shared delta linked into one sandbox's directory for its import;
+/// unlinked when dropped (the agent has it open, or is done with it).
+struct SharedLink {
+    name: String,
+    path: PathBuf,
+}
+
+impl SharedLink {
+    /// Links `file` into sandbox `sandbox`'s directory of `root`; `None`
+    /// (logged) when that fails: the bytes then go over the stream.
+    fn make(file: &Path, root: &Path, sandbox: &str) -> Option<SharedLink> {
+        let name = format!("{}.tar", crate::host::random_hex(32));
+        let path = corral_core::backend::sandbox_deltas_dir(root, sandbox).join(&name);
+        match std::fs::hard_link(file, &path) {
+            Ok(()) => Some(SharedLink { name, path }),
+            Err(e) => {
+                tracing::warn!(sandbox, path = %path.display(), error = %e, "cannot link the shared delta for the sandbox; sending it");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for SharedLink {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot unlink a shared delta");
+        }
     }
 }
 
@@ -314,13 +343,16 @@ impl Sandbox {
         // Through the shared deltas directory when the agent holds it: the
         // delta is written once for every fork, not sent to each.
         let shared = match self.runtime().backend().shared_deltas() {
-            Some(root) if self.conn_hello().shared_deltas => delta.shared_name(root).await,
+            Some(root) if self.conn_hello().shared_deltas => match delta.shared_file(root).await {
+                Some(file) => SharedLink::make(&file, root, self.id()),
+                None => None,
+            },
             _ => None,
         };
         let mut answered = None;
-        if let Some(name) = &shared {
+        if let Some(link) = &shared {
             let report = self
-                .import_exchange(delta, max_bytes, replace, Some(name))
+                .import_exchange(delta, max_bytes, replace, Some(&link.name))
                 .await?;
             match &report.error {
                 // Refused before anything changed (the file is not where
