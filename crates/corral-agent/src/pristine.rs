@@ -277,7 +277,8 @@ pub struct Pristine {
     /// reader thread must not wait for that lock meanwhile).
     importing: AtomicBool,
     /// The host directory corral shares deltas through, taken from
-    /// [`SHARED_DELTAS_DIR`] at start (see [`take_shared_deltas`]).
+    /// [`SHARED_DELTAS_DIR`] at start (see [`take_shared_deltas`]); only
+    /// when in-place reset is ready.
     shared: Option<fs::File>,
 }
 
@@ -332,19 +333,15 @@ fn take_shared_deltas() -> Option<fs::File> {
     }
 }
 
-/// Whether `name` may name a file of the shared deltas directory: one or
-/// two components of letters, digits, `.`, `_` and `-`, none of them `.`
-/// or `..`.
+/// Whether `name` may name a file of the shared deltas directory: one
+/// component of letters, digits, `.`, `_` and `-`, neither `.` nor `..`.
 fn shared_name_ok(name: &str) -> bool {
-    let parts: Vec<&str> = name.split('/').collect();
-    parts.len() <= 2
-        && parts.iter().all(|p| {
-            !p.is_empty()
-                && *p != "."
-                && *p != ".."
-                && p.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-        })
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// The first of [`EXTRA_CAPS`] missing from this process's effective set.
@@ -480,7 +477,7 @@ impl Pristine {
 
     /// Whether a delta can be taken from the shared deltas directory.
     pub fn shared_deltas(&self) -> bool {
-        self.deltas() && self.shared.is_some()
+        self.shared.is_some()
     }
 
     /// Opens the shared delta `name`, which must be a regular file of
@@ -489,7 +486,6 @@ impl Pristine {
         let dir = self
             .shared
             .as_ref()
-            .filter(|_| self.deltas())
             .ok_or("no shared deltas directory is mounted")?;
         if !shared_name_ok(name) {
             return Err(format!("shared delta {name:?}: not a valid name"));
@@ -1632,11 +1628,23 @@ mod tests {
 
     #[test]
     fn a_shared_delta_is_named_by_one_or_two_plain_components() {
-        for ok in ["a.tar", "123-456/0af9.tar", "x_y-z.1"] {
+        for ok in ["a.tar", "0af9.tar", "x_y-z.1"] {
             assert!(shared_name_ok(ok), "{ok}");
         }
         for bad in [
-            "", "/abs.tar", "a/", "../x", "a/../b", "a/b/c", ".", "a/.", "a b", "a\0b", "ü",
+            "",
+            "/abs.tar",
+            "a/",
+            "../x",
+            "a/../b",
+            "a/b/c",
+            ".",
+            "..",
+            "a/.",
+            "a b",
+            "a\0b",
+            "ü",
+            "123-456/0af9.tar",
         ] {
             assert!(!shared_name_ok(bad), "{bad:?}");
         }

@@ -603,8 +603,8 @@ pub struct ImportRequest {
     pub replace: bool,
     /// The archive is the file of this name in the shared deltas
     /// directory ([`HelloAck::shared_deltas`]), `size` bytes long, and no
-    /// ImportData frames follow. A name is one or two components of
-    /// letters, digits, `.`, `_` and `-` (no `..`). If the agent cannot
+    /// ImportData frames follow. A name is one component of letters,
+    /// digits, `.`, `_` and `-` (neither `.` nor `..`). If the agent cannot
     /// open it, it answers `unsupported` before touching anything, and
     /// corral sends the bytes instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -95,18 +95,7 @@ fn shared_deltas_dir(endpoint: &str) -> Option<std::path::PathBuf> {
     if !(endpoint.starts_with("unix://") || endpoint.starts_with('/')) {
         return None;
     }
-    let uid = std::fs::metadata("/proc/self").map(|m| {
-        use std::os::unix::fs::MetadataExt;
-        m.uid()
-    });
-    let dir = corral_core::paths::user_runtime_dir(
-        std::env::var_os("XDG_RUNTIME_DIR")
-            .as_deref()
-            .map(std::path::Path::new),
-        &std::env::temp_dir(),
-        uid.unwrap_or(0),
-    )
-    .join("deltas");
+    let dir = crate::network::user_runtime_dir().join("deltas");
     let made = std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o711)

@@ -237,20 +237,26 @@ pub fn check(n: &Network) -> Result<(), String> {
     Ok(())
 }
 
-/// Takes the per-user lock that serialises creating the network; `None`
-/// when no lock file can be had (creation then just goes ahead).
-fn lock_file() -> Option<std::fs::File> {
+/// This process's per-user runtime directory
+/// (`corral_core::paths::user_runtime_dir`).
+pub(crate) fn user_runtime_dir() -> PathBuf {
     use std::os::unix::fs::MetadataExt;
     let uid = std::fs::metadata("/proc/self")
         .map(|m| m.uid())
         .unwrap_or(0);
-    let dir: PathBuf = corral_core::paths::user_runtime_dir(
+    corral_core::paths::user_runtime_dir(
         std::env::var_os("XDG_RUNTIME_DIR")
             .as_deref()
             .map(std::path::Path::new),
         &std::env::temp_dir(),
         uid,
-    );
+    )
+}
+
+/// Takes the per-user lock that serialises creating the network; `None`
+/// when no lock file can be had (creation then just goes ahead).
+fn lock_file() -> Option<std::fs::File> {
+    let dir = user_runtime_dir();
     if std::fs::create_dir_all(&dir).is_err() {
         return None;
     }

@@ -313,6 +313,24 @@ const TREE: &str = "find /etc /srv /root /home /opt /usr/local 2>/dev/null | sor
      md5sum /srv/state/blob | cut -c1-32; cat /srv/state/README /etc/pool-marker; \
      test -e /etc/group && echo group || echo no-group";
 
+/// Snapshots `source` under a name of its own: `prefix`, this process, a
+/// random part.
+async fn snapshot(
+    source: &corral::Sandbox,
+    prefix: &str,
+) -> (String, corral_core::snapshot::SnapshotInfo) {
+    let name = format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        corral::host::random_hex(6)
+    );
+    let info = source
+        .snapshot(&name, corral::SnapshotOptions::default())
+        .await
+        .expect("snapshot");
+    (name, info)
+}
+
 async fn out(sb: &corral::Sandbox, script: &str) -> String {
     let r = sb.run(&sh(script)).await;
     assert_eq!(r.exit_code, Some(0), "{script}: {r:?}");
@@ -355,15 +373,7 @@ async fn forks_land_in_warm_pristine_sandboxes_and_go_back_pristine() {
          && echo prepared > /srv/state/README && rm /etc/group",
     )
     .await;
-    let name = format!(
-        "pool-fork-{}-{}",
-        std::process::id(),
-        corral::host::random_hex(6)
-    );
-    let info = source
-        .snapshot(&name, corral::SnapshotOptions::default())
-        .await
-        .expect("snapshot");
+    let (name, info) = snapshot(&source, "pool-fork").await;
     let expected = out(&source, TREE).await;
     assert!(
         expected.ends_with("prepared\npool-base\nno-group\n"),
@@ -527,15 +537,7 @@ async fn forks_read_a_shared_delta_that_no_command_reaches() {
                    && dd if=/dev/urandom of=/srv/blob bs=1k count=256 2>/dev/null && md5sum /srv/blob";
     let source = rt.create(&spec).await.expect("create the source");
     let blob = out(&source, prepare).await;
-    let name = format!(
-        "shared-{}-{}",
-        std::process::id(),
-        corral::host::random_hex(6)
-    );
-    let info = source
-        .snapshot(&name, corral::SnapshotOptions::default())
-        .await
-        .expect("snapshot");
+    let (name, info) = snapshot(&source, "shared").await;
     let base = rt
         .fork_base(&info)
         .await

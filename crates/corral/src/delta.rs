@@ -76,11 +76,11 @@ impl Drop for SharedFile {
 /// processes that are gone.
 fn process_dir(root: &Path) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    static MADE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static SWEPT: AtomicBool = AtomicBool::new(false);
     let owner = crate::host::this_owner();
-    let mine = format!("{}-{}", owner.pid, owner.start);
-    let dir = root.join(&mine);
-    if MADE.get().is_none() {
+    let dir = root.join(format!("{}-{}", owner.pid, owner.start));
+    if !SWEPT.load(Ordering::Relaxed) {
         for entry in std::fs::read_dir(root)?.flatten() {
             let name = entry.file_name();
             let Some((pid, start)) = name.to_str().and_then(|n| n.split_once('-')) else {
@@ -93,18 +93,12 @@ fn process_dir(root: &Path) -> std::io::Result<PathBuf> {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }
-        let _ = MADE.set(mine);
+        SWEPT.store(true, Ordering::Relaxed);
     }
     std::fs::DirBuilder::new()
+        .recursive(true)
         .mode(0o711)
-        .create(&dir)
-        .or_else(|e| {
-            if e.kind() == std::io::ErrorKind::AlreadyExists {
-                Ok(())
-            } else {
-                Err(e)
-            }
-        })?;
+        .create(&dir)?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
     Ok(dir)
 }
