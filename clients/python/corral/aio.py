@@ -914,14 +914,28 @@ class AsyncSandbox:
     async def port_url(self, port: int) -> str:
         """A URL through the service that reaches a server listening on
         ``port`` inside the sandbox (``GET /v1/sandboxes/{id}/ports/{port}``):
-        HTTP, streamed responses and WebSocket upgrades, the link's prefix
-        taken off the path. The URL is on the service's port-link listener,
-        an origin of its own (never the API's or the dashboard's). It needs
-        no bearer token: its own token opens
-        this port of this sandbox only, as long as the sandbox lives. Works
-        for ``network: none`` sandboxes too, which gain no egress by it."""
+        HTTP, streamed responses and WebSocket upgrades, the link's token
+        taken off the path. The URL's host name is the link's own,
+        ``PORT-SANDBOXID.DOMAIN`` (``server.ports_domain``, else
+        ``localhost``), so the link is an origin of its own in a browser: it
+        shares cookies, storage and service workers with no other sandbox,
+        port, the API or the dashboard. Browsers and curl resolve
+        ``*.localhost`` to loopback; Python (glibc) does not: fetch such a
+        link with :meth:`port_link` (``connect`` and ``host``). It needs no
+        bearer token: its own token opens this port of this sandbox only,
+        as long as the sandbox lives. Works for ``network: none`` sandboxes
+        too, which gain no egress by it."""
+        return str((await self.port_link(port))["url"])
+
+    async def port_link(self, port: int) -> Dict[str, Any]:
+        """The link of :meth:`port_url` whole: ``url`` (what a browser
+        opens), ``host`` (its host name), ``connect`` (``http://IP:PORT`` of
+        the port-link listener), ``path`` (``/TOKEN/``) and ``token``. A
+        program that cannot resolve ``host`` sends its requests to
+        ``connect + path`` with the header ``Host: host``, e.g.
+        ``httpx.get(link["connect"] + link["path"], headers={"Host": link["host"]})``."""
         r = await self.client.request("GET", self._path(f"ports/{int(port)}"), idempotent=True, resource="sandbox")
-        return str(r.json()["url"])
+        return dict(r.json())
 
     # -- lifetime ----------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """The dashboard in a real headless browser (Debian's chromium and
 chromium-driver, driven by selenium from PyPI) against a real ``corral
-serve``: the page loads with the token, shows a sandbox the test created
-with its usage, updates when a command runs (without a reload), and is
-refused without the token or with a wrong one; code run from the page in
+serve``: the page asks for the token in a form (never in its address),
+shows a sandbox the test created with its usage, updates when a command
+runs (without a reload), and shows nothing without the token or with a
+wrong one; code run from the page in
 a sandbox's code context shows its plot as an image. Screenshots are kept
 in ``target/test-artifacts/dashboard.png`` and ``dashboard-code.png``."""
 
@@ -34,9 +35,30 @@ def _browser():
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,900"):
+    # Off the network (no background service of Chromium's reaches out).
+    offline = (
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-default-apps",
+        "--disable-sync",
+        "--no-pings",
+        "--disable-domain-reliability",
+        "--metrics-recording-only",
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1, EXCLUDE *.localhost",
+    )
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,900", *offline):
         opts.add_argument(arg)
     return webdriver.Chrome(service=Service(driver), options=opts)
+
+
+def login(browser, url, token):
+    """Opens the dashboard at ``url`` and gives it ``token`` in its form."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{url}/dashboard")
+    field = browser.find_element(By.ID, "token-input")
+    field.send_keys(token)
+    browser.find_element(By.ID, "login-button").click()
 
 
 def _wait(what, predicate, timeout=60.0):
@@ -58,9 +80,9 @@ def test_the_dashboard_shows_a_sandbox_its_usage_and_its_commands_live(corral_ur
     try:
         with corral_client.sandbox(spec=corral_spec(limits={"memory": 256 << 20})) as sb:
             assert sb.run("true").exit_code == 0
-            browser.get(f"{corral_url}/dashboard?token={token}")
-            # The token left the address bar at once.
-            assert "token" not in browser.current_url
+            login(browser, corral_url, token)
+            # The token never was in the address.
+            assert token not in browser.current_url and "token" not in browser.current_url
 
             def row():
                 for tr in browser.find_elements(By.CSS_SELECTOR, "#sandboxes tr[data-sandbox]"):
@@ -82,11 +104,18 @@ def test_the_dashboard_shows_a_sandbox_its_usage_and_its_commands_live(corral_ur
             assert browser.save_screenshot(str(out / "dashboard.png"))
             assert "corral" in browser.find_element(By.ID, "health").text
 
-        # Without the token, or with a wrong one: refused.
-        for url in (f"{corral_url}/dashboard", f"{corral_url}/dashboard?token=not-the-token"):
-            browser.get(url)
-            body = browser.find_element(By.TAG_NAME, "body").text
-            assert "unauthorized" in body and "sandboxes" not in body.lower(), body
+        # Without the token, or with a wrong one: nothing but the form.
+        browser.get(f"{corral_url}/dashboard")
+        assert not browser.find_element(By.ID, "board").is_displayed()
+        login(browser, corral_url, "not-the-token")
+        _wait("the refusal", lambda: "unauthorized" in browser.find_element(By.ID, "login-error").text)
+        assert not browser.find_element(By.ID, "board").is_displayed()
+        assert "sandboxes" not in browser.find_element(By.TAG_NAME, "body").text.lower()
+        # A token in the address is not read (it is in the history already).
+        browser.get(f"{corral_url}/dashboard?token={token}")
+        _wait("the warning", lambda: "not read" in browser.find_element(By.ID, "login-error").text)
+        assert not browser.find_element(By.ID, "board").is_displayed()
+        assert "token" not in browser.current_url
     finally:
         browser.quit()
 
@@ -101,7 +130,7 @@ def test_the_dashboard_runs_code_and_shows_a_results_image(corral_url, corral_cl
     browser = _browser()
     try:
         with corral_client.sandbox(spec=corral_spec(image=image)) as sb:
-            browser.get(f"{corral_url}/dashboard?token={token}")
+            login(browser, corral_url, token)
 
             def row():
                 for tr in browser.find_elements(By.CSS_SELECTOR, "#sandboxes tr[data-sandbox]"):

@@ -55,15 +55,24 @@ def test_port_url_reaches_a_server_in_the_sandbox_without_the_bearer_token(corra
         timeout=60,
     )
     assert r.exit_code == 0, r
+    link = corral_sandbox.port_link(8081)
     url = corral_sandbox.port_url(8081)
-    page = httpx.get(url, timeout=30)  # a plain client: no token
+    assert url == link["url"], (url, link)
+    # The link's host name is its own (PORT-ID.localhost): the link is an
+    # origin of its own in a browser. A program that cannot resolve it
+    # (glibc) connects to the listener and sends the name as Host.
+    host = urllib.parse.urlsplit(url).netloc
+    assert host == link["host"] and host.startswith("8081-") and ".localhost:" in host, link
+    page = httpx.get(link["connect"] + link["path"], headers={"Host": link["host"]}, timeout=30)  # no token
     assert page.status_code == 200 and page.text == "served-by-httpd\n", page.text
-    forged = httpx.get(url.rstrip("/")[:-4] + "0000/", timeout=30)
+    forged = httpx.get(link["connect"] + link["path"][:-5] + "0000/", headers={"Host": link["host"]}, timeout=30)
     assert forged.status_code == 403
-    # The link is on an origin of its own: the API's origin serves no page
-    # of a sandbox.
+    # Under the listener's own name the link's path is nothing.
+    bare = httpx.get(link["connect"] + link["path"], timeout=30)
+    assert bare.status_code == 404 and "served-by-httpd" not in bare.text, bare.text
+    # The API's origin serves no page of a sandbox.
     assert not url.startswith(corral_url + "/"), url
-    on_api = httpx.get(corral_url + urllib.parse.urlsplit(url).path, timeout=30)
+    on_api = httpx.get(corral_url + link["path"], timeout=30)
     assert on_api.status_code == 401 and "served-by-httpd" not in on_api.text, on_api.text
 
 

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
@@ -480,7 +481,14 @@ async def test_streamable_http_sessions_get_own_sandboxes_released_on_close(
                 text = await _ok(session, "port_url", {"port": 8082})
                 url = text.split()[0]
                 assert not url.startswith(server.url + "/"), f"a link on the API's origin: {url}"
-                page = await anyio.to_thread.run_sync(lambda: httpx.get(url, timeout=30))
+                # Its host name is its own; glibc does not resolve
+                # *.localhost, so the listener is reached with it as Host.
+                parts = urllib.parse.urlsplit(url)
+                assert parts.hostname.startswith("8082-") and parts.hostname.endswith(".localhost"), url
+                assert f"'Host: {parts.netloc}'" in text, text
+                page = await anyio.to_thread.run_sync(
+                    lambda: httpx.get(f"http://127.0.0.1:{parts.port}{parts.path}", headers={"Host": parts.netloc}, timeout=30)
+                )
                 assert page.status_code == 200 and page.text == "via-mcp-link\n", (url, page.text)
                 with pytest.raises(_McpError) as bad:
                     await _call(session, "port_url", {"port": 70000})

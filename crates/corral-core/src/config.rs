@@ -430,6 +430,92 @@ fn is_cidr(cidr: &str) -> bool {
     }
 }
 
+/// `server.ports_domain`, read: the wildcard domain under which each port
+/// link has a host name of its own (`PORT-SANDBOXID.DOMAIN`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortsDomain {
+    /// `http` or `https`: the scheme links are written with.
+    pub scheme: &'static str,
+    /// The domain, lower case, e.g. `localhost` or `ports.example.com`.
+    pub domain: String,
+    /// The port links name: `None` with a scheme and no port (the
+    /// scheme's own); with a bare domain, the port-link listener's
+    /// (filled in by the service, so `None` here too).
+    pub port: Option<u16>,
+    /// Whether the value named a scheme (a proxy in front decides the
+    /// port), or was a bare domain (the listener's port is the links').
+    pub behind_proxy: bool,
+}
+
+impl PortsDomain {
+    /// What links are named under without `server.ports_domain`:
+    /// `localhost`, whose every subdomain browsers resolve to loopback.
+    pub fn localhost() -> PortsDomain {
+        PortsDomain {
+            scheme: "http",
+            domain: "localhost".into(),
+            port: None,
+            behind_proxy: false,
+        }
+    }
+
+    /// Reads `DOMAIN`, `http://DOMAIN[:PORT]` or `https://DOMAIN[:PORT]`;
+    /// the error says what is wrong with it.
+    pub fn parse(value: &str) -> Result<PortsDomain, String> {
+        let v = value.trim();
+        let (scheme, rest) = match v.split_once("://") {
+            Some(("http", rest)) => (Some("http"), rest),
+            Some(("https", rest)) => (Some("https"), rest),
+            Some((other, _)) => {
+                return Err(format!(
+                    "scheme '{other}' is not http or https (e.g. ports.example.com or \
+                     https://ports.example.com)"
+                ))
+            }
+            None => (None, v),
+        };
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        let (domain, port) = match rest.rsplit_once(':') {
+            Some((d, p)) => match p.parse::<u16>() {
+                Ok(port) if port > 0 && scheme.is_some() => (d, Some(port)),
+                _ if scheme.is_none() => {
+                    return Err(
+                        "a bare domain takes no port (the port-link listener's is used); \
+                         write http://DOMAIN:PORT for another"
+                            .into(),
+                    )
+                }
+                _ => return Err(format!("port '{p}' is not a port (1 to 65535)")),
+            },
+            None => (rest, None),
+        };
+        if domain.is_empty() || domain.len() > 200 {
+            return Err("must name a domain, e.g. ports.example.com".into());
+        }
+        for label in domain.split('.') {
+            let ok = !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+            if !ok {
+                return Err(format!(
+                    "'{label}' is not a DNS label (lower-case letters, digits and '-', 1 to 63 \
+                     characters, no path)"
+                ));
+            }
+        }
+        Ok(PortsDomain {
+            scheme: scheme.unwrap_or("http"),
+            domain: domain.to_string(),
+            port,
+            behind_proxy: scheme.is_some(),
+        })
+    }
+}
+
 /// The service's settings (`corral serve`, `corral mcp`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -486,11 +572,18 @@ pub struct ServerConfig {
     /// the in-sandbox `envd` protocol the `e2b` SDK speaks, on one
     /// address). Default `None`: not served.
     pub e2b_listen: Option<String>,
-    /// TCP address of the listener that serves port links
-    /// (`/ports/KEY/PORT/TOKEN/`) and nothing else: an origin of its own,
-    /// so a page a sandbox serves never shares one with the API or the
-    /// dashboard. Default `None`: the IP of `listen`, a free port.
+    /// TCP address of the listener that serves port links and nothing
+    /// else. Default `None`: the IP of `listen`, a free port.
     pub ports_listen: Option<String>,
+    /// The wildcard domain under which each port link gets a host name of
+    /// its own, `PORT-SANDBOXID.DOMAIN` (E2B's addressing), so every link
+    /// is an origin of its own: `DOMAIN` (links are
+    /// `http://PORT-ID.DOMAIN:LISTENPORT/TOKEN/`), or `http://DOMAIN[:PORT]`
+    /// / `https://DOMAIN[:PORT]` for a TLS proxy in front (links use that
+    /// scheme and port). Default `None`: `localhost`, which browsers
+    /// resolve with every subdomain to loopback (links work in a browser
+    /// on this machine).
+    pub ports_domain: Option<String>,
     /// What API clients may ask for in a sandbox spec.
     pub policy: ClientPolicy,
     /// Ceilings on what one request may ask for, and the bytes all
@@ -597,6 +690,7 @@ impl Default for ServerConfig {
             mcp_profile: None,
             e2b_listen: None,
             ports_listen: None,
+            ports_domain: None,
             policy: ClientPolicy::default(),
             limits: ServerLimits::default(),
             metrics: MetricsConfig::default(),
@@ -706,6 +800,10 @@ impl ServerConfig {
                     "must differ from server.listen: port links get an origin of their own",
                 ));
             }
+        }
+        if let Some(domain) = &self.ports_domain {
+            PortsDomain::parse(domain)
+                .map_err(|why| ConfigError::invalid("server.ports_domain", domain, why))?;
         }
         if let Some(p) = &self.mcp_profile {
             if !profiles.contains_key(p) {
@@ -1835,6 +1933,37 @@ persistence_root: /srv/corral
         }
         c.server.ports_listen = Some("127.0.0.1:0".into());
         c.validate(&FakeHost).expect("a free port is fine");
+    }
+
+    #[test]
+    fn the_ports_domain_is_a_domain_with_an_optional_scheme_and_port() {
+        let mut c = Config::default();
+        for (bad, why) in [
+            ("ftp://ports.example.com", "not http or https"),
+            ("ports.example.com:8443", "a bare domain takes no port"),
+            ("https://ports.example.com:0", "not a port"),
+            ("Ports.Example.com", "not a DNS label"),
+            ("*.ports.example.com", "not a DNS label"),
+            ("ports.example.com/x", "not a DNS label"),
+            ("-a.example.com", "not a DNS label"),
+            ("", "must name a domain"),
+        ] {
+            c.server.ports_domain = Some(bad.into());
+            let text = c.validate(&FakeHost).expect_err(bad).to_string();
+            assert!(
+                text.contains("server.ports_domain") && text.contains(bad) && text.contains(why),
+                "{text}"
+            );
+        }
+        let d = PortsDomain::parse("ports.example.com").expect("bare");
+        assert_eq!((d.scheme, d.port, d.behind_proxy), ("http", None, false));
+        let d = PortsDomain::parse("https://ports.example.com/").expect("https");
+        assert_eq!(
+            (d.scheme, d.domain.as_str(), d.port),
+            ("https", "ports.example.com", None)
+        );
+        let d = PortsDomain::parse("http://box.lan:8081").expect("port");
+        assert_eq!((d.port, d.behind_proxy), (Some(8081), true));
     }
 
     #[test]

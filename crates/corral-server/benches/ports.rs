@@ -51,12 +51,17 @@ impl Drop for Cleanup {
 
 /// One HTTP/1.0 exchange on a new connection; the answer.
 fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> String {
+    http_to(addr, addr, method, path, body)
+}
+
+/// [`http`] under the host name `host` (a port link's).
+fn http_to(addr: &str, host: &str, method: &str, path: &str, body: Option<&Value>) -> String {
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(60)))
         .expect("timeout");
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     let req = format!(
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\n\
+        "{method} {path} HTTP/1.0\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
@@ -99,11 +104,12 @@ fn row(name: &str, mut samples: Vec<Duration>, floor: Option<Duration>) -> Durat
 }
 
 /// `n` round trips of `GET path` through `addr`, each checked.
-fn measure(addr: &str, path: &str, n: usize) -> Vec<Duration> {
+/// `(host, path)` of a port link, or `(addr, path)` direct.
+fn measure(addr: &str, (host, path): (&str, &str), n: usize) -> Vec<Duration> {
     (0..n)
         .map(|_| {
             let t = Instant::now();
-            let answer = http(addr, "GET", path, None);
+            let answer = http_to(addr, host, "GET", path, None);
             let took = t.elapsed();
             assert!(answer.contains("bench-page"), "{answer}");
             took
@@ -169,7 +175,10 @@ async fn main() {
             }))));
             assert_eq!(started["exit_code"], 0, "{started}");
             let link = json_of(&http(&addr, "GET", &format!("/v1/sandboxes/{id}/ports/8080"), None));
-            links.push(link["path"].as_str().expect("path").to_string());
+            links.push((
+                link["host"].as_str().expect("host").to_string(),
+                link["path"].as_str().expect("path").to_string(),
+            ));
             if network == "bridge" {
                 let container = created["container_id"].as_str().expect("container_id");
                 let out = Command::new("docker")
@@ -181,10 +190,15 @@ async fn main() {
         }
         // Warm up each path.
         let direct = format!("{container_ip}:8080");
-        measure(&direct, "/", 3);
-        measure(&ports, &links[0], 3);
-        measure(&ports, &links[1], 3);
-        (measure(&direct, "/", n), measure(&ports, &links[0], n), measure(&ports, &links[1], n))
+        let link = |i: usize| (links[i].0.as_str(), links[i].1.as_str());
+        measure(&direct, (&direct, "/"), 3);
+        measure(&ports, link(0), 3);
+        measure(&ports, link(1), 3);
+        (
+            measure(&direct, (&direct, "/"), n),
+            measure(&ports, link(0), n),
+            measure(&ports, link(1), n),
+        )
     })
     .await
     .expect("the measurements");

@@ -168,7 +168,7 @@ impl AppState {
 
     /// Where port links are served, once known.
     pub fn port_origin(&self) -> Option<crate::port_links::PortOrigin> {
-        self.inner.port_origin.get().copied()
+        self.inner.port_origin.get().cloned()
     }
 
     /// The sandboxes' usage sample (`/metrics`, `GET /v1/usage`).
@@ -1734,21 +1734,12 @@ pub fn router(state: AppState) -> axum::Router {
         .with_state(state)
 }
 
-/// The port-link listener's routes over `state`: the links
-/// (`/ports/KEY/PORT/TOKEN/...`) and nothing else, neither the API nor the
-/// dashboard nor MCP; no guard or body limit (see [`crate::serve`]).
+/// The port-link listener's routes over `state`: the links, routed by
+/// their host names (`PORT-SANDBOXID.DOMAIN`, [`ports::proxy`]), and
+/// nothing else, neither the API nor the dashboard nor MCP; no guard or
+/// body limit (see [`crate::serve`]).
 pub fn port_router(state: AppState) -> axum::Router {
-    axum::Router::new()
-        .route(ports::PROXY, axum::routing::any(ports::proxy_root))
-        .route(ports::PROXY_SLASH, axum::routing::any(ports::proxy_root))
-        .route(ports::PROXY_PATH, axum::routing::any(ports::proxy))
-        .fallback(|| async {
-            ApiError::not_found(
-                "this is the origin of port links: it serves /ports/KEY/PORT/TOKEN/ only (the API \
-                 and the dashboard are on the service's own listener)",
-            )
-        })
-        .with_state(state)
+    axum::Router::new().fallback(ports::proxy).with_state(state)
 }
 
 #[cfg(test)]

@@ -1,13 +1,14 @@
 //! The dashboard: one page, embedded in the binary (no CDN, no asset
-//! fetched from anywhere else), served at `/dashboard` behind the same
-//! token as the API. A browser opens it as `/dashboard?token=TOKEN` (the
-//! guard takes the token from the query for this path only); the page
-//! takes the token out of its address at once and keeps it in memory, then
-//! reads the API with it like any client: `/v1/health`, `/v1/whoami`,
-//! `/v1/sandboxes` and each one's `/usage` every 2 s, `/metrics` for the
-//! pools, and `/v1/events` as a stream for commands per second, failures
-//! by kind and each sandbox's recent commands. Its code panel runs Python
-//! in the selected sandbox's default code context (`POST
+//! fetched from anywhere else), served at `/dashboard`. The page itself
+//! holds no data and needs no token (the guard lets it through, with the
+//! Host and Origin checks); it asks for the token in a form, keeps it in
+//! its memory only (never in its address, which a browser writes to its
+//! history even when the page changes it at once, nor in storage or a
+//! cookie), then reads the API with it like any client: `/v1/health`,
+//! `/v1/whoami`, `/v1/sandboxes` and each one's `/usage` every 2 s,
+//! `/metrics` for the pools, and `/v1/events` as a stream for commands per
+//! second, failures by kind and each sandbox's recent commands. Its code
+//! panel runs Python in the selected sandbox's default code context (`POST
 //! /v1/sandboxes/{id}/code`, read as a stream) and shows what comes back
 //! as text, a result's PNG or JPEG as an image (a `data:` URL), never as
 //! HTML. It sees and does what its token's principal may, nothing more.

@@ -15,7 +15,8 @@
 //!    `https://` and the `Host` that passed check 1) is the service's own
 //!    page, the dashboard, as `Sec-Fetch-Site: same-origin` is: no page of
 //!    a sandbox is ever served on that origin (port links have their own).
-//! 3. Authentication (all but `/v1/health`): the bearer token, compared in
+//! 3. Authentication (all but `/v1/health` and the dashboard's page, which
+//!    holds no data and asks for the token in a form): the bearer token, compared in
 //!    constant time with every configured token, decides the request's
 //!    [`Principal`] (`server.admin_token`: the operator; `server.token`:
 //!    tenant `default`; `server.tenants.NAME.token`: tenant `NAME`); on the
@@ -32,13 +33,14 @@
 //! request is refused there as here.
 //!
 //! The port-link listener (`server.ports_listen`, [`Guard::port_links`])
-//! serves port links only (`/ports/...`, see `api/ports.rs`), on an
-//! origin of its own: its requests pass the Host check only, the link's
+//! serves port links only (see `api/ports.rs`), each under a host name of
+//! its own, `PORT-SANDBOXID.DOMAIN`: its requests pass the Host check only
+//! (the listener's names, or a link's under the links' domain), the link's
 //! own token being their authentication and the pages a sandbox's server
 //! answers there being meant for browsers. The API's listeners serve no
 //! port link at all, so no page a sandbox controls ever shares an origin
-//! with the API or the dashboard (where a service worker or a script of it
-//! would see the operator's token).
+//! with the API, the dashboard or another link (where a service worker or
+//! a script of it would see a token).
 //!
 //! Refusals are JSON errors naming the header at fault: 403 for Host and
 //! Origin, 401 for authentication, 415 for the content type.
@@ -60,15 +62,10 @@ use crate::error::ApiError;
 /// The route every client may call without a token (health probes).
 const HEALTH: &str = "/v1/health";
 
-/// The dashboard's page, which takes its token from the query.
+/// The dashboard's page: static, no data in it; it asks for the token in
+/// a form (never in its address, which a browser keeps in its history) and
+/// sends it as any client does.
 const DASHBOARD: &str = "/dashboard";
-
-/// The `token` of a query string, decoded as a form value (`%XX`, `+`).
-fn query_token(query: &str) -> Option<String> {
-    form_urlencoded::parse(query.as_bytes())
-        .find(|(k, _)| k == "token")
-        .map(|(_, v)| v.into_owned())
-}
 
 /// Where requests come in: decides the Host check and whether the peer's
 /// uid may stand in for the token.
@@ -137,6 +134,9 @@ pub struct Guard {
     sandbox_hosts: bool,
     /// The port-link listener: the Host check only.
     port_links: bool,
+    /// The links' domain on the port-link listener: `PORT-ID.DOMAIN` is
+    /// one of its names.
+    link_domain: Option<Arc<str>>,
 }
 
 impl Guard {
@@ -164,16 +164,23 @@ impl Guard {
                 .collect(),
             sandbox_hosts: false,
             port_links: false,
+            link_domain: None,
         }
     }
 
     /// The checks of the port-link listener at `addr`: its Host only (the
-    /// same names as any listener's, with its own port). A link's token is
-    /// its authentication, checked by the proxy; the listener serves
-    /// nothing else.
-    pub fn port_links(server: &ServerConfig, addr: SocketAddr) -> Guard {
+    /// same names as any listener's, with its own port, and a link's,
+    /// `PORT-ID.DOMAIN` under `origin`'s domain). A link's token is its
+    /// authentication, checked by the proxy; the listener serves nothing
+    /// else.
+    pub fn port_links(
+        server: &ServerConfig,
+        addr: SocketAddr,
+        origin: &crate::port_links::PortOrigin,
+    ) -> Guard {
         Guard {
             port_links: true,
+            link_domain: Some(origin.domain.domain.as_str().into()),
             ..Guard::new(server, Listener::Tcp(addr))
         }
     }
@@ -221,7 +228,9 @@ impl Guard {
             let (port, id) = label.split_once('-')?;
             (port.parse::<u16>().is_ok() && !id.is_empty()).then_some(rest)
         };
+        let link = |domain: &str| crate::port_links::of_host(&host, domain).is_some();
         let allowed = host_allowed(&host, addr, &self.hosts)
+            || self.link_domain.as_deref().is_some_and(link)
             || (self.sandbox_hosts
                 && sandbox_host().is_some_and(|rest| host_allowed(rest, addr, &self.hosts)));
         if allowed {
@@ -288,7 +297,7 @@ impl Guard {
     /// Who the request acts as, or why it is refused. `/v1/health` needs
     /// no token and acts as no one.
     fn check_auth(&self, req: &Request) -> Result<Option<Principal>, ApiError> {
-        if req.uri().path() == HEALTH {
+        if req.uri().path() == HEALTH || req.uri().path() == DASHBOARD {
             return Ok(None);
         }
         if let Listener::Unix { owner } = self.listener {
@@ -317,15 +326,7 @@ impl Guard {
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim)
             .map(str::to_string);
-        // A browser cannot set a header when it opens the dashboard: its
-        // page alone takes the token from the query (`?token=`).
-        let given = from_header.or_else(|| {
-            (req.uri().path() == DASHBOARD)
-                .then(|| req.uri().query())
-                .flatten()
-                .and_then(query_token)
-        });
-        let given = given.as_deref();
+        let given = from_header.as_deref();
         match given {
             Some(g) => match server.principal_of_token(g) {
                 Some(p) => Ok(Some(p)),
@@ -507,17 +508,6 @@ pub(crate) fn split_host(host: &str) -> (&str, Option<u16>) {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn query_tokens_are_percent_decoded_and_malformed_ones_kept() {
-        let token = |q: &str| super::query_token(q).unwrap_or_default();
-        assert_eq!(token("token=abc%2Bd+e"), "abc+d e");
-        assert_eq!(token("token=a%4"), "a%4");
-        assert_eq!(token("token=%zz%41"), "%zzA");
-        assert_eq!(token("token=%é"), "%é");
-        assert_eq!(token("x=1&token=t"), "t");
-        assert_eq!(super::query_token("x=1"), None);
-    }
-
     use super::*;
 
     fn addr(s: &str) -> SocketAddr {

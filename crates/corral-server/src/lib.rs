@@ -160,11 +160,17 @@ pub async fn serve(
         .await
         .with_context(|| format!("cannot listen on server.ports_listen '{ports_at}'"))?;
     let ports_addr = ports.local_addr().context("port-link listener address")?;
+    let domain = match &server.ports_domain {
+        Some(d) => corral_core::config::PortsDomain::parse(d)
+            .map_err(|why| anyhow::anyhow!("server.ports_domain '{d}': {why}"))?,
+        None => corral_core::config::PortsDomain::localhost(),
+    };
     let origin = port_links::PortOrigin {
         ports: ports_addr,
         api: tcp_addr.ip(),
+        domain,
     };
-    state.set_port_origin(origin);
+    state.set_port_origin(origin.clone());
     let mcp = mcp::McpContext {
         provider: provider.clone(),
         spec: mcp_spec,
@@ -174,7 +180,7 @@ pub async fn serve(
         ceilings: state.ceilings().clone(),
         ports: Some(port_links::PortLinks {
             key: state.port_key().clone(),
-            base: origin.base(),
+            origin: origin.clone(),
         }),
     };
     let routes = routes(state.clone(), Some((mcp, mcp_cancel.clone())));
@@ -220,7 +226,8 @@ pub async fn serve(
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await
     });
-    let ports_app = Guard::port_links(&server, ports_addr).layer(port_routes(state.clone()));
+    let ports_app =
+        Guard::port_links(&server, ports_addr, &origin).layer(port_routes(state.clone()));
     let stop = shutdown.clone();
     let ports_server = tokio::spawn(async move {
         axum::serve(ports, ports_app)

@@ -681,14 +681,23 @@ impl Handler {
             Ok(l) => l,
             Err(r) => return Ok(r),
         };
-        let url = format!(
-            "{}{}",
-            links.base,
-            links.key.path(lease.key(), lease.id(), port)
-        );
+        if !crate::port_links::id_fits_a_host_name(lease.id()) {
+            return Ok(render::error(format!(
+                "sandbox id '{}' cannot stand in a host name, which a port link is",
+                lease.id()
+            )));
+        }
+        let token = links.key.link_token(lease.key(), lease.id(), port);
+        let link = links.origin.link(lease.id(), port, &token, None);
         Ok(with_notes(
             &notes,
-            format!("{url}\n(reaches port {port} inside the sandbox; nothing needs to listen yet, a request then answers 502)"),
+            format!(
+                "{}\n(reaches port {port} inside the sandbox; nothing needs to listen yet, a request \
+                 then answers 502. The link is an origin of its own: a browser on this machine \
+                 opens it as is; a program that cannot resolve its host name connects to {} \
+                 and sends 'Host: {}')",
+                link.url, link.connect, link.host
+            ),
         ))
     }
 

@@ -893,14 +893,22 @@ pub struct EgressCounts {
 pub struct PortLink {
     /// The port inside the sandbox.
     pub port: u16,
-    /// `http://HOST:PORTS/ports/KEY/PORT/TOKEN/`, on the port-link
-    /// listener (`server.ports_listen`), an origin of its own, never the
-    /// API's: HTTP (streaming included) and WebSocket upgrades reach the
-    /// server there, the prefix taken off the path; no bearer token needed
-    /// (the link's own token opens this port of this sandbox only).
+    /// `http://PORT-SANDBOXID.DOMAIN:PORTS/TOKEN/`: an origin of its own
+    /// (`DOMAIN`: `server.ports_domain`, else `localhost`, which browsers
+    /// and curl resolve to loopback), on the port-link listener
+    /// (`server.ports_listen`): HTTP (streaming included) and WebSocket
+    /// upgrades reach the server there, the token taken off the path; no
+    /// bearer token needed (the link's own token opens this port of this
+    /// sandbox only).
     pub url: String,
-    /// The same link without scheme and host (a path on the port-link
-    /// listener; the API's listener answers it 404).
+    /// `PORT-SANDBOXID.DOMAIN[:PORTS]`: the link's host name. A program
+    /// that cannot resolve it connects to `connect` and sends this as
+    /// `Host` (`curl -H "Host: HOST" CONNECT/TOKEN/`).
+    pub host: String,
+    /// `http://IP:PORTS`: the port-link listener, for programs that cannot
+    /// resolve `host`.
+    pub connect: String,
+    /// `/TOKEN/`: the link's path on its host.
     pub path: String,
     /// The link's token.
     pub token: String,

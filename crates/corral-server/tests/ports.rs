@@ -1,8 +1,10 @@
 //! Servers inside sandboxes reached through a real `corral serve` on the
 //! real daemon: busybox `httpd` answers through the link the owner gets,
-//! on the port-link listener only (the API's listener answers 404 there,
-//! and the port-link listener serves neither the API, the dashboard nor
-//! MCP), headers that reach beyond the link are dropped (a CGI's output
+//! under the link's own host name (`PORT-ID.localhost`) on the port-link
+//! listener only (the API's listener answers 404 there, and the port-link
+//! listener serves neither the API, the dashboard nor MCP, under any
+//! name), headers that reach beyond the link are dropped both ways (the
+//! `Authorization` a client sent never reaches the sandbox; a CGI's output
 //! streamed as it is written), a WebSocket-style upgrade
 //! becomes a two-way pipe, a wrong token, another port's or another
 //! sandbox's token is refused, another tenant cannot get a link, and a
@@ -43,6 +45,12 @@ printf 'Content-Type: text/javascript\r\nService-Worker-Allowed: /\r\nClear-Site
 echo 'self.onfetch = () => {};'
 CGI
 chmod +x /www/cgi-bin/sw
+cat > /www/cgi-bin/env <<'CGI'
+#!/bin/sh
+printf 'Content-Type: text/plain\r\n\r\n'
+echo "auth=[$HTTP_AUTHORIZATION] proxy=[$HTTP_PROXY_AUTHORIZATION] cookie=[$HTTP_COOKIE] host=[$HTTP_HOST]"
+CGI
+chmod +x /www/cgi-bin/env
 cat > /ws.sh <<'WS'
 #!/bin/sh
 cr=$(printf '\r')
@@ -116,15 +124,26 @@ async fn read_until(conn: &mut TcpStream, got: &mut Vec<u8>, needle: &str) {
         .unwrap_or_else(|_| panic!("no {needle:?} in: {}", String::from_utf8_lossy(got)));
 }
 
-/// `GET path` from the port-link listener.
-async fn get(s: &Service, path: &str) -> (u16, String) {
-    get_from(s.ports, path).await
+/// `GET path` from the port-link listener, under the host name `host`
+/// (a link's, as a program that cannot resolve it sends it).
+async fn get(s: &Service, host: &str, path: &str) -> (u16, String) {
+    get_with(s.ports, host, path, "").await
 }
 
+/// `GET path` from `addr` under its own address as the host name.
 async fn get_from(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    get_with(addr, &addr.to_string(), path, "").await
+}
+
+async fn get_with(
+    addr: std::net::SocketAddr,
+    host: &str,
+    path: &str,
+    headers: &str,
+) -> (u16, String) {
     let mut conn = raw_to(
         addr,
-        &format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+        &format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{headers}Connection: close\r\n\r\n"),
     )
     .await;
     let mut out = Vec::new();
@@ -159,23 +178,67 @@ async fn a_server_in_a_sandbox_is_reached_through_its_link_and_nothing_else_is()
         sandbox(&s, ALICE, json!({"spec": {"network": "none"}}))
     );
 
-    // The page, through the owner's link, with no bearer token.
+    // The page, through the owner's link, with no bearer token, under the
+    // link's own host name.
     let l = link(&s, ALICE, &a, 8080).await;
     let path = l["path"].as_str().expect("path").to_string();
+    let host = l["host"].as_str().expect("host").to_string();
+    let token = l["token"].as_str().expect("token").to_string();
     assert_ne!(s.ports, s.addr);
+    let a_id = s
+        .send(as_(ALICE, "GET", &format!("/v1/sandboxes/{a}")))
+        .await
+        .json["sandbox_id"]
+        .as_str()
+        .expect("sandbox_id")
+        .to_string();
+    assert_eq!(host, format!("8080-{a_id}.localhost:{}", s.ports.port()));
+    assert_eq!(path, format!("/{token}/"));
     assert_eq!(
         l["url"].as_str().expect("url"),
-        format!("http://{}{path}", s.ports),
-        "the link is on the port-link listener's origin: {l}"
+        format!("http://{host}{path}"),
+        "the link is an origin of its own: {l}"
     );
-    let (status, text) = get(&s, &path).await;
+    assert_eq!(
+        l["connect"].as_str().expect("connect"),
+        format!("http://{}", s.ports)
+    );
+    let (status, text) = get(&s, &host, &path).await;
     assert_eq!(status, 200, "{text}");
     assert!(text.contains("hello from the sandbox"), "{text}");
-    let (status, text) = get(&s, &format!("{path}index.html")).await;
+    let (status, text) = get(&s, &host, &format!("{path}index.html")).await;
     assert_eq!(status, 200, "{text}");
+    // The link's path on the listener's own name, or on another name, is
+    // no link.
+    let (status, text) = get(&s, &s.ports.to_string(), &path).await;
+    assert_eq!(status, 404, "{text}");
+    assert!(!text.contains("hello from the sandbox"), "{text}");
+    // Credentials meant for something else never reach the sandbox; its
+    // own cookies do.
+    let (status, text) = get_with(
+        s.ports,
+        &host,
+        &format!("{path}cgi-bin/env"),
+        &format!(
+            "Authorization: Bearer {ALICE}\r\nProxy-Authorization: Basic eDp5\r\n\
+             Cookie: theirs=1\r\n"
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        text.contains("auth=[] proxy=[] cookie=[theirs=1]"),
+        "{text}"
+    );
+    assert!(!text.contains(ALICE), "{text}");
 
     // No content from a sandbox on the API's origin: its listener has no
     // port links at all.
+    let (status, text) = get_with(s.addr, &host, &path, "").await;
+    assert_eq!(
+        status, 403,
+        "the API's listener refuses a link's name: {text}"
+    );
     let (status, text) = get_from(s.addr, &path).await;
     assert_eq!(status, 401, "{text}");
     assert!(!text.contains("hello from the sandbox"), "{text}");
@@ -192,24 +255,20 @@ async fn a_server_in_a_sandbox_is_reached_through_its_link_and_nothing_else_is()
         "/openapi.json",
         "/",
     ] {
-        let (status, text) = get(&s, route).await;
+        let (status, text) = get_from(s.ports, route).await;
         assert_eq!(status, 404, "{route}: {text}");
-        let mut conn = raw(
-            &s,
-            &format!(
-                "GET {route} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {ALICE}\r\n\
-                 Connection: close\r\n\r\n",
-                s.ports
-            ),
+        let (status, text) = get_with(
+            s.ports,
+            &s.ports.to_string(),
+            route,
+            &format!("Authorization: Bearer {ALICE}\r\n"),
         )
         .await;
-        let mut out = Vec::new();
-        let _ = tokio::time::timeout(Duration::from_secs(60), conn.read_to_end(&mut out)).await;
-        let text = String::from_utf8_lossy(&out);
-        assert!(
-            text.starts_with("HTTP/1.1 404"),
-            "{route} with a token: {text}"
-        );
+        assert_eq!(status, 404, "{route} with a token: {text}");
+        // Under a link's name it is a path of the sandbox's server, whose
+        // token it lacks.
+        let (status, text) = get(&s, &host, route).await;
+        assert_eq!(status, 403, "{route} under the link's name: {text}");
     }
     // A foreign Host is refused there too (DNS rebinding).
     let mut conn = raw(
@@ -229,7 +288,7 @@ async fn a_server_in_a_sandbox_is_reached_through_its_link_and_nothing_else_is()
     );
     // Headers that would reach beyond the link's own pages are dropped;
     // others pass.
-    let (status, text) = get(&s, &format!("{path}cgi-bin/sw")).await;
+    let (status, text) = get(&s, &host, &format!("{path}cgi-bin/sw")).await;
     assert_eq!(status, 200, "{text}");
     let head = text
         .split("\r\n\r\n")
@@ -241,7 +300,6 @@ async fn a_server_in_a_sandbox_is_reached_through_its_link_and_nothing_else_is()
     assert!(!head.contains("clear-site-data"), "{text}");
 
     // A response streams as the server writes it.
-    let host = s.ports.to_string();
     let mut conn = raw(
         &s,
         &format!("GET {path}cgi-bin/stream HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
@@ -262,10 +320,11 @@ async fn a_server_in_a_sandbox_is_reached_through_its_link_and_nothing_else_is()
     // An upgrade becomes a two-way pipe (the WebSocket handshake's shape).
     let ws = link(&s, ALICE, &a, 9000).await;
     let ws_path = ws["path"].as_str().expect("path");
+    let ws_host = ws["host"].as_str().expect("host");
     let mut conn = raw(
         &s,
         &format!(
-            "GET {ws_path}echo HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+            "GET {ws_path}echo HTTP/1.1\r\nHost: {ws_host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
         ),
     )
@@ -282,20 +341,32 @@ async fn a_server_in_a_sandbox_is_reached_through_its_link_and_nothing_else_is()
         read_until(&mut conn, &mut got, message).await;
     }
 
-    // Refused: a wrong token, another port's, another sandbox's.
-    let token = l["token"].as_str().expect("token");
-    let wrong = path.replace(token, &"0".repeat(token.len()));
-    assert_eq!(get(&s, &wrong).await.0, 403);
-    let other_port = path.replace("/8080/", "/9000/");
+    // Refused: a wrong token, another port's, another sandbox's, a name
+    // under the link's.
+    let wrong = path.replace(&token, &"0".repeat(token.len()));
+    assert_eq!(get(&s, &host, &wrong).await.0, 403);
+    let other_port = host.replace("8080-", "9000-");
     assert_eq!(
-        get(&s, &other_port).await.0,
+        get(&s, &other_port, &path).await.0,
         403,
         "the 8080 token does not open 9000"
     );
     let lb = link(&s, ALICE, &b, 8080).await;
     let b_token = lb["token"].as_str().expect("token");
-    let swapped = path.replace(token, b_token);
-    assert_eq!(get(&s, &swapped).await.0, 403, "b's token does not open a");
+    let b_host = lb["host"].as_str().expect("host");
+    let swapped = path.replace(&token, b_token);
+    assert_eq!(
+        get(&s, &host, &swapped).await.0,
+        403,
+        "b's token does not open a"
+    );
+    assert_eq!(
+        get(&s, b_host, &path).await.0,
+        403,
+        "a's token does not open b"
+    );
+    let (status, _) = get(&s, &format!("x.{host}"), &path).await;
+    assert_eq!(status, 403, "a name under a link's is refused at the door");
     // Another tenant gets no link to it (404, as if absent).
     let r = s
         .send(as_(BOB, "GET", &format!("/v1/sandboxes/{a}/ports/8080")))
@@ -319,7 +390,7 @@ async fn a_server_in_a_sandbox_is_reached_through_its_link_and_nothing_else_is()
     );
 
     // `network: none` is reached too (through its namespace) ...
-    let (status, text) = get(&s, lb["path"].as_str().expect("path")).await;
+    let (status, text) = get(&s, b_host, lb["path"].as_str().expect("path")).await;
     assert_eq!(status, 200, "{text}");
     assert!(text.contains("hello from the sandbox"), "{text}");
     // ... and still has no way out: not to the service, not to the host.
@@ -337,7 +408,12 @@ async fn a_server_in_a_sandbox_is_reached_through_its_link_and_nothing_else_is()
     );
     // A port nothing listens on is a clear 502.
     let dead = link(&s, ALICE, &a, 8999).await;
-    let (status, text) = get(&s, dead["path"].as_str().expect("path")).await;
+    let (status, text) = get(
+        &s,
+        dead["host"].as_str().expect("host"),
+        dead["path"].as_str().expect("path"),
+    )
+    .await;
     assert_eq!(status, 502, "{text}");
     assert!(text.contains("8999"), "{text}");
 
@@ -346,6 +422,6 @@ async fn a_server_in_a_sandbox_is_reached_through_its_link_and_nothing_else_is()
         .send(as_(ALICE, "DELETE", &format!("/v1/sandboxes/{a}")))
         .await;
     assert!(r.status < 300, "{}", r.text);
-    assert_eq!(get(&s, &path).await.0, 403);
+    assert_eq!(get(&s, &host, &path).await.0, 403);
     s.stop().await;
 }

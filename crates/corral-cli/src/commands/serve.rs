@@ -78,10 +78,12 @@ pub struct ServeArgs {
     e2b_listen: Option<String>,
 
     /// Serve port links (`GET /v1/sandboxes/{id}/ports/{port}`) on this
-    /// address, an origin of their own that serves nothing else, so a page
-    /// a sandbox serves never shares an origin with the API or the
-    /// dashboard (port 0: any free port; default: the listen IP, a free
-    /// port). Overrides the config's `server.ports_listen`.
+    /// address, which serves nothing else; each link has a host name, so
+    /// an origin, of its own (`PORT-SANDBOXID.localhost`, or under
+    /// `server.ports_domain`), so a page a sandbox serves never shares an
+    /// origin with another sandbox, the API or the dashboard (port 0: any
+    /// free port; default: the listen IP, a free port). Overrides the
+    /// config's `server.ports_listen`.
     #[arg(long, value_name = "IP:PORT")]
     ports_listen: Option<String>,
 
@@ -165,8 +167,10 @@ pub async fn run(
             bound.tcp
         );
         eprintln!(
-            "corral serve: port links on http://{} (an origin of their own: it serves nothing else)",
-            bound.ports
+            "corral serve: port links on http://{} (each under a host name of its own, \
+             PORT-SANDBOXID.DOMAIN; it serves nothing else); the dashboard: http://{}/dashboard \
+             (it asks for the token)",
+            bound.ports, bound.tcp
         );
         if let Some(e2b) = bound.e2b {
             eprintln!(

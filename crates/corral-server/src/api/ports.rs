@@ -3,26 +3,31 @@
 //!
 //! `GET /v1/sandboxes/{id}/ports/{port}` (the sandbox's owner only, as
 //! every sandbox route) answers a link,
-//! `/ports/{key}/{port}/{token}/`, where `token` is an HMAC of the
-//! sandbox's provider key, its sandbox id and the port under a key the
-//! service makes at start: it opens that port of that sandbox and nothing
-//! else (another port, another sandbox, the same key's next sandbox), and
-//! lives as long as the service and the sandbox. The link needs no bearer
-//! token, so a browser or a tool that cannot set headers can follow it;
-//! the guard still checks its Host (`guard.rs`).
+//! `http://PORT-SANDBOXID.DOMAIN:LISTENPORT/TOKEN/`, where `token` is an
+//! HMAC of the sandbox's provider key, its sandbox id and the port under a
+//! key the service makes at start: it opens that port of that sandbox and
+//! nothing else (another port, another sandbox, the same key's next
+//! sandbox), and lives as long as the service and the sandbox. The link
+//! needs no bearer token, so a browser or a tool that cannot set headers
+//! can follow it.
 //!
-//! Links are served by the port-link listener only (`server.ports_listen`,
-//! [`crate::api::port_router`]), an origin of its own: a page a sandbox
-//! serves runs there, never on the API's or the dashboard's origin, so its
-//! scripts and service workers see neither the dashboard's address nor its
-//! requests. The API's listeners have no `/ports/...` route. The proxy
-//! also drops the response headers that reach beyond a link's own pages
+//! Each link is an origin of its own (its host name, see
+//! [`port_links::PortOrigin`]), served by the port-link listener only
+//! (`server.ports_listen`, [`crate::api::port_router`]), which routes by
+//! `Host`: a page a sandbox serves shares cookies, storage, service
+//! workers, caches and `clients` with no other sandbox's page, port, the
+//! API or the dashboard. A program that cannot resolve the link's name
+//! (glibc does not resolve `*.localhost`; curl and browsers do) connects to
+//! the listener (`connect` in the answer) and sends that name as `Host`.
+//! The proxy sends the sandbox no credential meant for something else
+//! ([`port_links::DROPPED_REQUEST_HEADERS`]) and drops the response headers
+//! that would reach beyond a link's pages
 //! ([`port_links::DROPPED_RESPONSE_HEADERS`]).
 //!
 //! The proxy speaks HTTP/1.1 to the server over a connection the backend
 //! opens ([`corral::Sandbox::open_port`]: the sandbox's address, or an
 //! exec into its network namespace when it has none), one per request,
-//! with the link's prefix taken off the path (`X-Forwarded-Prefix` says
+//! with the link's token taken off the path (`X-Forwarded-Prefix` says
 //! what it was); responses stream as the server writes them, and an
 //! upgrade (WebSocket) becomes a two-way byte pipe. A sandbox reached this
 //! way gains no egress: nothing is opened from inside it.
@@ -39,13 +44,6 @@ use crate::error::ApiError;
 use crate::guard::Caller;
 use crate::port_links;
 use crate::wire::{ErrorBody, PortLink};
-
-/// The link's route without a path after the token.
-pub(super) const PROXY: &str = "/ports/{key}/{port}/{token}";
-/// The link's route itself (its trailing `/`).
-pub(super) const PROXY_SLASH: &str = "/ports/{key}/{port}/{token}/";
-/// The link's route with a path.
-pub(super) const PROXY_PATH: &str = "/ports/{key}/{port}/{token}/{*rest}";
 
 /// A port number from a path, or a 400 naming it.
 fn parse_port(port: &str) -> Result<u16, ApiError> {
@@ -86,38 +84,60 @@ pub(super) async fn port_link(
                 .to_string(),
         ));
     };
-    let keys = &s.inner.port_key;
-    let token = keys.token(lease.key(), lease.id(), port);
-    let path = format!("{}/", port_links::prefix(lease.key(), port, &token));
+    if !port_links::id_fits_a_host_name(lease.id()) {
+        return Err(ApiError::invalid(
+            "id",
+            format!(
+                "sandbox id '{}' cannot stand in a host name, which a port link is",
+                lease.id()
+            ),
+        ));
+    }
+    let token = s.inner.port_key.link_token(lease.key(), lease.id(), port);
     // The guard checked Host: it is one of this service's names.
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("localhost");
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let link = origin.link(lease.id(), port, &token, host);
     Ok(Json(PortLink {
         port,
-        url: format!("{}{path}", origin.base_for(host)),
-        path,
+        url: link.url,
+        host: link.host,
+        connect: link.connect,
+        path: link.path,
         token,
     }))
 }
 
-/// The proxy, for a link without a path after its token.
-pub(super) async fn proxy_root(
-    State(s): State<AppState>,
-    Path((key, port, token)): Path<(String, String, String)>,
-    req: Request,
-) -> Response {
-    forward(s, key, port, token, String::new(), req).await
+/// The proxy: every request to the port-link listener whose `Host` is a
+/// link's (the listener's own names get [`not_a_link`]).
+pub(super) async fn proxy(State(s): State<AppState>, req: Request) -> Response {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_ascii_lowercase);
+    let Some(origin) = s.port_origin() else {
+        return not_a_link();
+    };
+    let Some((port, id)) = host.as_deref().and_then(|h| origin.of_host(h)) else {
+        return not_a_link();
+    };
+    let id = id.to_string();
+    let path = req.uri().path();
+    let (token, rest) = match path.trim_start_matches('/').split_once('/') {
+        Some((token, rest)) => (token.to_string(), rest.to_string()),
+        None => (path.trim_start_matches('/').to_string(), String::new()),
+    };
+    forward(s, id, port, token, rest, req).await
 }
 
-/// The proxy.
-pub(super) async fn proxy(
-    State(s): State<AppState>,
-    Path((key, port, token, rest)): Path<(String, String, String, String)>,
-    req: Request,
-) -> Response {
-    forward(s, key, port, token, rest, req).await
+/// What the port-link listener answers a `Host` that is no link's.
+fn not_a_link() -> Response {
+    ApiError::not_found(
+        "this is the port-link listener: it serves port links only, each under a host name of \
+         its own (PORT-SANDBOXID.DOMAIN; a program that cannot resolve it sends it as Host); \
+         the API and the dashboard are on the service's own listener",
+    )
+    .into_response()
 }
 
 /// The link is not (or no longer) good: one answer for every reason, so a
@@ -140,33 +160,49 @@ fn bad_gateway(message: String) -> Response {
 
 async fn forward(
     s: AppState,
-    key: String,
-    port: String,
+    id: String,
+    port: u16,
     token: String,
     rest: String,
-    req: Request,
+    mut req: Request,
 ) -> Response {
-    let Ok(port) = parse_port(&port) else {
-        return refused();
-    };
     if s.refuse_when_closing().is_err() {
         return refused();
     }
-    // Looked up without creating anything: a link never starts a sandbox.
-    let Some(Ok(lease)) = s.inner.provider.lease(&key).await else {
+    let keys = &s.inner.port_key;
+    // Only a sandbox a link was made for; looked up without creating
+    // anything: a link never starts a sandbox.
+    let Some(key) = keys.key_of(&id) else {
         return refused();
     };
+    let lease = match s.inner.provider.lease(&key).await {
+        Some(Ok(lease)) if lease.sandbox().id() == id => lease,
+        Some(Ok(_)) | None => {
+            keys.forget(&id);
+            return refused();
+        }
+        Some(Err(_)) => return refused(),
+    };
     let sandbox = lease.sandbox();
-    if !s.inner.port_key.verify(&key, sandbox.id(), port, &token) {
+    if !keys.verify(&key, &id, port, &token) {
         return refused();
     }
-    let prefix = port_links::prefix(&key, port, &token);
+    for name in port_links::DROPPED_REQUEST_HEADERS {
+        req.headers_mut().remove(name);
+    }
     let query = req
         .uri()
         .query()
         .map(|q| format!("?{q}"))
         .unwrap_or_default();
-    relay(&sandbox, port, format!("/{rest}{query}"), Some(prefix), req).await
+    relay(
+        &sandbox,
+        port,
+        format!("/{rest}{query}"),
+        Some(format!("/{token}")),
+        req,
+    )
+    .await
 }
 
 /// Sends `req` to `port` of `sandbox` at `path_and_query` over a
