@@ -425,3 +425,35 @@ async fn a_server_in_a_sandbox_is_reached_through_its_link_and_nothing_else_is()
     assert_eq!(get(&s, &host, &path).await.0, 403);
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn links_take_their_host_names_under_the_configured_ports_domain() {
+    let label = "ports-domain";
+    let _g = Guard(label);
+    let s = start(label, |c, _| {
+        c.server.token = Some(ALICE.into());
+        c.server.ports_domain = Some("ports.example.test".into());
+    })
+    .await;
+    let a = sandbox(&s, ALICE, json!({})).await;
+    let l = link(&s, ALICE, &a, 8080).await;
+    let host = l["host"].as_str().expect("host");
+    let path = l["path"].as_str().expect("path");
+    assert!(
+        host.starts_with("8080-sb-")
+            && host.ends_with(&format!(".ports.example.test:{}", s.ports.port())),
+        "{l}"
+    );
+    assert_eq!(
+        l["url"].as_str(),
+        Some(format!("http://{host}{path}").as_str())
+    );
+    let (status, text) = get(&s, host, path).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("hello from the sandbox"), "{text}");
+    // The default domain is not this service's links' any more.
+    let (name, _) = host.split_once('.').expect("a dotted name");
+    let (status, text) = get(&s, &format!("{name}.localhost:{}", s.ports.port()), path).await;
+    assert_eq!(status, 403, "{text}");
+    s.stop().await;
+}
