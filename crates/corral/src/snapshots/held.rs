@@ -184,21 +184,27 @@ impl HeldSnapshots {
     }
 }
 
-/// Makes `root` and `dir` below it, 0700 (tightened when looser).
+/// Makes `root` and `dir` below it, 0700: below the root (corral's own)
+/// a looser mode is tightened; the root, which the operator may name, is
+/// never changed, only refused unless private
+/// ([`crate::host::private_dir`]).
 fn private_dirs(root: &Path, dir: &Path) -> Result<(), Error> {
+    crate::host::private_dir(root, true)
+        .map_err(|why| host_err(format!("keeping snapshots in {}", root.display()), why))?;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
         .map_err(|e| host_err(format!("making {}", dir.display()), e))?;
     let mut at = dir.to_path_buf();
-    loop {
+    while at != root && at.starts_with(root) {
         std::fs::set_permissions(&at, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| host_err(format!("securing {}", at.display()), e))?;
-        if at == root || !at.pop() || !at.starts_with(root) {
-            return Ok(());
+        if !at.pop() {
+            break;
         }
     }
+    Ok(())
 }
 
 /// Writes `bytes` to `path` through a temporary file (0600) and a rename.
