@@ -228,3 +228,26 @@ def test_the_slot_directorys_shared_parent_is_left_alone(tmp_path: Path) -> None
     assert stat.S_IMODE(shared.stat().st_mode) == 0o1777, "the slot directory's parent was changed"
     assert stat.S_IMODE((shared / "slots").stat().st_mode) == 0o700
     assert stat.S_IMODE(runtime.stat().st_mode) == 0o700
+
+
+def test_a_per_user_directory_another_user_made_first_is_not_used(tmp_path: Path) -> None:
+    """The per-user runtime directory (`$XDG_RUNTIME_DIR/corral`, else
+    `/tmp/corral-<uid>`) made first by another user: corral keeps no
+    shared delta there (a planted directory could hand a fork someone
+    else's delta) and changes nothing of it."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a directory of another user's")
+    xdg = tmp_path / "xdg"
+    planted = xdg / "corral"
+    planted.mkdir(parents=True)
+    os.chown(planted, 65534, 65534)
+    planted.chmod(0o777)
+    env = {"XDG_RUNTIME_DIR": str(xdg), "CORRAL_RUNTIME_DIR": str(tmp_path / "runtime")}
+    code, log = _serve_until_ready_or_exit(server_config(), env, tmp_path)
+    assert code is None, log
+    assert not (planted / "deltas").exists(), log
+    assert "uid 65534" in log and str(planted) in log, log
+    st = planted.stat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (65534, 0o777)
