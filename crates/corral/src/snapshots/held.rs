@@ -369,4 +369,25 @@ mod tests {
         assert!(!later.remove(&q).await.expect("remove again"));
         let _ = std::fs::remove_dir_all(&root);
     }
+
+    /// A snapshot directory that exists and others may use (a 1777 one,
+    /// as /tmp) is refused by name and left as it is.
+    #[tokio::test]
+    async fn a_shared_snapshot_directory_is_refused_and_left_alone() {
+        let root = std::env::temp_dir().join(format!("corral-held-{}", crate::host::random_hex(8)));
+        std::fs::create_dir(&root).expect("mkdir");
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+        let store = HeldSnapshots::new(root.clone());
+        let (h, labels) = held("ready", Some("alice"), true);
+        let e = store.put(h, labels).await.expect_err("a shared directory");
+        let text = e.to_string();
+        assert!(
+            text.contains(&root.display().to_string()) && text.contains("mode 1777"),
+            "{text}"
+        );
+        let mode = std::fs::metadata(&root).expect("stat").permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o1777);
+        assert!(!root.join("ns").exists());
+        let _ = std::fs::remove_dir_all(&root);
+    }
 }
