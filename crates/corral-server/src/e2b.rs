@@ -19,8 +19,10 @@
 //! does), and every later call reaches it through [`AppState::lease`] as
 //! that principal, so another tenant's key finds nothing. Each sandbox
 //! gets a fresh `envdAccessToken`, a secret that opens that sandbox's envd
-//! calls only. Commands run through [`corral::Sandbox::exec`], files
-//! through the sandbox's file API.
+//! calls only, and a distinct `trafficAccessToken` that opens its private
+//! ports and the code interpreter's context calls, never a command or a
+//! file (`Opener`). Commands run through [`corral::Sandbox::exec`],
+//! files through the sandbox's file API.
 //!
 //! E2B's own semantics live here only: a sandbox's `timeout` is its
 //! lifetime (a timer releases it, or with `autoPause` pauses it), a command's `timeout` kills it, a

@@ -156,7 +156,7 @@ impl UsageSampler {
     /// `server.metrics.usage_refresh_ms`), else read now from its agent
     /// (the engine's stats where the agent cannot answer), its CPU cores
     /// against the last sample's reading when it was in it. `None` when it
-    /// cannot be read within [`READ_TIMEOUT`]. Not activity: the
+    /// cannot be read within `READ_TIMEOUT`. Not activity: the
     /// sandbox is read, not leased.
     pub async fn describe(
         &self,
