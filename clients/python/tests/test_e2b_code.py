@@ -229,6 +229,25 @@ def test_another_sandboxes_token_or_tenant_cannot_drive_a_context(e2b_server: st
         b.kill()
 
 
+def test_the_traffic_token_opens_contexts_never_code(e2b_server: str, sbx: Sandbox) -> None:
+    """The traffic access token (for viewers of a private port) is what
+    E2B's SDK sends with context calls, so it opens them; it never runs
+    code, which takes the envd access token."""
+    traffic, envd = sbx.traffic_access_token, sbx._envd_access_token
+    assert traffic and envd and traffic != envd
+    base = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49999", "Content-Type": "application/json"}
+    body = {"code": "open('/tmp/ran', 'w').write('x')", "context_id": None, "language": None, "env_vars": None}
+    for headers in ({"E2B-Traffic-Access-Token": traffic}, {"X-Access-Token": traffic}):
+        r = httpx.post(f"{e2b_server}/execute", json=body, headers={**base, **headers}, timeout=30)
+        assert r.status_code == 401, (headers, r.status_code, r.text)
+    assert sbx.files.exists("/tmp/ran") is False
+    # The SDK's context calls, which carry the traffic token alone.
+    ctx = sbx.create_code_context()
+    assert ctx.id in [c.id for c in sbx.list_code_contexts()]
+    assert sbx.run_code("6 * 7", context=ctx).text == "42"
+    sbx.remove_code_context(ctx)
+
+
 def test_code_in_one_sandbox_cannot_reach_another_sandboxes_kernel(e2b_server: str) -> None:
     a = Sandbox.create(timeout=120)
     b = Sandbox.create(timeout=120)

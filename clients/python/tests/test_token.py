@@ -159,3 +159,95 @@ def test_a_restarted_service_is_followed_and_its_file_goes_with_it(monkeypatch):
         assert second.stop() == 0
         second.close()
         assert_no_leaks()
+
+
+def _serve_until_ready_or_exit(config: dict, env: dict, tmp: Path) -> "tuple[int | None, str]":
+    """`corral serve` on a free port with `config` and `env`: its exit
+    code (None while it runs: it is then stopped) and its log."""
+    import json
+    import os
+    import subprocess
+    import time
+
+    from corral.testing import free_port
+
+    cfg = tmp / "corral.yaml"
+    cfg.write_text(json.dumps(config))
+    port = free_port()
+    log = tmp / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [corral_binary(), "serve", "--listen", f"127.0.0.1:{port}", "--config", str(cfg)],
+            stdout=out, stderr=subprocess.STDOUT,
+            env={**{k: v for k, v in os.environ.items() if k != "CORRAL_TOKEN"}, **env},
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/v1/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+            code = proc.poll()
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=30)
+    return code, log.read_text()
+
+
+def _shared(tmp_path: Path) -> Path:
+    """A fresh 1777 directory: /tmp's mode, never /tmp itself."""
+    shared = tmp_path / "shared-tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    return shared
+
+
+def test_a_shared_runtime_directory_is_refused_by_name_and_left_alone(tmp_path: Path) -> None:
+    """Named as the runtime directory (where a generated token goes), a
+    shared directory is refused by name and stays 1777."""
+    shared = _shared(tmp_path)
+    code, log = _serve_until_ready_or_exit(server_config(), {"CORRAL_RUNTIME_DIR": str(shared)}, tmp_path)
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777, "corral serve changed a directory it did not make"
+    assert code not in (None, 0), log
+    assert str(shared) in log and "mode 1777" in log and "server.runtime_dir" in log, log
+    assert not list(shared.iterdir()), list(shared.iterdir())
+
+
+def test_the_slot_directorys_shared_parent_is_left_alone(tmp_path: Path) -> None:
+    """`daemon.slot_dir` in a shared directory: the slot directory is made
+    0700, its parent stays 1777."""
+    shared = _shared(tmp_path)
+    runtime = tmp_path / "runtime"
+    cfg = server_config(daemon={"slot_dir": str(shared / "slots")})
+    code, log = _serve_until_ready_or_exit(cfg, {"CORRAL_RUNTIME_DIR": str(runtime)}, tmp_path)
+    assert code is None, log
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777, "the slot directory's parent was changed"
+    assert stat.S_IMODE((shared / "slots").stat().st_mode) == 0o700
+    assert stat.S_IMODE(runtime.stat().st_mode) == 0o700
+
+
+def test_a_per_user_directory_another_user_made_first_is_not_used(tmp_path: Path) -> None:
+    """The per-user runtime directory (`$XDG_RUNTIME_DIR/corral`, else
+    `/tmp/corral-<uid>`) made first by another user: corral keeps no
+    shared delta there (a planted directory could hand a fork someone
+    else's delta) and changes nothing of it."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a directory of another user's")
+    xdg = tmp_path / "xdg"
+    planted = xdg / "corral"
+    planted.mkdir(parents=True)
+    os.chown(planted, 65534, 65534)
+    planted.chmod(0o777)
+    env = {"XDG_RUNTIME_DIR": str(xdg), "CORRAL_RUNTIME_DIR": str(tmp_path / "runtime")}
+    code, log = _serve_until_ready_or_exit(server_config(), env, tmp_path)
+    assert code is None, log
+    assert not (planted / "deltas").exists(), log
+    assert "uid 65534" in log and str(planted) in log, log
+    st = planted.stat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (65534, 0o777)

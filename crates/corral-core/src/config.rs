@@ -76,7 +76,9 @@ pub struct Config {
     pub profiles: BTreeMap<String, SandboxSpec>,
     /// Sandboxes by session key, warm pools, eviction.
     pub provider: ProviderConfig,
-    /// Host directory holding persistent workspaces. Default `None`:
+    /// Host directory holding persistent workspaces (made 0700; one that
+    /// exists must be private already: corral never changes a directory
+    /// it did not make). Default `None`:
     /// `$XDG_DATA_HOME/corral/workspaces`, else
     /// `~/.local/share/corral/workspaces` (see [`Config::persistence_root`]).
     pub persistence_root: Option<String>,
@@ -99,7 +101,7 @@ pub struct SnapshotConfig {
     /// every fork). Default 1073741824 (1 GiB); at least 1048576.
     pub max_bytes: u64,
     /// Directory of the durable ones (a file each, 0600 in a 0700
-    /// directory). Default `None`: `$XDG_DATA_HOME/corral/snapshots`, else
+    /// directory; one that exists must be private already). Default `None`: `$XDG_DATA_HOME/corral/snapshots`, else
     /// `~/.local/share/corral/snapshots` (see [`Config::snapshot_dir`]).
     pub dir: Option<String>,
     /// Forks read a delta written once to a file on the host, linked for
@@ -548,8 +550,11 @@ pub struct ServerConfig {
     /// read-only. Default none: a session sees only the snapshots it took.
     pub mcp_snapshots: Vec<String>,
     /// Directory (made 0700) of the files that hand a generated token to
-    /// local clients, one per listen address, removed at shutdown. Default
-    /// `None`: `$XDG_RUNTIME_DIR/corral/servers`, else
+    /// local clients, one per listen address, removed at shutdown. One
+    /// that exists must be private already (this user's, no group or other
+    /// access), else the service refuses to start, naming it: a shared
+    /// directory such as `/tmp` is never changed. Default `None`:
+    /// `$XDG_RUNTIME_DIR/corral/servers`, else
     /// `~/.local/share/corral/runtime` (see [`Config::runtime_dir`]).
     pub runtime_dir: Option<String>,
     /// Browser origins (`scheme://host[:port]`) whose requests are
@@ -1050,8 +1055,9 @@ pub struct DaemonConfig {
     /// Share the two limits with every corral process of this user on the
     /// host through lock files in `slot_dir`. Default true.
     pub shared_slots: bool,
-    /// Where the slot lock files live (an absolute path). Default `None`:
-    /// the per-user default directory.
+    /// Where the slot lock files live (an absolute path; made 0700 when
+    /// missing, used as it is when it exists). Default `None`: the
+    /// per-user default directory.
     pub slot_dir: Option<String>,
     /// Longest wait for a start or exec slot before failing, in ms.
     /// Default 600000 (10 minutes).

@@ -95,16 +95,21 @@ fn shared_deltas_dir(endpoint: &str) -> Option<std::path::PathBuf> {
     if !(endpoint.starts_with("unix://") || endpoint.starts_with('/')) {
         return None;
     }
-    let dir = crate::network::user_runtime_dir().join("deltas");
-    let made = std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o711)
-        .create(&dir)
-        .and_then(|()| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)));
+    // Below this user's own runtime directory only: a `deltas` another
+    // user planted could hand a fork someone else's delta.
+    let made = crate::network::owned_runtime_dir().and_then(|d| {
+        let dir = d.join("deltas");
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(&dir)
+            .and_then(|()| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)))
+            .map(|()| dir)
+    });
     match made {
-        Ok(()) => Some(dir),
+        Ok(dir) => Some(dir),
         Err(e) => {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot make the shared deltas directory; forks stream their deltas");
+            tracing::warn!(error = %e, "cannot make the shared deltas directory; forks stream their deltas");
             None
         }
     }

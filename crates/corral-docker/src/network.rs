@@ -253,13 +253,60 @@ pub(crate) fn user_runtime_dir() -> PathBuf {
     )
 }
 
+/// This process's per-user runtime directory, made 0700 when missing and
+/// checked when it exists ([`owned_dir`]). Its name in a shared `/tmp`
+/// (`/tmp/corral-<uid>`, when `XDG_RUNTIME_DIR` is unset) can be taken
+/// first by another user, and what corral keeps there (the network lock,
+/// the deltas forks mount) must be its own.
+pub(crate) fn owned_runtime_dir() -> std::io::Result<PathBuf> {
+    let dir = user_runtime_dir();
+    owned_dir(&dir)?;
+    Ok(dir)
+}
+
+/// Makes `dir` 0700 when missing; one that exists must be a directory (not
+/// a symlink) of this user's that no one else may write to. Refused,
+/// never changed: corral does not chmod what it did not make.
+fn owned_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    let me = std::fs::metadata("/proc/self")?.uid();
+    let why = if !meta.is_dir() {
+        "is not a directory (a symlink?)".to_string()
+    } else if meta.uid() != me {
+        format!("belongs to uid {}, not to this user (uid {me})", meta.uid())
+    } else if meta.mode() & 0o022 != 0 {
+        format!(
+            "has mode {:04o}: others may write to it",
+            meta.mode() & 0o7777
+        )
+    } else {
+        return Ok(());
+    };
+    Err(std::io::Error::new(
+        std::io::ErrorKind::PermissionDenied,
+        format!(
+            "the per-user runtime directory {} {why}: corral keeps nothing there (set \
+             XDG_RUNTIME_DIR to a directory of this user's)",
+            dir.display()
+        ),
+    ))
+}
+
 /// Takes the per-user lock that serialises creating the network; `None`
 /// when no lock file can be had (creation then just goes ahead).
 fn lock_file() -> Option<std::fs::File> {
-    let dir = user_runtime_dir();
-    if std::fs::create_dir_all(&dir).is_err() {
-        return None;
-    }
+    let dir = match owned_runtime_dir() {
+        Ok(dir) => dir,
+        Err(e) => {
+            tracing::warn!(error = %e, "no network lock: concurrent corral processes may race to create the network");
+            return None;
+        }
+    };
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -281,6 +328,49 @@ fn lock_file() -> Option<std::fs::File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A runtime directory another user made first (or one others may
+    /// write to, or a symlink) is refused and left as it is.
+    #[test]
+    fn a_runtime_directory_not_this_users_own_is_refused_and_left_alone() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let root =
+            std::env::temp_dir().join(format!("corral-owned-{}-{nanos}", std::process::id()));
+        let fresh = root.join("a/b");
+        owned_dir(&fresh).expect("made");
+        assert_eq!(
+            std::fs::metadata(&fresh).expect("dir").mode() & 0o777,
+            0o700
+        );
+        let open = root.join("open");
+        std::fs::create_dir(&open).expect("mkdir");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+        let e = owned_dir(&open).expect_err("writable by others");
+        assert!(e.to_string().contains("mode 1777"), "{e}");
+        assert_eq!(
+            std::fs::metadata(&open).expect("dir").mode() & 0o7777,
+            0o1777
+        );
+        let link = root.join("link");
+        std::os::unix::fs::symlink(&fresh, &link).expect("symlink");
+        assert!(owned_dir(&link)
+            .expect_err("a symlink")
+            .to_string()
+            .contains("symlink"));
+        let me = std::fs::metadata("/proc/self").expect("self").uid();
+        if me == 0 {
+            let theirs = root.join("theirs");
+            std::fs::create_dir(&theirs).expect("mkdir");
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).expect("chown");
+            let e = owned_dir(&theirs).expect_err("another user's");
+            assert!(e.to_string().contains("uid 65534"), "{e}");
+            assert_eq!(std::fs::metadata(&theirs).expect("dir").uid(), 65534);
+        }
+        std::fs::remove_dir_all(&root).expect("cleanup");
+    }
 
     fn net(labels: &[(&str, &str)], driver: &str, icc: Option<&str>) -> Network {
         Network {

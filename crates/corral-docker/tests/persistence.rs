@@ -74,8 +74,15 @@ async fn a_planted_setuid_binary_is_private_cleared_and_ineffective() {
     // With the sandbox gone, the bit is gone from the host too.
     assert_eq!(mode(&planted), 0o755, "setuid bit cleared on release");
 
-    // A looser root is tightened when found.
+    // A looser root is refused by name and left as it is (corral never
+    // changes a directory it did not make: it could be a shared one).
     std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let Err(e) = p.acquire_persistent(key, &g.spec(BUSYBOX)).await else {
+        panic!("a root others may read was used");
+    };
+    assert!(e.to_string().contains("mode 0755"), "{e}");
+    assert_eq!(mode(&root), 0o755, "the root was changed");
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700)).expect("chmod");
 
     // A later sandbox of the session that could use setuid binaries (no
     // no-new-privileges, SETUID/SETGID to switch users): a setuid-root
@@ -88,7 +95,6 @@ async fn a_planted_setuid_binary_is_private_cleared_and_ineffective() {
         .acquire_persistent(key, &spec)
         .await
         .expect("acquire again");
-    assert_eq!(mode(&root), 0o700, "root tightened again");
     let r = lease
         .run(&sh(
             "set -e; grep ' /workspace ' /proc/mounts | grep -q nosuid; chmod 755 /workspace; \
@@ -133,6 +139,8 @@ async fn colliding_keys_get_their_own_directories_and_old_data_moves_over() {
     // workspace.rs).
     let legacy = root.join(legacy_dir_name(a)).join("workspace");
     std::fs::create_dir_all(&legacy).expect("mkdir");
+    // A root made by hand must be private (corral does not tighten it).
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700)).expect("chmod");
     std::fs::write(legacy.join("notes.txt"), "from before\n").expect("write");
     std::fs::write(root.join(legacy_dir_name(a)).join("session"), a).expect("write");
 

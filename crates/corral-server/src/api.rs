@@ -855,6 +855,9 @@ async fn list_sandboxes(
     State(s): State<AppState>,
     Caller(caller): Caller,
 ) -> Result<Json<SandboxList>, ApiError> {
+    // Each sandbox's usage comes from the service's sample: a stale one
+    // starts a new one (the first is waited for), as a scrape does.
+    let _ = s.usage_sampler().current().await;
     // Only what the caller may see: another's is not listed at all.
     let keys: Vec<(String, Principal)> = s
         .sessions()
@@ -901,7 +904,19 @@ async fn get_sandbox(
 ) -> Result<Json<SandboxInfo>, ApiError> {
     s.refuse_when_closing()?;
     match s.observed(&caller, &id)? {
-        Observed::Live(sandbox) => Ok(Json(s.info(&caller, &caller.session_key(&id), &sandbox))),
+        Observed::Live(sandbox) => {
+            let mut info = s.info(&caller, &caller.session_key(&id), &sandbox);
+            // Described with its usage: the sample's while fresh, else
+            // read now (a usage read, not activity).
+            if let Some((usage, cpu_cores, age)) = s.usage_sampler().describe(&sandbox).await {
+                info.usage = Some(SampledUsage {
+                    age_ms: u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
+                    cpu_cores,
+                    usage: usage.into(),
+                });
+            }
+            Ok(Json(info))
+        }
         Observed::Lost(f) => Err(ApiError::failure(&f)),
     }
 }

@@ -19,8 +19,10 @@
 //! does), and every later call reaches it through [`AppState::lease`] as
 //! that principal, so another tenant's key finds nothing. Each sandbox
 //! gets a fresh `envdAccessToken`, a secret that opens that sandbox's envd
-//! calls only. Commands run through [`corral::Sandbox::exec`], files
-//! through the sandbox's file API.
+//! calls only, and a distinct `trafficAccessToken` that opens its private
+//! ports and the code interpreter's context calls, never a command or a
+//! file (`Opener`). Commands run through [`corral::Sandbox::exec`],
+//! files through the sandbox's file API.
 //!
 //! E2B's own semantics live here only: a sandbox's `timeout` is its
 //! lifetime (a timer releases it, or with `autoPause` pauses it), a command's `timeout` kills it, a
@@ -59,6 +61,14 @@ use control::E2bError;
 /// from any version's answers.
 pub const ENVD_VERSION: &str = "0.5.7";
 
+/// A new E2B sandbox id: `i` and 40 hex digits (160 random bits). The id
+/// alone opens the ports of a sandbox with public traffic (E2B's default),
+/// so it is a secret as strong as E2B's; 41 characters keep
+/// `PORT-ID.DOMAIN` inside a 63-byte DNS label.
+fn new_sandbox_id() -> String {
+    format!("i{}", corral::host::random_hex(40))
+}
+
 /// envd's port, as the SDK names it in `E2b-Sandbox-Port`.
 const ENVD_PORT: &str = "49983";
 
@@ -78,8 +88,15 @@ struct Entry {
     id: String,
     owner: Principal,
     template: String,
-    /// The envd access token: opens this sandbox's envd calls only.
+    /// The envd access token (`envdAccessToken`): opens this sandbox's
+    /// envd calls (commands, files) and the code interpreter's.
     token: String,
+    /// The traffic access token (`trafficAccessToken`), a secret of its
+    /// own: opens the sandbox's ports through the relay when it was
+    /// created with `allowPublicTraffic: false`, and the code
+    /// interpreter's context calls (which E2B's SDK sends with this token
+    /// alone); never a command or a file.
+    traffic: String,
     metadata: BTreeMap<String, String>,
     /// The address the SDK reached this listener at (`Host` of the create
     /// call): E2B's sandbox `domain`, under which `get_host(port)` names
@@ -292,7 +309,15 @@ impl E2b {
     /// [`E2b::envd`] for the in-sandbox server on `served` (envd's port, or
     /// the code interpreter's: `code.rs`).
     async fn envd_on(&self, headers: &HeaderMap, served: &str) -> Result<Envd, RpcError> {
-        let (entry, gone) = self.envd_entry(headers, served)?;
+        let (entry, gone) = self.envd_entry(headers, served, Opener::Envd)?;
+        self.envd_lease(entry, gone).await
+    }
+
+    /// The code interpreter's context calls (create, list, restart,
+    /// remove: no code runs), which E2B's SDK sends with the traffic
+    /// access token only: opened by it or by the envd token.
+    async fn code_contexts(&self, headers: &HeaderMap) -> Result<Envd, RpcError> {
+        let (entry, gone) = self.envd_entry(headers, code::JUPYTER_PORT, Opener::EnvdOrTraffic)?;
         self.envd_lease(entry, gone).await
     }
 
@@ -362,7 +387,7 @@ impl E2b {
     /// at without using it ([`AppState::observed`]): a probe (`/health`,
     /// the SDK's `is_running`) is not activity for the idle timeout.
     fn envd_observed(&self, headers: &HeaderMap) -> Result<corral::Sandbox, RpcError> {
-        let (entry, gone) = self.envd_entry(headers, ENVD_PORT)?;
+        let (entry, gone) = self.envd_entry(headers, ENVD_PORT, Opener::Envd)?;
         match self.app.observed(&entry.owner, &entry.id) {
             Ok(Observed::Live(sandbox)) => Ok(sandbox),
             Ok(Observed::Lost(f)) => Err(RpcError::from(ApiError::failure(&f))),
@@ -375,11 +400,13 @@ impl E2b {
     }
 
     /// The entry an envd call for the server on `served` names, its access
-    /// token checked, with the error that reports it gone.
+    /// token checked (`opener`: which tokens open it), with the error that
+    /// reports it gone.
     fn envd_entry(
         &self,
         headers: &HeaderMap,
         served: &str,
+        opener: Opener,
     ) -> Result<(Arc<Entry>, RpcError), RpcError> {
         check_origin(&self.app.config().server, headers)
             .map_err(|_| RpcError::new(Code::PermissionDenied, "header Origin is not allowed"))?;
@@ -395,16 +422,13 @@ impl E2b {
                 ));
             }
         }
-        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-        // The code interpreter's context calls carry the sandbox's secret
-        // as its traffic token (`trafficAccessToken`), `/execute` as both.
-        let given = match header("x-access-token") {
-            Some(t) => t,
-            None if served == code::JUPYTER_PORT => {
-                header("e2b-traffic-access-token").unwrap_or("")
-            }
-            None => "",
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
         };
+        let given = header("x-access-token");
         // The access token alone names its sandbox: SDKs that connect to
         // an existing sandbox without sending `E2b-Sandbox-Id` (2.7 to
         // 2.9) are routed by it.
@@ -421,14 +445,34 @@ impl E2b {
         // exists opens nothing.
         let entry = self.entry(&id).ok_or_else(|| envd_gone(&id))?;
         not_paused(&entry)?;
-        if given.is_empty() || !same_bytes(given.as_bytes(), entry.token.as_bytes()) {
+        let by_envd = !given.is_empty() && same_bytes(given.as_bytes(), entry.token.as_bytes());
+        let traffic = header("e2b-traffic-access-token");
+        let by_traffic = opener == Opener::EnvdOrTraffic
+            && !traffic.is_empty()
+            && same_bytes(traffic.as_bytes(), entry.traffic.as_bytes());
+        if !(by_envd || by_traffic) {
+            let which = match opener {
+                Opener::Envd => "header X-Access-Token (the envdAccessToken)",
+                Opener::EnvdOrTraffic => {
+                    "header X-Access-Token or E2b-Traffic-Access-Token (the trafficAccessToken)"
+                }
+            };
             return Err(RpcError::new(
                 Code::Unauthenticated,
-                format!("header X-Access-Token does not open sandbox '{id}'"),
+                format!("{which} does not open sandbox '{id}'"),
             ));
         }
         Ok((entry, envd_gone(&id)))
     }
+}
+
+/// Which of a sandbox's tokens open a call.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Opener {
+    /// The envd access token only: commands, files, code.
+    Envd,
+    /// Either token: the code interpreter's context calls.
+    EnvdOrTraffic,
 }
 
 /// envd's answer for a sandbox that ended or never was, as E2B's proxy
@@ -624,6 +668,28 @@ fn other_port(headers: &HeaderMap) -> Option<Result<(String, u16), Response>> {
     }
 }
 
+/// Whether a request for `host` goes to a port of a sandbox through the
+/// relay (`Host: PORT-ID.DOMAIN`, PORT neither envd's nor the code
+/// interpreter's, and no E2B header naming another): a page that port
+/// serves may then post to its own origin, which reaches only that port
+/// (the listener's browser check, `guard.rs`).
+pub(crate) fn relayed_to_its_port(host: &str, headers: &HeaderMap) -> bool {
+    if headers.contains_key("e2b-sandbox-port") || headers.contains_key("e2b-sandbox-id") {
+        return false;
+    }
+    let Some((label, _)) = host.split_once('.') else {
+        return false;
+    };
+    let Some((port, id)) = label.split_once('-') else {
+        return false;
+    };
+    let served = |p: u16, named: &str| named.parse::<u16>() == Ok(p);
+    !id.is_empty()
+        && port
+            .parse::<u16>()
+            .is_ok_and(|p| p > 0 && !served(p, ENVD_PORT) && !served(p, code::JUPYTER_PORT))
+}
+
 /// Headers of E2B's own that name or open a sandbox: never sent on to a
 /// server inside it.
 const E2B_HEADERS: [&str; 4] = [
@@ -666,7 +732,9 @@ async fn sandbox_port(
             .get("e2b-traffic-access-token")
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
-        if given.is_empty() || !same_bytes(given.as_bytes(), entry.token.as_bytes()) {
+        // The traffic token only: the envd token opens commands and files,
+        // the traffic token is what a viewer of a private port is given.
+        if given.is_empty() || !same_bytes(given.as_bytes(), entry.traffic.as_bytes()) {
             return control::error(
                 StatusCode::FORBIDDEN,
                 format!(

@@ -250,12 +250,18 @@ impl Guard {
         let mut origins = headers.get_all(header::ORIGIN).iter().peekable();
         if origins.peek().is_some() {
             // The request's own origin: the service's page (the Host was
-            // checked first). Not where sandboxes' host names are served.
+            // checked first). Where sandboxes' host names are served (the
+            // E2B listener), only a page of a sandbox's port posting to
+            // itself: relayed to that same port, never to the API or envd.
+            let host = headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_ascii_lowercase);
             let own = match (&self.listener, self.sandbox_hosts) {
-                (Listener::Tcp(_), false) => headers
-                    .get(header::HOST)
-                    .and_then(|h| h.to_str().ok())
-                    .map(str::to_ascii_lowercase),
+                (Listener::Tcp(_), false) => host,
+                (Listener::Tcp(_), true) => {
+                    host.filter(|h| crate::e2b::relayed_to_its_port(h, headers))
+                }
                 _ => None,
             };
             let is_own = |origin: &str| {

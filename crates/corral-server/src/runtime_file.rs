@@ -13,10 +13,10 @@
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use serde::Serialize;
 
 /// Bytes of randomness in a generated token (256 bits).
@@ -109,48 +109,23 @@ impl Drop for TokenFile {
     }
 }
 
-/// Makes `dir` (and its parents) and checks that only this user can use it.
+/// Makes `dir` (and its parents) 0700, or checks that only this user can
+/// use the one that exists ([`corral::host::private_dir`]: a directory it
+/// did not make is never changed).
 fn private_dir(dir: &Path) -> anyhow::Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .with_context(|| format!("cannot create the runtime directory {}", dir.display()))?;
-    let meta = std::fs::symlink_metadata(dir)
-        .with_context(|| format!("cannot inspect the runtime directory {}", dir.display()))?;
-    let me = std::fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .context("cannot tell this process's user from /proc/self")?;
-    if !meta.is_dir() {
-        bail!(
-            "the runtime directory {} is not a directory (a symlink?): refusing to put a token there",
+    corral::host::private_dir(dir, false).map_err(|why| {
+        anyhow::anyhow!(
+            "the runtime directory {} {why}: refusing to put the service's token there (set \
+             server.runtime_dir or CORRAL_RUNTIME_DIR)",
             dir.display()
-        );
-    }
-    if meta.uid() != me {
-        bail!(
-            "the runtime directory {} belongs to uid {}, not to this user (uid {me}): refusing \
-             to put a token there (set server.runtime_dir)",
-            dir.display(),
-            meta.uid()
-        );
-    }
-    if meta.mode() & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).with_context(
-            || {
-                format!(
-                    "cannot make the runtime directory {} private",
-                    dir.display()
-                )
-            },
-        )?;
-    }
-    Ok(())
+        )
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     #[test]
     fn the_file_is_private_and_removed_on_drop() {
@@ -171,16 +146,35 @@ mod tests {
                 .expect("json");
         assert_eq!(v["token"], token.as_str());
         assert_eq!(v["url"], "http://127.0.0.1:7070");
-        // A directory others can read is made private again.
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         let v6 = TokenFile::write(&dir, "[::1]:80".parse().expect("addr"), Some("/s"), "t")
             .expect("written");
-        assert_eq!(std::fs::metadata(&dir).expect("dir").mode() & 0o777, 0o700);
         assert!(v6.path().ends_with("server-[::1]-80.json"));
         let path = file.path().to_path_buf();
         drop(file);
         assert!(!path.exists());
         drop(v6);
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// A shared directory (a 1777 copy of /tmp, one others may read) is
+    /// refused by name and left as it is, never made 0700.
+    #[test]
+    fn a_directory_others_may_use_is_refused_and_left_alone() {
+        let root =
+            std::env::temp_dir().join(format!("corral-rt-{}", generate_token().expect("token")));
+        for mode in [0o1777, 0o755, 0o750] {
+            std::fs::create_dir_all(&root).expect("dir");
+            std::fs::set_permissions(&root, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            let e = TokenFile::write(&root, "127.0.0.1:7070".parse().expect("addr"), None, "t")
+                .expect_err("a shared directory");
+            let text = format!("{e:#}");
+            assert!(text.contains(&root.display().to_string()), "{text}");
+            assert!(text.contains(&format!("mode {mode:04o}")), "{text}");
+            assert!(text.contains("server.runtime_dir"), "{text}");
+            let after = std::fs::metadata(&root).expect("dir").mode() & 0o7777;
+            assert_eq!(after, mode, "the directory's mode was changed");
+            assert!(!root.join("server-127.0.0.1-7070.json").exists());
+            std::fs::remove_dir(&root).expect("empty");
+        }
     }
 }

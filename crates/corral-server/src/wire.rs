@@ -89,12 +89,13 @@ pub struct SandboxInfo {
     /// Why a reset cannot happen in place, naming the spec field (e.g.
     /// `pristine is false: ...`); null when it can.
     pub reset_unavailable_reason: Option<String>,
-    /// Its usage at the service's latest usage sample (the one `/metrics`
-    /// and `GET /v1/usage` report, taken at most once per
-    /// `server.metrics.usage_refresh_ms` while someone reads them); null
-    /// when that sample does not have it (sampling off, no sample yet, or
-    /// the sandbox is newer than the sample). Reading a description never
-    /// calls the engine: `GET /v1/sandboxes/{id}/usage` reads it now.
+    /// Its usage: in `GET /v1/sandboxes/{id}`, the service's latest usage
+    /// sample's (the one `/metrics` and `GET /v1/usage` report) while it
+    /// is younger than `server.metrics.usage_refresh_ms`, else read from
+    /// the sandbox's agent then (`age_ms` 0); in the listing, the latest
+    /// sample's (a stale one starts a new one). Null when it cannot be
+    /// read (the listing: sampling off, or the sandbox newer than the
+    /// sample; a create's answer).
     pub usage: Option<SampledUsage>,
 }
 

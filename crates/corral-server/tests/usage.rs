@@ -318,3 +318,42 @@ async fn usage_sampling_off_means_no_usage_metrics_and_a_clear_refusal() {
     assert!(!text.contains("corral_usage_"), "{text}");
     s.stop().await;
 }
+
+/// A sandbox's description carries its usage without anyone having
+/// sampled it first: read from its agent when the service's sample does
+/// not have it (sampling on or off); the listing waits for the first
+/// sample, or says null with sampling off.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_description_carries_usage_before_anything_samples_it() {
+    for (tag, refresh) in [("usage-describe", 10_000), ("usage-describe-off", 0)] {
+        let _g = Guard(tag);
+        let s = start(tag, |c, _| c.server.metrics.usage_refresh_ms = refresh).await;
+        let token = s.token.clone().expect("a token");
+        let r = s
+            .send(as_(&token, "POST", "/v1/sandboxes").json(json!({"session": "fresh"})))
+            .await;
+        assert_eq!(r.status, 201, "{}", r.text);
+        let r = s.send(as_(&token, "GET", "/v1/sandboxes/fresh")).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let usage = &r.json["usage"];
+        assert!(
+            usage["usage"]["memory_bytes"].as_u64().unwrap_or(0) > 0,
+            "{tag}: {}",
+            r.text
+        );
+        assert!(usage["age_ms"].as_u64().is_some(), "{tag}: {}", r.text);
+        let r = s.send(as_(&token, "GET", "/v1/sandboxes")).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let listed = &r.json["sandboxes"][0]["usage"];
+        if refresh == 0 {
+            assert!(listed.is_null(), "{tag}: {}", r.text);
+        } else {
+            assert!(
+                listed["usage"]["memory_bytes"].as_u64().unwrap_or(0) > 0,
+                "{tag}: {}",
+                r.text
+            );
+        }
+        s.stop().await;
+    }
+}

@@ -67,6 +67,50 @@ pub fn user_runtime_dir() -> std::path::PathBuf {
     )
 }
 
+/// Makes `dir` a directory only this user can use, never changing one it
+/// did not make: what is missing (parents too) is created 0700; a
+/// directory that exists already is used as it is when it is private (a
+/// directory, or with `follow_symlink` a symlink to one, owned by this
+/// user, no group or other access) and refused otherwise, with the
+/// reason (the caller names the path and the setting). A configured
+/// directory may be a shared one such as a 1777 `/tmp`: tightening it
+/// would take it from every other user of the host.
+pub fn private_dir(dir: &std::path::Path, follow_symlink: bool) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("cannot be created: {e}"))?;
+    let meta = if follow_symlink {
+        std::fs::metadata(dir)
+    } else {
+        std::fs::symlink_metadata(dir)
+    }
+    .map_err(|e| format!("cannot be read: {e}"))?;
+    if !meta.is_dir() {
+        return Err("is not a directory (a symlink?)".into());
+    }
+    let me = std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .map_err(|e| format!("cannot tell this process's user from /proc/self: {e}"))?;
+    if meta.uid() != me {
+        return Err(format!(
+            "belongs to uid {}, not to this user (uid {me})",
+            meta.uid()
+        ));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "has mode {mode:04o}: others may use it, and corral leaves a directory it did not \
+             make as it is (make it 0700, or name a directory of your own, which corral \
+             creates 0700)"
+        ));
+    }
+    Ok(())
+}
+
 /// A random hex string of `len` characters, from the kernel's generator.
 pub fn random_hex(len: usize) -> String {
     use std::io::Read;

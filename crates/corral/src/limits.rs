@@ -45,17 +45,15 @@ pub fn default_slot_dir() -> PathBuf {
     crate::host::user_runtime_dir().join("slots")
 }
 
+/// Makes `dir` (and its missing parents) 0700. A directory that exists is
+/// left as it is: `daemon.slot_dir` may name one in a shared place, and
+/// its parent (a 1777 `/tmp`) is never corral's to change.
 fn prepare_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
-        .create(dir)?;
-    if let Some(parent) = dir.parent() {
-        // Best effort: keep the per-user parent private too.
-        let _ = std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o700));
-    }
-    Ok(())
+        .create(dir)
 }
 
 impl Limiter {

@@ -117,8 +117,11 @@ fn dir_error(path: &Path, reason: impl Into<String>) -> SpecError {
     }
 }
 
-/// Makes `path` a directory private to this user: created 0700 when
-/// missing, a looser mode tightened, a symlink or another owner refused.
+/// Makes `path`, a directory below a private root, private to this user:
+/// created 0700 when missing, a looser mode tightened (nobody else can
+/// have made it), a symlink or another owner refused. The root itself is
+/// checked by [`crate::host::private_dir`], which never changes a
+/// directory corral did not make.
 pub fn ensure_private_dir(path: &Path, follow_symlink: bool) -> Result<(), SpecError> {
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -160,9 +163,10 @@ pub fn ensure_private_dir(path: &Path, follow_symlink: bool) -> Result<(), SpecE
 /// Creates (or checks and fixes) session `key`'s directories under `root`,
 /// migrating a directory left under the earlier name.
 pub fn prepare(root: &Path, key: &str) -> Result<SessionDirs, SpecError> {
-    // The root may be a symlink the user made (to another disk); below it,
-    // corral makes every entry itself.
-    ensure_private_dir(root, true)?;
+    // The root may be a symlink the user made (to another disk), or a
+    // directory others use: it is never changed, only refused unless
+    // private. Below it, corral makes every entry itself.
+    crate::host::private_dir(root, true).map_err(|why| dir_error(root, why))?;
     let dirs = SessionDirs::new(root, key);
     let legacy = root.join(legacy_dir_name(key));
     if std::fs::symlink_metadata(&dirs.dir).is_err() {
@@ -379,6 +383,13 @@ mod tests {
         std::env::temp_dir().join(format!("corral-ws-test-{}", crate::host::random_hex(8)))
     }
 
+    /// `dir` and its parents made as a user would (`mkdir -p`), the root
+    /// then private, as corral asks of a root it did not make.
+    fn made_by_hand(root: &Path, dir: &Path) {
+        std::fs::create_dir_all(dir).expect("mkdir");
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    }
+
     /// Two keys the earlier scheme sent to one directory: the same first
     /// 64 sanitised characters and the same 32-bit FNV-1a hash (found by a
     /// birthday search).
@@ -411,13 +422,23 @@ mod tests {
             let mode = std::fs::metadata(d).expect("dir").permissions().mode() & 0o777;
             assert_eq!(mode, 0o700, "{}", d.display());
         }
-        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         std::fs::set_permissions(&dirs.dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
         prepare(&root, "agent/7").expect("prepare again");
-        for d in [&root, &dirs.dir] {
-            let mode = std::fs::metadata(d).expect("dir").permissions().mode() & 0o777;
-            assert_eq!(mode, 0o700, "fixed: {}", d.display());
-        }
+        let mode = std::fs::metadata(&dirs.dir)
+            .expect("dir")
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o700, "fixed: {}", dirs.dir.display());
+        // A root others may use (corral did not make it so) is refused
+        // by name and left as it is.
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+        let e = prepare(&root, "agent/7").expect_err("a shared root");
+        assert_eq!(e.field, "persistence_root");
+        assert!(e.reason.contains("mode 1777"), "{e}");
+        let mode = std::fs::metadata(&root).expect("dir").permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o1777, "the root was changed");
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700)).expect("chmod");
         // A session directory holding another key is refused by name.
         std::fs::write(dirs.dir.join("session"), "other").expect("write");
         let e = prepare(&root, "agent/7").expect_err("another key's directory");
@@ -438,7 +459,7 @@ mod tests {
 
         let root = tmp_root();
         let legacy = root.join(legacy_dir_name("agent/7"));
-        std::fs::create_dir_all(legacy.join("workspace")).expect("mkdir");
+        made_by_hand(&root, &legacy.join("workspace"));
         std::fs::write(legacy.join("workspace/notes.txt"), "kept").expect("write");
         std::fs::write(legacy.join("session"), "agent/7").expect("write");
         let dirs = prepare(&root, "agent/7").expect("prepare");
@@ -456,7 +477,7 @@ mod tests {
         let root = tmp_root();
         // Session `a`'s directory under the earlier name, which `b` shares.
         let legacy = root.join(legacy_dir_name(a));
-        std::fs::create_dir_all(legacy.join("workspace")).expect("mkdir");
+        made_by_hand(&root, &legacy.join("workspace"));
         std::fs::write(legacy.join("workspace/secret.txt"), "a's").expect("write");
         std::fs::write(legacy.join("session"), a).expect("write");
         let dirs = prepare(&root, b).expect("prepare");

@@ -279,7 +279,7 @@ async fn create_context(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let envd = match e2b.envd_on(&headers, JUPYTER_PORT).await {
+    let envd = match e2b.code_contexts(&headers).await {
         Ok(e) => e,
         Err(e) => return from_rpc(e),
     };
@@ -299,7 +299,7 @@ async fn create_context(
 }
 
 async fn list_contexts(State(e2b): State<E2b>, headers: HeaderMap) -> Response {
-    let envd = match e2b.envd_on(&headers, JUPYTER_PORT).await {
+    let envd = match e2b.code_contexts(&headers).await {
         Ok(e) => e,
         Err(e) => return from_rpc(e),
     };
@@ -318,7 +318,7 @@ async fn remove_context(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let envd = match e2b.envd_on(&headers, JUPYTER_PORT).await {
+    let envd = match e2b.code_contexts(&headers).await {
         Ok(e) => e,
         Err(e) => return from_rpc(e),
     };
@@ -337,7 +337,7 @@ async fn restart_context(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let envd = match e2b.envd_on(&headers, JUPYTER_PORT).await {
+    let envd = match e2b.code_contexts(&headers).await {
         Ok(e) => e,
         Err(e) => return from_rpc(e),
     };

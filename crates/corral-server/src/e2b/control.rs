@@ -313,7 +313,7 @@ async fn create(
     if req.template_id.trim().is_empty() {
         return Err(error(StatusCode::BAD_REQUEST, "templateID '' is empty"));
     }
-    let id = format!("i{}", corral::host::random_hex(20));
+    let id = super::new_sandbox_id();
     let code_interpreter = super::code::template_profile(e2b.app.config(), &req.template_id)?;
     let create = CreateSandbox {
         session: Some(id.clone()),
@@ -415,6 +415,7 @@ pub(super) fn register(
         owner: r.owner,
         template: r.template,
         token: corral::host::random_hex(48),
+        traffic: corral::host::random_hex(48),
         metadata: r.metadata,
         domain: headers
             .get("host")
@@ -442,9 +443,10 @@ pub(super) fn sandbox_json(e: &Entry) -> Value {
         "clientID": "corral",
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": e.token,
-        // e2b-code-interpreter sends this one (not X-Access-Token) with its
-        // context calls; the same secret opens the same sandbox.
-        "trafficAccessToken": e.token,
+        // A secret of its own, for viewers of a private port (the relay)
+        // and the code interpreter's context calls, which E2B's SDK sends
+        // with it alone: it never opens a command or a file.
+        "trafficAccessToken": e.traffic,
         // `get_host(port)` is PORT-ID.DOMAIN: this listener, which relays
         // such a Host to that port of the sandbox.
         "domain": e.domain,

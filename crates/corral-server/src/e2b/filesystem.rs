@@ -805,6 +805,24 @@ fn files_query(
             "is given without signature",
         ));
     }
+    // The signed string is `PATH:OPERATION:USER:TOKEN`: with no ':' in the
+    // user (none in a Unix user name) it splits one way only, so a URL
+    // signed for one path, operation and user opens nothing else.
+    if let Some(u) = q.username.as_deref().filter(|u| u.contains(':')) {
+        return Err(RpcError::invalid(
+            "username",
+            format!(
+                "'{}' contains ':', which no user name does",
+                u.escape_debug()
+            ),
+        ));
+    }
+    if q.signature.is_some() && q.path.as_deref().unwrap_or("").is_empty() {
+        return Err(RpcError::invalid(
+            "path",
+            "is required with a signature: a signed URL opens the one path it was signed for",
+        ));
+    }
     Ok(q)
 }
 
@@ -893,10 +911,27 @@ async fn write_files(
                     .map_err(|e| RpcError::invalid("body", e.body_text()))?;
                 files.push((name.unwrap_or_default(), data));
             }
-            if files.len() == 1 {
-                if let Some(p) = &q.path {
-                    files[0].0 = p.clone();
+            // With `path` (what the SDK sends for one file, and what a
+            // signed URL signs), the body is that one file: a second part
+            // would otherwise go where its own name says.
+            if let Some(p) = &q.path {
+                if files.len() != 1 {
+                    return Err(RpcError::invalid(
+                        "body",
+                        format!(
+                            "has {} parts, but query parameter path '{}' names one file: send \
+                             one part, or leave path out and name each part's file{}",
+                            files.len(),
+                            p.escape_debug(),
+                            if q.signature.is_some() {
+                                " (a signed upload URL writes its signed path only)"
+                            } else {
+                                ""
+                            }
+                        ),
+                    ));
                 }
+                files[0].0 = p.clone();
             }
         } else if ct.is_empty() || ct.starts_with("application/octet-stream") {
             let Some(p) = &q.path else {

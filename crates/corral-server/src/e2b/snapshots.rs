@@ -218,9 +218,7 @@ async fn fork(
         .snapshot_as(&source.owner, &id, &base, SnapshotOptions::default())
         .await
         .map_err(api_error)?;
-    let ids: Vec<String> = (0..count)
-        .map(|_| format!("i{}", corral::host::random_hex(20)))
-        .collect();
+    let ids: Vec<String> = (0..count).map(|_| super::new_sandbox_id()).collect();
     let forked = e2b
         .app
         .fork_as(&source.owner, &base, &ids, &source.envs)

@@ -151,6 +151,44 @@ impl UsageSampler {
         Some((m.usage.clone(), m.cores, last.age()))
     }
 
+    /// Sandbox `sandbox`'s usage for its description: its entry in the
+    /// latest sample while that is fresh (younger than
+    /// `server.metrics.usage_refresh_ms`), else read now from its agent
+    /// (the engine's stats where the agent cannot answer), its CPU cores
+    /// against the last sample's reading when it was in it. `None` when it
+    /// cannot be read within `READ_TIMEOUT`. Not activity: the
+    /// sandbox is read, not leased.
+    pub async fn describe(
+        &self,
+        sandbox: &corral::Sandbox,
+    ) -> Option<(Usage, Option<f64>, Duration)> {
+        let last = lock(&self.inner.last).clone();
+        let known = last
+            .as_ref()
+            .and_then(|s| Some((s, s.sandboxes.iter().find(|m| m.sandbox == sandbox.id())?)));
+        let fresh = self.refresh_every().unwrap_or(Duration::ZERO);
+        if let Some((s, m)) = known {
+            if s.age() < fresh {
+                return Some((m.usage.clone(), m.cores, s.age()));
+            }
+        }
+        let usage = tokio::time::timeout(READ_TIMEOUT, async {
+            match sandbox.usage_from_agent().await {
+                Ok(u) => Ok(u),
+                Err(_) => sandbox.usage().await,
+            }
+        })
+        .await
+        .ok()?
+        .ok()?;
+        let cores = known.and_then(|(s, m)| {
+            let secs = s.at.elapsed().as_secs_f64();
+            (secs > 0.0 && usage.cpu_ns >= m.usage.cpu_ns)
+                .then(|| (usage.cpu_ns - m.usage.cpu_ns) as f64 / 1e9 / secs)
+        });
+        Some((usage, cores, Duration::ZERO))
+    }
+
     /// The sample a scrape reports: the last one while it is fresh; a
     /// stale one while a new one is taken in the background; the first one
     /// waited for (at most [`FIRST_WAIT`]). `None` with usage metrics off

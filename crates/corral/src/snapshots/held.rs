@@ -184,21 +184,27 @@ impl HeldSnapshots {
     }
 }
 
-/// Makes `root` and `dir` below it, 0700 (tightened when looser).
+/// Makes `root` and `dir` below it, 0700: below the root (corral's own)
+/// a looser mode is tightened; the root, which the operator may name, is
+/// never changed, only refused unless private
+/// ([`crate::host::private_dir`]).
 fn private_dirs(root: &Path, dir: &Path) -> Result<(), Error> {
+    crate::host::private_dir(root, true)
+        .map_err(|why| host_err(format!("keeping snapshots in {}", root.display()), why))?;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
         .map_err(|e| host_err(format!("making {}", dir.display()), e))?;
     let mut at = dir.to_path_buf();
-    loop {
+    while at != root && at.starts_with(root) {
         std::fs::set_permissions(&at, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| host_err(format!("securing {}", at.display()), e))?;
-        if at == root || !at.pop() || !at.starts_with(root) {
-            return Ok(());
+        if !at.pop() {
+            break;
         }
     }
+    Ok(())
 }
 
 /// Writes `bytes` to `path` through a temporary file (0600) and a rename.
@@ -361,6 +367,27 @@ mod tests {
         assert!(later.get(&other).await.expect("read").is_none());
         assert!(later.remove(&q).await.expect("remove"));
         assert!(!later.remove(&q).await.expect("remove again"));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// A snapshot directory that exists and others may use (a 1777 one,
+    /// as /tmp) is refused by name and left as it is.
+    #[tokio::test]
+    async fn a_shared_snapshot_directory_is_refused_and_left_alone() {
+        let root = std::env::temp_dir().join(format!("corral-held-{}", crate::host::random_hex(8)));
+        std::fs::create_dir(&root).expect("mkdir");
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+        let store = HeldSnapshots::new(root.clone());
+        let (h, labels) = held("ready", Some("alice"), true);
+        let e = store.put(h, labels).await.expect_err("a shared directory");
+        let text = e.to_string();
+        assert!(
+            text.contains(&root.display().to_string()) && text.contains("mode 1777"),
+            "{text}"
+        );
+        let mode = std::fs::metadata(&root).expect("stat").permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o1777);
+        assert!(!root.join("ns").exists());
         let _ = std::fs::remove_dir_all(&root);
     }
 }
