@@ -36,6 +36,7 @@ from .errors import (
     InvalidRequestError,
     ProtocolViolationError,
     InvalidSpecError,
+    ResultIntegrityWarning,
     NotFoundError,
     SandboxContainerLostError,
     SandboxFileNotFoundError,
@@ -106,4 +107,5 @@ __all__ = [
     "ProtocolViolationError",
     "InternalError",
     "CommandFailedError",
+    "ResultIntegrityWarning",
 ]

@@ -24,6 +24,7 @@ import logging
 import os
 import json as _json
 import asyncio
+import warnings
 from types import TracebackType
 from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Tuple, Type, Union
 # unasync: async only
@@ -38,7 +39,7 @@ from . import code as _code
 from ._core import Command, RetryPolicy, Stdin, seg
 from ._discovery import TokenSource
 from ._sse import SSEDecoder
-from .errors import CorralError, NotFoundError, SandboxNotFoundError, ServiceUnavailableError, error_from_response
+from .errors import CorralError, NotFoundError, ResultIntegrityWarning, SandboxNotFoundError, ServiceUnavailableError, error_from_response
 from .models import CommandResult, FileEntry, Health, ResetResult, SandboxInfo, Snapshot, StreamEvent, WhoAmI
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncShell", "AsyncCommandStream"]
@@ -447,7 +448,13 @@ class AsyncClient:
             timeout=httpx.Timeout(_core.CREATE_TIMEOUT, connect=self._timeout.connect),
             idempotent=True,
         )
-        return SandboxInfo.from_json(r.json())
+        info = SandboxInfo.from_json(r.json())
+        if info.result_integrity is False:
+            warnings.warn(
+                ResultIntegrityWarning(f"sandbox {info.id}: {info.result_integrity_gap}"),
+                stacklevel=3,
+            )
+        return info
 
 
 class AsyncSandbox:

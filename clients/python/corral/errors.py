@@ -441,3 +441,10 @@ def error_from_failure(result: "CommandResult") -> CorralError:
         result=result,
         container=failure.container,
     )
+
+
+class ResultIntegrityWarning(UserWarning):
+    """Warned when a sandbox is created under a tier that does not hold
+    result integrity (``SandboxInfo.result_integrity`` is ``False``): a
+    command in it could forge what the service reports of another command,
+    an ``exclusive`` grader's result included. The message says why."""

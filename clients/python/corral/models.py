@@ -211,7 +211,11 @@ class SandboxInfo:
     place (in milliseconds); when not, ``reset_unavailable_reason`` says why
     (a reset then replaces its container). ``owner`` is the principal it
     belongs to: ``tenant:NAME``, ``operator`` or ``mcp:TENANT:SESSION``
-    (``None`` from a service without principals)."""
+    (``None`` from a service without principals). ``result_integrity`` is
+    ``False`` where the sandbox's tier lets a command forge what the service
+    reports of another (today ``isolation: gvisor``, which only the
+    service's configuration may choose), and ``result_integrity_gap`` then
+    says why; ``None`` from a service that does not say."""
 
     id: str
     session: Optional[str] = None
@@ -225,6 +229,8 @@ class SandboxInfo:
     shells: List[str] = field(default_factory=list)
     resets_in_place: bool = False
     reset_unavailable_reason: Optional[str] = None
+    result_integrity: Optional[bool] = None
+    result_integrity_gap: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -242,6 +248,8 @@ class SandboxInfo:
             shells=list(data.get("shells") or []),
             resets_in_place=bool(data.get("resets_in_place", False)),
             reset_unavailable_reason=data.get("reset_unavailable_reason"),
+            result_integrity=None if data.get("result_integrity") is None else bool(data["result_integrity"]),
+            result_integrity_gap=data.get("result_integrity_gap"),
             raw=dict(data),
         )
 

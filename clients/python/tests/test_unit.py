@@ -7,6 +7,7 @@ import base64
 import io
 import json
 import tarfile
+import warnings
 
 import httpx
 import pytest
@@ -237,6 +238,34 @@ def test_creating_a_sandbox_sends_a_session_key_so_it_can_be_retried():
     assert len(seen) == 2 and seen[0] == seen[1]
     assert seen[0]["session"].startswith("py-") and seen[0]["image"] == "busybox"
     assert sb.id == seen[0]["session"]
+
+
+def test_a_create_under_a_tier_without_result_integrity_warns_saying_why():
+    gap = "isolation gvisor: results are not integrity-protected (...)"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        gvisor = body.get("profile") == "graded-under-gvisor"
+        return httpx.Response(
+            201,
+            json={
+                "id": body["session"],
+                "result_integrity": not gvisor,
+                "result_integrity_gap": gap if gvisor else None,
+            },
+        )
+
+    with corral.Client("http://corral.test", transport=httpx.MockTransport(handler), retry=FAST) as c:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            sb = c.sandbox(image="busybox")
+        assert sb.info.result_integrity is True and sb.info.result_integrity_gap is None
+        with pytest.warns(corral.ResultIntegrityWarning, match="not integrity-protected") as w:
+            sb = c.sandbox(profile="graded-under-gvisor")
+        assert sb.id in str(w[0].message)
+        assert (sb.info.result_integrity, sb.info.result_integrity_gap) == (False, gap)
+    # A service that does not say leaves it unknown.
+    assert corral.SandboxInfo.from_json({"id": "s"}).result_integrity is None
 
 
 def test_pristine_is_sent_only_when_asked_and_reset_results_parse():

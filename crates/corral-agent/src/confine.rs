@@ -22,6 +22,15 @@
 //!   refused here, a command gets the same answer under both. A `tkill`
 //!   aimed at another of the agent's threads by its thread id is not
 //!   covered (the filter cannot tell the caller's threads from the agent's).
+//! - a namespace of its own: `unshare` and `clone` with any `CLONE_NEW*`
+//!   flag, and `setns` outright (its type 0 joins a namespace of any type).
+//!   Inside a new user namespace a process holds every capability, and
+//!   gVisor does not hold such a process to `RLIMIT_NPROC`, the process
+//!   limit under that tier: a command forked past `limits.pids` there,
+//!   each process costing gVisor host tasks. Docker's own profile refuses
+//!   the same under runc; runsc does not apply it. `clone3` answers ENOSYS
+//!   (its flags are behind a pointer a filter cannot read; C libraries
+//!   and runtimes then fall back to `clone`).
 //!
 //! The filter is built for the x86_64 system-call ABI: a call through the
 //! i386 ABI (`int 0x80`) kills the calling process (so 32-bit programs do
@@ -59,8 +68,8 @@ const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
 
 /// Builds the filter once (at start, before any command), or none when this
 /// process lacks no-new-privileges. `pristine`: the agent holds the extra
-/// capabilities of in-place reset, so commands also get [`pristine`]'s
-/// filters. Returns why it could not be built.
+/// capabilities of in-place reset, so commands also get
+/// [`pristine_filter`]. Returns why it could not be built.
 pub fn init(pristine: bool) -> Result<bool, String> {
     let mut err = None;
     let built = FILTER.get_or_init(|| {
@@ -68,9 +77,9 @@ pub fn init(pristine: bool) -> Result<bool, String> {
             return None;
         }
         let programs = build().and_then(|p| {
-            let mut all = vec![p, x32_guard()];
+            let mut all = vec![p, x32_guard(), clone3_enosys()?];
             if pristine {
-                all.extend(pristine_filters()?);
+                all.push(pristine_filter()?);
             }
             Ok(all)
         });
@@ -94,7 +103,9 @@ pub fn filters() -> Option<&'static [BpfProgram]> {
     FILTER.get().and_then(Option::as_deref)
 }
 
-/// Namespace flags of clone(2) and unshare(2).
+/// Namespace flags of clone(2) and unshare(2). `CLONE_NEWTIME` is
+/// unshare's alone (clone's low byte is the exit signal, and no signal
+/// number has that bit), so refusing it to clone refuses nothing else.
 const NAMESPACE_FLAGS: u64 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWUTS
     | libc::CLONE_NEWIPC
@@ -107,23 +118,17 @@ const NAMESPACE_FLAGS: u64 = (libc::CLONE_NEWNS
 /// What a sandbox started for in-place reset adds for commands. Docker's
 /// default seccomp profile opens a set of system calls to a container
 /// that has CAP_SYS_ADMIN or CAP_SYS_CHROOT; commands drop both
-/// capabilities, but some of those calls need none (creating a user
-/// namespace, where one holds every capability, does not). So commands
-/// get them refused exactly as in a sandbox without the capabilities:
-/// - EPERM: `unshare`, `setns`, `mount`, `umount2`, `pivot_root`,
-///   `chroot`, the new mount API (`open_tree`, `move_mount`, `fsopen`,
-///   `fsconfig`, `fsmount`, `fspick`, `mount_setattr`), `bpf`,
-///   `perf_event_open`, `fanotify_init`, `lookup_dcookie`,
-///   `name_to_handle_at`, `quotactl`, `quotactl_fd`, `sethostname`,
-///   `setdomainname`, `syslog`, `vhangup`, and `clone` with any
-///   namespace flag;
-/// - ENOSYS: `clone3` (its flags are behind a pointer a filter cannot
-///   read; C libraries then fall back to `clone`).
-fn pristine_filters() -> Result<Vec<BpfProgram>, String> {
+/// capabilities, but some of those calls need none in a namespace of
+/// one's own (which every sandbox's filter refuses already: [`build`]).
+/// So commands get them refused (EPERM) exactly as in a sandbox without
+/// the capabilities: `mount`, `umount2`, `pivot_root`, `chroot`, the new
+/// mount API (`open_tree`, `move_mount`, `fsopen`, `fsconfig`,
+/// `fsmount`, `fspick`, `mount_setattr`), `bpf`, `perf_event_open`,
+/// `fanotify_init`, `lookup_dcookie`, `name_to_handle_at`, `quotactl`,
+/// `quotactl_fd`, `sethostname`, `setdomainname`, `syslog`, `vhangup`.
+fn pristine_filter() -> Result<BpfProgram, String> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for nr in [
-        libc::SYS_unshare,
-        libc::SYS_setns,
         libc::SYS_mount,
         libc::SYS_umount2,
         libc::SYS_pivot_root,
@@ -149,41 +154,42 @@ fn pristine_filters() -> Result<Vec<BpfProgram>, String> {
     ] {
         rules.insert(nr, Vec::new());
     }
-    // A rule matches when all its conditions hold, and a call when any
-    // rule does: "some namespace flag is set" is one rule per flag.
-    let mut clone_rules = Vec::new();
-    for bit in 0..64 {
-        let flag = 1u64 << bit;
-        if NAMESPACE_FLAGS & flag != 0 {
-            clone_rules.push(rule(vec![SeccompCondition::new(
-                0,
-                SeccompCmpArgLen::Qword,
-                SeccompCmpOp::MaskedEq(flag),
-                flag,
-            )
-            .map_err(|e| e.to_string())?])?);
-        }
-    }
-    rules.insert(libc::SYS_clone, clone_rules);
-    let eperm = SeccompFilter::new(
+    compile(SeccompFilter::new(
         rules,
         SeccompAction::Allow,
         SeccompAction::Errno(libc::EPERM as u32),
         TargetArch::x86_64,
-    )
-    .map_err(|e| e.to_string())?;
-    let enosys = SeccompFilter::new(
+    ))
+}
+
+/// `clone3` answers ENOSYS: its flags are behind a pointer a filter
+/// cannot read, and on ENOSYS glibc, musl and language runtimes fall
+/// back to `clone`, whose flags [`build`] checks.
+fn clone3_enosys() -> Result<BpfProgram, String> {
+    compile(SeccompFilter::new(
         BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
         SeccompAction::Allow,
         SeccompAction::Errno(libc::ENOSYS as u32),
         TargetArch::x86_64,
-    )
-    .map_err(|e| e.to_string())?;
-    let compile = |f: SeccompFilter| -> Result<BpfProgram, String> {
-        f.try_into()
-            .map_err(|e: seccompiler::BackendError| e.to_string())
-    };
-    Ok(vec![compile(eperm)?, compile(enosys)?])
+    ))
+}
+
+/// One rule per namespace flag (a rule matches when all its conditions
+/// hold, and a call when any rule does): "some `CLONE_NEW*` flag is set
+/// in argument 0". Both calls take the flags as their first argument,
+/// and every namespace flag is in its low 32 bits.
+fn namespace_flag_rules() -> Result<Vec<SeccompRule>, String> {
+    (0..32)
+        .map(|bit| 1u64 << bit)
+        .filter(|flag| NAMESPACE_FLAGS & flag != 0)
+        .map(|flag| rule(vec![cond(0, SeccompCmpOp::MaskedEq(flag), flag)?]))
+        .collect()
+}
+
+fn compile(filter: Result<SeccompFilter, seccompiler::BackendError>) -> Result<BpfProgram, String> {
+    filter
+        .and_then(TryInto::try_into)
+        .map_err(|e| e.to_string())
 }
 
 /// Refuses every x32-ABI call: load the architecture, and for x86_64 the
@@ -284,24 +290,26 @@ fn build() -> Result<BpfProgram, String> {
     ] {
         rules.insert(nr, vec![rule(vec![cond(0, SeccompCmpOp::Eq, AGENT_PID)?])?]);
     }
+    // A namespace of its own: inside a user namespace the caller holds
+    // every capability (and gVisor then stops counting its processes).
+    rules.insert(libc::SYS_unshare, namespace_flag_rules()?);
+    rules.insert(libc::SYS_clone, namespace_flag_rules()?);
     // Refused outright.
     for nr in [
         libc::SYS_ptrace,
         libc::SYS_process_vm_readv,
         libc::SYS_process_vm_writev,
+        // Joins a namespace; type 0 admits any type.
+        libc::SYS_setns,
     ] {
         rules.insert(nr, Vec::new());
     }
-    let filter = SeccompFilter::new(
+    compile(SeccompFilter::new(
         rules,
         SeccompAction::Allow,
         SeccompAction::Errno(libc::EPERM as u32),
         TargetArch::x86_64,
-    )
-    .map_err(|e| e.to_string())?;
-    filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| e.to_string())
+    ))
 }
 
 #[cfg(test)]
@@ -312,7 +320,106 @@ mod tests {
     fn the_filters_build() {
         let p = build().expect("filter");
         assert!(!p.is_empty());
-        assert_eq!(pristine_filters().expect("pristine filters").len(), 2);
+        assert!(!pristine_filter().expect("pristine filter").is_empty());
+        assert!(!clone3_enosys().expect("clone3 filter").is_empty());
         assert_eq!(x32_guard().len(), 6);
+    }
+
+    /// What a command under every sandbox's filters gets from each call,
+    /// in a child of this test (the filters cannot be removed once set):
+    /// (unshare(CLONE_NEWUSER), unshare(CLONE_FILES), setns, clone with
+    /// CLONE_NEWUSER, clone3, a plain fork), each 0 or the errno.
+    fn under_the_filters() -> [i32; 6] {
+        let programs = [
+            build().expect("filter"),
+            x32_guard(),
+            clone3_enosys().expect("clone3"),
+        ];
+        let mut pipe = [0; 2];
+        // SAFETY: a pipe of two fresh descriptors into a local array.
+        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+        // SAFETY: the child makes only raw system calls and `_exit`s; it
+        // allocates nothing and takes no lock another thread may hold.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: the calls below take integers or pointers into this
+            // frame; a refused one returns -1 and sets errno.
+            unsafe {
+                let errno = |r: libc::c_long| {
+                    if r < 0 {
+                        *libc::__errno_location()
+                    } else {
+                        0
+                    }
+                };
+                let mut out = [-1i32; 6];
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+                    && programs
+                        .iter()
+                        .all(|p| seccompiler::apply_filter(p).is_ok())
+                {
+                    out[0] = errno(libc::unshare(libc::CLONE_NEWUSER).into());
+                    out[1] = errno(libc::unshare(libc::CLONE_FILES).into());
+                    out[2] = errno(libc::syscall(libc::SYS_setns, -1, 0));
+                    let clone = |flags: libc::c_int| {
+                        let r = libc::syscall(libc::SYS_clone, flags | libc::SIGCHLD, 0, 0, 0, 0);
+                        if r == 0 {
+                            libc::_exit(0);
+                        }
+                        if r > 0 {
+                            libc::waitpid(r as libc::pid_t, std::ptr::null_mut(), 0);
+                        }
+                        errno(r)
+                    };
+                    out[3] = clone(libc::CLONE_NEWUSER);
+                    // clone_args of size 64 (version 0): flags and exit
+                    // signal only; the filter answers before reading it.
+                    let args = [0u64, 0, 0, 0, libc::SIGCHLD as u64, 0, 0, 0];
+                    let r = libc::syscall(libc::SYS_clone3, args.as_ptr(), 64usize);
+                    if r == 0 {
+                        libc::_exit(0);
+                    }
+                    out[4] = errno(r);
+                    out[5] = clone(0);
+                }
+                libc::write(pipe[1], out.as_ptr().cast(), std::mem::size_of_val(&out));
+                libc::_exit(0);
+            }
+        }
+        assert!(pid > 0, "fork");
+        // SAFETY: reading into a local array of its size from our pipe;
+        // waiting for our own child.
+        unsafe {
+            libc::close(pipe[1]);
+            let mut out = [0i32; 6];
+            let n = libc::read(
+                pipe[0],
+                out.as_mut_ptr().cast(),
+                std::mem::size_of_val(&out),
+            );
+            libc::close(pipe[0]);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+            assert_eq!(
+                n as usize,
+                std::mem::size_of_val(&out),
+                "the child answered"
+            );
+            out
+        }
+    }
+
+    #[test]
+    fn commands_make_no_namespace_and_still_fork() {
+        let [user, files, setns, clone_user, clone3, fork] = under_the_filters();
+        assert_eq!(user, libc::EPERM, "unshare(CLONE_NEWUSER)");
+        assert_eq!(files, 0, "unshare(CLONE_FILES) makes no namespace");
+        assert_eq!(setns, libc::EPERM, "setns");
+        assert_eq!(clone_user, libc::EPERM, "clone(CLONE_NEWUSER)");
+        assert_eq!(
+            clone3,
+            libc::ENOSYS,
+            "clone3, so that libc falls back to clone"
+        );
+        assert_eq!(fork, 0, "a plain clone (fork)");
     }
 }

@@ -12,8 +12,10 @@
 //! directory, `network: none` (or the default), labels outside corral's
 //! namespace, start-up commands and the recovery policy; they may not add
 //! host mounts or capabilities, weaken any protection, change the runtime,
-//! lower the isolation tier below the operator's (raising it is theirs),
-//! read the host's environment, lengthen the dead-man switch or set
+//! lower the isolation tier below the operator's, raise it to a tier that
+//! does not hold result integrity ([`SandboxSpec::result_integrity`]: today
+//! gVisor, which only the operator may choose), read the host's
+//! environment, lengthen the dead-man switch or set
 //! `persistent`. Profiles and pools of the config are the operator's and are
 //! not checked here.
 //!
@@ -348,11 +350,23 @@ impl ClientPolicy {
                 "isolation",
                 isolation,
                 format!(
-                    "the service runs sandboxes under {} isolation; clients may raise it, \
-                     never lower it",
+                    "the service runs sandboxes under {} isolation; clients may raise it \
+                     (to a tier that holds result integrity), never lower it",
                     base.isolation
                 ),
             ));
+        }
+        if *isolation != base.isolation {
+            if let Err(why) = asked.result_integrity() {
+                return Err(Refusal::new(
+                    "isolation",
+                    isolation,
+                    format!(
+                        "{why}; clients may raise the isolation only to a tier that holds \
+                         result integrity, so {USE_A_PROFILE}"
+                    ),
+                ));
+            }
         }
         for (key, value) in labels {
             match base.labels.get(key) {
@@ -580,13 +594,27 @@ mod tests {
     }
 
     #[test]
-    fn isolation_may_be_raised_but_never_lowered_below_the_operators() {
+    fn isolation_is_raised_only_to_a_tier_that_holds_result_integrity_never_lowered() {
         let p = ClientPolicy::default();
         let container = SandboxSpec::new("img");
         let mut gvisor = container.clone();
         gvisor.isolation = crate::Isolation::Gvisor;
-        p.check_spec(&container, &gvisor)
-            .expect("a client may ask for the stronger tier");
+        match gvisor.result_integrity() {
+            Ok(()) => p
+                .check_spec(&container, &gvisor)
+                .expect("a client may ask for the stronger tier"),
+            Err(why) => {
+                let e = refused(&container, &gvisor);
+                assert_eq!(
+                    (e.field.as_str(), e.value.as_str()),
+                    ("isolation", "gvisor")
+                );
+                assert!(e.reason.starts_with(&why), "{e}");
+                assert!(e.reason.contains("profile"), "{e}");
+            }
+        }
+        // The operator's gVisor stays the client's to keep.
+        p.check_spec(&gvisor, &gvisor).expect("the operator's tier");
         let e = refused(&gvisor, &container);
         assert_eq!(
             (e.field.as_str(), e.value.as_str()),

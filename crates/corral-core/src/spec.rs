@@ -123,6 +123,25 @@ pub const GVISOR_HOST_TASKS_PER_PROCESS: i64 = 16;
 /// for gVisor's kernel itself (measured: about 45 with one process).
 pub const GVISOR_KERNEL_TASKS: i64 = 128;
 
+/// Whether [`Isolation::Gvisor`] holds result integrity
+/// ([`SandboxSpec::result_integrity`]): not yet, while commands can run
+/// under the agent's uid there.
+pub const GVISOR_HOLDS_RESULT_INTEGRITY: bool = false;
+
+/// The host's `pid_max` assumed where corral cannot read the engine
+/// host's own (a daemon reached over TCP): Linux's default, the smallest
+/// a host commonly has.
+pub const DEFAULT_HOST_PID_MAX: i64 = 32_768;
+
+/// The largest `limits.pids` of an [`Isolation::Gvisor`] sandbox on a host
+/// whose `pid_max` is `host_pid_max`: the one whose engine pids limit
+/// ([`SandboxSpec::engine_pids_limit`]) is at most half the host's pids,
+/// so that one sandbox cannot exhaust them (gVisor's kernel dies when it
+/// cannot make a host task; the host's other processes do not).
+pub fn gvisor_max_pids(host_pid_max: i64) -> i64 {
+    (host_pid_max / 2 - GVISOR_KERNEL_TASKS) / GVISOR_HOST_TASKS_PER_PROCESS
+}
+
 impl Isolation {
     /// Every tier, weakest first.
     pub const ALL: [Isolation; 2] = [Isolation::Container, Isolation::Gvisor];
@@ -596,6 +615,45 @@ impl SandboxSpec {
         }
     }
 
+    /// Why a command in this spec's sandboxes could forge what corral
+    /// reports of a command (its own result, a later command's, an
+    /// `exclusive` grader's), naming the field; `Ok` when the tier holds
+    /// result integrity. The one place that decides it: clients may raise
+    /// `isolation` only to a tier that holds it
+    /// ([`crate::client_policy::ClientPolicy::check_spec`]), and the
+    /// service's create answer says when a sandbox's does not.
+    ///
+    /// Under gVisor a command of the agent's uid opens the agent's stdout
+    /// through `/proc/1/fd` (gVisor's procfs does not honour the agent's
+    /// non-dumpable flag) and writes frames; [`GVISOR_HOLDS_RESULT_INTEGRITY`]
+    /// says whether commands run under a uid of their own there. Even then
+    /// `setuid_caps` lets a command switch back to the agent's uid.
+    pub fn result_integrity(&self) -> Result<(), String> {
+        let gvisor =
+            self.isolation == Isolation::Gvisor || self.runtime.as_deref() == Some(GVISOR_RUNTIME);
+        if gvisor && !GVISOR_HOLDS_RESULT_INTEGRITY {
+            return Err(
+                "isolation gvisor: results are not integrity-protected (a command can open the \
+                 agent's stream through /proc/1/fd and write any command's result, an exclusive \
+                 grader's included)"
+                    .into(),
+            );
+        }
+        if gvisor && self.security.setuid_caps {
+            return Err(
+                "isolation gvisor with security.setuid_caps: results are not integrity-protected \
+                 (a command can switch to the agent's uid and open its stream through /proc/1/fd)"
+                    .into(),
+            );
+        }
+        match self.runtime.as_deref() {
+            None | Some("runc") | Some(GVISOR_RUNTIME) => Ok(()),
+            Some(other) => Err(format!(
+                "runtime '{other}': result integrity is established under runc and gVisor only"
+            )),
+        }
+    }
+
     /// `size=` of the tmpfs that holds an in-place-reset sandbox's
     /// changes: the disk limit bounds them, else the memory limit (which
     /// they count against anyway); `None`: the kernel's default.
@@ -603,7 +661,8 @@ impl SandboxSpec {
         self.limits.disk.or(self.limits.memory)
     }
 
-    /// The engine's pids limit: what the container's pids cgroup may hold.
+    /// The engine's pids limit: what the container's pids cgroup may hold,
+    /// on a host whose `pid_max` is `host_pid_max`.
     ///
     /// Under [`Isolation::Container`] that is `limits.pids`, the sandbox's
     /// processes. Under [`Isolation::Gvisor`] the cgroup holds gVisor's own
@@ -613,14 +672,32 @@ impl SandboxSpec {
     /// make one. So the cgroup gets [`GVISOR_HOST_TASKS_PER_PROCESS`] per
     /// process plus [`GVISOR_KERNEL_TASKS`], and the sandbox's processes
     /// are bounded inside gVisor instead ([`SandboxSpec::command_nproc`]).
-    pub fn engine_pids_limit(&self) -> Option<i64> {
-        let pids = self.limits.pids?;
-        Some(match self.isolation {
-            Isolation::Container => pids,
-            Isolation::Gvisor => pids
-                .saturating_mul(GVISOR_HOST_TASKS_PER_PROCESS)
-                .saturating_add(GVISOR_KERNEL_TASKS),
-        })
+    /// That must stay within half the host's pids: a `limits.pids` above
+    /// [`gvisor_max_pids`], or none, is refused naming `limits.pids`.
+    pub fn engine_pids_limit(&self, host_pid_max: i64) -> Result<Option<i64>, SpecError> {
+        let pids = self.limits.pids;
+        match self.isolation {
+            Isolation::Container => Ok(pids),
+            Isolation::Gvisor => {
+                let max = gvisor_max_pids(host_pid_max);
+                match pids {
+                    Some(p) if p <= max => Ok(Some(
+                        p.saturating_mul(GVISOR_HOST_TASKS_PER_PROCESS)
+                            .saturating_add(GVISOR_KERNEL_TASKS),
+                    )),
+                    _ => Err(SpecError::new(
+                        "limits.pids",
+                        pids.map_or_else(|| "null".to_string(), |p| p.to_string()),
+                        format!(
+                            "under isolation gvisor each process costs gVisor up to \
+                             {GVISOR_HOST_TASKS_PER_PROCESS} host tasks, and one sandbox may \
+                             hold at most half of the host's {host_pid_max} pids \
+                             (kernel.pid_max): at most {max}"
+                        ),
+                    )),
+                }
+            }
+        }
     }
 
     /// The `RLIMIT_NPROC` every command runs with, where the process
@@ -937,6 +1014,73 @@ mod tests {
         fn path_exists(&self, path: &str) -> bool {
             path == "/srv/data"
         }
+    }
+
+    #[test]
+    fn result_integrity_is_held_by_runc_and_named_where_it_is_not() {
+        let mut spec = SandboxSpec::new("img");
+        assert_eq!(spec.result_integrity(), Ok(()));
+        spec.runtime = Some("runc".into());
+        assert_eq!(spec.result_integrity(), Ok(()));
+        spec.runtime = Some("kata".into());
+        let why = spec.result_integrity().expect_err("an untested runtime");
+        assert!(why.starts_with("runtime 'kata'"), "{why}");
+        spec.runtime = Some(GVISOR_RUNTIME.into());
+        let by_runtime = spec.result_integrity();
+        spec.runtime = None;
+        spec.isolation = Isolation::Gvisor;
+        assert_eq!(spec.result_integrity(), by_runtime, "runsc is the tier");
+        spec.security.setuid_caps = true;
+        let why = spec
+            .result_integrity()
+            .expect_err("setuid_caps under gVisor");
+        assert!(why.starts_with("isolation gvisor"), "{why}");
+        spec.security.setuid_caps = false;
+        if GVISOR_HOLDS_RESULT_INTEGRITY {
+            assert_eq!(spec.result_integrity(), Ok(()));
+        } else {
+            let why = spec.result_integrity().expect_err("gVisor");
+            assert!(why.starts_with("isolation gvisor:"), "{why}");
+            assert!(why.contains("not integrity-protected"), "{why}");
+        }
+    }
+
+    #[test]
+    fn under_gvisor_the_engine_pids_limit_stays_under_the_hosts_pid_max() {
+        let mut spec = SandboxSpec::new("img");
+        spec.isolation = Isolation::Gvisor;
+        // Linux's default, this suite's hosts, and the kernel's ceiling.
+        for pid_max in [DEFAULT_HOST_PID_MAX, 65_536, 1 << 22] {
+            let max = gvisor_max_pids(pid_max);
+            assert!(max >= 8, "{pid_max}: {max}");
+            spec.limits.pids = Some(max);
+            let engine = spec
+                .engine_pids_limit(pid_max)
+                .expect("the largest allowed")
+                .expect("a limit");
+            assert!(engine <= pid_max / 2, "{pid_max}: {engine}");
+            for refused in [Some(max + 1), Some(i64::MAX), None] {
+                spec.limits.pids = refused;
+                let e = spec.engine_pids_limit(pid_max).expect_err("refused");
+                assert_eq!(e.field, "limits.pids", "{e}");
+                assert!(e.reason.contains(&format!("at most {max}")), "{e}");
+            }
+        }
+        // The review's case: the policy's largest (4096) was 65,664 host
+        // tasks on a host of 32,768.
+        spec.limits.pids = Some(crate::client_policy::ClientPolicy::default().max_pids);
+        let e = spec
+            .engine_pids_limit(DEFAULT_HOST_PID_MAX)
+            .expect_err("4096 under gvisor");
+        assert_eq!(
+            (e.field.as_str(), e.value.as_str()),
+            ("limits.pids", "4096")
+        );
+        // runc's limit is the sandbox's processes, whatever the host.
+        spec.isolation = Isolation::Container;
+        assert_eq!(spec.engine_pids_limit(1024), Ok(Some(4096)));
+        spec.limits.pids = None;
+        assert_eq!(spec.engine_pids_limit(1024), Ok(None));
     }
 
     #[test]

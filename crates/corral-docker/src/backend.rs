@@ -86,13 +86,41 @@ impl From<&Config> for DockerConfig {
     }
 }
 
+/// Whether the daemon at `endpoint` may run on this host: a local socket.
+fn local_endpoint(endpoint: &str) -> bool {
+    endpoint.starts_with("unix://") || endpoint.starts_with('/')
+}
+
+/// The `pid_max` of the host the daemon at `endpoint` runs on: this
+/// host's when the daemon is local, else (or when unreadable)
+/// [`corral_core::spec::DEFAULT_HOST_PID_MAX`].
+fn host_pid_max(endpoint: &str) -> i64 {
+    let default = corral_core::spec::DEFAULT_HOST_PID_MAX;
+    if !local_endpoint(endpoint) {
+        return default;
+    }
+    match std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse::<i64>().ok())
+    {
+        Some(n) if n > 0 => n,
+        _ => {
+            tracing::warn!(
+                default,
+                "cannot read /proc/sys/kernel/pid_max; gVisor sandboxes' pids limits are bounded by the default"
+            );
+            default
+        }
+    }
+}
+
 /// The directory deltas are shared through, made (0711: sandboxes reach
 /// the files they are named, nobody lists them) when the daemon at
 /// `endpoint` may see this host's files: a local socket. (Whether it does
 /// shows at the first create that mounts it: see `do_create`.)
 fn shared_deltas_dir(endpoint: &str) -> Option<std::path::PathBuf> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    if !(endpoint.starts_with("unix://") || endpoint.starts_with('/')) {
+    if !local_endpoint(endpoint) {
         return None;
     }
     // Below this user's own runtime directory only: a `deltas` another
@@ -135,6 +163,8 @@ pub(crate) struct BackendInner {
     shared_deltas: Option<std::path::PathBuf>,
     /// A create found the daemon cannot mount `shared_deltas`.
     share_failed: AtomicBool,
+    /// The `pid_max` of the daemon's host (see `host_pid_max`).
+    host_pid_max: i64,
 }
 
 impl DockerBackend {
@@ -142,6 +172,7 @@ impl DockerBackend {
     /// answers.
     pub async fn connect(config: &DockerConfig) -> Result<Self, Error> {
         let (docker, endpoint) = crate::connect::connect(config.endpoint.as_deref()).await?;
+        let host_pid_max = host_pid_max(&endpoint);
         let shared_deltas = if config.share_deltas {
             shared_deltas_dir(&endpoint)
         } else {
@@ -164,6 +195,7 @@ impl DockerBackend {
                 events: Arc::new(EventRouter::default()),
                 shared_deltas,
                 share_failed: AtomicBool::new(false),
+                host_pid_max,
             }),
         })
     }
@@ -529,6 +561,8 @@ impl DockerBackend {
 
     async fn do_prepare(&self, req: &StartRequest<'_>) -> Result<Prepared, Error> {
         let spec = req.spec;
+        // Refused before an image is pulled.
+        spec.engine_pids_limit(self.inner.host_pid_max)?;
         let mut prepared = Prepared::default();
         let t = Instant::now();
         self.ensure_image(&spec.image).await?;
@@ -561,6 +595,8 @@ impl DockerBackend {
     async fn do_create(&self, req: &StartRequest<'_>) -> Result<Placement, Error> {
         let (spec, id) = (req.spec, req.sandbox_id);
         let docker = &self.inner.docker;
+        // Refused before anything is made for the sandbox.
+        spec.engine_pids_limit(self.inner.host_pid_max)?;
         // Filled by `prepare`; a create without it fills it the same way.
         let volume = self.agent_volume(&spec.image, req.owner).await?;
         let (network, dns) = match &spec.network {
@@ -596,6 +632,7 @@ impl DockerBackend {
                     network: &network,
                     dns: dns.as_deref(),
                     shared_deltas,
+                    host_pid_max: self.inner.host_pid_max,
                 },
             )
         };
@@ -616,9 +653,13 @@ impl DockerBackend {
             }
         });
         let shared = shared_dir.as_deref();
-        let mut created = self
-            .create_container(&container_name(id), id, &spec.image, body(shared))
-            .await;
+        let mut created = match body(shared) {
+            Ok(b) => {
+                self.create_container(&container_name(id), id, &spec.image, b)
+                    .await
+            }
+            Err(e) => Err(e.into()),
+        };
         if let (Err(e), Some(dir)) = (&created, shared_root) {
             // The daemon does not see this host's files after all (corral
             // runs in another container, or on another machine than the
@@ -626,9 +667,13 @@ impl DockerBackend {
             if e.to_string().contains(&dir.display().to_string()) {
                 tracing::warn!(dir = %dir.display(), error = %e, "the daemon cannot mount the shared deltas directory; forks stream their deltas");
                 self.inner.share_failed.store(true, Ordering::Relaxed);
-                created = self
-                    .create_container(&container_name(id), id, &spec.image, body(None))
-                    .await;
+                created = match body(None) {
+                    Ok(b) => {
+                        self.create_container(&container_name(id), id, &spec.image, b)
+                            .await
+                    }
+                    Err(e) => Err(e.into()),
+                };
             }
         }
         match created {

@@ -13,7 +13,7 @@ use bollard::models::{
 use corral_core::labels;
 use corral_core::protocol::{AGENT_DIR, AGENT_PATH};
 use corral_core::spec::GVISOR_RUNTIME;
-use corral_core::{Isolation, Network, SandboxSpec};
+use corral_core::{Isolation, Network, SandboxSpec, SpecError};
 
 /// Everything besides the spec that goes into a container.
 pub struct CreateParams<'a> {
@@ -40,6 +40,10 @@ pub struct CreateParams<'a> {
     /// The host directory of shared deltas ([`corral_core::Backend::shared_deltas`]),
     /// mounted read-only into a sandbox that resets in place.
     pub shared_deltas: Option<&'a std::path::Path>,
+    /// The `pid_max` of the host the daemon runs on (or
+    /// [`corral_core::spec::DEFAULT_HOST_PID_MAX`] when not known), which
+    /// bounds a gVisor sandbox's pids limit.
+    pub host_pid_max: i64,
 }
 
 /// The host-side helper directories of a `nosuid` mount of `host`: an
@@ -139,8 +143,14 @@ fn entrypoint(spec: &SandboxSpec, pristine: bool) -> Vec<String> {
     args
 }
 
-/// The create body for `spec`.
-pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateBody {
+/// The create body for `spec`; refused naming `limits.pids` when the
+/// host cannot give the tier its pids limit
+/// ([`SandboxSpec::engine_pids_limit`]).
+pub fn create_body(
+    spec: &SandboxSpec,
+    p: &CreateParams<'_>,
+) -> Result<ContainerCreateBody, SpecError> {
+    let pids_limit = spec.engine_pids_limit(p.host_pid_max)?;
     let mut labels: HashMap<String, String> = spec
         .labels
         .iter()
@@ -230,7 +240,7 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
         // Swap equal to memory: no swap, so exceeding the limit is an OOM.
         memory_swap: memory,
         nano_cpus: spec.limits.cpus.map(|c| (c * 1e9) as i64),
-        pids_limit: spec.engine_pids_limit(),
+        pids_limit,
         cap_drop: sec.drop_all_caps.then(|| vec!["ALL".to_string()]),
         cap_add: sec.drop_all_caps.then(|| {
             // Commands' and the agent's own (which commands drop:
@@ -274,7 +284,7 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
         ..Default::default()
     };
 
-    ContainerCreateBody {
+    Ok(ContainerCreateBody {
         image: Some(spec.image.clone()),
         entrypoint: Some(entrypoint(spec, pristine)),
         cmd: Some(Vec::new()),
@@ -297,7 +307,7 @@ pub fn create_body(spec: &SandboxSpec, p: &CreateParams<'_>) -> ContainerCreateB
         stop_timeout: Some(2),
         host_config: Some(host_config),
         ..Default::default()
-    }
+    })
 }
 
 #[cfg(test)]
@@ -324,6 +334,7 @@ mod tests {
             network: "net-id",
             dns: None,
             shared_deltas: None,
+            host_pid_max: corral_core::spec::DEFAULT_HOST_PID_MAX,
         }
     }
 
@@ -336,9 +347,9 @@ mod tests {
         });
         let mut spec = SandboxSpec::new("img");
         spec.limits.memory = Some(64 << 20);
-        let plain = create_body(&spec, &params(&owner));
+        let plain = create_body(&spec, &params(&owner)).expect("body");
         spec.pristine = true;
-        let body = create_body(&spec, &params(&owner));
+        let body = create_body(&spec, &params(&owner)).expect("body");
         let caps = body.host_config.and_then(|h| h.cap_add).expect("caps");
         for cap in PRISTINE_CAPS {
             assert!(caps.contains(&cap.to_string()), "{caps:?}");
@@ -355,7 +366,7 @@ mod tests {
             .contains(&"--pristine".to_string()));
         // A spec that cannot reset in place gets nothing extra.
         spec.security.read_only_root = true;
-        let body = create_body(&spec, &params(&owner));
+        let body = create_body(&spec, &params(&owner)).expect("body");
         let caps = body.host_config.and_then(|h| h.cap_add).expect("caps");
         assert!(!caps.contains(&"SYS_ADMIN".to_string()), "{caps:?}");
         assert!(!body
@@ -379,7 +390,8 @@ mod tests {
                     shared_deltas: Some(dir),
                     ..params(&owner)
                 },
-            );
+            )
+            .expect("body");
             body.host_config
                 .and_then(|h| h.mounts)
                 .unwrap_or_default()
@@ -408,13 +420,13 @@ mod tests {
             start: 2,
         });
         let mut spec = SandboxSpec::new("img");
-        let plain = create_body(&spec, &params(&owner));
+        let plain = create_body(&spec, &params(&owner)).expect("body");
         assert!(!plain
             .entrypoint
             .expect("entrypoint")
             .contains(&"--agent-caps".to_string()));
         spec.security.setuid_caps = true;
-        let body = create_body(&spec, &params(&owner));
+        let body = create_body(&spec, &params(&owner)).expect("body");
         let caps = body.host_config.and_then(|h| h.cap_add).expect("caps");
         for cap in ["KILL", "SETPCAP", "SETUID", "SETGID"] {
             assert!(caps.contains(&cap.to_string()), "{caps:?}");
@@ -435,7 +447,7 @@ mod tests {
             start: 2,
         });
         let mut spec = SandboxSpec::new("img");
-        let runc = create_body(&spec, &params(&owner));
+        let runc = create_body(&spec, &params(&owner)).expect("body");
         assert_eq!(runc.host_config.expect("hc").pids_limit, Some(256));
         assert!(!runc
             .entrypoint
@@ -443,7 +455,7 @@ mod tests {
             .contains(&"--nproc".to_string()));
 
         spec.isolation = corral_core::Isolation::Gvisor;
-        let body = create_body(&spec, &params(&owner));
+        let body = create_body(&spec, &params(&owner)).expect("body");
         let hc = body.host_config.expect("hc");
         assert_eq!(hc.runtime.as_deref(), Some(GVISOR_RUNTIME));
         // gVisor's own host tasks fit: it stops when it cannot make one.
@@ -458,13 +470,20 @@ mod tests {
         let at = entry.iter().position(|a| a == "--nproc").expect("--nproc");
         assert_eq!(entry[at + 1], "256");
 
-        spec.limits.pids = None;
-        let unlimited = create_body(&spec, &params(&owner));
-        assert_eq!(unlimited.host_config.expect("hc").pids_limit, None);
-        assert!(!unlimited
-            .entrypoint
-            .expect("entrypoint")
-            .contains(&"--nproc".to_string()));
+        // A limit gVisor cannot be given within the host's pids, or none,
+        // is refused naming the field.
+        for pids in [Some(4096), None] {
+            spec.limits.pids = pids;
+            let e = create_body(&spec, &params(&owner)).expect_err("refused");
+            assert_eq!(e.field, "limits.pids", "{e}");
+        }
+        let roomy = CreateParams {
+            host_pid_max: 1 << 22,
+            ..params(&owner)
+        };
+        spec.limits.pids = Some(4096);
+        let hc = create_body(&spec, &roomy).expect("body").host_config;
+        assert_eq!(hc.expect("hc").pids_limit, Some(4096 * 16 + 128));
     }
 
     #[test]
@@ -485,7 +504,7 @@ mod tests {
             read_only: true,
             nosuid: false,
         });
-        let body = create_body(&spec, &params(&owner));
+        let body = create_body(&spec, &params(&owner)).expect("body");
         let hc = body.host_config.expect("host config");
         assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
         assert_eq!(
@@ -506,7 +525,10 @@ mod tests {
         assert_eq!(hc.nano_cpus, Some(1_000_000_000));
         assert_eq!(hc.network_mode.as_deref(), Some("none"));
         spec.network = Network::Bridge;
-        let bridged = create_body(&spec, &params(&owner)).host_config.expect("hc");
+        let bridged = create_body(&spec, &params(&owner))
+            .expect("body")
+            .host_config
+            .expect("hc");
         assert_eq!(
             bridged.network_mode.as_deref(),
             Some("net-id"),
@@ -562,7 +584,7 @@ mod tests {
         sealed.insert(labels::SPEC_DIGEST.into(), "digest".into());
         sealed.insert(labels::SEAL.into(), "seal".into());
         let p = params(&sealed);
-        let body = create_body(&spec, &p);
+        let body = create_body(&spec, &p).expect("body");
         let labels = body.labels.expect("labels");
         assert_eq!(labels[labels::SEAL], "seal");
         assert_eq!(labels[labels::SPEC_DIGEST], "digest");
@@ -605,12 +627,18 @@ mod tests {
         };
         let owner = owner_labels(&owner);
         let mut spec = SandboxSpec::new("img");
-        let shared = create_body(&spec, &params(&owner)).host_config.expect("hc");
+        let shared = create_body(&spec, &params(&owner))
+            .expect("body")
+            .host_config
+            .expect("hc");
         let m = &shared.mounts.expect("mounts")[0];
         assert_eq!(m.source.as_deref(), Some("corral-agent-x"));
         for cap in ["SYS_ADMIN", "cap_dac_read_search", "ALL"] {
             spec.security.cap_add = vec![cap.into()];
-            let hc = create_body(&spec, &params(&owner)).host_config.expect("hc");
+            let hc = create_body(&spec, &params(&owner))
+                .expect("body")
+                .host_config
+                .expect("hc");
             let m = &hc.mounts.expect("mounts")[0];
             assert_eq!(
                 m.source.as_deref(),

@@ -179,3 +179,54 @@ async fn gvisor_agent_usage_is_absent_not_zero() {
     assert_eq!(engine.memory_limit_bytes, Some(256 << 20), "{engine:?}");
     sb.destroy().await.expect("destroy");
 }
+
+/// A gVisor sandbox's engine pids limit stays within half the host's
+/// `pid_max` (the daemon is local here): the largest `limits.pids` that
+/// fits starts, and its engine limit is below `pid_max`; one more is
+/// refused naming `limits.pids`, before any container is made.
+#[tokio::test(flavor = "multi_thread")]
+async fn gvisor_pids_limit_stays_under_the_hosts_pid_max() {
+    let pid_max: i64 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .expect("pid_max")
+        .trim()
+        .parse()
+        .expect("a number");
+    let max = corral_core::spec::gvisor_max_pids(pid_max);
+    let Some(sb) = sandbox("gvisor_pids_max", |s| s.limits.pids = Some(max)).await else {
+        return;
+    };
+    let engine = sb.usage().await.expect("usage");
+    let limit = engine.pids_limit.expect("an engine pids limit");
+    assert!(
+        limit <= u64::try_from(pid_max / 2).expect("positive"),
+        "{limit} of {pid_max}"
+    );
+    sb.destroy().await.expect("destroy");
+    let label = format!("gvisor_pids_over-{}", std::process::id());
+    let mut s = SandboxSpec::new(common::BUSYBOX);
+    s.isolation = Isolation::Gvisor;
+    s.labels.insert(TEST_LABEL.into(), label.clone());
+    s.limits.pids = Some(max + 1);
+    let e = match common::backend().await.create(&s).await {
+        Ok(_) => panic!(
+            "created with limits.pids {} above the host's bound",
+            max + 1
+        ),
+        Err(e) => e,
+    };
+    match &e {
+        corral::Error::InvalidSpec(se) => {
+            assert_eq!(se.field, "limits.pids", "{e}");
+            assert_eq!(se.value, (max + 1).to_string(), "{e}");
+            assert!(se.reason.contains(&format!("at most {max}")), "{e}");
+        }
+        other => panic!("not an invalid spec: {other}"),
+    }
+    let left = common::docker(&[
+        "ps",
+        "-aq",
+        "--filter",
+        &format!("label={TEST_LABEL}={label}"),
+    ]);
+    assert_eq!(left.trim(), "", "a refused create left a container");
+}

@@ -306,6 +306,7 @@ impl AppState {
             lost: None,
         });
         let reset_unavailable_reason = lease.resets_in_place().err();
+        let result_integrity_gap = lease.spec().result_integrity().err();
         let id = caller.display_key(key);
         SandboxInfo {
             id: id.clone(),
@@ -320,6 +321,8 @@ impl AppState {
             shells: lease.shell_names(),
             resets_in_place: reset_unavailable_reason.is_none(),
             reset_unavailable_reason,
+            result_integrity: result_integrity_gap.is_none(),
+            result_integrity_gap,
             usage: self
                 .usage_sampler()
                 .latest_of(lease.id())
@@ -883,6 +886,8 @@ async fn list_sandboxes(
                 shells: Vec::new(),
                 resets_in_place: false,
                 reset_unavailable_reason: Some(format!("its container was lost: {}", f.message)),
+                result_integrity: false,
+                result_integrity_gap: Some(format!("its container was lost: {}", f.message)),
                 usage: None,
             }),
             Err(_) => {}

@@ -11,7 +11,7 @@
 use serde_json::{json, Value};
 
 mod common;
-use common::service::start;
+use common::service::{start, Req};
 use common::{remaining, Guard};
 
 /// Sends one create request a client may not make: 403, kind `forbidden`,
@@ -307,4 +307,119 @@ async fn what_clients_may_ask_for_still_works() {
     assert_eq!(r.status, 204, "{}", r.text);
     svc.stop().await;
     assert_eq!(remaining("api-trust-allowed"), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_client_cannot_raise_isolation_to_a_tier_without_result_integrity() {
+    let label = "api-trust-isolation-raised";
+    let _g = Guard(label);
+    let svc = start(label, |_, _| {}).await;
+    let r = svc
+        .send(
+            svc.req("POST", "/v1/sandboxes")
+                .json(json!({"spec": {"isolation": "gvisor"}})),
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    assert_eq!(r.json["error"]["kind"], "forbidden", "{}", r.text);
+    assert_eq!(r.field(), "spec.isolation", "{}", r.text);
+    assert!(
+        r.message().contains("gvisor") && r.message().contains("not integrity-protected"),
+        "{}",
+        r.text
+    );
+    assert_eq!(
+        remaining(label),
+        Vec::<String>::new(),
+        "a container was made"
+    );
+    svc.stop().await;
+}
+
+/// Whether the daemon has gVisor's runtime (`scripts/ensure-gvisor.sh`);
+/// says so when it does not.
+fn gvisor_available(test: &str) -> bool {
+    let out = std::process::Command::new("docker")
+        .args(["info", "--format", "{{json .Runtimes}}"])
+        .output()
+        .expect("docker info");
+    let has = String::from_utf8_lossy(&out.stdout).contains("\"runsc\"");
+    if !has {
+        eprintln!("skipped {test}: the daemon has no runtime 'runsc' (scripts/ensure-gvisor.sh)");
+    }
+    has
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_operators_gvisor_sandbox_says_its_results_are_not_integrity_protected() {
+    let label = "api-trust-gvisor-integrity";
+    if !gvisor_available(label) {
+        return;
+    }
+    let _g = Guard(label);
+    let svc = start(label, |c, _| {
+        let mut runc = c.defaults.clone();
+        runc.isolation = corral_core::Isolation::Container;
+        c.profiles.insert("runc".into(), runc);
+        c.defaults.isolation = corral_core::Isolation::Gvisor;
+        c.server.e2b_listen = Some("127.0.0.1:0".into());
+    })
+    .await;
+    let gap = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    // The operator's tier: created, and the answer says what it means.
+    let r = svc
+        .send(
+            svc.req("POST", "/v1/sandboxes")
+                .json(json!({"session": "graded"})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.json["result_integrity"], false, "{}", r.text);
+    let why = gap(&r.json["result_integrity_gap"]);
+    assert!(
+        why.starts_with("isolation gvisor:") && why.contains("not integrity-protected"),
+        "{}",
+        r.text
+    );
+    // So does its description.
+    let r = svc.send(svc.req("GET", "/v1/sandboxes/graded")).await;
+    assert_eq!(r.json["result_integrity"], false, "{}", r.text);
+    assert_eq!(gap(&r.json["result_integrity_gap"]), why, "{}", r.text);
+    // A runc profile of the same service holds it.
+    let r = svc
+        .send(
+            svc.req("POST", "/v1/sandboxes")
+                .json(json!({"session": "plain", "profile": "runc"})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.json["result_integrity"], true, "{}", r.text);
+    assert_eq!(r.json["result_integrity_gap"], Value::Null, "{}", r.text);
+    // The E2B listener's create says it beside E2B's own fields.
+    let r = svc
+        .send_e2b(
+            Req::new("POST", "/sandboxes")
+                .header("X-API-Key", svc.token.as_deref().expect("token"))
+                .json(json!({"templateID": "base", "timeout": 60})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.json["resultIntegrity"], false, "{}", r.text);
+    assert_eq!(gap(&r.json["resultIntegrityGap"]), why, "{}", r.text);
+    let e2b_id = r.json["sandboxID"].as_str().expect("sandboxID").to_string();
+    let r = svc
+        .send_e2b(
+            Req::new("DELETE", &format!("/sandboxes/{e2b_id}"))
+                .header("X-API-Key", svc.token.as_deref().expect("token")),
+        )
+        .await;
+    assert!(r.status < 300, "{}", r.text);
+    for id in ["graded", "plain"] {
+        let r = svc
+            .send(svc.req("DELETE", &format!("/v1/sandboxes/{id}")))
+            .await;
+        assert_eq!(r.status, 204, "{}", r.text);
+    }
+    svc.stop().await;
+    assert_eq!(remaining(label), Vec::<String>::new());
 }

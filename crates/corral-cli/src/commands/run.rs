@@ -61,7 +61,9 @@ pub struct RunArgs {
     runtime: Option<String>,
     /// Isolation tier: container (runc over the host kernel) or gvisor
     /// (gVisor's user-space kernel; Docker runtime runsc, see
-    /// scripts/ensure-gvisor.sh) [default: from the config, else container].
+    /// scripts/ensure-gvisor.sh; a command there can forge another's
+    /// result, and a warning says so) [default: from the config, else
+    /// container].
     #[arg(long, value_parser = clap::value_parser!(corral_core::Isolation))]
     isolation: Option<corral_core::Isolation>,
     /// Kill the command's whole process tree after this many seconds (fractions allowed).
@@ -342,6 +344,9 @@ pub async fn run(
         Ok(s) => s,
         Err(e) => return finish_early(&args, e.kind(), Diagnostic::of_core(&e)),
     };
+    if let Err(why) = sandbox.spec().result_integrity() {
+        diagnostics::warn(why);
+    }
 
     let result = tokio::select! {
         r = execute(&sandbox, &args, script) => Some(r),

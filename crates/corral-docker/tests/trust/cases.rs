@@ -692,3 +692,68 @@ async fn with_setuid_caps_the_agent_still_ends_what_commands_start() {
     sb.destroy().await.expect("destroy");
     g.assert_clean();
 }
+
+/// The process limit (`limits.pids`) a namespace attack must stay under.
+const NS_PIDS: i64 = 64;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_cannot_make_a_namespace_to_leave_the_process_limit() {
+    let Some(g) = guard("trust-namespaces") else {
+        return;
+    };
+    let b = backend().await;
+    let mut spec = spec(&g);
+    spec.limits.pids = Some(NS_PIDS);
+    let sb = b.create(&spec).await.expect("create");
+    upload_attack(&sb, "namespaces", "/tmp/ns").await;
+    // Inside a user namespace a process holds every capability, and
+    // gVisor does not hold a process with CAP_SYS_ADMIN to RLIMIT_NPROC:
+    // each attempt that gets a namespace forks up to twice the limit.
+    let r = sb
+        .run(&sh(&format!(
+            "/tmp/ns {}; unshare -U -r sh -c 'echo INSIDE'; echo \"unshare-cli $?\"",
+            NS_PIDS * 2
+        )))
+        .await;
+    assert_eq!(r.failure, None, "{r:?}");
+    let out = text(&r.stdout);
+    for attempt in [
+        "unshare-user",
+        "setns-user",
+        "clone-user-pid",
+        "clone3-user-pid",
+    ] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("{attempt} ")))
+            .unwrap_or_else(|| panic!("{attempt} did not run: {out}\n{}", text(&r.stderr)));
+        assert!(
+            line.starts_with(&format!("{attempt} refused ")),
+            "a command made a namespace: {line}\n{out}"
+        );
+    }
+    assert!(!out.contains("INSIDE"), "unshare -U ran a shell: {out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("unshare-cli ") && l != "unshare-cli 0"),
+        "{out}"
+    );
+    // Programs still fork and start threads (glibc falls back from
+    // clone3 to clone), and forks stop at the limit.
+    assert!(out.contains("fork ok\n"), "{out}");
+    assert!(out.contains("thread ok\n"), "{out}");
+    let forks: i64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("forks "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no fork count: {out}"));
+    assert!(
+        (8..NS_PIDS).contains(&forks),
+        "{forks} processes at once under limits.pids {NS_PIDS}: {out}"
+    );
+    // The sandbox is intact.
+    let r = sb.run(&sh("echo fine")).await;
+    assert_eq!((r.exit_code, text(&r.stdout)), (Some(0), "fine\n".into()));
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}

@@ -365,14 +365,17 @@ async fn create(
             ),
         ));
     }
-    if let Err(mut e) = created {
-        // The template is what an E2B caller named as the image.
-        if e.detail.field.as_deref() == Some("image") {
-            e.detail.field = Some("templateID".into());
-            e.detail.message = e.detail.message.replace("image '", "templateID '");
+    let info = match created {
+        Ok((_, info)) => info,
+        Err(mut e) => {
+            // The template is what an E2B caller named as the image.
+            if e.detail.field.as_deref() == Some("image") {
+                e.detail.field = Some("templateID".into());
+                e.detail.message = e.detail.message.replace("image '", "templateID '");
+            }
+            return Err(api_error(e));
         }
-        return Err(api_error(e));
-    }
+    };
     let entry = register(
         &e2b,
         Registered {
@@ -387,7 +390,14 @@ async fn create(
         &headers,
         life,
     );
-    Ok((StatusCode::CREATED, Json(sandbox_json(&entry))).into_response())
+    let mut answer = sandbox_json(&entry);
+    // corral's own, beside E2B's fields (its SDK keeps unknown ones):
+    // whether results are what commands did, and why not (the tier).
+    answer["resultIntegrity"] = json!(info.result_integrity);
+    if let Some(gap) = info.result_integrity_gap {
+        answer["resultIntegrityGap"] = json!(gap);
+    }
+    Ok((StatusCode::CREATED, Json(answer)).into_response())
 }
 
 /// What a sandbox started through this front end is registered with.
