@@ -8,22 +8,29 @@
 //! The engine starts PID 1 as root with CAP_SETUID, CAP_SETGID, CAP_KILL
 //! and CAP_SETPCAP for the agent alone (`--agent-caps`). Before any
 //! thread exists, [`init`] records the user the engine started it as (the
-//! commands' user: uid, gid, supplementary groups), keeps its capabilities
-//! across the change (`PR_SET_KEEPCAPS`) and becomes [`AGENT_UID`], with
-//! the filesystem ids of the commands' user, so files it writes itself
-//! (a reset's overlay, an imported delta) are owned as before. Raw system
-//! calls: the C library's `setresuid` would broadcast to threads, and
-//! `setfsuid` is per thread, so it happens once, before any thread.
+//! commands' user: uid, gid, supplementary groups) and makes its real and
+//! saved uid and gid [`AGENT_UID`], keeping the effective ones: what
+//! another process may do to it is decided by its real and saved ids (a
+//! signal needs the sender's real or effective uid to be one of them,
+//! tracing and `/proc/PID/fd` all three ids to be the caller's), what it
+//! may do itself by its effective ids and capabilities, which stay as
+//! they were (files it writes are owned as before; gVisor has no
+//! `setfsuid` to do this otherwise). Raw system calls: the C library's
+//! `setresuid` would broadcast to threads; it happens once, before any.
 //!
 //! Every command is then forked from the agent and becomes the commands'
-//! user between fork and exec ([`Plan::apply_in_child`]) before it drops
-//! the agent's own capabilities (`caps`). A relay (`corral-agent kernel`,
-//! asked for by an Exec with `relay`) becomes a relay uid of
-//! [`RELAY_UIDS`] instead (one per context, in turn), keeping CAP_SETUID,
-//! CAP_SETGID and CAP_KILL through its exec (ambient) and the commands'
-//! capabilities, so that it can start its kernel as the commands' user
-//! ([`KernelAs`]) and interrupt it; it then drops all but CAP_KILL. Its
-//! stdin and stdout are sockets, which `/proc/PID/fd` cannot reopen.
+//! user, all three ids, between fork and exec ([`Plan::apply_in_child`])
+//! before it drops the agent's own capabilities (`caps`). A relay
+//! (`corral-agent kernel`, asked for by an Exec with `relay`) gets a uid
+//! of [`RELAY_UIDS`] instead (one per context, in turn), keeping
+//! CAP_SETUID, CAP_SETGID and CAP_KILL with the commands' capabilities
+//! through its exec (as ambient capabilities; where the kernel has none,
+//! gVisor, it execs as root with real and saved ids its own, which
+//! gVisor's exec keeps, where Linux's would make the saved uid root's),
+//! then takes the commands' effective ids (its files are theirs), starts
+//! its kernel as the commands' user ([`KernelAs`]) and keeps CAP_KILL
+//! alone to interrupt it. Its stdin and stdout are sockets, which
+//! `/proc/PID/fd` cannot reopen.
 //!
 //! When the agent cannot take a uid of its own (started as another user,
 //! or without those capabilities), commands share its uid as before and
@@ -122,31 +129,22 @@ fn split() -> Result<Split, Undo> {
         gid: sys::getgid(),
         groups,
     };
-    sys::keep_caps(true).map_err(|e| Undo::Kept(format!("PR_SET_KEEPCAPS: {e}")))?;
-    if let Err(e) = sys::set_ids(AGENT_UID, AGENT_UID, &[]) {
-        let _ = sys::keep_caps(false);
-        // setgroups may have gone through before setresgid failed.
-        return match sys::set_ids(user.uid, user.gid, &user.groups) {
+    // Real and saved ids of its own; the effective ones stay the
+    // commands' user's, so its files and capabilities are as before.
+    if let Err(e) = sys::set_real_ids(AGENT_UID, AGENT_UID) {
+        // The gid may have changed before the uid failed.
+        return match sys::set_real_ids(user.uid, user.gid) {
             Ok(()) => Err(Undo::Kept(format!("cannot become uid {AGENT_UID}: {e}"))),
             Err(e2) => Err(Undo::Broken(format!(
                 "cannot become uid {AGENT_UID} ({e}) nor go back ({e2})"
             ))),
         };
     }
-    let broken = |what: &str, e: std::io::Error| Undo::Broken(format!("{what}: {e}"));
-    sys::set_fs_ids(user.uid, user.gid).map_err(|e| broken("setfsuid", e))?;
-    sys::capset(CapSets {
-        effective: caps.permitted,
-        permitted: caps.permitted,
-        inheritable: 0,
-    })
-    .map_err(|e| broken("capset", e))?;
-    sys::keep_caps(false).map_err(|e| broken("PR_SET_KEEPCAPS", e))?;
-    // A change of ids resets the flag to the system's suid_dumpable.
-    sys::set_non_dumpable().map_err(|e| broken("PR_SET_DUMPABLE", e))?;
-    if sys::getresuid() != (AGENT_UID, AGENT_UID, AGENT_UID) {
+    // Whatever changed, it stays out of reach.
+    sys::set_non_dumpable().map_err(|e| Undo::Broken(format!("PR_SET_DUMPABLE: {e}")))?;
+    if sys::getresuid() != (AGENT_UID, user.uid, AGENT_UID) {
         return Err(Undo::Broken(format!(
-            "still {:?} after becoming uid {AGENT_UID}",
+            "ids {:?} after becoming uid {AGENT_UID}",
             sys::getresuid()
         )));
     }
@@ -162,12 +160,14 @@ pub enum Plan {
     /// The commands' user.
     Command(User),
     /// A relay: this uid and gid, keeping `keep` (permitted, effective,
-    /// inheritable and ambient) through its exec.
+    /// and inheritable) through its exec.
     Relay {
         /// Its uid and gid.
         uid: u32,
         /// Capabilities it keeps.
         keep: u64,
+        /// Whether they can pass its exec as ambient capabilities.
+        ambient: bool,
     },
 }
 
@@ -186,6 +186,8 @@ pub fn relay_plan(agent_only: &[u32]) -> (Plan, Option<String>) {
     let Some(Split::Separate(user)) = SPLIT.get() else {
         return (Plan::Unchanged, None);
     };
+    // The relay keeps the commands' effective uid (see `Plan::Relay`).
+    debug_assert_eq!(user.uid, 0, "a split agent's commands are root");
     let n = RELAY_UIDS.end() - RELAY_UIDS.start() + 1;
     let uid = RELAY_UIDS.start() + NEXT_RELAY.fetch_add(1, Ordering::Relaxed) % n;
     let held = sys::capget().map(|c| c.permitted).unwrap_or(0);
@@ -195,7 +197,8 @@ pub fn relay_plan(agent_only: &[u32]) -> (Plan, Option<String>) {
     let keep = kernel | (held & NEEDED);
     let groups: Vec<String> = user.groups.iter().map(u32::to_string).collect();
     let env = format!("{}:{}:{}:{kernel:x}", user.uid, user.gid, groups.join(","));
-    (Plan::Relay { uid, keep }, Some(env))
+    let ambient = sys::ambient_supported();
+    (Plan::Relay { uid, keep, ambient }, Some(env))
 }
 
 impl Plan {
@@ -218,8 +221,20 @@ impl Plan {
         match self {
             Plan::Unchanged => Ok(()),
             Plan::Command(u) => sys::set_ids(u.uid, u.gid, &u.groups),
-            Plan::Relay { uid, keep } => {
-                sys::set_ids(*uid, *uid, &[])?;
+            Plan::Relay { uid, keep, ambient } => {
+                sys::set_groups(&[])?;
+                if *ambient {
+                    // All three ids its own, so even the exec (which makes
+                    // the saved uid the effective one) leaves it none of
+                    // a command's; `keep` passes it as ambient.
+                    sys::keep_caps(true)?;
+                    sys::set_ids(*uid, *uid, &[])?;
+                } else {
+                    // No ambient set (gVisor, whose exec keeps the saved
+                    // uid): real and saved ids of its own, the effective
+                    // ones root's, so its exec as root gives it `keep`.
+                    sys::set_real_ids(*uid, *uid)?;
+                }
                 let now = sys::capget()?;
                 // Inheritable first: it may only grow within the bounding set.
                 sys::capset(CapSets {
@@ -227,9 +242,11 @@ impl Plan {
                     permitted: now.permitted,
                     inheritable: *keep,
                 })?;
-                for cap in 0..64 {
-                    if keep & bit(cap) != 0 {
-                        sys::raise_ambient(cap)?;
+                if *ambient {
+                    for cap in 0..64 {
+                        if keep & bit(cap) != 0 {
+                            sys::raise_ambient(cap)?;
+                        }
                     }
                 }
                 for &cap in agent_only.iter().filter(|_| bounding) {
@@ -317,9 +334,7 @@ impl KernelAs {
 
 /// The start of a relay (`corral-agent kernel`): non-dumpable, and, when
 /// the agent started it under a relay uid, whom to start the kernel as.
-/// Files the relay writes from here on (the kernel's connection file)
-/// belong to that user, so the kernel can read them. Call before any
-/// thread.
+/// Call before any thread.
 pub fn relay_start() -> Result<Option<KernelAs>, String> {
     sys::set_non_dumpable().map_err(|e| format!("cannot make the relay non-dumpable: {e}"))?;
     let Some(value) = std::env::var_os(KERNEL_AS_ENV) else {
@@ -330,11 +345,13 @@ pub fn relay_start() -> Result<Option<KernelAs>, String> {
     std::env::remove_var(KERNEL_AS_ENV);
     let value = value.to_string_lossy().into_owned();
     let kernel = KernelAs::parse(&value)?;
-    if sys::getresuid().1 == kernel.user.uid {
+    if sys::getresuid().0 == kernel.user.uid {
         // Started by hand, or by an agent that could not split.
         return Ok(None);
     }
-    sys::set_fs_ids(kernel.user.uid, kernel.user.gid)
+    // Files it writes (the kernel's connection file) are the kernel's
+    // user's; its real and saved ids stay its own.
+    sys::set_effective_ids(kernel.user.uid, kernel.user.gid)
         .map_err(|e| format!("cannot write files as uid {}: {e}", kernel.user.uid))?;
     Ok(Some(kernel))
 }

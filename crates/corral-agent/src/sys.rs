@@ -593,55 +593,56 @@ pub fn set_ids(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
     Ok(())
 }
 
-/// Sets the calling thread's filesystem uid and gid (the ids files are
-/// created with and checked against); per thread, async-signal-safe.
-/// The kernel answers with the previous value whatever happens: the
-/// result is checked by asking again.
-pub fn set_fs_ids(uid: u32, gid: u32) -> io::Result<()> {
-    // SAFETY: setfsuid/setfsgid take one integer.
+/// Sets the real and saved uid and gid of the calling thread (and, as it
+/// is called before any other thread exists or in a forked child, its
+/// process) to `uid` and `gid`, leaving the effective ones; raw system
+/// calls, async-signal-safe.
+pub fn set_real_ids(uid: u32, gid: u32) -> io::Result<()> {
+    const KEEP: u32 = u32::MAX;
+    // SAFETY: setresgid/setresuid take integers (-1: unchanged).
     unsafe {
-        libc::syscall(libc::SYS_setfsgid, gid);
-        libc::syscall(libc::SYS_setfsuid, uid);
-        let now_gid = libc::syscall(libc::SYS_setfsgid, u32::MAX) as u32;
-        let now_uid = libc::syscall(libc::SYS_setfsuid, u32::MAX) as u32;
-        if now_uid != uid || now_gid != gid {
-            return Err(io::Error::from_raw_os_error(libc::EPERM));
-        }
+        cvt(libc::syscall(libc::SYS_setresgid, gid, KEEP, gid) as libc::c_int)?;
+        cvt(libc::syscall(libc::SYS_setresuid, uid, KEEP, uid) as libc::c_int)?;
     }
     Ok(())
 }
 
-/// Keeps (or stops keeping) the permitted capabilities across a change
-/// of every uid away from 0 (`PR_SET_KEEPCAPS`).
+/// Sets the effective uid and gid of the calling thread (before any
+/// other thread exists), leaving the real and saved ones; raw system
+/// calls.
+pub fn set_effective_ids(uid: u32, gid: u32) -> io::Result<()> {
+    const KEEP: u32 = u32::MAX;
+    // SAFETY: setresgid/setresuid take integers (-1: unchanged).
+    unsafe {
+        cvt(libc::syscall(libc::SYS_setresgid, KEEP, gid, KEEP) as libc::c_int)?;
+        cvt(libc::syscall(libc::SYS_setresuid, KEEP, uid, KEEP) as libc::c_int)?;
+    }
+    Ok(())
+}
+
+/// Keeps (or stops keeping) the permitted capabilities when every uid
+/// leaves 0 (`PR_SET_KEEPCAPS`); async-signal-safe.
 pub fn keep_caps(keep: bool) -> io::Result<()> {
     // SAFETY: prctl with integer arguments.
     cvt(unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, libc::c_ulong::from(keep), 0, 0, 0) }).map(drop)
 }
 
-/// Drops capability `cap` from the calling thread's bounding set (needs
-/// CAP_SETPCAP); async-signal-safe.
-pub fn drop_bounding(cap: u32) -> io::Result<()> {
-    // SAFETY: prctl with integer arguments.
-    cvt(unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) }).map(drop)
-}
-
-/// Empties the calling thread's ambient set; async-signal-safe.
-pub fn clear_ambient() -> io::Result<()> {
-    // SAFETY: prctl with integer arguments.
-    cvt(unsafe {
+/// Whether this kernel has ambient capabilities (gVisor's answers EINVAL).
+pub fn ambient_supported() -> bool {
+    // SAFETY: prctl with integer arguments; only asks.
+    unsafe {
         libc::prctl(
             libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            libc::PR_CAP_AMBIENT_IS_SET as libc::c_ulong,
             0,
             0,
             0,
-        )
-    })
-    .map(drop)
+        ) >= 0
+    }
 }
 
-/// Raises capability `cap` into the ambient set (kept across exec by a
-/// process that is not root); async-signal-safe.
+/// Raises capability `cap` into the ambient set (kept across an exec
+/// that is not root's); async-signal-safe.
 pub fn raise_ambient(cap: u32) -> io::Result<()> {
     // SAFETY: prctl with integer arguments.
     cvt(unsafe {
@@ -654,6 +655,40 @@ pub fn raise_ambient(cap: u32) -> io::Result<()> {
         )
     })
     .map(drop)
+}
+
+/// Sets the calling thread's supplementary groups; async-signal-safe.
+pub fn set_groups(groups: &[u32]) -> io::Result<()> {
+    // SAFETY: setgroups reads `groups.len()` gids from a valid pointer.
+    cvt(unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) } as libc::c_int)
+        .map(drop)
+}
+
+/// Drops capability `cap` from the calling thread's bounding set (needs
+/// CAP_SETPCAP); async-signal-safe.
+pub fn drop_bounding(cap: u32) -> io::Result<()> {
+    // SAFETY: prctl with integer arguments.
+    cvt(unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) }).map(drop)
+}
+
+/// Empties the calling thread's ambient set; async-signal-safe. A kernel
+/// without ambient capabilities (gVisor answers EINVAL) has none to
+/// clear.
+pub fn clear_ambient() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments.
+    let ret = cvt(unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    });
+    match ret {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+        other => other.map(drop),
+    }
 }
 
 /// The calling process's real, effective and saved uids.
@@ -692,16 +727,7 @@ pub fn drop_caps_in_child(caps: &[u32], bounding: bool) -> io::Result<()> {
         // SAFETY: prctl with integer arguments.
         cvt(unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) })?;
     }
-    // SAFETY: prctl with integer arguments.
-    cvt(unsafe {
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-            0,
-            0,
-            0,
-        )
-    })?;
+    clear_ambient()?;
     let mut header = CapHeader {
         version: CAP_V3,
         pid: 0,
