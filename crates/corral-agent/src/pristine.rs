@@ -370,11 +370,14 @@ fn readiness(filtered: bool) -> Result<(), String> {
             .unwrap_or("")
             .to_string()
     };
+    // The effective uid: the agent's real one is its own (`ids`), its
+    // effective one the commands'.
     let uid = field("Uid:");
-    if uid.split_whitespace().next() != Some("0") {
+    let effective = uid.split_whitespace().nth(1);
+    if effective != Some("0") {
         return Err(format!(
             "the sandbox runs as uid {}, not root",
-            uid.split_whitespace().next().unwrap_or("?")
+            effective.unwrap_or("?")
         ));
     }
     if let Some(cap) = missing_extra_cap() {
