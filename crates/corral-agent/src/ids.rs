@@ -41,9 +41,9 @@ use std::sync::OnceLock;
 
 use crate::sys::{self, CapSets};
 
-/// The agent's uid and gid. Reserved, with [`RELAY_UIDS`]: an image user
-/// with one of these ids would share it with the agent or a relay, so
-/// commands are never started as one.
+/// The agent's uid and gid (its real and saved ones). Reserved, with
+/// [`RELAY_UIDS`]: an image user with one of these ids would share it
+/// with the agent or a relay.
 pub const AGENT_UID: u32 = 65500;
 /// The relays' uids (and gids), handed out in turn: 31 contexts started
 /// one after another never share one.

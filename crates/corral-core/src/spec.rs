@@ -264,7 +264,11 @@ pub struct Security {
     /// Capabilities added back after dropping all.
     pub cap_add: Vec<String>,
     /// Also add SETUID and SETGID, which root needs to switch users (su,
-    /// package managers dropping privileges).
+    /// package managers dropping privileges). Commands holding them can
+    /// also take the agent's uid (65500) or a relay's: under runc PID 1
+    /// stays non-dumpable and the kernel drops SIGSTOP and SIGKILL sent to
+    /// it from inside, so results hold; under gVisor such a command can
+    /// stop the agent and speak for it.
     pub setuid_caps: bool,
     /// Forbid gaining privileges through setuid binaries.
     pub no_new_privileges: bool,
