@@ -2,12 +2,15 @@
 //! therefore drops before it runs.
 //!
 //! Two kinds: the in-place reset's extra capabilities (`pristine`'s
-//! `EXTRA_CAPS`), and those corral names with `init --agent-caps` (with
-//! `setuid_caps`: CAP_KILL, so that the agent can still kill a command that
-//! switched to another uid at its timeout, before an exclusive command and
-//! at a reset, and CAP_SETPCAP to take CAP_KILL out of each command's
-//! bounding set). A command that kept CAP_KILL could signal every process
-//! in the sandbox whatever its uid, which the sandbox's spec did not grant.
+//! `EXTRA_CAPS`), and those corral names with `init --agent-caps`:
+//! CAP_SETUID and CAP_SETGID, to start commands and relays under uids
+//! other than its own (`ids`), CAP_KILL, to signal and end them (at a
+//! timeout, before an exclusive command, at a reset), and CAP_SETPCAP to
+//! take all of these out of each command's bounding set (those the spec
+//! gives commands themselves, e.g. SETUID with `setuid_caps`, are not
+//! named). A command that kept CAP_KILL could signal every process in
+//! the sandbox whatever its uid, the agent's included; one that kept
+//! CAP_SETUID could take the agent's uid.
 //!
 //! The list is fixed once at start, before any command, so the spawn path
 //! (between fork and exec, where nothing may allocate) only reads it.
@@ -19,8 +22,18 @@ pub const CAP_KILL: u32 = 5;
 /// CAP_SETPCAP: needed to drop from the bounding set; always dropped last.
 pub const CAP_SETPCAP: u32 = 8;
 
+/// CAP_SETGID: become another group (commands' and relays' gids).
+pub const CAP_SETGID: u32 = 6;
+/// CAP_SETUID: become another user (commands' and relays' uids).
+pub const CAP_SETUID: u32 = 7;
+
 /// The names `--agent-caps` accepts, as Docker spells them.
-const NAMES: [(&str, u32); 2] = [("KILL", CAP_KILL), ("SETPCAP", CAP_SETPCAP)];
+const NAMES: [(&str, u32); 4] = [
+    ("KILL", CAP_KILL),
+    ("SETGID", CAP_SETGID),
+    ("SETPCAP", CAP_SETPCAP),
+    ("SETUID", CAP_SETUID),
+];
 
 /// What every command drops.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -112,6 +125,10 @@ mod tests {
     #[test]
     fn parses_names_and_refuses_others() {
         assert_eq!(parse_list("KILL,SETPCAP"), Ok(vec![CAP_KILL, CAP_SETPCAP]));
+        assert_eq!(
+            parse_list("SETUID,SETGID"),
+            Ok(vec![CAP_SETUID, CAP_SETGID])
+        );
         assert_eq!(parse_list("cap_kill"), Ok(vec![CAP_KILL]));
         let e = parse_list("KILL,SYS_ADMIN").expect_err("not ours to hold");
         assert!(

@@ -107,10 +107,31 @@ pub fn spawn(
     };
     let agent_home = std::env::var_os("HOME");
     let home = home(sandbox_env, req).or(agent_home.as_deref());
-    let mut cmd = Command::new(program);
+    // The agent's own capabilities (the reset's, and those it holds to
+    // run commands under another uid).
+    let own = crate::caps::agent_only();
+    let (plan, kernel_as) = if req.relay {
+        relay_checks(req)?;
+        crate::ids::relay_plan(&own.caps)
+    } else {
+        (crate::ids::command_plan(), None)
+    };
+    // A relay is the agent's own binary, whatever the sandbox's files say.
+    let mut cmd = if req.relay {
+        let mut c = Command::new("/proc/self/exe");
+        c.arg0(program);
+        c
+    } else {
+        Command::new(program)
+    };
     cmd.args(&req.argv[1..])
         .envs(sandbox_env.iter().map(|(k, v)| (k, v)))
         .envs(req.env.iter().map(|(k, v)| (k, v)));
+    cmd.env_remove(crate::ids::KERNEL_AS_ENV);
+    if let Some(value) = &kernel_as {
+        cmd.env(crate::ids::KERNEL_AS_ENV, value);
+    }
+    let mut sockets = None;
     let master = match req.pty {
         Some(size) => {
             size.validate()?;
@@ -132,6 +153,21 @@ pub fn spawn(
             // with its pid as id, as for every command): setsid in
             // pre_exec, which a group set here would make fail.
             Some(File::from(master))
+        }
+        None if req.relay => {
+            // Sockets, not pipes: `/proc/PID/fd` cannot reopen a socket,
+            // so no process of the sandbox can write into a relay's
+            // stream or read from it, under any runtime (gVisor checks
+            // only the file's own mode there, and a pipe is root's).
+            let RelaySockets { child, ours } =
+                relay_sockets().map_err(|e| format!("cannot run {program:?}: {e}"))?;
+            let [i, o, e] = child;
+            cmd.stdin(Stdio::from(i))
+                .stdout(Stdio::from(o))
+                .stderr(Stdio::from(e))
+                .process_group(0);
+            sockets = Some(ours);
+            None
         }
         None => {
             cmd.stdin(if req.stdin {
@@ -176,9 +212,8 @@ pub fn spawn(
     }
 
     let filters = crate::confine::filters();
-    // The agent's own capabilities (the reset's, CAP_KILL with setuid_caps).
-    let own = crate::caps::agent_only();
     let nproc = NPROC.get().copied();
+    let becomes_root = plan.root();
     // SAFETY: the closure runs between fork and exec and only makes
     // async-signal-safe calls (open/write/close, sigemptyset, pthread_sigmask,
     // signal, setrlimit, prctl, setns, chdir, capget/capset, seccomp); it does not
@@ -198,8 +233,16 @@ pub fn spawn(
                 sys::setns_mount(*ns)?;
                 sys::chdir(dir)?;
             }
-            if !own.caps.is_empty() {
-                sys::drop_caps_in_child(&own.caps, own.bounding)?;
+            plan.apply_in_child(&own.caps, own.bounding)?;
+            if let crate::ids::Plan::Relay { .. } = plan {
+                // Settled by the plan: it keeps what its kernel needs.
+            } else {
+                if !own.caps.is_empty() {
+                    sys::drop_caps_in_child(&own.caps, own.bounding)?;
+                }
+                if !becomes_root {
+                    crate::ids::clear_caps_in_child()?;
+                }
             }
             for f in filters.into_iter().flatten() {
                 seccompiler::apply_filter(f).map_err(|_| std::io::Error::last_os_error())?;
@@ -217,9 +260,14 @@ pub fn spawn(
     // The slave's copies in `cmd` close here: the terminal reports EOF
     // (EIO) once the command's processes have all closed it.
     drop(cmd);
-    let ends = match &master {
-        Some(m) => terminal_ends(m).map_err(|e| format!("cannot run {program:?}: {e}")),
-        None => pipe_ends(&mut child).ok_or_else(|| {
+    let ends = match (&master, sockets) {
+        (Some(m), _) => terminal_ends(m).map_err(|e| format!("cannot run {program:?}: {e}")),
+        (None, Some([i, o, e])) => {
+            // Without stdin, ours closes here: the relay reads its end.
+            let stdin = req.stdin.then(|| File::from(i));
+            Ok((stdin, File::from(o), Some(File::from(e))))
+        }
+        (None, None) => pipe_ends(&mut child).ok_or_else(|| {
             // Cannot happen: both were asked for as pipes.
             format!("cannot run {program:?}: output pipes missing")
         }),
@@ -258,6 +306,43 @@ pub fn spawn(
         pty: master,
         started,
     })
+}
+
+/// A relay's stdin, stdout and stderr: socket pairs, the child's ends
+/// (given to the `Command`, closed here once it is spawned) and ours.
+struct RelaySockets {
+    child: [OwnedFd; 3],
+    ours: [OwnedFd; 3],
+}
+
+fn relay_sockets() -> std::io::Result<RelaySockets> {
+    let pair = || {
+        std::os::unix::net::UnixStream::pair().map(|(a, b)| (OwnedFd::from(a), OwnedFd::from(b)))
+    };
+    let (a0, b0) = pair()?;
+    let (a1, b1) = pair()?;
+    let (a2, b2) = pair()?;
+    Ok(RelaySockets {
+        child: [a0, a1, a2],
+        ours: [b0, b1, b2],
+    })
+}
+
+/// A relay is `corral-agent kernel LANGUAGE` on pipes: what the host asks
+/// for under a relay uid, which keeps CAP_SETUID, CAP_SETGID and CAP_KILL.
+fn relay_checks(req: &ExecRequest) -> Result<(), String> {
+    let is_kernel = matches!(&req.argv[..], [agent, sub, _] if agent == corral_core::protocol::AGENT_PATH && sub == "kernel");
+    if !is_kernel {
+        return Err(format!(
+            "relay: only `{} kernel LANGUAGE` runs as a relay, not {:?}",
+            corral_core::protocol::AGENT_PATH,
+            req.argv
+        ));
+    }
+    if req.pty.is_some() {
+        return Err("relay: a relay does not run on a terminal".into());
+    }
+    Ok(())
 }
 
 /// Stdin, stdout and stderr of a command on pipes.
@@ -305,6 +390,7 @@ mod tests {
             exclusive: false,
             wait_for_output: false,
             pty: None,
+            relay: false,
         };
         let sandbox = [("HOME".to_string(), "/home/sb".to_string())];
         assert_eq!(home(&[], &req), None);

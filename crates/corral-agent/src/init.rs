@@ -3,7 +3,8 @@
 //! Wires the parts together in the one order that is correct: the process
 //! becomes non-dumpable before anything else runs in the sandbox (so no
 //! command can ptrace it or open its stdin, stdout or memory through
-//! `/proc/1`), signals are blocked before any thread exists (threads inherit
+//! `/proc/1`) and takes a uid of its own (`ids`: commands run as the
+//! sandbox's user, which cannot signal or trace another uid), signals are blocked before any thread exists (threads inherit
 //! the mask, and a signal delivered to a thread that does not block it would
 //! be lost to PID 1's "no default action" rule), then the reaper, the signal
 //! forwarder and the dead-man switch start, and finally stdin is served (or,
@@ -57,6 +58,11 @@ pub fn run(opts: &InitOptions) -> i32 {
     if let Err(e) = sys::set_non_dumpable() {
         // Without it, any command could write frames into our stdout.
         eprintln!("corral-agent: cannot make PID 1 non-dumpable: {e}");
+        return 1;
+    }
+    // Before any thread: a uid of its own, which commands do not share.
+    if let Err(e) = crate::ids::init() {
+        eprintln!("corral-agent: cannot take the agent's own uid: {e}");
         return 1;
     }
     // Before any thread: the environment is not thread-safe, and no

@@ -3,9 +3,10 @@
 //! crate, HMAC-SHA256 signed) and relayed to corral as JSON lines over the
 //! tool's stdin and stdout.
 //!
-//! corral runs it as an ordinary command, so a kernel is bounded like one
-//! (the sandbox's limits, seccomp, its process tree ended by a reset, an
-//! exclusive command or a new session). The tool writes a connection file
+//! corral starts it as a relay (an Exec with `relay`; see `ids`): bounded
+//! like a command (the sandbox's limits, seccomp, its process tree ended
+//! by a reset, an exclusive command or a new session) but under a relay
+//! uid, non-dumpable, on sockets, and the kernel runs as the commands' user. The tool writes a connection file
 //! with five free ports on `127.0.0.1` and a fresh random key into a private
 //! directory, starts the kernel (`python3 -m ipykernel_launcher -f FILE`) as
 //! its child with a parent-death signal, and connects the shell, control
@@ -128,6 +129,11 @@ fn failed(message: impl Into<String>) -> i32 {
 
 /// Runs the tool; the exit code.
 pub fn run(language: &str) -> i32 {
+    // Under a relay uid (see `ids`): the kernel runs as the commands' user.
+    let kernel_as = match crate::ids::relay_start() {
+        Ok(k) => k,
+        Err(e) => return failed(e),
+    };
     let key = match random_hex(32) {
         Ok(k) => k,
         Err(e) => {
@@ -165,6 +171,10 @@ pub fn run(language: &str) -> i32 {
         .stderr(Stdio::inherit())
         // debugpy's note about frozen modules, on every start, is noise.
         .env("PYDEVD_DISABLE_FILE_VALIDATION", "1");
+    if let Some(k) = &kernel_as {
+        // Before the parent-death signal, which a change of uid clears.
+        k.apply(&mut cmd);
+    }
     sys::die_with_parent(&mut cmd);
     let oom = OomCounter::detect();
     let oom_before = oom.read();
@@ -172,6 +182,7 @@ pub fn run(language: &str) -> i32 {
         Ok(c) => c,
         Err(e) => return failed(format!("cannot start {}: {e}", argv.join(" "))),
     };
+    crate::ids::relay_settle();
     let pid = child.id() as i32;
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -20,6 +20,7 @@ mod deadman;
 mod delta;
 mod egress;
 mod files;
+mod ids;
 mod init;
 mod install;
 mod kernel;

@@ -370,11 +370,14 @@ fn readiness(filtered: bool) -> Result<(), String> {
             .unwrap_or("")
             .to_string()
     };
+    // The effective uid: the agent's real one is its own (`ids`), its
+    // effective one the commands'.
     let uid = field("Uid:");
-    if uid.split_whitespace().next() != Some("0") {
+    let effective = uid.split_whitespace().nth(1);
+    if effective != Some("0") {
         return Err(format!(
             "the sandbox runs as uid {}, not root",
-            uid.split_whitespace().next().unwrap_or("?")
+            effective.unwrap_or("?")
         ));
     }
     if let Some(cap) = missing_extra_cap() {
@@ -1421,6 +1424,10 @@ fn build(base: &Base, generation: u64, reaper: &Reaper) -> Result<World, String>
     let root_c = cpath(&root)?;
     let (ready_r, ready_w) = sys::pipe().map_err(|e| io("a pipe", e))?;
     let (go_r, go_w) = sys::pipe().map_err(|e| io("a pipe", e))?;
+    // The builder runs as the commands' user (root), as the world's
+    // files are theirs, and so that the agent, whose files are root's
+    // too (its filesystem uid), may open its `/proc/PID/ns/mnt` and `root`.
+    let as_user = crate::ids::command_plan();
     // SAFETY: the child branch below only makes raw system calls on data
     // prepared above, then `_exit`s.
     let pid = unsafe { sys::fork() }.map_err(|e| io("the world's builder", e))?;
@@ -1428,6 +1435,7 @@ fn build(base: &Base, generation: u64, reaper: &Reaper) -> Result<World, String>
         drop(ready_r);
         drop(go_w);
         child(
+            &as_user,
             &overlay,
             &root_c,
             &steps,
@@ -1521,6 +1529,7 @@ fn describe_failure(step: u32, errno: i32, labels: &[String]) -> String {
         5 => format!("cannot enter the world's root: {e}"),
         6 => format!("cannot move the world's root over /: {e}"),
         7 => format!("cannot enter the world's root: {e}"),
+        9 => format!("cannot become the commands' user: {e}"),
         s if s >= 100 => {
             let what = labels
                 .get((s - 100) as usize)
@@ -1534,7 +1543,14 @@ fn describe_failure(step: u32, errno: i32, labels: &[String]) -> String {
 
 /// The builder: a forked, single-threaded child. Reports `[step, errno]`
 /// (step 0: ready) on `ready`, then waits for `go` to close.
-fn child(overlay: &[CString; 2], root: &CString, steps: &[Step], ready: RawFd, go: RawFd) -> ! {
+fn child(
+    as_user: &crate::ids::Plan,
+    overlay: &[CString; 2],
+    root: &CString,
+    steps: &[Step],
+    ready: RawFd,
+    go: RawFd,
+) -> ! {
     let fail = |step: u32, e: io::Error| -> ! {
         let errno = e.raw_os_error().unwrap_or(0);
         let mut buf = [0u8; 8];
@@ -1543,6 +1559,9 @@ fn child(overlay: &[CString; 2], root: &CString, steps: &[Step], ready: RawFd, g
         sys::write_all_raw(ready, &buf);
         sys::exit_child(1)
     };
+    if let Err(e) = as_user.apply_in_child(&[], false) {
+        fail(9, e);
+    }
     // The parent reads our namespace and root through /proc/PID, which a
     // non-dumpable process does not allow; no command runs during a reset.
     if let Err(e) = sys::set_dumpable() {

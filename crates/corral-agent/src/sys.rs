@@ -514,6 +514,208 @@ struct CapData {
     inheritable: u32,
 }
 
+/// A thread's capability sets as 64-bit masks (bit N: capability N).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CapSets {
+    /// What it uses now.
+    pub effective: u64,
+    /// What it may use.
+    pub permitted: u64,
+    /// What an exec may pass on.
+    pub inheritable: u64,
+}
+
+/// The calling thread's capability sets; async-signal-safe.
+pub fn capget() -> io::Result<CapSets> {
+    let mut header = CapHeader {
+        version: CAP_V3,
+        pid: 0,
+    };
+    let mut data = [CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capget writes two CapData through a valid pointer for V3.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &mut header as *mut CapHeader,
+            data.as_mut_ptr(),
+        )
+    };
+    cvt(ret as libc::c_int)?;
+    let join = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
+    Ok(CapSets {
+        effective: join(data[0].effective, data[1].effective),
+        permitted: join(data[0].permitted, data[1].permitted),
+        inheritable: join(data[0].inheritable, data[1].inheritable),
+    })
+}
+
+/// Sets the calling thread's capability sets; async-signal-safe.
+pub fn capset(sets: CapSets) -> io::Result<()> {
+    let mut header = CapHeader {
+        version: CAP_V3,
+        pid: 0,
+    };
+    let word = |m: u64, i: u32| (m >> (32 * i)) as u32;
+    let data = [0, 1].map(|i| CapData {
+        effective: word(sets.effective, i),
+        permitted: word(sets.permitted, i),
+        inheritable: word(sets.inheritable, i),
+    });
+    // SAFETY: capset reads two CapData through a valid pointer for V3.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_capset,
+            &mut header as *mut CapHeader,
+            data.as_ptr(),
+        )
+    };
+    cvt(ret as libc::c_int).map(drop)
+}
+
+/// Makes the calling thread (and, as it is called before any other
+/// thread exists or in a forked child, its process) `uid`/`gid` with
+/// the supplementary `groups`: real, effective and saved ids, and the
+/// filesystem ids with them. Raw system calls, so only this thread
+/// changes (the C library would broadcast to every thread) and the call
+/// is async-signal-safe between fork and exec.
+pub fn set_ids(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
+    // SAFETY: setgroups reads `groups.len()` gids from a valid pointer;
+    // setresgid/setresuid take integers.
+    unsafe {
+        cvt(libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) as libc::c_int)?;
+        cvt(libc::syscall(libc::SYS_setresgid, gid, gid, gid) as libc::c_int)?;
+        cvt(libc::syscall(libc::SYS_setresuid, uid, uid, uid) as libc::c_int)?;
+    }
+    Ok(())
+}
+
+/// Sets the real and saved uid and gid of the calling thread (and, as it
+/// is called before any other thread exists or in a forked child, its
+/// process) to `uid` and `gid`, leaving the effective ones; raw system
+/// calls, async-signal-safe.
+pub fn set_real_ids(uid: u32, gid: u32) -> io::Result<()> {
+    const KEEP: u32 = u32::MAX;
+    // SAFETY: setresgid/setresuid take integers (-1: unchanged).
+    unsafe {
+        cvt(libc::syscall(libc::SYS_setresgid, gid, KEEP, gid) as libc::c_int)?;
+        cvt(libc::syscall(libc::SYS_setresuid, uid, KEEP, uid) as libc::c_int)?;
+    }
+    Ok(())
+}
+
+/// Sets the effective uid and gid of the calling thread (before any
+/// other thread exists), leaving the real and saved ones; raw system
+/// calls.
+pub fn set_effective_ids(uid: u32, gid: u32) -> io::Result<()> {
+    const KEEP: u32 = u32::MAX;
+    // SAFETY: setresgid/setresuid take integers (-1: unchanged).
+    unsafe {
+        cvt(libc::syscall(libc::SYS_setresgid, KEEP, gid, KEEP) as libc::c_int)?;
+        cvt(libc::syscall(libc::SYS_setresuid, KEEP, uid, KEEP) as libc::c_int)?;
+    }
+    Ok(())
+}
+
+/// Keeps (or stops keeping) the permitted capabilities when every uid
+/// leaves 0 (`PR_SET_KEEPCAPS`); async-signal-safe.
+pub fn keep_caps(keep: bool) -> io::Result<()> {
+    // SAFETY: prctl with integer arguments.
+    cvt(unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, libc::c_ulong::from(keep), 0, 0, 0) }).map(drop)
+}
+
+/// Whether this kernel has ambient capabilities (gVisor's answers EINVAL).
+pub fn ambient_supported() -> bool {
+    // SAFETY: prctl with integer arguments; only asks.
+    unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_IS_SET as libc::c_ulong,
+            0,
+            0,
+            0,
+        ) >= 0
+    }
+}
+
+/// Raises capability `cap` into the ambient set (kept across an exec
+/// that is not root's); async-signal-safe.
+pub fn raise_ambient(cap: u32) -> io::Result<()> {
+    // SAFETY: prctl with integer arguments.
+    cvt(unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
+            cap as libc::c_ulong,
+            0,
+            0,
+        )
+    })
+    .map(drop)
+}
+
+/// Sets the calling thread's supplementary groups; async-signal-safe.
+pub fn set_groups(groups: &[u32]) -> io::Result<()> {
+    // SAFETY: setgroups reads `groups.len()` gids from a valid pointer.
+    cvt(unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) } as libc::c_int)
+        .map(drop)
+}
+
+/// Drops capability `cap` from the calling thread's bounding set (needs
+/// CAP_SETPCAP); async-signal-safe.
+pub fn drop_bounding(cap: u32) -> io::Result<()> {
+    // SAFETY: prctl with integer arguments.
+    cvt(unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) }).map(drop)
+}
+
+/// Empties the calling thread's ambient set; async-signal-safe. A kernel
+/// without ambient capabilities (gVisor answers EINVAL) has none to
+/// clear.
+pub fn clear_ambient() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments.
+    let ret = cvt(unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    });
+    match ret {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+        other => other.map(drop),
+    }
+}
+
+/// The calling process's real, effective and saved uids.
+pub fn getresuid() -> (u32, u32, u32) {
+    let (mut r, mut e, mut s) = (0, 0, 0);
+    // SAFETY: getresuid writes three integers through valid pointers.
+    unsafe { libc::getresuid(&mut r, &mut e, &mut s) };
+    (r, e, s)
+}
+
+/// The calling process's supplementary groups.
+pub fn getgroups() -> io::Result<Vec<u32>> {
+    // SAFETY: with size 0 getgroups only counts.
+    let n = cvt(unsafe { libc::getgroups(0, std::ptr::null_mut()) })?;
+    let mut groups = vec![0 as libc::gid_t; n as usize];
+    // SAFETY: the buffer holds `n` gids.
+    let n = cvt(unsafe { libc::getgroups(n, groups.as_mut_ptr()) })?;
+    groups.truncate(n as usize);
+    Ok(groups)
+}
+
+/// The calling process's real group id.
+pub fn getgid() -> u32 {
+    // SAFETY: getgid has no preconditions and cannot fail.
+    unsafe { libc::getgid() }
+}
+
 /// Drops the capabilities `caps` (numbers) from the calling, forked and
 /// not yet exec'd child for good: when `bounding`, from its bounding set
 /// (so exec as root does not give them back; CAP_SETPCAP, needed for that,
@@ -525,16 +727,7 @@ pub fn drop_caps_in_child(caps: &[u32], bounding: bool) -> io::Result<()> {
         // SAFETY: prctl with integer arguments.
         cvt(unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) })?;
     }
-    // SAFETY: prctl with integer arguments.
-    cvt(unsafe {
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-            0,
-            0,
-            0,
-        )
-    })?;
+    clear_ambient()?;
     let mut header = CapHeader {
         version: CAP_V3,
         pid: 0,

@@ -49,6 +49,10 @@ pub struct CommandSpec {
     /// `xterm-256color` unless the sandbox or the command sets it.
     /// `wait_for_output` does not apply.
     pub pty: Option<PtySize>,
+    /// Start this as a code context's relay (`corral-agent kernel
+    /// LANGUAGE`, nothing else): under a uid of its own, out of every
+    /// command's reach. Set by the runtime's code contexts.
+    pub relay: bool,
 }
 
 impl CommandSpec {
@@ -73,6 +77,7 @@ impl CommandSpec {
             exclusive: false,
             wait_for_output: false,
             pty: None,
+            relay: false,
         }
     }
 

@@ -709,6 +709,13 @@ pub struct ExecRequest {
     /// apply: the command ends with its main process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pty: Option<PtySize>,
+    /// Start a code context's relay (`corral-agent kernel LANGUAGE`, the
+    /// only argv allowed): under a relay uid of its own instead of the
+    /// commands' user, on sockets instead of pipes, so no command can
+    /// signal it or reach its stream; it starts its kernel as the
+    /// commands' user. Absent (an older peer) means false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub relay: bool,
 }
 
 /// Largest terminal width or height accepted, in cells.

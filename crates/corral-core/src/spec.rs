@@ -283,7 +283,11 @@ pub struct Security {
     /// Capabilities added back after dropping all.
     pub cap_add: Vec<String>,
     /// Also add SETUID and SETGID, which root needs to switch users (su,
-    /// package managers dropping privileges).
+    /// package managers dropping privileges). Commands holding them can
+    /// also take the agent's uid (65500) or a relay's: under runc PID 1
+    /// stays non-dumpable and the kernel drops SIGSTOP and SIGKILL sent to
+    /// it from inside, so results hold; under gVisor such a command can
+    /// stop the agent and speak for it.
     pub setuid_caps: bool,
     /// Forbid gaining privileges through setuid binaries.
     pub no_new_privileges: bool,
@@ -320,23 +324,22 @@ impl Security {
 
     /// Capabilities the container gets for its agent (PID 1) alone: every
     /// command drops them from all its sets and its bounding set before it
-    /// runs. With SETUID a command can switch to another uid, and a
-    /// process of another uid can be signalled only with CAP_KILL: the
-    /// agent keeps it so that it can still end what commands started (a
-    /// timeout, an exclusive command, a reset), and CAP_SETPCAP to take it
-    /// out of each command's bounding set. Empty when commands cannot
-    /// switch uid, already hold CAP_KILL, or keep the engine's default set
-    /// (which has it).
+    /// runs. The agent runs under a uid of its own and starts commands as
+    /// the sandbox's user and code contexts' relays under relay uids
+    /// (SETUID, SETGID); a process of another uid can be signalled only
+    /// with KILL, which the agent needs to end what commands start (a
+    /// timeout, an exclusive command, a reset); SETPCAP takes them out of
+    /// each command's bounding set. Those the spec gives commands
+    /// themselves are not listed (`setuid_caps` gives SETUID and SETGID:
+    /// such commands can take the agent's uid); empty when commands keep
+    /// the engine's default set (which has all four).
     pub fn agent_only_caps(&self) -> Vec<String> {
         if !self.drop_all_caps {
             return Vec::new();
         }
         let caps = self.effective_cap_add();
         let has = |cap: &str| caps.iter().any(|c| c == cap || c == "ALL");
-        if !has("SETUID") || has("KILL") {
-            return Vec::new();
-        }
-        ["KILL", "SETPCAP"]
+        AGENT_CAPS
             .into_iter()
             .filter(|c| !has(c))
             .map(String::from)
@@ -354,6 +357,10 @@ impl Security {
         caps
     }
 }
+
+/// What the agent holds for itself in every sandbox (see
+/// [`Security::agent_only_caps`]), sorted.
+pub const AGENT_CAPS: [&str; 4] = ["KILL", "SETGID", "SETPCAP", "SETUID"];
 
 /// What the agent of a sandbox that resets in place holds on top of
 /// [`Security::container_caps`], for itself alone: commands drop them
@@ -1155,10 +1162,21 @@ mod tests {
     }
 
     #[test]
-    fn the_agent_keeps_kill_only_where_commands_can_switch_uid() {
+    fn the_agent_holds_what_commands_do_not() {
         let mut s = Security::default();
-        assert!(s.agent_only_caps().is_empty());
-        assert_eq!(s.container_caps(), s.effective_cap_add());
+        assert_eq!(s.agent_only_caps(), ["KILL", "SETGID", "SETPCAP", "SETUID"]);
+        assert_eq!(
+            s.container_caps(),
+            [
+                "CHOWN",
+                "DAC_OVERRIDE",
+                "FOWNER",
+                "KILL",
+                "SETGID",
+                "SETPCAP",
+                "SETUID"
+            ]
+        );
         s.setuid_caps = true;
         assert_eq!(s.agent_only_caps(), ["KILL", "SETPCAP"]);
         assert_eq!(
@@ -1176,7 +1194,7 @@ mod tests {
         // SETUID from a profile's list counts the same.
         let mut p = Security::default();
         p.cap_add.push("cap_setuid".into());
-        assert_eq!(p.agent_only_caps(), ["KILL", "SETPCAP"]);
+        assert_eq!(p.agent_only_caps(), ["KILL", "SETGID", "SETPCAP"]);
         // Commands given SETPCAP keep it; the agent only adds KILL.
         s.cap_add.push("SETPCAP".into());
         assert_eq!(s.agent_only_caps(), ["KILL"]);

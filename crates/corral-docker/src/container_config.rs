@@ -413,7 +413,7 @@ mod tests {
     }
 
     #[test]
-    fn with_setuid_caps_the_agent_alone_keeps_kill() {
+    fn the_agent_alone_holds_what_it_needs_to_run_commands_under_other_uids() {
         let owner = owner_labels(&Owner {
             host: "h".into(),
             pid: 1,
@@ -421,10 +421,18 @@ mod tests {
         });
         let mut spec = SandboxSpec::new("img");
         let plain = create_body(&spec, &params(&owner)).expect("body");
-        assert!(!plain
-            .entrypoint
-            .expect("entrypoint")
-            .contains(&"--agent-caps".to_string()));
+        let entry = plain.entrypoint.expect("entrypoint");
+        let at = entry
+            .iter()
+            .position(|a| a == "--agent-caps")
+            .expect("--agent-caps");
+        assert_eq!(entry[at + 1], "KILL,SETGID,SETPCAP,SETUID");
+        let caps = plain.host_config.and_then(|h| h.cap_add).expect("caps");
+        for cap in ["KILL", "SETPCAP", "SETUID", "SETGID"] {
+            assert!(caps.contains(&cap.to_string()), "{caps:?}");
+        }
+        // With setuid_caps commands keep SETUID and SETGID: the agent
+        // alone keeps only KILL and SETPCAP.
         spec.security.setuid_caps = true;
         let body = create_body(&spec, &params(&owner)).expect("body");
         let caps = body.host_config.and_then(|h| h.cap_add).expect("caps");
@@ -507,13 +515,23 @@ mod tests {
         let body = create_body(&spec, &params(&owner)).expect("body");
         let hc = body.host_config.expect("host config");
         assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+        // The commands' three, and the agent's own four (which commands
+        // drop: `--agent-caps`).
         assert_eq!(
             hc.cap_add,
-            Some(vec![
-                "CHOWN".to_string(),
-                "DAC_OVERRIDE".to_string(),
-                "FOWNER".to_string()
-            ])
+            Some(
+                [
+                    "CHOWN",
+                    "DAC_OVERRIDE",
+                    "FOWNER",
+                    "KILL",
+                    "SETGID",
+                    "SETPCAP",
+                    "SETUID"
+                ]
+                .map(String::from)
+                .to_vec()
+            )
         );
         assert_eq!(
             hc.security_opt,

@@ -722,9 +722,22 @@ mod tests {
         let s = sec(&pod);
         let caps = s.capabilities.as_ref().expect("caps");
         assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
+        // The commands' three and the agent's own four (`--agent-caps`).
         assert_eq!(
             caps.add,
-            Some(vec!["CHOWN".into(), "DAC_OVERRIDE".into(), "FOWNER".into()])
+            Some(
+                [
+                    "CHOWN",
+                    "DAC_OVERRIDE",
+                    "FOWNER",
+                    "KILL",
+                    "SETGID",
+                    "SETPCAP",
+                    "SETUID"
+                ]
+                .map(String::from)
+                .to_vec()
+            )
         );
         assert_eq!(s.allow_privilege_escalation, Some(false));
         assert_eq!(s.read_only_root_filesystem, Some(false));
@@ -814,7 +827,18 @@ mod tests {
             .as_ref()
             .and_then(|c| c.add.clone())
             .expect("caps");
-        assert_eq!(add, vec!["CHOWN", "DAC_OVERRIDE", "FOWNER"]);
+        assert_eq!(
+            add,
+            vec![
+                "CHOWN",
+                "DAC_OVERRIDE",
+                "FOWNER",
+                "KILL",
+                "SETGID",
+                "SETPCAP",
+                "SETUID"
+            ]
+        );
         let command = sandbox(&pod).command.clone().unwrap_or_default();
         assert_eq!(command[command.len() - 2..], ["--pristine-refused", why]);
         assert!(!command.contains(&"--pristine".to_string()));
@@ -968,7 +992,9 @@ mod tests {
                 AGENT_PATH.into(),
                 "init".into(),
                 "--grace-ms".into(),
-                "30000".into()
+                "30000".into(),
+                "--agent-caps".into(),
+                "KILL,SETGID,SETPCAP,SETUID".into()
             ])
         );
         assert_eq!((c.stdin, c.tty), (Some(false), Some(false)));

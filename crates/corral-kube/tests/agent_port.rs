@@ -117,6 +117,7 @@ fn session_running(session: &str, argv: &[&str]) -> Vec<u8> {
             exclusive: false,
             wait_for_output: false,
             pty: None,
+            relay: false,
         },
     )
     .encode_into(&mut out);

@@ -1,10 +1,12 @@
 //! Code contexts: stateful Jupyter kernels in a sandbox.
 //!
 //! A context is a kernel process inside the sandbox, started and spoken to
-//! by `corral-agent kernel LANGUAGE` (the agent's binary run as an ordinary
-//! command: ZeroMQ on the sandbox's loopback with a random key, relayed to
-//! here as JSON lines over the command's stdin and stdout). Being a
-//! command, a kernel is bounded like one, and ends like one: a reset, an
+//! by `corral-agent kernel LANGUAGE` (the agent's binary, started as a
+//! relay: under a uid no command has, non-dumpable, on sockets, so no
+//! command can stop it or speak for it; ZeroMQ on the sandbox's loopback
+//! with a random key, relayed to here as JSON lines over its stdin and
+//! stdout). The kernel runs as the commands' user: bounded like a
+//! command, and ended like one: a reset, an
 //! exclusive command or a new control session kills it; its next run then
 //! starts a fresh kernel (its state is gone).
 //!
@@ -173,6 +175,8 @@ impl Relay {
         let mut cmd = CommandSpec::argv([AGENT_PATH, "kernel", info.language.as_str()]);
         cmd.stdin = Some(Vec::new());
         cmd.cwd = info.cwd.clone();
+        // Under a uid of its own: no command can stop it or speak for it.
+        cmd.relay = true;
         // The relay lives as long as its context: its output is capped per
         // execution here, not per command.
         cmd.max_output = u64::MAX / 4;

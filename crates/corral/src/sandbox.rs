@@ -583,6 +583,7 @@ impl Sandbox {
             exclusive: cmd.exclusive,
             wait_for_output: cmd.wait_for_output,
             pty: cmd.pty,
+            relay: cmd.relay,
         };
         if conn
             .send(Frame::json(FrameKind::Exec, id, &req))

@@ -554,6 +554,7 @@ pub fn req(argv: &[&str]) -> ExecRequest {
         exclusive: false,
         wait_for_output: false,
         pty: None,
+        relay: false,
     }
 }
 

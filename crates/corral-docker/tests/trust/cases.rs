@@ -11,12 +11,17 @@ use super::common::{self, backend, Guard, BUSYBOX};
 use super::ISOLATION;
 use corral_core::{CommandSpec, FailureKind, Isolation, SandboxSpec};
 
-/// PID 1's stdio is reachable through `/proc/1/fd` under gVisor (its
-/// procfs does not refuse a non-dumpable process's descriptors to a
-/// process of the same uid, as Linux does).
-const GVISOR_PROC1_FD: &str = "KNOWN BROKEN under gVisor, SECURITY: a command opens PID 1's \
-     stdout through /proc/1/fd/1 (gVisor's procfs does not honour the agent's non-dumpable \
-     flag) and forges frames: its own result, a later command's, an exclusive grader's";
+/// PID 1's stdio is reachable through `/proc/1/fd` under gVisor: its
+/// procfs reopens `/proc/PID/fd/N` checking only the file's own mode (no
+/// ptrace check, non-dumpable or not, whatever PID 1's uid), and PID 1's
+/// stdin and stdout are the engine's pipes, root's, mode 0600. PID 1's own
+/// uid keeps a root command from stopping it (`trust-tkill-hijack`), not
+/// from reopening them.
+const GVISOR_PROC1_FD: &str = "KNOWN BROKEN under gVisor, SECURITY: a command running as root \
+     opens PID 1's stdin and stdout through /proc/1/fd (gVisor's procfs checks only the \
+     file's mode, and the engine's pipes are root's, whatever PID 1's uid) and forges frames \
+     into its stream: its own result, a later command's, an exclusive grader's (it can no \
+     longer stop PID 1: another uid's)";
 
 /// Cases that fail under gVisor today, and what breaks: a run prints
 /// each as skipped with its reason. Every one but the OOM verdict is a
@@ -27,16 +32,6 @@ const BROKEN_UNDER_GVISOR: &[(&str, &str)] = &[
     ("trust-forge-later", GVISOR_PROC1_FD),
     ("trust-exclusive", GVISOR_PROC1_FD),
     ("trust-pid1", GVISOR_PROC1_FD),
-    (
-        "trust-stop-spawn",
-        "KNOWN BROKEN under gVisor: a child stopped before exec holds the agent's spawn \
-         (the watchdog does not free it): the command ends as agent_error",
-    ),
-    (
-        "trust-setuid-kill",
-        "KNOWN BROKEN under gVisor: with setuid_caps every command fails to spawn \
-         (EINVAL while dropping the agent-only capabilities)",
-    ),
     (
         "trust-oom-verdict",
         "gVisor charges memory to the whole sandbox: a helper's OOM stops the sandbox, \
@@ -493,6 +488,134 @@ async fn an_exclusive_grader_cannot_be_tampered_with_by_leftovers() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_leftover_cannot_stop_the_agent_by_a_thread_and_answer_for_it() {
+    let Some(g) = guard("trust-tkill-hijack") else {
+        return;
+    };
+    let b = backend().await;
+    let sb = b.create(&spec(&g)).await.expect("create");
+    upload_attack(&sb, "tkill-hijack", "/tmp/hijack").await;
+    // The rollout leaves a process that, a second later, SIGSTOPs one of
+    // PID 1's threads (not the main one) and takes over PID 1's stdin and
+    // stdout through /proc/1/fd to answer the grader's Exec itself.
+    let r = sb
+        .run(&sh(
+            "setsid /tmp/hijack 1000 >/tmp/hijack.log 2>&1 </dev/null & echo planted",
+        ))
+        .await;
+    assert_eq!(text(&r.stdout), "planted\n", "{r:?}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The grader fails, and carries a secret.
+    let r = sb
+        .run(
+            &sh("echo '3 tests FAILED'; exit 1")
+                .env("GRADER_SECRET", "s3cr3t-grader-key")
+                .exclusive(),
+        )
+        .await;
+    assert_eq!(r.failure, None, "{r:?}");
+    assert_eq!(r.exit_code, Some(1), "forged grader result: {r:?}");
+    assert_eq!(text(&r.stdout), "3 tests FAILED\n", "{r:?}");
+    // The attack ran and the kernel refused it: no thread of PID 1 could
+    // be stopped (another uid's), nothing captured. Under runc neither
+    // descriptor opens either (PID 1 is non-dumpable, and another uid's);
+    // gVisor's procfs checks only the file's own mode, and the engine's
+    // pipes are root's: the trust-forge cases say what that still allows.
+    let r = sb
+        .run(&sh(
+            "cat /tmp/hijack.log; cat /tmp/captured 2>/dev/null; true",
+        ))
+        .await;
+    let log = text(&r.stdout);
+    assert!(log.contains("tkill refused\n"), "{log}");
+    assert!(!log.contains(" sent\n"), "{log}");
+    if ISOLATION == Isolation::Container {
+        assert!(
+            log.contains("fd0 refused") && log.contains("fd1 refused"),
+            "{log}"
+        );
+    }
+    assert!(!log.contains("forged"), "{log}");
+    assert!(
+        !log.contains("s3cr3t"),
+        "the grader's secret was taken: {log}"
+    );
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}
+
+/// Probes every relay and the agent from a command (`attacks/reach-relay.sh`).
+const REACH_RELAY: &str = include_str!("../attacks/reach-relay.sh");
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leftover_cannot_stop_or_speak_for_a_code_contexts_relay() {
+    let Some(g) = guard("trust-relay") else {
+        return;
+    };
+    let b = backend().await;
+    let mut spec = spec(&g);
+    spec.image = "corral-test/python".into();
+    let sb = b.create(&spec).await.expect("create");
+    let run = |code: &'static str| {
+        let sb = sb.clone();
+        async move {
+            let mut out = String::new();
+            let r = sb
+                .run_code(None, &corral::RunCode::new(code), |e| {
+                    if let corral::CodeEvent::Stdout { text } = e {
+                        out.push_str(&text);
+                    }
+                })
+                .await
+                .expect("run_code");
+            assert_eq!(r.failure, None, "{r:?}");
+            out
+        }
+    };
+    assert_eq!(run("x = 40 + 2; print(x)").await, "42\n");
+    // A command's leftover probes the relay (and the agent) while the
+    // context lives, and keeps at it across the next execution.
+    let r = sb
+        .run(&sh(&format!(
+            "( for i in 1 2 3; do {{ {REACH_RELAY}\n}} >/tmp/reach.$i 2>&1; sleep 0.5; done; touch /tmp/reach.done ) </dev/null >/dev/null 2>&1 & echo planted"
+        )))
+        .await;
+    assert_eq!(text(&r.stdout), "planted\n", "{r:?}");
+    assert_eq!(run("print(x + 1)").await, "43\n");
+    let log = text(
+        &sb.run(&sh(
+            "for i in $(seq 300); do [ -e /tmp/reach.done ] && break; sleep 0.1; done; cat /tmp/reach.1 /tmp/reach.3",
+        ))
+        .await
+        .stdout,
+    );
+    // The relay runs under a uid of its own (corral's relay range), its
+    // kernel as the commands' user (root).
+    assert!(log.contains("relay uid 655"), "{log}");
+    assert!(log.contains("kernel uid 0\n"), "{log}");
+    for refused in [
+        "relay stop refused",
+        "relay fd0 refused",
+        "relay fd1 refused",
+    ] {
+        assert_eq!(log.matches(refused).count(), 2, "{refused}: {log}");
+    }
+    assert!(!log.contains("relay stop sent"), "{log}");
+    assert_eq!(log.matches("agent stop refused").count(), 2, "{log}");
+    assert!(log.contains(&format!("agent uid {}\n", 65500)), "{log}");
+    if ISOLATION == Isolation::Container {
+        assert!(
+            log.contains("agent fd0 refused") && log.contains("agent fd1 refused"),
+            "{log}"
+        );
+    }
+    // The context still answers, and truly.
+    assert_eq!(run("print(x * 2)").await, "84\n");
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_stopped_child_cannot_hold_the_agent() {
     let Some(g) = guard("trust-stop-spawn") else {
         return;
@@ -644,6 +767,10 @@ async fn with_setuid_caps_the_agent_still_ends_what_commands_start() {
     let own = text(&sb.run(&sh("cat /proc/self/status")).await.stdout);
     assert_ne!(cap_bits(&own, "CapEff") & CAP_SETUID, 0, "{own}");
     for field in ["CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb"] {
+        // gVisor has no ambient set (and no such line).
+        if field == "CapAmb" && ISOLATION == Isolation::Gvisor && !own.contains("CapAmb") {
+            continue;
+        }
         assert_eq!(cap_bits(&own, field) & CAP_KILL, 0, "{field}: {own}");
     }
     let pid = plant_nobody(&sb).await;
