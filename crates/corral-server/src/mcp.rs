@@ -533,6 +533,8 @@ impl Handler {
         let mut run = corral::RunCode::new(a.code);
         run.timeout = Some(timeout);
         run.max_output = cap;
+        run.exclusive = a.exclusive;
+        run.max_contexts = self.ceilings.limits().max_code_contexts as usize;
         let mut events = Vec::new();
         let sb = lease.sandbox();
         let outcome = sb.run_code(None, &run, |e| events.push(e)).await;
