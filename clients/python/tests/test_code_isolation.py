@@ -345,3 +345,32 @@ def test_the_operator_runs_code_in_a_tenants_sandbox_by_its_full_name() -> None:
         code = srv.stop()
         srv.close()
         assert code == 0
+
+
+def test_mcp_run_code_exclusive_has_nothing_else_alive(server: LocalServer) -> None:
+    import asyncio
+
+    from mcp import ClientSession
+    from test_mcp import _http_streams, _is_error
+
+    ps = (
+        "import os\n"
+        "mine = {os.getpid(), os.getppid()}\n"
+        "[open(f'/proc/{p}/cmdline', 'rb').read().replace(b'\\0', b' ').decode().strip()\n"
+        " for p in os.listdir('/proc') if p.isdigit() and int(p) not in mine and int(p) != 1]"
+    )
+
+    async def main() -> None:
+        async with _http_streams(server.url + "/mcp", server.client_token) as streams:
+            async with ClientSession(streams[0], streams[1]) as session:
+                await asyncio.wait_for(session.initialize(), 60)
+                r = await asyncio.wait_for(
+                    session.call_tool("run_command", {"command": "nohup sleep 1000 >/dev/null 2>&1 &"}), 180
+                )
+                assert not _is_error(r), r
+                r = await asyncio.wait_for(session.call_tool("run_code", {"code": ps}), 180)
+                assert "sleep 1000" in r.content[0].text, r
+                r = await asyncio.wait_for(session.call_tool("run_code", {"code": ps, "exclusive": True}), 180)
+                assert not _is_error(r) and "[]" in r.content[0].text and "sleep" not in r.content[0].text, r
+
+    asyncio.run(main())
