@@ -374,3 +374,47 @@ def test_mcp_run_code_exclusive_has_nothing_else_alive(server: LocalServer) -> N
                 assert not _is_error(r) and "[]" in r.content[0].text and "sleep" not in r.content[0].text, r
 
     asyncio.run(main())
+
+
+# Left running: subscribes to every port listening on loopback (a kernel's
+# iopub publishes to anyone, no key needed) and writes what it hears.
+SNOOP = r'''
+import time, zmq
+ports = set()
+for line in open('/proc/net/tcp').read().splitlines()[1:]:
+    f = line.split()
+    if f[3] == '0A' and f[1].startswith('0100007F'):
+        ports.add(int(f[1].split(':')[1], 16))
+ctx = zmq.Context()
+poller = zmq.Poller()
+for p in ports:
+    s = ctx.socket(zmq.SUB)
+    s.setsockopt(zmq.SUBSCRIBE, b'')
+    s.connect(f'tcp://127.0.0.1:{p}')
+    poller.register(s, zmq.POLLIN)
+end = time.time() + 120
+with open('/tmp/snooped', 'a') as out:
+    while time.time() < end:
+        for s, _ in poller.poll(200):
+            out.write(repr(s.recv_multipart()) + '\n')
+            out.flush()
+'''
+
+
+def test_a_leftover_listener_hears_no_graders_code_and_nothing_of_an_exclusive_run(server: LocalServer) -> None:
+    with sandbox(server) as sb:
+        grader = sb.create_code_context()
+        sb.write_file("/tmp/snoop.py", SNOOP)
+        sb.run("nohup python3 /tmp/snoop.py >/dev/null 2>&1 &")
+        time.sleep(3)
+        sb.run_code("answer_key = 'TOPSECRET-IN-CODE'", context=grader, env={"E": "TOPSECRET-ENV"})
+        time.sleep(1)
+        heard = sb.run("cat /tmp/snooped").stdout
+        # It listened and heard the kernel (its status), but not the code
+        # nor the run's env.
+        assert "execution_state" in heard, heard[:2000]
+        assert "TOPSECRET" not in heard, heard[:2000]
+        # An exclusive run has nobody left to listen.
+        sb.run_code("print('TOPSECRET-PRINTED')", exclusive=True)
+        time.sleep(1)
+        assert "TOPSECRET" not in sb.run("cat /tmp/snooped").stdout

@@ -80,7 +80,9 @@ pub fn parse(rest: &[String]) -> Result<String, String> {
 /// The Python that starts the kernel: reads the connection info from the
 /// pipe whose descriptor is its first argument (and closes it), then runs
 /// ipykernel's application with no configuration file, no connection file
-/// and no startup file. `-c` puts the working directory first on
+/// and no startup file. The kernel does not echo the code it runs on iopub
+/// (`execute_input`): corral does not read the echo, and any process of the
+/// sandbox may subscribe to iopub, which needs no key. `-c` puts the working directory first on
 /// `sys.path`; it is taken off before anything is imported (ipykernel puts
 /// it back, after the standard library, for the user's code, as
 /// `ipykernel_launcher` does).
@@ -91,6 +93,8 @@ import json, os
 with os.fdopen(int(sys.argv[1]), 'rb') as f:
     info = json.loads(f.read())
 from ipykernel.kernelapp import IPKernelApp
+from ipykernel.kernelbase import Kernel
+Kernel._publish_execute_input = lambda *args, **kwargs: None
 class App(IPKernelApp):
     def load_config_file(self, *args, **kwargs):
         pass
