@@ -61,6 +61,9 @@ pub const IDLE_QUEUE: usize = 64 << 10;
 /// Queue room a run has beyond its output budget (the relay's framing,
 /// status lines and replies).
 const RUN_QUEUE_SLACK: usize = 1 << 20;
+/// How long the relay may take to answer a resynchronisation (it may
+/// first send a backlog of output for an execution nobody reads any more).
+const RESYNC_TIMEOUT: Duration = Duration::from_secs(30);
 /// Contexts a sandbox may hold when the caller gives no limit.
 pub const DEFAULT_MAX_CODE_CONTEXTS: usize = 16;
 /// The longest relay line taken (a result's MIME bundle included).
@@ -354,7 +357,7 @@ impl Relay {
         let id = new_id();
         let marker = format!("{{\"event\":\"sync\",\"id\":\"{id}\"}}");
         self.send(json!({"op": "sync", "id": id})).await?;
-        let found = tokio::time::timeout(INTERRUPT_GRACE, async {
+        let found = tokio::time::timeout(RESYNC_TIMEOUT, async {
             let mut pending: Vec<u8> = Vec::new();
             loop {
                 match self.exec.next_event().await {
@@ -385,7 +388,7 @@ impl Relay {
             }
             Ok(Err(e)) => Err(e),
             Err(_) => Err(format!(
-                "the kernel's relay did not answer within {INTERRUPT_GRACE:?}"
+                "the kernel's relay did not answer within {RESYNC_TIMEOUT:?}"
             )),
         }
     }
