@@ -697,6 +697,7 @@ class AsyncSandbox:
         env: Optional[Mapping[str, str]] = None,
         timeout: Optional[float] = None,
         max_output: Optional[int] = None,
+        exclusive: bool = False,
         on_stdout: "_code.Handler" = None,
         on_stderr: "_code.Handler" = None,
         on_result: "_code.Handler" = None,
@@ -714,9 +715,13 @@ class AsyncSandbox:
         ``env`` is set for this run only. ``timeout`` (seconds) interrupts
         the kernel and raises :class:`SandboxTimeoutError`; an OOM kill
         raises :class:`SandboxOOMError`. Callbacks (plain or async) get items as they come.
+        ``exclusive=True`` runs it in a fresh kernel with nothing else alive
+        in the sandbox (every other process, other contexts' kernels
+        included, is ended first; the context's variables are lost): for a
+        grader after a rollout.
         """
         c = self.client
-        body = _code.run_body(code, context, env, timeout, max_output)
+        body = _code.run_body(code, context, env, timeout, max_output, exclusive)
         req = c._http.build_request(
             "POST",
             self._path("code"),

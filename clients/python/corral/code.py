@@ -114,8 +114,11 @@ def run_body(
     env: Optional[Mapping[str, str]],
     timeout: Optional[float],
     max_output: Optional[int],
+    exclusive: bool = False,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {"code": code}
+    if exclusive:
+        body["exclusive"] = True
     if context is not None:
         body["context"] = context.id if isinstance(context, CodeContext) else str(context)
     if env:

@@ -18,7 +18,7 @@ import os
 import re
 import subprocess
 import uuid
-from typing import Dict, Iterator
+from typing import Dict, Iterator, Optional
 
 import httpx
 import pytest
@@ -33,6 +33,7 @@ from conftest import LABELS, assert_no_leaks, corral_binary  # noqa: E402
 pytestmark = pytest.mark.server
 
 PY_IMAGE = os.environ.get("CORRAL_PYTHON_IMAGE", "corral-test/python")
+MAX_CONTEXTS = 6
 TOKEN = "tok-code-" + uuid.uuid4().hex
 OTHER_TOKEN = "tok-code-other-" + uuid.uuid4().hex
 
@@ -41,7 +42,7 @@ def have_image(name: str) -> bool:
     return subprocess.run(["docker", "image", "inspect", name], capture_output=True).returncode == 0
 
 
-def serve(profiles: dict) -> tuple:
+def serve(profiles: dict, limits: Optional[dict] = None) -> tuple:
     e2b_port = free_port()
     config = {
         "defaults": {"image": "corral-test/busybox", "labels": dict(LABELS)},
@@ -50,6 +51,7 @@ def serve(profiles: dict) -> tuple:
             "token": TOKEN,
             "tenants": {"other": {"token": OTHER_TOKEN}},
             "e2b_listen": f"127.0.0.1:{e2b_port}",
+            "limits": dict(limits or {}),
         },
     }
     server = LocalServer(corral_binary(), config=config)
@@ -63,7 +65,7 @@ def e2b_server() -> Iterator[str]:
         pytest.skip(f"{PY_IMAGE} is not built: scripts/build-test-images.sh --python")
     # The one configuration line E2B's code interpreter needs.
     profile = {"image": PY_IMAGE, "labels": dict(LABELS), "limits": {"pids": 256}}
-    server, url = serve({"code-interpreter": profile})
+    server, url = serve({"code-interpreter": profile}, limits={"max_code_contexts": MAX_CONTEXTS})
     saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DOMAIN")}
     os.environ.update({"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": TOKEN})
     os.environ.pop("E2B_DOMAIN", None)
@@ -151,6 +153,15 @@ def test_contexts_are_kept_apart_listed_restarted_and_removed(sbx: Sandbox) -> N
     with pytest.raises(Exception) as e:
         sbx.create_code_context(language="r")
     assert "'r'" in str(e.value)
+
+
+def test_contexts_beyond_the_services_limit_are_refused_by_name(sbx: Sandbox) -> None:
+    sbx.run_code("1")  # the default context counts
+    for _ in range(MAX_CONTEXTS - 1):
+        sbx.create_code_context()
+    with pytest.raises(Exception) as e:
+        sbx.create_code_context()
+    assert "max_code_contexts" in str(e.value), e.value
 
 
 def test_timeout_interrupts_a_busy_loop_and_the_context_lives_on(sbx: Sandbox) -> None:
@@ -252,11 +263,13 @@ def test_code_in_one_sandbox_cannot_reach_another_sandboxes_kernel(e2b_server: s
     a = Sandbox.create(timeout=120)
     b = Sandbox.create(timeout=120)
     try:
-        # A sandbox's kernel ports, as code inside it sees them (its own connection file).
+        # A sandbox's kernel ports, as code inside it sees them (its own
+        # kernel application; there is no connection file).
         kernel_ports = (
-            "import glob, json\n"
-            "c = json.load(open(glob.glob('/tmp/corral-kernel-*/connection.json')[0]))\n"
-            "[c[k] for k in ('shell_port', 'iopub_port', 'control_port', 'stdin_port', 'hb_port')]"
+            "from ipykernel.kernelapp import IPKernelApp\n"
+            "_app = IPKernelApp.instance()\n"
+            "c = {'ip': _app.ip}\n"
+            "[getattr(_app, k) for k in ('shell_port', 'iopub_port', 'control_port', 'stdin_port', 'hb_port')]"
         )
         ports = a.run_code(kernel_ports)
         assert ports.error is None, ports.error

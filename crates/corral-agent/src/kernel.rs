@@ -6,16 +6,30 @@
 //! corral starts it as a relay (an Exec with `relay`; see `ids`): bounded
 //! like a command (the sandbox's limits, seccomp, its process tree ended
 //! by a reset, an exclusive command or a new session) but under a relay
-//! uid, non-dumpable, on sockets, and the kernel runs as the commands' user. The tool writes a connection file
-//! with five free ports on `127.0.0.1` and a fresh random key into a private
-//! directory, starts the kernel (`python3 -m ipykernel_launcher -f FILE`) as
-//! its child with a parent-death signal, and connects the shell, control
-//! and iopub channels. Only something inside this sandbox can reach the
-//! ports, and only a holder of the key can drive them.
+//! uid, non-dumpable, on sockets, and the kernel runs as the commands'
+//! user. The tool picks five free ports on `127.0.0.1` and a fresh random
+//! key, starts the kernel as its child with a parent-death signal, and
+//! connects the shell, control and iopub channels. Only something inside
+//! this sandbox can reach the ports, and only a holder of the key can
+//! drive them.
+//!
+//! The key is in no file: the connection info goes to the kernel on an
+//! inherited pipe, written whole and closed before the kernel starts,
+//! which the kernel reads once and closes ([`BOOTSTRAP`]). A command can
+//! open any file whatever its mode (commands run as root with
+//! `CAP_DAC_OVERRIDE`), so a connection file, even a private one, would
+//! hand the key of every later context to a process a rollout left
+//! behind. The same bootstrap starts the kernel without the files a
+//! command could have planted to run code in it: no IPython configuration
+//! file (profile, `/etc/ipython`, ...) is loaded and no startup file
+//! (`profile_default/startup`, `PYTHONSTARTUP`) is run, and the working
+//! directory is off `sys.path` while the kernel itself is imported.
 //!
 //! Input lines: `{"op":"send","channel":"shell"|"control","msg_id":..,
-//! "msg_type":..,"content":{..},"max_output":N}` and `{"op":"interrupt"}`
-//! (SIGINT to the kernel). Output lines: `{"event":"ready","pid":N}`,
+//! "msg_type":..,"content":{..},"max_output":N}`, `{"op":"interrupt"}`
+//! (SIGINT to the kernel) and `{"op":"sync","id":..}` (answered with
+//! `{"event":"sync","id":..}` after every line before it, for corral to find
+//! the start of a whole line after its queue dropped some). Output lines: `{"event":"ready","pid":N}`,
 //! `{"event":"message","channel":..,"msg_type":..,"parent":..,
 //! "content":{..}}` for every signed message the kernel sends,
 //! `{"event":"dropped","parent":..,"what":"stdout"|"stderr"|"results"}`
@@ -28,14 +42,15 @@
 //! `execute_request` sent with `max_output` keeps at most that many bytes
 //! of its stdout, of its stderr and of its rich results (the head; a
 //! print larger than what is left is cut to fit), and output no execution
-//! of corral's asked for (a background thread printing after its run) is
-//! not relayed at all. Past the budget a message is dropped on its
+//! of corral's asked for (a background thread printing after its run,
+//! once the kernel reported that run idle) is not relayed at all. Past the budget a message is dropped on its
 //! headers alone, unverified and unparsed, so a kernel printing forever
 //! costs the relay little more than reading the socket, and no backlog
 //! builds up for the next execution to wade through.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, Write};
+use std::os::fd::AsRawFd;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -64,18 +79,54 @@ pub fn parse(rest: &[String]) -> Result<String, String> {
     }
 }
 
-/// The kernel's argv for `language`, or why there is none.
-fn kernel_argv(language: &str, connection_file: &str) -> Result<Vec<String>, String> {
+/// The Python that starts the kernel: reads the connection info from the
+/// pipe whose descriptor is its first argument (and closes it), then runs
+/// ipykernel's application with no configuration file, no connection file
+/// and no startup file. The kernel does not echo the code it runs on iopub
+/// (`execute_input`): corral does not read the echo, and any process of the
+/// sandbox may subscribe to iopub, which needs no key. `-c` puts the working directory first on
+/// `sys.path`; it is taken off before anything is imported (ipykernel puts
+/// it back, after the standard library, for the user's code, as
+/// `ipykernel_launcher` does).
+const BOOTSTRAP: &str = "\
+import sys
+del sys.path[0]
+import json, os
+with os.fdopen(int(sys.argv[1]), 'rb') as f:
+    info = json.loads(f.read())
+from ipykernel.kernelapp import IPKernelApp
+from ipykernel.kernelbase import Kernel
+Kernel._publish_execute_input = lambda *args, **kwargs: None
+class App(IPKernelApp):
+    def load_config_file(self, *args, **kwargs):
+        pass
+    def init_connection_file(self):
+        self.connection_file = ''
+        self.load_connection_info(App.info)
+        del App.info
+    def write_connection_file(self):
+        pass
+    def cleanup_connection_file(self):
+        pass
+    def _run_startup_files(self):
+        pass
+App.info = info
+del info, f
+App.launch_instance(sys.argv[2:])
+";
+
+/// The kernel's argv for `language`, its connection info on descriptor
+/// `fd`, or why there is none.
+fn kernel_argv(language: &str, fd: i32) -> Result<Vec<String>, String> {
     match language {
         // No history database: IPython would write every execution to
         // SQLite in the sandbox, most of a small execution's time, for a
         // history nobody reads (`In`/`Out` still work, in memory).
         "python" | "python3" => Ok(vec![
             "python3".into(),
-            "-m".into(),
-            "ipykernel_launcher".into(),
-            "-f".into(),
-            connection_file.into(),
+            "-c".into(),
+            BOOTSTRAP.into(),
+            fd.to_string(),
             "--HistoryManager.enabled=False".into(),
         ]),
         other => Err(format!(
@@ -142,10 +193,6 @@ pub fn run(language: &str) -> i32 {
             ))
         }
     };
-    let dir = match private_dir() {
-        Ok(d) => d,
-        Err(e) => return failed(format!("cannot make the kernel's directory: {e}")),
-    };
     let ports = match free_ports(5) {
         Ok(p) => p,
         Err(e) => return failed(format!("cannot find free loopback ports: {e}")),
@@ -156,11 +203,11 @@ pub fn run(language: &str) -> i32 {
         "control_port": ports[3], "hb_port": ports[4],
         "key": key, "signature_scheme": "hmac-sha256",
     });
-    let file = format!("{dir}/connection.json");
-    if let Err(e) = write_private(&file, conn.to_string().as_bytes()) {
-        return failed(format!("cannot write {file}: {e}"));
-    }
-    let argv = match kernel_argv(language, &file) {
+    let info = match connection_pipe(conn.to_string().as_bytes()) {
+        Ok(fd) => fd,
+        Err(e) => return failed(format!("cannot hand the kernel its connection info: {e}")),
+    };
+    let argv = match kernel_argv(language, info.as_raw_fd()) {
         Ok(a) => a,
         Err(e) => return failed(e),
     };
@@ -182,6 +229,8 @@ pub fn run(language: &str) -> i32 {
         Ok(c) => c,
         Err(e) => return failed(format!("cannot start {}: {e}", argv.join(" "))),
     };
+    // The kernel has its copy of the pipe (and reads it once).
+    drop(info);
     crate::ids::relay_settle();
     let pid = child.id() as i32;
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -203,7 +252,6 @@ pub fn run(language: &str) -> i32 {
     let code = rt.block_on(relay.serve(&ports, pid, &mut child));
     let _ = child.kill();
     let status = child.wait().ok();
-    let _ = std::fs::remove_dir_all(&dir);
     if let Some(status) = status {
         use std::os::unix::process::ExitStatusExt;
         let signal = status.signal();
@@ -460,7 +508,16 @@ impl Relay {
                 };
                 socket.send(msg).await.map_err(|e| format!("send: {e}"))
             }
-            other => Err(format!("input line: op {other:?} is not send or interrupt")),
+            // A marker after everything sent so far: corral drops what it
+            // reads up to it when output it did not read was dropped.
+            Some("sync") => {
+                let id = v.get("id").and_then(Value::as_str).unwrap_or("");
+                emit(&json!({"event": "sync", "id": id}));
+                Ok(())
+            }
+            other => Err(format!(
+                "input line: op {other:?} is not send, interrupt or sync"
+            )),
         }
     }
 
@@ -642,6 +699,13 @@ impl Relay {
                 budget.left[kind] -= text.len() as u64;
             }
         }
+        if channel == "iopub" && msg_type == "status" {
+            // Idle (busy is not relayed): the execution is over, and its
+            // output before this came first on this socket. What a thread
+            // it started prints later under its id is for nobody, so it
+            // is not relayed either.
+            self.budgets.retain(|(id, _)| *id != parent_id);
+        }
         out.push(message(channel, &msg_type, &parent_id, content));
         out
     }
@@ -697,23 +761,21 @@ fn random_hex(n: usize) -> std::io::Result<String> {
     Ok(hex(&buf))
 }
 
-/// A fresh directory only this user can enter, under `$TMPDIR` or `/tmp`.
-fn private_dir() -> std::io::Result<String> {
-    use std::os::unix::fs::DirBuilderExt;
-    let base = std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".into());
-    let dir = format!("{base}/corral-kernel-{}", random_hex(8)?);
-    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-    Ok(dir)
-}
-
-fn write_private(path: &str, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(bytes)
+/// The read end of a pipe holding `info` whole, its write end closed, to
+/// be inherited by the next child spawned (the only descriptor here that
+/// does not close on exec). `info` is far below the pipe's capacity, so
+/// the write does not wait for a reader.
+fn connection_pipe(info: &[u8]) -> std::io::Result<std::os::fd::OwnedFd> {
+    let (read, write) = sys::pipe()?;
+    let mut w = std::fs::File::from(write);
+    w.write_all(info)?;
+    drop(w);
+    // SAFETY: F_SETFD on a descriptor we own; clearing FD_CLOEXEC lets
+    // the kernel inherit it.
+    if unsafe { libc::fcntl(read.as_raw_fd(), libc::F_SETFD, 0) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(read)
 }
 
 /// `n` distinct ports free on loopback now (bound, then released).
@@ -874,9 +936,34 @@ mod tests {
     }
 
     #[test]
+    fn output_after_its_execution_went_idle_is_not_relayed() {
+        let mut relay = Relay {
+            key: b"k".to_vec(),
+            session: "s".into(),
+            budgets: VecDeque::new(),
+        };
+        relay.track("e1", 100);
+        let out = relay.relay(
+            "iopub",
+            from_kernel(b"k", "stream", "e1", stream("stdout", "during")),
+        );
+        assert_eq!(out.len(), 1);
+        let out = relay.relay(
+            "iopub",
+            from_kernel(b"k", "status", "e1", json!({"execution_state": "idle"})),
+        );
+        assert_eq!(out.len(), 1, "the idle status itself is relayed");
+        let out = relay.relay(
+            "iopub",
+            from_kernel(b"k", "stream", "e1", stream("stdout", "after")),
+        );
+        assert!(out.is_empty(), "{out:?}");
+    }
+
+    #[test]
     fn only_python_has_a_kernel() {
-        assert!(kernel_argv("python", "/f").is_ok());
-        let e = kernel_argv("r", "/f").expect_err("no R kernel");
+        assert!(kernel_argv("python", 3).is_ok());
+        let e = kernel_argv("r", 3).expect_err("no R kernel");
         assert!(e.contains("'r'"), "{e}");
         assert_eq!(unhex(&hex(&[0, 255, 16])), Some(vec![0, 255, 16]));
         assert_eq!(unhex("zz"), None);

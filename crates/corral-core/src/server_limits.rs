@@ -46,6 +46,11 @@ pub struct ServerLimits {
     /// output they keep, the files they move), each reserved at its worst
     /// case before the request starts. Default 2147483648 (2 GiB).
     pub buffer_bytes: u64,
+    /// Code contexts (Jupyter kernels) one sandbox may hold at once, its
+    /// default context included; one more is refused naming this key.
+    /// Each costs a kernel in the sandbox and a small queue in the
+    /// service. Default 16.
+    pub max_code_contexts: u32,
 }
 
 impl Default for ServerLimits {
@@ -57,6 +62,7 @@ impl Default for ServerLimits {
             max_read_bytes: 256 << 20,
             max_concurrent: 1024,
             buffer_bytes: 2 << 30,
+            max_code_contexts: 16,
         }
     }
 }
@@ -118,6 +124,7 @@ impl ServerLimits {
         at_least_one("max_stdin_bytes", self.max_stdin_bytes)?;
         at_least_one("max_read_bytes", self.max_read_bytes)?;
         at_least_one("max_concurrent", u64::from(self.max_concurrent))?;
+        at_least_one("max_code_contexts", u64::from(self.max_code_contexts))?;
         let largest = self.largest_request(max_body);
         if self.buffer_bytes < largest {
             return Err(LimitsError {

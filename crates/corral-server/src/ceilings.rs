@@ -516,6 +516,7 @@ mod tests {
             max_read_bytes: 2000,
             max_concurrent: 2,
             buffer_bytes: 10 * 1024,
+            ..ServerLimits::default()
         };
         Ceilings::new(&limits, 1024)
     }

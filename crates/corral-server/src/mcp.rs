@@ -522,7 +522,9 @@ impl Handler {
         let a: args::RunCode = args::parse(TOOL, params)?;
         let timeout = self.timeout(TOOL, a.timeout_secs)?;
         let cap = self.output_cap();
-        let _held = match self.ceilings.command(cap, 0, false) {
+        // Its stdout, stderr and results (each up to `cap`) gathered here,
+        // then rendered: the streamed worst case, as the REST route counts.
+        let _held = match self.ceilings.command(cap, a.code.len() as u64, true) {
             Ok(h) => h,
             Err(busy) => return Ok(overloaded(busy)),
         };
@@ -533,6 +535,8 @@ impl Handler {
         let mut run = corral::RunCode::new(a.code);
         run.timeout = Some(timeout);
         run.max_output = cap;
+        run.exclusive = a.exclusive;
+        run.max_contexts = self.ceilings.limits().max_code_contexts as usize;
         let mut events = Vec::new();
         let sb = lease.sandbox();
         let outcome = sb.run_code(None, &run, |e| events.push(e)).await;

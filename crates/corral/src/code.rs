@@ -10,6 +10,20 @@
 //! exclusive command or a new control session kills it; its next run then
 //! starts a fresh kernel (its state is gone).
 //!
+//! A sandbox holds at most a given number of contexts
+//! ([`DEFAULT_MAX_CODE_CONTEXTS`] unless the caller says otherwise; the
+//! service's `server.limits.max_code_contexts`): one more is refused by
+//! name. A run may be `exclusive` ([`RunCode::exclusive`]): its context
+//! gets a fresh kernel started as an exclusive command, so every other
+//! process of the sandbox (other contexts' kernels included) is gone
+//! before it starts, as a grader needs after a rollout.
+//!
+//! The service's memory for a context is bounded whether or not anyone
+//! reads it: between runs at most [`IDLE_QUEUE`] bytes of the relay's
+//! output wait (what arrives then is for nobody and is dropped), and
+//! during a run at most what that run's `max_output` allows, which the
+//! caller charges to its budget.
+//!
 //! An execution streams [`CodeEvent`]s (stdout, stderr, rich results with
 //! their MIME bundle, the error) and ends with a [`CodeOutcome`]: output
 //! and results are capped by the command's output budget per stream, a
@@ -38,13 +52,22 @@ const START_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long an interrupted execution may take to stop before the kernel is
 /// restarted.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
-/// Output of the relay queued while it is not read (a reader slower than
-/// the kernel): more is dropped. The relay keeps each execution's output
-/// within its budget and relays none that no execution asked for, so
-/// this is a guard; it holds one whole message of the largest kind an
-/// execution keeps (a print of several MiB arrives as one line), so a
-/// slow reader loses no line it would have kept.
-const IDLE_QUEUE: usize = 32 << 20;
+/// Output of the relay queued between runs, while nothing reads it: more
+/// is dropped. What the relay sends then is for nobody (output of a
+/// thread still printing after its run, the notice that the kernel
+/// ended), and the next run drops it unread; only the notice matters, and
+/// its end is also reported by the agent, never dropped. Kept small so
+/// that contexts nobody runs cost the service little whatever their
+/// kernels do.
+pub const IDLE_QUEUE: usize = 64 << 10;
+/// Queue room a run has beyond its output budget (the relay's framing,
+/// status lines and replies).
+const RUN_QUEUE_SLACK: usize = 1 << 20;
+/// How long the relay may take to answer a resynchronisation (it may
+/// first send a backlog of output for an execution nobody reads any more).
+const RESYNC_TIMEOUT: Duration = Duration::from_secs(30);
+/// Contexts a sandbox may hold when the caller gives no limit.
+pub const DEFAULT_MAX_CODE_CONTEXTS: usize = 16;
 /// The longest relay line taken (a result's MIME bundle included).
 const MAX_LINE: usize = 64 << 20;
 
@@ -70,6 +93,14 @@ pub struct RunCode {
     pub timeout: Option<Duration>,
     /// Bytes kept of stdout, of stderr, and of rich results.
     pub max_output: u64,
+    /// Run it in a fresh kernel with nothing else alive in the sandbox:
+    /// the context's kernel is restarted (its state is lost) as an
+    /// exclusive command, which ends every other process first, other
+    /// contexts' kernels included (they start afresh at their next run).
+    pub exclusive: bool,
+    /// Most contexts the sandbox may hold, counted when this run makes
+    /// the default context.
+    pub max_contexts: usize,
 }
 
 impl RunCode {
@@ -80,6 +111,8 @@ impl RunCode {
             env: Vec::new(),
             timeout: None,
             max_output: corral_core::command::DEFAULT_MAX_OUTPUT,
+            exclusive: false,
+            max_contexts: DEFAULT_MAX_CODE_CONTEXTS,
         }
     }
 }
@@ -162,6 +195,11 @@ struct Relay {
     lines: VecDeque<Value>,
     /// The relay's (and kernel's) last stderr bytes, for error messages.
     stderr: Vec<u8>,
+    /// It ended while no run read it (seen by [`Relay::idle`]).
+    ended: bool,
+    /// Output bytes the queue had dropped when the lines were last known
+    /// whole ([`Relay::resync`]).
+    dropped_seen: u64,
 }
 
 /// What reading the relay gave.
@@ -171,12 +209,13 @@ enum Read {
 }
 
 impl Relay {
-    async fn start(sb: &Sandbox, info: &CodeContext) -> Result<Relay, Failure> {
+    async fn start(sb: &Sandbox, info: &CodeContext, exclusive: bool) -> Result<Relay, Failure> {
         let mut cmd = CommandSpec::argv([AGENT_PATH, "kernel", info.language.as_str()]);
         cmd.stdin = Some(Vec::new());
         cmd.cwd = info.cwd.clone();
         // Under a uid of its own: no command can stop it or speak for it.
         cmd.relay = true;
+        cmd.exclusive = exclusive;
         // The relay lives as long as its context: its output is capped per
         // execution here, not per command.
         cmd.max_output = u64::MAX / 4;
@@ -188,6 +227,8 @@ impl Relay {
             partial: Vec::new(),
             lines: VecDeque::new(),
             stderr: Vec::new(),
+            ended: false,
+            dropped_seen: 0,
         };
         let started = tokio::time::timeout(START_TIMEOUT, async {
             loop {
@@ -294,6 +335,77 @@ impl Relay {
                 }
             }
         }
+    }
+
+    /// Room for one run's output in the queue (`max_output` per stream
+    /// and of results), then back to the idle queue with [`Relay::idle`].
+    fn running(&self, max_output: u64) {
+        let room = usize::try_from(max_output.saturating_mul(3))
+            .unwrap_or(usize::MAX)
+            .saturating_add(RUN_QUEUE_SLACK);
+        self.exec.set_output_budget(room);
+    }
+
+    /// Makes the lines whole again when the queue dropped output since
+    /// they last were (a line cut in the middle would swallow the next
+    /// one, a run's result say): asks the relay for a marker line and
+    /// drops everything up to it. Err when the relay ended or did not
+    /// answer.
+    async fn resync(&mut self) -> Result<(), String> {
+        let dropped = self.exec.dropped_output();
+        if dropped == self.dropped_seen && self.partial.is_empty() {
+            return Ok(());
+        }
+        self.partial.clear();
+        self.lines.clear();
+        let id = new_id();
+        let marker = format!("{{\"event\":\"sync\",\"id\":\"{id}\"}}");
+        self.send(json!({"op": "sync", "id": id})).await?;
+        let found = tokio::time::timeout(RESYNC_TIMEOUT, async {
+            let mut pending: Vec<u8> = Vec::new();
+            loop {
+                match self.exec.next_event().await {
+                    ExecEvent::Output(OutputStream::Stdout, bytes) => {
+                        pending.extend_from_slice(&bytes);
+                        while let Some(at) = pending.iter().position(|b| *b == b'\n') {
+                            let line: Vec<u8> = pending.drain(..=at).collect();
+                            if line[..line.len() - 1].ends_with(marker.as_bytes()) {
+                                // What follows is whole lines.
+                                self.take(&pending);
+                                return Ok(());
+                            }
+                        }
+                        if pending.len() > MAX_LINE {
+                            pending.clear();
+                        }
+                    }
+                    ExecEvent::Output(OutputStream::Stderr, _) => {}
+                    ExecEvent::Ended(_) => return Err("the kernel's relay ended".to_string()),
+                }
+            }
+        })
+        .await;
+        match found {
+            Ok(Ok(())) => {
+                self.dropped_seen = self.exec.dropped_output();
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(format!(
+                "the kernel's relay did not answer within {RESYNC_TIMEOUT:?}"
+            )),
+        }
+    }
+
+    /// Between runs: a small queue, what the run left queued dropped (its
+    /// reservation ends with it), and the buffers it grew handed back.
+    fn idle(&mut self) {
+        self.exec.set_output_budget(IDLE_QUEUE);
+        if !self.drain_idle() {
+            self.ended = true;
+        }
+        self.partial = Vec::new();
+        self.lines = VecDeque::new();
     }
 
     fn take(&mut self, bytes: &[u8]) {
@@ -478,6 +590,19 @@ impl Sandbox {
         language: Option<&str>,
         cwd: Option<&str>,
     ) -> Result<CodeContext, Failure> {
+        self.create_code_context_within(language, cwd, DEFAULT_MAX_CODE_CONTEXTS)
+            .await
+    }
+
+    /// [`Sandbox::create_code_context`] in a sandbox that may hold at most
+    /// `max` contexts (the default one included): one more is a typed
+    /// `invalid_spec` naming the limit.
+    pub async fn create_code_context_within(
+        &self,
+        language: Option<&str>,
+        cwd: Option<&str>,
+        max: usize,
+    ) -> Result<CodeContext, Failure> {
         let language = normalize_language(language).map_err(|f| *f)?;
         let info = CodeContext {
             id: new_id(),
@@ -488,12 +613,39 @@ impl Sandbox {
             info: info.clone(),
             io: tokio::sync::Mutex::new(None),
         });
+        // Held (locked) before it is counted, so that no run takes it
+        // half-started; counted before it starts, so that concurrent
+        // creates cannot pass the limit together.
+        let mut io = ctx.io.lock().await;
         {
-            let mut io = ctx.io.lock().await;
-            *io = Some(Relay::start(self, &info).await?);
+            let mut map = self.kernels().lock();
+            if map.len() >= max {
+                return Err(self.too_many_contexts(map.len(), max));
+            }
+            map.insert(info.id.clone(), ctx.clone());
         }
-        self.kernels().lock().insert(info.id.clone(), ctx);
-        Ok(info)
+        match Relay::start(self, &info, false).await {
+            Ok(mut relay) => {
+                relay.idle();
+                *io = Some(relay);
+                Ok(info)
+            }
+            Err(f) => {
+                self.kernels().lock().remove(&info.id);
+                Err(f)
+            }
+        }
+    }
+
+    fn too_many_contexts(&self, has: usize, max: usize) -> Failure {
+        Failure::new(
+            FailureKind::InvalidSpec,
+            format!(
+                "code contexts: sandbox {} already holds {has}, its limit of {max} \
+                 (server.limits.max_code_contexts); delete one first",
+                self.id()
+            ),
+        )
     }
 
     /// The sandbox's code contexts.
@@ -529,7 +681,9 @@ impl Sandbox {
         if let Some(relay) = io.take() {
             let _ = relay.stdin.close().await;
         }
-        *io = Some(Relay::start(self, &ctx.info).await?);
+        let mut relay = Relay::start(self, &ctx.info, false).await?;
+        relay.idle();
+        *io = Some(relay);
         Ok(true)
     }
 
@@ -551,6 +705,9 @@ impl Sandbox {
             match map.get(id) {
                 Some(c) => c.clone(),
                 None if id == DEFAULT_CONTEXT => {
+                    if map.len() >= req.max_contexts {
+                        return Err(self.too_many_contexts(map.len(), req.max_contexts));
+                    }
                     let c = Arc::new(Context {
                         info: CodeContext {
                             id: DEFAULT_CONTEXT.to_string(),
@@ -574,17 +731,32 @@ impl Sandbox {
             }
         };
         let mut io = ctx.io.lock().await;
-        if io.as_mut().is_some_and(|r| !r.drain_idle()) {
+        if req.exclusive {
+            // A fresh kernel, whatever this one holds: its state could be
+            // anyone's.
+            if let Some(old) = io.take() {
+                let _ = old.stdin.close().await;
+            }
+        }
+        if io.as_mut().is_some_and(|r| r.ended || !r.drain_idle()) {
             // Ended since its last run (an exclusive command, a new
             // session): this run gets a fresh kernel.
             *io = None;
         }
         if io.is_none() {
-            *io = Some(Relay::start(self, &ctx.info).await?);
+            *io = Some(Relay::start(self, &ctx.info, req.exclusive).await?);
         }
+        if let Some(relay) = io.as_ref() {
+            relay.running(req.max_output);
+        }
+        let mut idle_after = IdleAfter(io);
+        let io: &mut Option<Relay> = &mut idle_after.0;
         let Some(relay) = io.as_mut() else {
             unreachable!("started above")
         };
+        if let Err(why) = relay.resync().await {
+            return Err(self.kernel_lost(io, &ctx.info, &why));
+        }
         let sbid = self.id().to_string();
         let mut outcome = CodeOutcome::default();
         let mut budget = Budget {
@@ -607,7 +779,7 @@ impl Sandbox {
                 env = Value::Object(env.clone()),
             );
             if relay.execute(&env_id, &set, true, 0).await.is_err() {
-                return Err(self.kernel_lost(&mut io, &ctx.info, "the relay's stdin closed"));
+                return Err(self.kernel_lost(io, &ctx.info, "the relay's stdin closed"));
             }
         }
         let msg_id = new_id();
@@ -616,13 +788,13 @@ impl Sandbox {
             .await
             .is_err()
         {
-            return Err(self.kernel_lost(&mut io, &ctx.info, "the relay's stdin closed"));
+            return Err(self.kernel_lost(io, &ctx.info, "the relay's stdin closed"));
         }
         let mut guard = InterruptOnDrop(Some(relay.stdin.clone()));
         if !env.is_empty() {
             if let Ran::Died(why, oom) = follow(relay, &env_id, |_, _, _| {}).await {
                 guard.0 = None;
-                return Err(self.died(&mut io, &ctx.info, &why, oom));
+                return Err(self.died(io, &ctx.info, &why, oom));
             }
         }
         let mut notified = false;
@@ -721,7 +893,7 @@ impl Sandbox {
         };
         guard.0 = None;
         if let Ran::Died(why, oom) = ran {
-            return Err(self.died(&mut io, &ctx.info, &why, oom));
+            return Err(self.died(io, &ctx.info, &why, oom));
         }
         restore_env(relay, &env).await;
         outcome.truncated = budget.truncated;
@@ -763,6 +935,18 @@ impl Sandbox {
 
     fn kernel_lost(&self, io: &mut Option<Relay>, info: &CodeContext, why: &str) -> Failure {
         self.died(io, info, why, false)
+    }
+}
+
+/// A context's relay, put back to its idle queue when the run that holds
+/// it ends, however it ends (an early return, a dropped request).
+struct IdleAfter<'a>(tokio::sync::MutexGuard<'a, Option<Relay>>);
+
+impl Drop for IdleAfter<'_> {
+    fn drop(&mut self) {
+        if let Some(relay) = self.0.as_mut() {
+            relay.idle();
+        }
     }
 }
 

@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use utoipa::ToSchema;
 
-use super::{check_name, AppState};
+use super::AppState;
+use crate::ceilings::Reservation;
 use crate::error::ApiError;
 use crate::guard::Caller;
 use crate::wire::{ErrorBody, FailureBody};
@@ -40,6 +41,13 @@ pub struct RunCodeRequest {
     /// each, at most the service's command output ceiling).
     #[serde(default)]
     pub max_output: Option<u64>,
+    /// Run it in a fresh kernel with nothing else alive in the sandbox:
+    /// the context's kernel is restarted (its variables are lost) as an
+    /// exclusive command, which ends every other process first, other
+    /// contexts' kernels included (they start afresh at their next run).
+    /// For a grader after a rollout.
+    #[serde(default)]
+    pub exclusive: bool,
 }
 
 /// The last event of `POST /v1/sandboxes/{id}/code` (`end`).
@@ -94,7 +102,9 @@ impl From<corral::CodeContext> for CodeContextBody {
 /// is_main_result}`, `data` a MIME bundle: `text/plain`, `text/html`,
 /// `image/png` as base64, ...), `error` (`{name, value, traceback}`, the
 /// code raised), then one `end` (CodeEndBody). Variables live on between
-/// runs of a context. Closing the stream interrupts the kernel.
+/// runs of a context. Closing the stream interrupts the kernel. The run
+/// reserves its output (4 x `max_output`, plus the code) from the
+/// service's budget until its stream ends.
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/code", tag = "code",
     params(("id" = String, Path, description = "Sandbox id")),
@@ -105,6 +115,7 @@ impl From<corral::CodeContext> for CodeContextBody {
         (status = 404, description = "No such sandbox (or another's)", body = ErrorBody),
         (status = 401, description = "No or a wrong bearer token", body = ErrorBody),
         (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody),
+        (status = 503, description = "Overloaded: the service's budget for work in flight is taken (`overloaded`, retryable, with `Retry-After`)", body = ErrorBody),
     )
 )]
 pub(super) async fn run_code(
@@ -112,14 +123,27 @@ pub(super) async fn run_code(
     Caller(caller): Caller,
     Path(id): Path<String>,
     crate::api::JsonBody(req): crate::api::JsonBody<RunCodeRequest>,
-) -> Result<Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    check_name("id", &id)?;
+) -> Result<
+    (
+        Reservation,
+        Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>>,
+    ),
+    ApiError,
+> {
     let max_output = super::max_output(s.ceilings(), req.max_output)?;
+    // What the run may hold: its output on the way (the relay's queue,
+    // then this stream's events for a slow reader) and its code.
+    let held = s
+        .ceilings()
+        .command(max_output, req.code.len() as u64, true)?;
     let lease = s.lease(&caller, &id).await?;
     let mut run = corral::RunCode::new(req.code);
     run.env = req.env.into_iter().collect();
     run.timeout = req.timeout_ms.map(Duration::from_millis);
     run.max_output = max_output;
+    run.exclusive = req.exclusive;
+    run.max_contexts = s.ceilings().limits().max_code_contexts as usize;
+    let task_held = held.clone();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<Event, Infallible>>();
     tokio::spawn(async move {
         let send = |name: &str, event: &corral::CodeEvent| {
@@ -167,8 +191,12 @@ pub(super) async fn run_code(
             let _ = tx.send(Ok(e));
         }
         drop(lease);
+        drop(task_held);
     });
-    Ok(Sse::new(UnboundedReceiverStream::new(rx)).keep_alive(KeepAlive::default()))
+    Ok((
+        held,
+        Sse::new(UnboundedReceiverStream::new(rx)).keep_alive(KeepAlive::default()),
+    ))
 }
 
 /// Create a code context: a fresh kernel (Python) in the sandbox.
@@ -178,7 +206,7 @@ pub(super) async fn run_code(
     request_body = NewContextRequest,
     responses(
         (status = 200, body = CodeContextBody),
-        (status = 400, description = "A language without a kernel (`unsupported`), or a kernel that cannot start (`spawn_failed`)", body = ErrorBody),
+        (status = 400, description = "A language without a kernel (`unsupported`), a kernel that cannot start (`spawn_failed`), or a sandbox holding `server.limits.max_code_contexts` contexts already (`invalid_spec`)", body = ErrorBody),
         (status = 404, description = "No such sandbox (or another's)", body = ErrorBody),
         (status = 401, description = "No or a wrong bearer token", body = ErrorBody),
         (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody),
@@ -190,11 +218,11 @@ pub(super) async fn create_context(
     Path(id): Path<String>,
     crate::api::JsonBody(req): crate::api::JsonBody<NewContextRequest>,
 ) -> Result<Json<CodeContextBody>, ApiError> {
-    check_name("id", &id)?;
     let lease = s.lease(&caller, &id).await?;
+    let max = s.ceilings().limits().max_code_contexts as usize;
     let made = lease
         .sandbox()
-        .create_code_context(req.language.as_deref(), req.cwd.as_deref())
+        .create_code_context_within(req.language.as_deref(), req.cwd.as_deref(), max)
         .await
         .map_err(|f| ApiError::failure(&f))?;
     Ok(Json(made.into()))
@@ -216,7 +244,6 @@ pub(super) async fn list_contexts(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Vec<CodeContextBody>>, ApiError> {
-    check_name("id", &id)?;
     let lease = s.lease(&caller, &id).await?;
     let all = lease.sandbox().code_contexts();
     Ok(Json(all.into_iter().map(Into::into).collect()))
@@ -241,7 +268,6 @@ pub(super) async fn delete_context(
     Caller(caller): Caller,
     Path((id, context)): Path<(String, String)>,
 ) -> Result<axum::http::StatusCode, ApiError> {
-    check_name("id", &id)?;
     let lease = s.lease(&caller, &id).await?;
     if lease.sandbox().remove_code_context(&context).await {
         Ok(axum::http::StatusCode::NO_CONTENT)

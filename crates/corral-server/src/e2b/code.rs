@@ -217,6 +217,7 @@ async fn execute(State(e2b): State<E2b>, headers: HeaderMap, body: axum::body::B
     }
     let mut run = RunCode::new(req.code);
     run.timeout = Some(EXECUTE_TIMEOUT);
+    run.max_contexts = e2b.app.ceilings().limits().max_code_contexts as usize;
     // The sandbox's own envVars first, then this execution's.
     run.env = envd
         .entry
@@ -225,8 +226,20 @@ async fn execute(State(e2b): State<E2b>, headers: HeaderMap, body: axum::body::B
         .chain(req.env_vars.iter().flatten())
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    // What the run may hold (its output on the way, its code) is the
+    // service's budget's, until its answer is sent.
+    let held = match e2b
+        .app
+        .ceilings()
+        .command(run.max_output, run.code.len() as u64, true)
+    {
+        Ok(h) => h,
+        Err(busy) => return crate::error::ApiError::from(busy).into_response(),
+    };
+    let task_held = held.clone();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<String, std::io::Error>>();
     tokio::spawn(async move {
+        let _held = task_held;
         let lease = envd.lease;
         let send = |v: Value| {
             let _ = tx.send(Ok(format!("{v}\n")));
@@ -255,6 +268,7 @@ async fn execute(State(e2b): State<E2b>, headers: HeaderMap, body: axum::body::B
     });
     let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
     (
+        held,
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         axum::body::Body::from_stream(stream),
     )
@@ -287,10 +301,11 @@ async fn create_context(
         Ok(r) => r,
         Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
     };
+    let max = e2b.app.ceilings().limits().max_code_contexts as usize;
     match envd
         .lease
         .sandbox()
-        .create_code_context(req.language.as_deref(), req.cwd.as_deref())
+        .create_code_context_within(req.language.as_deref(), req.cwd.as_deref(), max)
         .await
     {
         Ok(c) => axum::Json(context_json(&c)).into_response(),

@@ -56,6 +56,11 @@ pub(super) struct RunCode {
     /// 1800; fractions allowed).
     #[serde(default)]
     pub timeout_secs: Option<f64>,
+    /// Run it in a fresh kernel with nothing else alive in the sandbox
+    /// (every other process ended first; the kernel's variables are
+    /// lost): for checking work with nothing left behind interfering.
+    #[serde(default)]
+    pub exclusive: bool,
 }
 
 /// Arguments of `read_file`.
