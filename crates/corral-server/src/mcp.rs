@@ -348,6 +348,15 @@ impl Handler {
         }
     }
 
+    /// Whose share of the service's budget the session's calls draw from:
+    /// its tenant's (the operator's for a session without one).
+    fn holder(&self) -> crate::ceilings::Holder {
+        self.session.principal().map_or(
+            crate::ceilings::Holder::Operator,
+            crate::ceilings::Holder::of,
+        )
+    }
+
     /// The session's sandbox, or the tool result explaining why there is none.
     async fn lease(&self) -> Result<(Lease, Vec<String>), CallToolResult> {
         match self.session.lease().await {
@@ -493,7 +502,7 @@ impl Handler {
             args::path(TOOL, "cwd", cwd)?;
         }
         let cap = self.output_cap();
-        let _held = match self.ceilings.command(cap, 0, false) {
+        let _held = match self.ceilings.command(&self.holder(), cap, 0, false) {
             Ok(h) => h,
             Err(busy) => return Ok(overloaded(busy)),
         };
@@ -522,7 +531,7 @@ impl Handler {
         let a: args::RunCode = args::parse(TOOL, params)?;
         let timeout = self.timeout(TOOL, a.timeout_secs)?;
         let cap = self.output_cap();
-        let _held = match self.ceilings.command(cap, 0, false) {
+        let _held = match self.ceilings.command(&self.holder(), cap, 0, false) {
             Ok(h) => h,
             Err(busy) => return Ok(overloaded(busy)),
         };
@@ -551,7 +560,7 @@ impl Handler {
         let a: args::ReadFile = args::parse(TOOL, params)?;
         args::path(TOOL, "path", &a.path)?;
         let cap = self.read_cap(READ_CAP);
-        let _held = match self.ceilings.file(cap) {
+        let _held = match self.ceilings.file(&self.holder(), cap) {
             Ok(h) => h,
             Err(busy) => return Ok(overloaded(busy)),
         };
@@ -597,7 +606,7 @@ impl Handler {
                 &format!("at most {WRITE_CAP} bytes"),
             ));
         }
-        let _held = match self.ceilings.file(a.content.len() as u64) {
+        let _held = match self.ceilings.file(&self.holder(), a.content.len() as u64) {
             Ok(h) => h,
             Err(busy) => return Ok(overloaded(busy)),
         };
@@ -638,7 +647,7 @@ impl Handler {
         let a: args::ListFiles = args::parse(TOOL, params)?;
         args::path(TOOL, "path", &a.path)?;
         let cap = self.read_cap(LIST_CAP);
-        let _held = match self.ceilings.file(cap) {
+        let _held = match self.ceilings.file(&self.holder(), cap) {
             Ok(h) => h,
             Err(busy) => return Ok(overloaded(busy)),
         };
@@ -735,7 +744,7 @@ impl Handler {
         args::session(TOOL, &name)?;
         let timeout = self.timeout(TOOL, a.timeout_secs)?;
         let cap = self.output_cap();
-        let _held = match self.ceilings.command(cap, 0, false) {
+        let _held = match self.ceilings.command(&self.holder(), cap, 0, false) {
             Ok(h) => h,
             Err(busy) => return Ok(overloaded(busy)),
         };

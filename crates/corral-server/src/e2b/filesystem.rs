@@ -36,6 +36,7 @@ use serde_json::{json, Value};
 use super::connect::{self, Code, RpcError};
 use super::control::error;
 use super::{requested_user, E2b, Envd};
+use crate::ceilings::Holder;
 use crate::error::ApiError;
 
 /// Time limit of `mkdir`, `mv` and `rm` in the sandbox.
@@ -838,14 +839,14 @@ async fn read_file(
 ) -> Response {
     let r = async {
         let q = files_query(q)?;
-        let Envd { lease, .. } = files_envd(&e2b, &headers, &q, "read").await?;
+        let Envd { entry, lease } = files_envd(&e2b, &headers, &q, "read").await?;
         requested_user(&user_header(headers.clone(), q.username.as_deref()), &lease)?;
         let path = absolute(&lease, "path", q.path.as_deref().unwrap_or(""))?;
         let opts = list_options(&e2b);
         let _held = e2b
             .app
             .ceilings()
-            .file(opts.max_bytes)
+            .file(&Holder::of(&entry.owner), opts.max_bytes)
             .map_err(|e| RpcError::from(ApiError::from(e)))?;
         let bytes = lease
             .read_file(&path, &opts)
@@ -868,7 +869,7 @@ async fn write_files(
     let headers = request.headers().clone();
     let r = async {
         let q = files_query(q)?;
-        let Envd { lease, .. } = files_envd(&e2b, &headers, &q, "write").await?;
+        let Envd { entry, lease } = files_envd(&e2b, &headers, &q, "write").await?;
         requested_user(&user_header(headers.clone(), q.username.as_deref()), &lease)?;
         let ct = headers
             .get(header::CONTENT_TYPE)
@@ -925,7 +926,7 @@ async fn write_files(
             let _held = e2b
                 .app
                 .ceilings()
-                .file(data.len() as u64)
+                .file(&Holder::of(&entry.owner), data.len() as u64)
                 .map_err(|e| RpcError::from(ApiError::from(e)))?;
             lease
                 .write_file(&path, &data, &opts)
