@@ -635,7 +635,9 @@ impl ServerConfig {
                 return Err(ConfigError::invalid(
                     key,
                     addr,
-                    "server.auth is none, and a listener without authentication is allowed on                      loopback only (127.0.0.1 or [::1]): anyone who reaches it could create                      sandboxes and run code; listen on loopback or set server.auth: token",
+                    "server.auth is none, and a listener without authentication is allowed on \
+                     loopback only (127.0.0.1 or [::1]): anyone who reaches it could create \
+                     sandboxes and run code; listen on loopback or set server.auth: token",
                 ));
             }
         }

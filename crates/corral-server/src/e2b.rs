@@ -286,7 +286,9 @@ impl E2b {
             self.token_owner(req)
         };
         if principal.is_none() && has_body(req) {
-            let message = "this request carries no credential of this service: X-API-KEY (set                            E2B_API_KEY to one of the service's tokens), or a sandbox's                            X-Access-Token or signed URL";
+            let message = "this request carries no credential of this service: X-API-KEY (set \
+                           E2B_API_KEY to one of the service's tokens), or a sandbox's \
+                           X-Access-Token or signed URL";
             let path = req.uri().path();
             return Err(Box::new(
                 if path.starts_with("/process.") || path.starts_with("/filesystem.") {

@@ -152,6 +152,11 @@ async fn unauthenticated_slow_bodies_are_refused_unread_and_starve_no_one() {
     for (listener, conn) in conns.iter_mut() {
         let (status, text) = status_within(conn, Duration::from_secs(10)).await;
         assert_eq!(status, 401, "{listener}: {text}");
+        let says = match *listener {
+            "e2b" => "carries no credential of this service: X-API-KEY (set E2B_API_KEY",
+            _ => "requires 'Authorization: Bearer TOKEN'",
+        };
+        assert!(text.contains(says), "{listener}: {text}");
     }
     drop(conns);
     s.stop().await;
@@ -441,7 +446,10 @@ async fn no_listener_starts_beyond_loopback_without_authentication() {
         );
         let e = format!("{:#}", result.expect_err("refused at start"));
         assert!(
-            e.contains(key) && e.contains("0.0.0.0:0") && e.contains("loopback only"),
+            e.contains(key)
+                && e.contains("0.0.0.0:0")
+                && e.contains("allowed on loopback only")
+                && !e.contains("  "),
             "{e}"
         );
     }
