@@ -389,6 +389,69 @@ async fn a_silent_backend_is_given_up_at_its_deadline() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_public_e2b_port_relay_to_a_silent_server_pins_nothing() {
+    const LABEL: &str = "budgets-e2b-relay";
+    let _g = Guard(LABEL);
+    // The default budget; a short wait for the silent server.
+    let s = start(LABEL, |c, _| {
+        tenants(c);
+        c.server.e2b_listen = Some("127.0.0.1:0".into());
+        c.server.limits.backend_timeout_ms = 3_000;
+    })
+    .await;
+    let e2b = s.e2b.expect("an E2B listener");
+    let b = sandbox(&s, BOB).await;
+    // alice's E2B sandbox (public ports, E2B's default) runs a server that
+    // accepts and never answers.
+    let r = s
+        .send_e2b(
+            Req::new("POST", "/sandboxes")
+                .header("X-API-Key", ALICE)
+                .json(json!({"templateID": BUSYBOX, "timeout": 300})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let sid = r.json["sandboxID"].as_str().expect("sandboxID").to_string();
+    let envd = r.json["envdAccessToken"]
+        .as_str()
+        .expect("token")
+        .to_string();
+    let body = envelope(&json!({
+        "process": {"cmd": "/bin/sh", "args": ["-c", "nc -ll -p 8082 -e sleep 3600"]}
+    }));
+    let head = format!(
+        "POST /process.Process/Start HTTP/1.1\r\nHost: {e2b}\r\n\
+         Content-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\n\
+         X-Access-Token: {envd}\r\nE2b-Sandbox-Id: {sid}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let _server = partial(e2b, &head, &body).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // The attack: 40 relays to it, no credential (the ports are public),
+    // 64 MiB announced, 16 bytes sent, held open.
+    let mut relays = Vec::new();
+    for _ in 0..40 {
+        let head = format!(
+            "POST /upload HTTP/1.1\r\nHost: {e2b}\r\nE2b-Sandbox-Id: {sid}\r\n\
+             E2b-Sandbox-Port: 8082\r\nContent-Length: {BIG}\r\n\r\n"
+        );
+        relays.push(partial(e2b, &head, b"0123456789abcdef").await);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = exec_true(&s, BOB, &b).await;
+    assert_eq!(r.status, 200, "bob's exec beside the relays: {}", r.text);
+    // Each relay is given up at the server's deadline.
+    for conn in relays.iter_mut() {
+        let (status, text) = status_within(conn, Duration::from_secs(30)).await;
+        assert_eq!(status, 504, "{text}");
+    }
+    drop(relays);
+    s.stop().await;
+    assert_eq!(remaining(LABEL), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn no_listener_starts_beyond_loopback_without_authentication() {
     const LABEL: &str = "budgets-auth-none";
     let _g = Guard(LABEL);
