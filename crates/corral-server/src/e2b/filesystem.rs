@@ -843,7 +843,7 @@ async fn read_file(
         requested_user(&user_header(headers.clone(), q.username.as_deref()), &lease)?;
         let path = absolute(&lease, "path", q.path.as_deref().unwrap_or(""))?;
         let opts = list_options(&e2b);
-        let _held = e2b
+        let held = e2b
             .app
             .ceilings()
             .file(&Holder::of(&entry.owner), opts.max_bytes)
@@ -852,11 +852,18 @@ async fn read_file(
             .read_file(&path, &opts)
             .await
             .map_err(|e| file_error(&e))?;
-        Ok::<_, RpcError>(bytes)
+        Ok::<_, RpcError>((held, bytes))
     }
     .await;
     match r {
-        Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
+        // The reservation goes with the answer until a slow reader has
+        // taken it all (`ceilings::hold`).
+        Ok((held, bytes)) => (
+            held,
+            [(header::CONTENT_TYPE, "application/octet-stream")],
+            bytes,
+        )
+            .into_response(),
         Err(e) => http_error(e),
     }
 }
