@@ -704,6 +704,45 @@ impl Default for ServerConfig {
 }
 
 impl ServerConfig {
+    /// Every TCP listener the service opens, as its key and its address as
+    /// configured (`server.ports_listen` left out takes `listen`'s IP).
+    pub fn tcp_listeners(&self) -> Vec<(&'static str, &str)> {
+        let mut all = vec![("server.listen", self.listen.as_str())];
+        if let Some(a) = &self.e2b_listen {
+            all.push(("server.e2b_listen", a.as_str()));
+        }
+        if let Some(a) = &self.ports_listen {
+            all.push(("server.ports_listen", a.as_str()));
+        }
+        all
+    }
+
+    /// `auth: none` on loopback only, for every listener: the one place
+    /// this is decided (`validate`, and `corral serve` before it binds
+    /// anything). A listener beyond loopback without authentication lets
+    /// anyone who reaches it create sandboxes and run code.
+    pub fn check_unauthenticated_reach(&self) -> Result<(), ConfigError> {
+        if self.auth != AuthMode::None {
+            return Ok(());
+        }
+        for (key, addr) in self.tcp_listeners() {
+            let loopback = addr
+                .trim()
+                .parse::<std::net::SocketAddr>()
+                .is_ok_and(|a| a.ip().is_loopback());
+            if !loopback {
+                return Err(ConfigError::invalid(
+                    key,
+                    addr,
+                    "server.auth is none, and a listener without authentication is allowed on \
+                     loopback only (127.0.0.1 or [::1]): anyone who reaches it could create \
+                     sandboxes and run code; listen on loopback or set server.auth: token",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn validate(&self, profiles: &BTreeMap<String, SandboxSpec>) -> Result<(), ConfigError> {
         let addr: std::net::SocketAddr = self.listen.trim().parse().map_err(|_| {
             ConfigError::invalid(
@@ -810,6 +849,7 @@ impl ServerConfig {
             PortsDomain::parse(domain)
                 .map_err(|why| ConfigError::invalid("server.ports_domain", domain, why))?;
         }
+        self.check_unauthenticated_reach()?;
         if let Some(p) = &self.mcp_profile {
             if !profiles.contains_key(p) {
                 let known: Vec<&str> = profiles.keys().map(String::as_str).collect();
@@ -2185,6 +2225,26 @@ persistence_root: /srv/corral
         assert_eq!(e.path(), "server.auth");
         let e = invalid("server:\n  auth: none\n  listen: 0.0.0.0:7070\n");
         assert_eq!(e.path(), "server.listen");
+        // Every listener, not only `listen`: each named with its address.
+        for (key, yaml) in [
+            ("server.e2b_listen", "e2b_listen: 0.0.0.0:49983"),
+            ("server.e2b_listen", "e2b_listen: '[::]:49983'"),
+            ("server.ports_listen", "ports_listen: 10.0.0.5:7071"),
+        ] {
+            let e = invalid(&format!("server:\n  auth: none\n  {yaml}\n"));
+            assert_eq!(e.path(), key, "{e}");
+            assert!(e.to_string().contains("loopback only"), "{e}");
+        }
+        Config::from_yaml(
+            "server:\n  auth: none\n  e2b_listen: '[::1]:49983'\n  ports_listen: 127.0.0.1:0\n",
+        )
+        .expect("parses")
+        .validate(&FakeHost)
+        .expect("loopback listeners need no authentication");
+        Config::from_yaml("server:\n  token: abc\n  e2b_listen: 0.0.0.0:49983\n")
+            .expect("parses")
+            .validate(&FakeHost)
+            .expect("with a token any address will do");
         let e = invalid("server:\n  allowed_origins: ['*']\n");
         assert_eq!(e.path(), "server.allowed_origins[0]");
         let e = invalid("server:\n  allowed_origins: [http://a.example/path]\n");

@@ -12,6 +12,14 @@
 //! worst case from one shared budget before it starts, so requests that
 //! fit their ceilings one by one cannot add up without bound either.
 //!
+//! No one principal may hold the whole budget: a tenant (the operator
+//! counts as one), or an unauthenticated peer by its address, holds at
+//! most `share_percent` of `buffer_bytes` and of `max_concurrent`, so the
+//! rest stays for the others. Request bodies are reserved as their bytes
+//! arrive (never by the size a request announces) and must arrive within
+//! `body_timeout_ms`; a port relay waits at most `backend_timeout_ms` for
+//! the sandbox's server to answer.
+//!
 //! The arithmetic of a request's worst case lives here, once, so the
 //! service's reservations and the configuration's check that the budget
 //! holds at least one request at the ceilings cannot drift apart. No IO.
@@ -51,6 +59,22 @@ pub struct ServerLimits {
     /// Each costs a kernel in the sandbox and a small queue in the
     /// service. Default 16.
     pub max_code_contexts: u32,
+    /// Percent of `buffer_bytes` and of `max_concurrent` one principal may
+    /// hold at once: a tenant (the operator counts as one), or the address
+    /// of a peer no token names. Never less than one request at the
+    /// ceilings, nor than one slot; 100: no shares. Default 50.
+    pub share_percent: u32,
+    /// Longest a request body may take to arrive, in ms from the
+    /// request's headers; a body still arriving then is cut off and the
+    /// request answered 408. Default 60000 (60 s).
+    pub body_timeout_ms: u64,
+    /// Longest a port link or an E2B port relay waits for the sandbox's
+    /// server to start its answer, in ms; then 504. Default 300000 (5 min).
+    pub backend_timeout_ms: u64,
+    /// Output kept per stream of a command started through the E2B
+    /// listener, whose protocol has no field for it; never more than
+    /// `max_output`. Default 1048576 (1 MiB).
+    pub e2b_max_output: u64,
 }
 
 impl Default for ServerLimits {
@@ -63,6 +87,10 @@ impl Default for ServerLimits {
             max_concurrent: 1024,
             buffer_bytes: 2 << 30,
             max_code_contexts: 16,
+            share_percent: 50,
+            body_timeout_ms: 60_000,
+            backend_timeout_ms: 300_000,
+            e2b_max_output: 1 << 20,
         }
     }
 }
@@ -103,6 +131,24 @@ impl ServerLimits {
         max_body.saturating_add(command.max(file))
     }
 
+    /// Bytes one principal may hold, with request bodies of up to
+    /// `max_body` bytes: `share_percent` of the budget, never less than one
+    /// request at the ceilings, never more than the budget.
+    pub fn share_bytes(&self, max_body: u64) -> u64 {
+        let part =
+            (u128::from(self.buffer_bytes) * u128::from(self.share_percent.min(100)) / 100) as u64;
+        part.max(self.largest_request(max_body))
+            .min(self.buffer_bytes)
+    }
+
+    /// Slots (`max_concurrent`) one principal may hold: `share_percent` of
+    /// them, rounded up, at least one.
+    pub fn share_slots(&self) -> u32 {
+        let part =
+            (u64::from(self.max_concurrent) * u64::from(self.share_percent.min(100))).div_ceil(100);
+        u32::try_from(part).unwrap_or(u32::MAX).max(1)
+    }
+
     /// Checks every value, with request bodies of up to `max_body` bytes:
     /// each at least 1, and a budget that holds at least one request at the
     /// ceilings (otherwise such a request would be refused as retryable
@@ -125,6 +171,16 @@ impl ServerLimits {
         at_least_one("max_read_bytes", self.max_read_bytes)?;
         at_least_one("max_concurrent", u64::from(self.max_concurrent))?;
         at_least_one("max_code_contexts", u64::from(self.max_code_contexts))?;
+        at_least_one("body_timeout_ms", self.body_timeout_ms)?;
+        at_least_one("backend_timeout_ms", self.backend_timeout_ms)?;
+        at_least_one("e2b_max_output", self.e2b_max_output)?;
+        if !(1..=100).contains(&self.share_percent) {
+            return Err(LimitsError {
+                key: "share_percent",
+                value: self.share_percent.to_string(),
+                reason: "a percent from 1 to 100".into(),
+            });
+        }
         let largest = self.largest_request(max_body);
         if self.buffer_bytes < largest {
             return Err(LimitsError {
@@ -186,6 +242,60 @@ mod tests {
             ..ServerLimits::default()
         };
         assert_eq!(huge.validate(1).map_err(|e| e.key), Err("buffer_bytes"));
+    }
+
+    #[test]
+    fn a_share_is_a_part_of_the_budget_that_holds_one_request() {
+        let limits = ServerLimits::default();
+        assert_eq!(limits.share_bytes(64 << 20), 1 << 30);
+        assert_eq!(limits.share_slots(), 512);
+        let small = ServerLimits {
+            buffer_bytes: 400 << 20,
+            share_percent: 10,
+            max_concurrent: 3,
+            ..ServerLimits::default()
+        };
+        // 10% is 40 MiB, less than one request at the ceilings (384 MiB).
+        assert_eq!(small.share_bytes(64 << 20), 384 << 20);
+        assert_eq!(small.share_slots(), 1);
+        let whole = ServerLimits {
+            share_percent: 100,
+            ..ServerLimits::default()
+        };
+        assert_eq!(whole.share_bytes(64 << 20), 2 << 30);
+        assert_eq!(whole.share_slots(), 1024);
+        for (bad, key) in [
+            (
+                ServerLimits {
+                    share_percent: 0,
+                    ..ServerLimits::default()
+                },
+                "share_percent",
+            ),
+            (
+                ServerLimits {
+                    share_percent: 101,
+                    ..ServerLimits::default()
+                },
+                "share_percent",
+            ),
+            (
+                ServerLimits {
+                    body_timeout_ms: 0,
+                    ..ServerLimits::default()
+                },
+                "body_timeout_ms",
+            ),
+            (
+                ServerLimits {
+                    e2b_max_output: 0,
+                    ..ServerLimits::default()
+                },
+                "e2b_max_output",
+            ),
+        ] {
+            assert_eq!(bad.validate(64 << 20).map_err(|e| e.key), Err(key));
+        }
     }
 
     #[test]

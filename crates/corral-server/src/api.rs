@@ -29,7 +29,7 @@ use utoipa::{IntoParams, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::ceilings::{Ceilings, Reservation, TimeUnit};
+use crate::ceilings::{Ceilings, Holder, Reservation, TimeUnit};
 use crate::error::ApiError;
 use crate::guard::{require_json, Caller};
 use crate::metrics::Metrics;
@@ -1023,7 +1023,7 @@ async fn exec(
         ));
     }
     let cmd = command(req, s.ceilings())?;
-    let held = s.ceilings().exec(&cmd, false)?;
+    let held = s.ceilings().exec(&Holder::of(&caller), &cmd, false)?;
     let (result, sandbox_id) = match s.leased(&caller, &id).await? {
         Leased::Live(lease) => (lease.run(&cmd).await, Some(lease.id().to_string())),
         Leased::Lost(f) => (lost(f), None),
@@ -1070,7 +1070,7 @@ async fn exec_stream(
     }
     // Held by the response body (chunks a slow reader has not taken) and
     // by the task below (the output it gathers), until both are done.
-    let held = s.ceilings().exec(&cmd, true)?;
+    let held = s.ceilings().exec(&Holder::of(&caller), &cmd, true)?;
     let lease = match s.leased(&caller, &id).await? {
         Leased::Live(lease) => lease,
         Leased::Lost(f) => {
@@ -1290,7 +1290,7 @@ async fn shell_exec(
     check_name("name", &name)?;
     let timeout = timeout_ms(s.ceilings(), req.timeout_ms)?;
     let cap = max_output(s.ceilings(), req.max_output)?;
-    let held = s.ceilings().command(cap, 0, false)?;
+    let held = s.ceilings().command(&Holder::of(&caller), cap, 0, false)?;
     let (r, sandbox_id) = match s.leased(&caller, &id).await? {
         Leased::Live(lease) => (
             lease
@@ -1406,7 +1406,7 @@ async fn file_call(
     let q = file_query(q)?;
     let opts = q.options(s)?;
     let payload = written.map_or(opts.max_bytes, |n| n as u64);
-    let held = s.ceilings().file(payload)?;
+    let held = s.ceilings().file(&Holder::of(caller), payload)?;
     let lease = s.lease(caller, id).await?;
     Ok((q, opts, lease, held))
 }
@@ -1661,8 +1661,12 @@ that is not the service's, are refused (403); JSON bodies must be sent as `appli
 (415). What a client may put in a sandbox spec is limited by the service's policy: a refused \
 field is a 403 naming it. The operator's ceilings (`server.limits`) bound what one request may ask \
 for (`max_output`, `timeout_ms`, stdin, `max_bytes`: above one is a 400 naming the field, its value \
-and the ceiling) and what all requests in flight hold together: past that budget a request is \
-refused before anything runs with 503 `overloaded` (retryable, `Retry-After`). \
+and the ceiling) and what all requests in flight hold together: past that budget, or past the \
+caller's share of it (`server.limits.share_percent` of the bytes and slots for each tenant, and \
+for each address no token names), a request is refused before anything runs with 503 \
+`overloaded` (retryable, `Retry-After`). Credentials are checked before any of a request's body \
+is read (a 401 is answered unread); a body is reserved as its bytes arrive and must arrive \
+within `server.limits.body_timeout_ms`, else the request is answered 408 `request_timeout`. \
 The E2B-compatible API (for the `e2b` SDK: its control plane `/sandboxes`, `/v2/sandboxes` and \
 the in-sandbox `envd` protocol, Connect-RPC `process.Process` and `filesystem.Filesystem`, \
 `/files`, `/health`) is not part of this document: it is served on its own listener \

@@ -51,6 +51,7 @@ use corral_core::principal::{Principal, DEFAULT_TENANT};
 
 use crate::api::{AppState, Observed};
 use crate::error::ApiError;
+use crate::guard::{has_body, Admitted};
 use connect::{Code, RpcError};
 use control::E2bError;
 
@@ -271,6 +272,94 @@ fn principal_of_key(server: &ServerConfig, headers: &HeaderMap) -> Result<Princi
             "header X-API-KEY: not one of the service's tokens",
         )
     })
+}
+
+impl E2b {
+    /// The door's check of E2B's credentials ([`crate::guard`]), before any
+    /// of a request's body is read: a relay to a sandbox's port streams on
+    /// (its traffic token is checked by [`sandbox_port`]); an API key
+    /// names its tenant (a wrong one is refused here); a sandbox's access
+    /// token, or a signed URL's signature, names the sandbox's owner. A
+    /// request with a body and none of them is refused 401; one without a
+    /// body goes on to its route, which answers it as E2B would.
+    pub(crate) fn admit(&self, req: &axum::extract::Request) -> Result<Admitted, Box<Response>> {
+        let headers = req.headers();
+        if other_port(headers).is_some() {
+            return Ok(Admitted {
+                principal: None,
+                relayed: true,
+            });
+        }
+        let server = &self.app.config().server;
+        let principal = if server.auth == AuthMode::None {
+            Some(Principal::Tenant(DEFAULT_TENANT.to_string()))
+        } else if headers.contains_key("x-api-key") {
+            match principal_of_key(server, headers) {
+                Ok(p) => Some(p),
+                Err(e) if has_body(req) => return Err(Box::new(e.into_response())),
+                Err(_) => None,
+            }
+        } else {
+            self.token_owner(req)
+        };
+        if principal.is_none() && has_body(req) {
+            let message = "this request carries no credential of this service: X-API-KEY (set \
+                           E2B_API_KEY to one of the service's tokens), or a sandbox's \
+                           X-Access-Token or signed URL";
+            let path = req.uri().path();
+            return Err(Box::new(
+                if path.starts_with("/process.") || path.starts_with("/filesystem.") {
+                    RpcError::new(Code::Unauthenticated, message).into_response()
+                } else {
+                    control::error(StatusCode::UNAUTHORIZED, message).into_response()
+                },
+            ));
+        }
+        Ok(Admitted {
+            principal,
+            relayed: false,
+        })
+    }
+
+    /// The owner of the sandbox whose access token (or traffic token, the
+    /// code interpreter's) `req` carries, or whose token signed its URL.
+    fn token_owner(&self, req: &axum::extract::Request) -> Option<Principal> {
+        let headers = req.headers();
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let given = header("x-access-token").or_else(|| header("e2b-traffic-access-token"));
+        if let Some(id) = given.and_then(|t| self.by_token(t)) {
+            return self.entry(&id).map(|e| e.owner.clone());
+        }
+        let query = req.uri().query()?;
+        let q: HashMap<String, String> = serde_urlencoded::from_str(query).ok()?;
+        let signature = q.get("signature")?;
+        let expiration = match q.get("signature_expiration") {
+            Some(at) => Some(at.parse::<i64>().ok()?),
+            None => None,
+        };
+        let operation = if req.method() == axum::http::Method::GET {
+            "read"
+        } else {
+            "write"
+        };
+        let signed = Signed {
+            signature,
+            expiration,
+            path: q.get("path").map_or("", String::as_str),
+            operation,
+            user: q.get("username").map_or("", String::as_str),
+        };
+        let entries: Vec<Arc<Entry>> = self.registry().values().cloned().collect();
+        entries
+            .into_iter()
+            .find(|e| {
+                same_bytes(
+                    signed.expected(&e.token).as_bytes(),
+                    signed.signature.as_bytes(),
+                )
+            })
+            .map(|e| e.owner.clone())
+    }
 }
 
 /// A browser page may not drive this listener: any `Origin` not in
@@ -607,23 +696,16 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The E2B listener's routes over the service's state.
-pub fn router(app: AppState) -> axum::Router {
-    let e2b = E2b::new(app);
-    let max_body = usize::try_from(e2b.app.config().server.max_body_bytes).unwrap_or(usize::MAX);
-    let ceilings = e2b.app.ceilings().clone();
+/// The E2B listener's routes over `e2b` (without the door: see
+/// [`crate::door`] and [`crate::guard::Guard::e2b`]).
+pub fn router(e2b: E2b) -> axum::Router {
     control::routes()
         .merge(process::routes())
         .merge(filesystem::routes())
         .merge(code::routes())
         .fallback(not_served)
         .with_state(e2b.clone())
-        .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::from_fn_with_state(e2b, sandbox_port))
-        .layer(axum::middleware::from_fn_with_state(
-            ceilings,
-            crate::ceilings::hold,
-        ))
 }
 
 /// The sandbox and port a request is for when it is neither envd's nor the
@@ -767,7 +849,8 @@ async fn sandbox_port(
         .uri()
         .path_and_query()
         .map_or_else(|| "/".to_string(), |p| p.as_str().to_string());
-    crate::api::ports::relay(&lease.sandbox(), port, path_and_query, None, req).await
+    let wait = std::time::Duration::from_millis(e2b.app.ceilings().limits().backend_timeout_ms);
+    crate::api::ports::relay(&lease.sandbox(), port, path_and_query, None, req, wait).await
 }
 
 /// Anything else: named, so an SDK of another version says what it asked.

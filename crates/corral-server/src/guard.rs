@@ -27,17 +27,26 @@
 //! 4. MCP POSTs must be `application/json` (the REST routes check theirs
 //!    where they read JSON, in `api::JsonBody`).
 //!
-//! The E2B-compatible listener (`server.e2b_listen`) authenticates by
-//! itself (API keys, envd access tokens) but passes checks 1 and 2 the
-//! same way ([`Guard::layer_door`]): a rebinding page or a cross-site
-//! request is refused there as here.
+//! The E2B-compatible listener (`server.e2b_listen`, [`Guard::e2b`])
+//! passes checks 1 and 2 the same way (a rebinding page or a cross-site
+//! request is refused there as here), and check 3 with E2B's credentials
+//! (`E2b::admit`: an API key, a sandbox's access token, a signed URL):
+//! a request that carries a body and none of them is refused 401 before
+//! any of its body is read. The routes still check which sandbox a
+//! credential opens.
 //!
 //! The port-link listener (`server.ports_listen`, [`Guard::port_links`])
 //! serves port links only (see `api/ports.rs`), each under a host name of
 //! its own, `PORT-SANDBOXID.DOMAIN`: its requests pass the Host check only
 //! (the listener's names, or a link's under the links' domain), the link's
 //! own token being their authentication and the pages a sandbox's server
-//! answers there being meant for browsers. The API's listeners serve no
+//! answers there being meant for browsers. Its requests, and those the
+//! E2B listener relays to a sandbox's port, are marked
+//! [`crate::ceilings::Relayed`]: their bodies stream on.
+//!
+//! Every listener is built by [`crate::door`]: this guard, then the budget
+//! share ([`crate::ceilings::hold`]), then the routes; a new listener is a
+//! new router behind the same door. The API's listeners serve no
 //! port link at all, so no page a sandbox controls ever shares an origin
 //! with the API, the dashboard or another link (where a service worker or
 //! a script of it would see a token).
@@ -137,6 +146,8 @@ pub struct Guard {
     /// The links' domain on the port-link listener: `PORT-ID.DOMAIN` is
     /// one of its names.
     link_domain: Option<Arc<str>>,
+    /// The E2B listener: its own credentials (`E2b::admit`).
+    e2b: Option<crate::e2b::E2b>,
 }
 
 impl Guard {
@@ -165,6 +176,18 @@ impl Guard {
             sandbox_hosts: false,
             port_links: false,
             link_domain: None,
+            e2b: None,
+        }
+    }
+
+    /// The checks of the E2B listener at `addr` over `e2b`: Host (E2B's
+    /// `PORT-ID.HOST` too, for an allowed `HOST`: a rebinding page's own
+    /// name is still not one), browsers, and E2B's credentials.
+    pub fn e2b(server: &ServerConfig, addr: SocketAddr, e2b: crate::e2b::E2b) -> Guard {
+        Guard {
+            sandbox_hosts: true,
+            e2b: Some(e2b),
+            ..Guard::new(server, Listener::Tcp(addr))
         }
     }
 
@@ -185,18 +208,9 @@ impl Guard {
         }
     }
 
-    /// Wraps `router` in these checks.
+    /// Wraps `router` in these checks (as [`crate::door`] does, outermost).
     pub fn layer(self, router: axum::Router) -> axum::Router {
         router.layer(axum::middleware::from_fn_with_state(self, check))
-    }
-
-    /// Wraps `router`, which authenticates its requests itself (the
-    /// E2B-compatible listener), in the Host and browser checks alone. A
-    /// `Host` may also be E2B's `PORT-ID.HOST` for an allowed `HOST`: a
-    /// rebinding page's own name is still not one.
-    pub fn layer_door(mut self, router: axum::Router) -> axum::Router {
-        self.sandbox_hosts = true;
-        router.layer(axum::middleware::from_fn_with_state(self, door))
     }
 
     fn check_host(&self, req: &Request) -> Result<(), ApiError> {
@@ -349,55 +363,83 @@ impl Guard {
     }
 }
 
-/// The middleware: the four checks in order, then the route.
-async fn check(State(guard): State<Guard>, mut req: Request, next: Next) -> Response {
-    let checked = guard
-        .check_host(&req)
-        .and_then(|()| match guard.port_links {
-            true => Ok(None),
-            false => guard
-                .check_browser(req.headers())
-                .and_then(|()| guard.check_auth(&req)),
+/// Who a request acts as once past the door, and whether its body streams
+/// on to a sandbox (a relay).
+pub(crate) struct Admitted {
+    /// The principal its credential names; `None`: no credential (the
+    /// health check, a port link, a public E2B port, or a request without a
+    /// body that the route authenticates itself).
+    pub principal: Option<Principal>,
+    /// Its body streams on to a sandbox's server.
+    pub relayed: bool,
+}
+
+/// Whether `req` carries a body (one the door must not let a handler read
+/// before its sender is known): hyper's body of a request without
+/// `Content-Length` or `Transfer-Encoding`, or with a length of 0, ends
+/// before it starts.
+pub(crate) fn has_body(req: &Request) -> bool {
+    use axum::body::HttpBody;
+    !req.body().is_end_stream()
+}
+
+impl Guard {
+    /// The checks of this listener, in order; the refusal as it is answered.
+    fn admit(&self, req: &Request) -> Result<Admitted, Box<Response>> {
+        self.check_host(req).map_err(refused(req))?;
+        if self.port_links {
+            return Ok(Admitted {
+                principal: None,
+                relayed: true,
+            });
+        }
+        self.check_browser(req.headers()).map_err(refused(req))?;
+        if let Some(e2b) = &self.e2b {
+            return e2b.admit(req);
+        }
+        let principal = self.check_auth(req).map_err(refused(req))?;
+        check_mcp_content_type(req).map_err(refused(req))?;
+        Ok(Admitted {
+            principal,
+            relayed: false,
         })
-        .and_then(|p| check_mcp_content_type(&req).map(|()| p));
-    match checked {
-        Ok(principal) => {
-            // Set here only: a client cannot put it in by a header.
-            req.extensions_mut().remove::<Caller>();
-            if let Some(p) = principal {
-                req.extensions_mut().insert(Caller(p));
-            }
-            next.run(req).await
-        }
-        Err(e) => {
-            // A 403 is a browser or a rebinding page at the door; a 401 or
-            // 415 is more likely a misconfigured client.
-            let (method, path) = (req.method(), req.uri().path());
-            let field = e.detail.field.as_deref().unwrap_or_default();
-            if e.status == axum::http::StatusCode::FORBIDDEN {
-                tracing::warn!(%method, path, field, "request refused: {}", e.detail.message);
-            } else {
-                tracing::info!(%method, path, field, status = e.status.as_u16(), "request refused: {}", e.detail.message);
-            }
-            e.into_response()
-        }
     }
 }
 
-/// The middleware of a listener with authentication of its own: the Host
-/// and browser checks, then the route.
-async fn door(State(guard): State<Guard>, req: Request, next: Next) -> Response {
-    let checked = guard
-        .check_host(&req)
-        .and_then(|()| guard.check_browser(req.headers()));
-    match checked {
-        Ok(()) => next.run(req).await,
-        Err(e) => {
-            let field = e.detail.field.as_deref().unwrap_or_default();
-            tracing::warn!(method = %req.method(), path = req.uri().path(), field, "request refused: {}", e.detail.message);
-            e.into_response()
+/// Logs a refusal at the door and answers it.
+fn refused(req: &Request) -> impl FnOnce(ApiError) -> Box<Response> + '_ {
+    move |e| {
+        // A 403 is a browser or a rebinding page at the door; a 401 or
+        // 415 is more likely a misconfigured client.
+        let (method, path) = (req.method(), req.uri().path());
+        let field = e.detail.field.as_deref().unwrap_or_default();
+        if e.status == axum::http::StatusCode::FORBIDDEN {
+            tracing::warn!(%method, path, field, "request refused: {}", e.detail.message);
+        } else {
+            tracing::info!(%method, path, field, status = e.status.as_u16(), "request refused: {}", e.detail.message);
         }
+        Box::new(e.into_response())
     }
+}
+
+/// The middleware: the checks in order (Host, browsers, credentials, MCP's
+/// content type), then the budget share and the route. Nothing of a
+/// request's body is read here.
+async fn check(State(guard): State<Guard>, mut req: Request, next: Next) -> Response {
+    let admitted = match guard.admit(&req) {
+        Ok(a) => a,
+        Err(refusal) => return *refusal,
+    };
+    // Set here only: a client cannot put them in by a header.
+    req.extensions_mut().remove::<Caller>();
+    req.extensions_mut().remove::<crate::ceilings::Relayed>();
+    if let Some(p) = admitted.principal {
+        req.extensions_mut().insert(Caller(p));
+    }
+    if admitted.relayed {
+        req.extensions_mut().insert(crate::ceilings::Relayed);
+    }
+    next.run(req).await
 }
 
 /// MCP messages are JSON; anything else is refused before rmcp reads it.

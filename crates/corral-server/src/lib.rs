@@ -1,12 +1,15 @@
 //! corral as a service: the HTTP API (`corral serve`) and the MCP server
 //! (`corral mcp` over stdio, and streamable HTTP at `/mcp` of the service).
 //!
-//! [`serve`] generates a token when none is configured (and writes it for
-//! local clients, [`runtime_file`]), binds the listeners, mounts
-//! [`api::router`] (and the MCP endpoint) behind the body limit, the
-//! ceilings' budget ([`ceilings::hold`]) and each listener's [`Guard`]
-//! (Host, Origin, token, content type), and [`api::port_router`] (port
-//! links, nothing else) on a listener of its own, and on SIGINT or SIGTERM shuts
+//! [`serve`] refuses a listener beyond loopback without authentication
+//! (`ServerConfig::check_unauthenticated_reach`), generates a token when
+//! none is configured (and writes it for local clients, [`runtime_file`]),
+//! binds the listeners, and puts each behind one [`door`]: its [`Guard`]
+//! (Host, Origin, credentials), then the budget share
+//! ([`ceilings::hold`]), then its routes: [`api::router`] and the MCP
+//! endpoint on the API's listeners, [`e2b::router`] on the E2B listener,
+//! [`api::port_router`] (port links, nothing else) on a listener of its
+//! own. On SIGINT or SIGTERM it shuts
 //! down in order: remove the token file, stop accepting, give requests in
 //! flight `server.shutdown_grace_ms`, cancel the rest, then remove every
 //! non-persistent sandbox (persistent ones stay for adoption).
@@ -55,12 +58,10 @@ pub struct Bound {
     pub token_file: Option<PathBuf>,
 }
 
-/// The service's routes over `state`: the API, the MCP endpoint at `/mcp`
-/// (when given), the body limit and the ceilings' budget
-/// ([`ceilings::hold`]), without the [`Guard`] (see [`app`]).
+/// The service's routes over `state`: the API and the MCP endpoint at
+/// `/mcp` (when given), without the door (see [`door`], [`app`]).
 pub fn routes(state: AppState, mcp: Option<(mcp::McpContext, CancellationToken)>) -> axum::Router {
     let max_body = usize::try_from(state.config().server.max_body_bytes).unwrap_or(usize::MAX);
-    let ceilings = state.ceilings().clone();
     let mut router = api::router(state);
     if let Some((ctx, cancel)) = mcp {
         let options = mcp::HttpOptions {
@@ -73,38 +74,36 @@ pub fn routes(state: AppState, mcp: Option<(mcp::McpContext, CancellationToken)>
         router = router.nest("/mcp", mcp::http_service_with(ctx, cancel, options));
     }
     router
-        .layer(axum::extract::DefaultBodyLimit::max(max_body))
-        .layer(axum::middleware::from_fn_with_state(
-            ceilings,
-            ceilings::hold,
-        ))
 }
 
-/// The port-link listener's routes over `state` ([`api::port_router`]),
-/// behind the body limit and the ceilings' budget as the API's; without
-/// the guard ([`Guard::port_links`]).
-pub fn port_routes(state: AppState) -> axum::Router {
+/// One door for every listener, built here only: the listener's [`Guard`]
+/// (Host, Origin, then its credentials: a request is refused before any of
+/// its body is read), then the budget share ([`ceilings::hold`]: the body
+/// reserved as it arrives from its principal's share, or its peer's, and
+/// cut off at `server.limits.body_timeout_ms`), then the body limit and
+/// `routes`. A new listener is a new router behind this same door.
+pub fn door(state: &AppState, guard: Guard, routes: axum::Router) -> axum::Router {
     let max_body = usize::try_from(state.config().server.max_body_bytes).unwrap_or(usize::MAX);
-    let ceilings = state.ceilings().clone();
-    api::port_router(state)
+    let routes = routes
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::from_fn_with_state(
-            ceilings,
+            state.ceilings().clone(),
             ceilings::hold,
-        ))
+        ));
+    guard.layer(routes)
 }
 
 /// The whole service over `state` as one listener serves it: [`routes`]
-/// behind the [`Guard`] of `listener` (Host, Origin, token, content type)
-/// under the state's configuration, whose `server.token` must be set when
-/// `server.auth` is `token` ([`serve`] generates one when it is not).
+/// behind the [`door`] of `listener` under the state's configuration,
+/// whose `server.token` must be set when `server.auth` is `token`
+/// ([`serve`] generates one when it is not).
 pub fn app(
     state: AppState,
     mcp: Option<(mcp::McpContext, CancellationToken)>,
     listener: Listener,
 ) -> axum::Router {
     let guard = Guard::new(&state.config().server, listener);
-    guard.layer(routes(state, mcp))
+    door(&state, guard, routes(state.clone(), mcp))
 }
 
 /// Runs the service until `shutdown` is cancelled (the CLI cancels it on
@@ -129,6 +128,11 @@ pub async fn serve(
         _ => None,
     };
     let server = config.server.clone();
+    // However the configuration was made: no listener beyond loopback
+    // without authentication.
+    server
+        .check_unauthenticated_reach()
+        .context("refusing to start")?;
     if server.auth == AuthMode::None {
         tracing::warn!(
             listen = %server.listen,
@@ -220,23 +224,40 @@ pub async fn serve(
     on_bound(&bound);
 
     let stop = shutdown.clone();
-    let tcp_app = Guard::new(&server, Listener::Tcp(tcp_addr)).layer(routes.clone());
+    let tcp_app = door(
+        &state,
+        Guard::new(&server, Listener::Tcp(tcp_addr)),
+        routes.clone(),
+    );
     let tcp_server = tokio::spawn(async move {
-        axum::serve(no_delay(tcp), tcp_app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
+        axum::serve(
+            no_delay(tcp),
+            tcp_app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
     });
-    let ports_app =
-        Guard::port_links(&server, ports_addr, &origin).layer(port_routes(state.clone()));
+    let ports_app = door(
+        &state,
+        Guard::port_links(&server, ports_addr, &origin),
+        api::port_router(state.clone()),
+    );
     let stop = shutdown.clone();
     let ports_server = tokio::spawn(async move {
-        axum::serve(ports, ports_app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
+        axum::serve(
+            ports,
+            ports_app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
     });
     let unix_server = unix.map(|(listener, owner)| {
         let stop = shutdown.clone();
-        let app = Guard::new(&server, Listener::Unix { owner }).layer(routes);
+        let app = door(
+            &state,
+            Guard::new(&server, Listener::Unix { owner }),
+            routes,
+        );
         tokio::spawn(async move {
             axum::serve(
                 listener,
@@ -251,11 +272,19 @@ pub async fn serve(
         let stop = shutdown.clone();
         // Its own keys and tokens authenticate; Host and browsers are
         // checked as on the main listener.
-        let app = Guard::new(&server, Listener::Tcp(addr)).layer_door(e2b::router(state.clone()));
+        let front = e2b::E2b::new(state.clone());
+        let app = door(
+            &state,
+            Guard::e2b(&server, addr, front.clone()),
+            e2b::router(front),
+        );
         tokio::spawn(async move {
-            axum::serve(no_delay(listener), app)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
+            axum::serve(
+                no_delay(listener),
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
         })
     });
 
@@ -322,13 +351,14 @@ fn bind_unix(path: &str) -> anyhow::Result<(tokio::net::UnixListener, u32)> {
 /// `commands.run` paid that on every command.
 fn no_delay(
     listener: tokio::net::TcpListener,
-) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {
+) -> axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)> {
     use axum::serve::ListenerExt;
-    listener.tap_io(|tcp| {
+    fn set(tcp: &mut tokio::net::TcpStream) {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
         }
-    })
+    }
+    listener.tap_io(set as fn(&mut tokio::net::TcpStream))
 }
 
 #[cfg(test)]

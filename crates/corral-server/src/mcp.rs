@@ -348,6 +348,15 @@ impl Handler {
         }
     }
 
+    /// Whose share of the service's budget the session's calls draw from:
+    /// its tenant's (the operator's for a session without one).
+    fn holder(&self) -> crate::ceilings::Holder {
+        self.session.principal().map_or(
+            crate::ceilings::Holder::Operator,
+            crate::ceilings::Holder::of,
+        )
+    }
+
     /// The session's sandbox, or the tool result explaining why there is none.
     async fn lease(&self) -> Result<(Lease, Vec<String>), CallToolResult> {
         match self.session.lease().await {
@@ -493,7 +502,7 @@ impl Handler {
             args::path(TOOL, "cwd", cwd)?;
         }
         let cap = self.output_cap();
-        let _held = match self.ceilings.command(cap, 0, false) {
+        let _held = match self.ceilings.command(&self.holder(), cap, 0, false) {
             Ok(h) => h,
             Err(busy) => return Ok(overloaded(busy)),
         };
@@ -524,7 +533,10 @@ impl Handler {
         let cap = self.output_cap();
         // Its stdout, stderr and results (each up to `cap`) gathered here,
         // then rendered: the streamed worst case, as the REST route counts.
-        let _held = match self.ceilings.command(cap, a.code.len() as u64, true) {
+        let _held = match self
+            .ceilings
+            .command(&self.holder(), cap, a.code.len() as u64, true)
+        {
             Ok(h) => h,
             Err(busy) => return Ok(overloaded(busy)),
         };
@@ -555,7 +567,7 @@ impl Handler {
         let a: args::ReadFile = args::parse(TOOL, params)?;
         args::path(TOOL, "path", &a.path)?;
         let cap = self.read_cap(READ_CAP);
-        let _held = match self.ceilings.file(cap) {
+        let _held = match self.ceilings.file(&self.holder(), cap) {
             Ok(h) => h,
             Err(busy) => return Ok(overloaded(busy)),
         };
@@ -601,7 +613,7 @@ impl Handler {
                 &format!("at most {WRITE_CAP} bytes"),
             ));
         }
-        let _held = match self.ceilings.file(a.content.len() as u64) {
+        let _held = match self.ceilings.file(&self.holder(), a.content.len() as u64) {
             Ok(h) => h,
             Err(busy) => return Ok(overloaded(busy)),
         };
@@ -642,7 +654,7 @@ impl Handler {
         let a: args::ListFiles = args::parse(TOOL, params)?;
         args::path(TOOL, "path", &a.path)?;
         let cap = self.read_cap(LIST_CAP);
-        let _held = match self.ceilings.file(cap) {
+        let _held = match self.ceilings.file(&self.holder(), cap) {
             Ok(h) => h,
             Err(busy) => return Ok(overloaded(busy)),
         };
@@ -748,7 +760,7 @@ impl Handler {
         args::session(TOOL, &name)?;
         let timeout = self.timeout(TOOL, a.timeout_secs)?;
         let cap = self.output_cap();
-        let _held = match self.ceilings.command(cap, 0, false) {
+        let _held = match self.ceilings.command(&self.holder(), cap, 0, false) {
             Ok(h) => h,
             Err(busy) => return Ok(overloaded(busy)),
         };

@@ -161,6 +161,7 @@ impl Collector for CeilingsUsage {
         for (limit, n) in [
             ("buffer_bytes", u.refused_budget),
             ("max_concurrent", u.refused_slots),
+            ("share_percent", u.refused_share),
         ] {
             ConstCounter::new(n).encode(m.encode_family(&[("limit", limit)])?)?;
         }

@@ -109,6 +109,8 @@ fn small_budget(c: &mut corral_core::config::Config) {
     c.server.limits.max_stdin_bytes = 64 << 10;
     c.server.limits.max_read_bytes = 64 << 10;
     c.server.limits.buffer_bytes = 1280 << 10;
+    // The whole budget, not a tenant's share of it (tests/budgets.rs).
+    c.server.limits.share_percent = 100;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -354,8 +354,13 @@ async fn tool_calls_go_through_the_service_ceilings_and_budget() {
 
     // Requests elsewhere in the service hold every slot: a tool call is
     // refused typed, and starts no sandbox.
-    let held: Vec<_> = (0..3)
-        .map(|_| ceilings.command(1, 0, false).expect("a slot"))
+    // (Three tenants: each may hold only its share of the slots.)
+    let held: Vec<_> = ["a", "b", "c"]
+        .map(|t| {
+            let other = corral_server::ceilings::Holder::Tenant(t.into());
+            ceilings.command(&other, 1, 0, false).expect("a slot")
+        })
+        .into_iter()
         .collect();
     for (tool, args) in [
         ("run_command", json!({"command": "echo hi"})),

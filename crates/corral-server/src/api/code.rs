@@ -15,7 +15,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use utoipa::ToSchema;
 
 use super::AppState;
-use crate::ceilings::Reservation;
+use crate::ceilings::{Holder, Reservation};
 use crate::error::ApiError;
 use crate::guard::Caller;
 use crate::wire::{ErrorBody, FailureBody};
@@ -133,9 +133,12 @@ pub(super) async fn run_code(
     let max_output = super::max_output(s.ceilings(), req.max_output)?;
     // What the run may hold: its output on the way (the relay's queue,
     // then this stream's events for a slow reader) and its code.
-    let held = s
-        .ceilings()
-        .command(max_output, req.code.len() as u64, true)?;
+    let held = s.ceilings().command(
+        &Holder::of(&caller),
+        max_output,
+        req.code.len() as u64,
+        true,
+    )?;
     let lease = s.lease(&caller, &id).await?;
     let mut run = corral::RunCode::new(req.code);
     run.env = req.env.into_iter().collect();

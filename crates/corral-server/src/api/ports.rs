@@ -195,12 +195,14 @@ async fn forward(
         .query()
         .map(|q| format!("?{q}"))
         .unwrap_or_default();
+    let wait = std::time::Duration::from_millis(s.ceilings().limits().backend_timeout_ms);
     relay(
         &sandbox,
         port,
         format!("/{rest}{query}"),
         Some(format!("/{token}")),
         req,
+        wait,
     )
     .await
 }
@@ -210,7 +212,33 @@ async fn forward(
 /// (an upgrade becomes a two-way byte pipe). `Host` becomes
 /// `localhost:PORT`; `prefix`, when the client's path had one, is sent as
 /// `X-Forwarded-Prefix`. Who may reach the port is the caller's check.
+/// A server that has not started its answer within `wait`
+/// (`server.limits.backend_timeout_ms`) is given up on: 504.
 pub(crate) async fn relay(
+    sandbox: &corral::Sandbox,
+    port: u16,
+    path_and_query: String,
+    prefix: Option<String>,
+    req: Request,
+    wait: std::time::Duration,
+) -> Response {
+    let answer = relay_until_answered(sandbox, port, path_and_query, prefix, req);
+    match tokio::time::timeout(wait, answer).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "port_timeout",
+            format!(
+                "port {port} of the sandbox did not start its answer within {} ms \
+                 (server.limits.backend_timeout_ms)",
+                wait.as_millis()
+            ),
+        )
+        .into_response(),
+    }
+}
+
+async fn relay_until_answered(
     sandbox: &corral::Sandbox,
     port: u16,
     path_and_query: String,

@@ -228,11 +228,12 @@ async fn execute(State(e2b): State<E2b>, headers: HeaderMap, body: axum::body::B
         .collect();
     // What the run may hold (its output on the way, its code) is the
     // service's budget's, until its answer is sent.
-    let held = match e2b
-        .app
-        .ceilings()
-        .command(run.max_output, run.code.len() as u64, true)
-    {
+    let held = match e2b.app.ceilings().command(
+        &crate::ceilings::Holder::of(&envd.entry.owner),
+        run.max_output,
+        run.code.len() as u64,
+        true,
+    ) {
         Ok(h) => h,
         Err(busy) => return crate::error::ApiError::from(busy).into_response(),
     };

@@ -36,6 +36,7 @@ use serde_json::{json, Value};
 use super::connect::{self, Code, RpcError};
 use super::control::error;
 use super::{requested_user, E2b, Envd};
+use crate::ceilings::Holder;
 use crate::error::ApiError;
 
 /// Time limit of `mkdir`, `mv` and `rm` in the sandbox.
@@ -856,24 +857,31 @@ async fn read_file(
 ) -> Response {
     let r = async {
         let q = files_query(q)?;
-        let Envd { lease, .. } = files_envd(&e2b, &headers, &q, "read").await?;
+        let Envd { entry, lease } = files_envd(&e2b, &headers, &q, "read").await?;
         requested_user(&user_header(headers.clone(), q.username.as_deref()), &lease)?;
         let path = absolute(&lease, "path", q.path.as_deref().unwrap_or(""))?;
         let opts = list_options(&e2b);
-        let _held = e2b
+        let held = e2b
             .app
             .ceilings()
-            .file(opts.max_bytes)
+            .file(&Holder::of(&entry.owner), opts.max_bytes)
             .map_err(|e| RpcError::from(ApiError::from(e)))?;
         let bytes = lease
             .read_file(&path, &opts)
             .await
             .map_err(|e| file_error(&e))?;
-        Ok::<_, RpcError>(bytes)
+        Ok::<_, RpcError>((held, bytes))
     }
     .await;
     match r {
-        Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
+        // The reservation goes with the answer until a slow reader has
+        // taken it all (`ceilings::hold`).
+        Ok((held, bytes)) => (
+            held,
+            [(header::CONTENT_TYPE, "application/octet-stream")],
+            bytes,
+        )
+            .into_response(),
         Err(e) => http_error(e),
     }
 }
@@ -886,7 +894,7 @@ async fn write_files(
     let headers = request.headers().clone();
     let r = async {
         let q = files_query(q)?;
-        let Envd { lease, .. } = files_envd(&e2b, &headers, &q, "write").await?;
+        let Envd { entry, lease } = files_envd(&e2b, &headers, &q, "write").await?;
         requested_user(&user_header(headers.clone(), q.username.as_deref()), &lease)?;
         let ct = headers
             .get(header::CONTENT_TYPE)
@@ -960,7 +968,7 @@ async fn write_files(
             let _held = e2b
                 .app
                 .ceilings()
-                .file(data.len() as u64)
+                .file(&Holder::of(&entry.owner), data.len() as u64)
                 .map_err(|e| RpcError::from(ApiError::from(e)))?;
             lease
                 .write_file(&path, &data, &opts)

@@ -315,9 +315,13 @@ async fn start_inner(e2b: &E2b, headers: &HeaderMap, body: &[u8]) -> Result<Resp
     let timeout = ceilings
         .timeout("header Connect-Timeout-Ms", asked, None, TimeUnit::Millis)
         .map_err(|e| RpcError::from(crate::error::ApiError::from(e)))?;
+    // E2B's protocol has no field for it: the operator's default for this
+    // listener, never the ceiling (a background command holds its
+    // reservation for its whole life).
     let max_output = ceilings
-        .max_output("max_output", None, u64::MAX)
-        .map_err(|e| RpcError::from(crate::error::ApiError::from(e)))?;
+        .limits()
+        .e2b_max_output
+        .min(ceilings.limits().max_output);
     let mut argv = vec![config.cmd.clone()];
     argv.extend(config.args.iter().cloned());
     let mut env: Vec<(String, String)> = entry
@@ -337,7 +341,7 @@ async fn start_inner(e2b: &E2b, headers: &HeaderMap, body: &[u8]) -> Result<Resp
     cmd.max_output = max_output;
     cmd.pty = pty;
     let held = ceilings
-        .exec(&cmd, true)
+        .exec(&crate::ceilings::Holder::of(&entry.owner), &cmd, true)
         .map_err(|e| RpcError::from(crate::error::ApiError::from(e)))?;
     let mut execution = lease.exec(&cmd).await.map_err(|f| failure_error(&f))?;
     let pid = match execution.started().await {
