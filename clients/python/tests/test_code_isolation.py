@@ -339,6 +339,14 @@ def test_the_operator_runs_code_in_a_tenants_sandbox_by_its_full_name() -> None:
                 assert r.status_code == 200 and ctx in r.text, r.text
                 r = op.delete(f"/v1/sandboxes/{name}/code/contexts/{ctx}")
                 assert r.status_code == 204, r.text
+                # The other per-sandbox routes take the full name too.
+                r = op.get(f"/v1/sandboxes/{name}/usage")
+                assert r.status_code == 200, r.text
+                r = op.get(f"/v1/sandboxes/{name}/ports/8080")
+                assert r.status_code == 200 and r.json()["host"].startswith("8080-"), r.text
+                r = op.get(f"/v1/sandboxes/{name}/egress")
+                # No egress policy on this sandbox: found, and said so.
+                assert r.status_code == 404 and "no egress policy" in r.text, r.text
         finally:
             sb.delete()
     finally:

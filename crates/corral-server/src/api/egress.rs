@@ -4,7 +4,7 @@
 use axum::extract::{Path, State};
 use axum::Json;
 
-use super::{check_name, AppState};
+use super::AppState;
 use crate::error::ApiError;
 use crate::guard::Caller;
 use crate::wire::{EgressCounts, ErrorBody};
@@ -26,7 +26,6 @@ pub(super) async fn egress_counts(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<EgressCounts>, ApiError> {
-    check_name("id", &id)?;
     let lease = s.lease(&caller, &id).await?;
     let counts = lease
         .sandbox()

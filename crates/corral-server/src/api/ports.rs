@@ -39,7 +39,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hyper_util::rt::TokioIo;
 
-use super::{check_name, AppState};
+use super::AppState;
 use crate::error::ApiError;
 use crate::guard::Caller;
 use crate::port_links;
@@ -73,7 +73,6 @@ pub(super) async fn port_link(
     Path((id, port)): Path<(String, String)>,
     headers: axum::http::HeaderMap,
 ) -> Result<Json<PortLink>, ApiError> {
-    check_name("id", &id)?;
     let port = parse_port(&port)?;
     let lease = s.lease(&caller, &id).await?;
     let Some(origin) = s.port_origin() else {

@@ -6,7 +6,7 @@
 use axum::extract::{Path, State};
 use axum::Json;
 
-use super::{check_name, AppState, Observed};
+use super::{AppState, Observed};
 use crate::error::ApiError;
 use crate::guard::Caller;
 use crate::wire::{ErrorBody, SandboxUsageBody, UsageBody, UsageListBody};
@@ -33,7 +33,6 @@ pub(super) async fn sandbox_usage(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<UsageBody>, ApiError> {
-    check_name("id", &id)?;
     s.refuse_when_closing()?;
     // Reading usage is observing: not activity for the idle timeout.
     let sandbox = match s.observed(&caller, &id)? {
