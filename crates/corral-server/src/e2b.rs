@@ -149,12 +149,23 @@ impl E2b {
     /// The sandbox whose access token is `token` (compared in constant
     /// time with each).
     fn by_token(&self, token: &str) -> Option<String> {
+        self.by_secret(token, |e| &e.token)
+    }
+
+    /// The sandbox whose traffic access token is `token`.
+    fn by_traffic_token(&self, token: &str) -> Option<String> {
+        self.by_secret(token, |e| &e.traffic)
+    }
+
+    /// The sandbox whose secret `pick` is `token`, compared in constant
+    /// time with each.
+    fn by_secret(&self, token: &str, pick: fn(&Entry) -> &String) -> Option<String> {
         if token.is_empty() {
             return None;
         }
         let mut found = None;
         for e in self.registry().values() {
-            if same_bytes(token.as_bytes(), e.token.as_bytes()) {
+            if same_bytes(token.as_bytes(), pick(e).as_bytes()) {
                 found = Some(e.id.clone());
             }
         }
@@ -326,8 +337,12 @@ impl E2b {
     fn token_owner(&self, req: &axum::extract::Request) -> Option<Principal> {
         let headers = req.headers();
         let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-        let given = header("x-access-token").or_else(|| header("e2b-traffic-access-token"));
-        if let Some(id) = given.and_then(|t| self.by_token(t)) {
+        // Each header against its own kind of secret: the routes decide
+        // what each opens.
+        let by_envd = header("x-access-token").and_then(|t| self.by_token(t));
+        let id = by_envd
+            .or_else(|| header("e2b-traffic-access-token").and_then(|t| self.by_traffic_token(t)));
+        if let Some(id) = id {
             return self.entry(&id).map(|e| e.owner.clone());
         }
         let query = req.uri().query()?;

@@ -50,6 +50,10 @@ struct Inner {
     /// Serializes re-attaching and recreating, so concurrent callers do it once.
     reattach: tokio::sync::Mutex<()>,
     destroyed: AtomicBool,
+    /// Set while [`Sandbox::pause`] holds it frozen: its agent cannot
+    /// answer until [`Sandbox::resume`], so readers that need not wait
+    /// (a description's usage) ask the engine instead.
+    frozen: AtomicBool,
     /// Set once a snapshot starts folding the changes of the sandbox's
     /// commands into its container's root file system (which then is its
     /// pristine state): the container no longer matches its spec, so a
@@ -141,6 +145,7 @@ impl Sandbox {
                 conn,
                 reattach: tokio::sync::Mutex::new(()),
                 destroyed: AtomicBool::new(false),
+                frozen: AtomicBool::new(false),
                 base_folded: AtomicBool::new(false),
                 dead: Mutex::new(None),
                 timings: Mutex::new(StartTimings::default()),
@@ -477,7 +482,9 @@ impl Sandbox {
             .inner
             .backend
             .freeze(&placement, true)
-            .await
+            .await?;
+        self.inner.frozen.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// Thaws a sandbox [`Sandbox::pause`] froze.
@@ -488,7 +495,15 @@ impl Sandbox {
             .inner
             .backend
             .freeze(&placement, false)
-            .await
+            .await?;
+        self.inner.frozen.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether [`Sandbox::pause`] froze it (and no [`Sandbox::resume`]
+    /// thawed it since): its agent answers nothing meanwhile.
+    pub fn is_paused(&self) -> bool {
+        self.inner.frozen.load(Ordering::Acquire)
     }
 
     /// Starts a command and returns a handle to feed it and wait for it. With

@@ -173,6 +173,11 @@ impl UsageSampler {
             }
         }
         let usage = tokio::time::timeout(READ_TIMEOUT, async {
+            // A paused sandbox's agent answers nothing until it is resumed:
+            // the engine's counters, without waiting for it.
+            if sandbox.is_paused() {
+                return sandbox.usage().await;
+            }
             match sandbox.usage_from_agent().await {
                 Ok(u) => Ok(u),
                 Err(_) => sandbox.usage().await,
