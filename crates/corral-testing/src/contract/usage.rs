@@ -12,7 +12,7 @@ use super::{sh, Case};
 const MIB: u64 = 1 << 20;
 
 /// A shell loop that burns CPU in the shell itself (no child processes).
-const BUSY: &str = "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done";
+const BUSY: &str = "i=0; while [ $i -lt 1000000 ]; do i=$((i+1)); done";
 
 /// A busy command reports far more CPU than `true`, and no more than its
 /// wall time (one thread); one that holds a 64 MiB buffer reports a peak
