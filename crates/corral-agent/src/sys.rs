@@ -728,43 +728,16 @@ pub fn drop_caps_in_child(caps: &[u32], bounding: bool) -> io::Result<()> {
         cvt(unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) })?;
     }
     clear_ambient()?;
-    let mut header = CapHeader {
-        version: CAP_V3,
-        pid: 0,
-    };
-    let mut data = [CapData {
-        effective: 0,
-        permitted: 0,
-        inheritable: 0,
-    }; 2];
-    // SAFETY: capget writes two CapData through a valid pointer for V3.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_capget,
-            &mut header as *mut CapHeader,
-            data.as_mut_ptr(),
-        )
-    };
-    cvt(ret as libc::c_int)?;
-    for &cap in caps {
-        let (word, bit) = ((cap / 32) as usize, 1u32 << (cap % 32));
-        if let Some(d) = data.get_mut(word) {
-            d.effective &= !bit;
-            d.permitted &= !bit;
-            d.inheritable &= !bit;
-        }
-    }
-    header.version = CAP_V3;
-    header.pid = 0;
-    // SAFETY: capset reads two CapData through a valid pointer for V3.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_capset,
-            &mut header as *mut CapHeader,
-            data.as_ptr(),
-        )
-    };
-    cvt(ret as libc::c_int).map(drop)
+    let mask = caps
+        .iter()
+        .filter(|&&cap| cap < 64)
+        .fold(0u64, |m, &cap| m | (1u64 << cap));
+    let now = capget()?;
+    capset(CapSets {
+        effective: now.effective & !mask,
+        permitted: now.permitted & !mask,
+        inheritable: now.inheritable & !mask,
+    })
 }
 
 /// Opens `path` (relative or absolute) as an `O_PATH` descriptor, resolved
