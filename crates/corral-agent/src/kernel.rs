@@ -795,11 +795,7 @@ mod tests {
 
     #[test]
     fn signs_and_verifies_with_the_key_only() {
-        let relay = Relay {
-            key: b"k".to_vec(),
-            session: "s".into(),
-            budgets: VecDeque::new(),
-        };
+        let relay = test_relay();
         let msg = relay.message("id1", "execute_request", json!({"code": "1"}));
         let (header, _, content) = relay.verify(msg.clone()).expect("own signature verifies");
         assert_eq!(header["msg_id"], "id1");
@@ -839,13 +835,18 @@ mod tests {
         json!({"name": name, "text": text})
     }
 
-    #[test]
-    fn output_is_kept_within_each_executions_budget() {
-        let mut relay = Relay {
+    /// A relay keyed `k` in session `s`, tracking no execution yet.
+    fn test_relay() -> Relay {
+        Relay {
             key: b"k".to_vec(),
             session: "s".into(),
             budgets: VecDeque::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn output_is_kept_within_each_executions_budget() {
+        let mut relay = test_relay();
         relay.track("e1", 10);
         let out = relay.relay(
             "iopub",
@@ -901,11 +902,7 @@ mod tests {
 
     #[test]
     fn output_for_no_execution_or_with_a_wrong_signature_is_not_relayed() {
-        let mut relay = Relay {
-            key: b"k".to_vec(),
-            session: "s".into(),
-            budgets: VecDeque::new(),
-        };
+        let mut relay = test_relay();
         relay.track("e1", 100);
         let out = relay.relay(
             "iopub",
@@ -937,11 +934,7 @@ mod tests {
 
     #[test]
     fn output_after_its_execution_went_idle_is_not_relayed() {
-        let mut relay = Relay {
-            key: b"k".to_vec(),
-            session: "s".into(),
-            budgets: VecDeque::new(),
-        };
+        let mut relay = test_relay();
         relay.track("e1", 100);
         let out = relay.relay(
             "iopub",
