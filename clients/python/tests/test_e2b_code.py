@@ -186,16 +186,12 @@ def test_printing_forever_and_spawning_past_the_pids_limit_stay_bounded(sbx: San
     assert 0 < len(out) <= 1 << 20 and set(out) == {"x"}, len(out)
     assert any("dropped" in s for s in ex.logs.stderr), ex.logs.stderr
     # The SDK gives up after 4 s and closes the stream, which interrupts the
-    # kernel; the flood it printed meanwhile is not queued for the next run.
-    # Or, where the flood outruns the relay first, the sandbox's memory
-    # limit ends the kernel, typed, and the next run starts a fresh one
-    # (seen: the relay and the kernel both grow under a flood; bounded by
-    # the sandbox's limit, not yet by the relay).
-    try:
-        ex = sbx.run_code("while True:\n    print('y' * 1000)", timeout=4)
-        assert ex.error is not None and "OOM killer" in ex.error.value, ex.error
-    except TimeoutException:
-        pass
+    # kernel; the flood it printed meanwhile is not queued for the next run,
+    # and neither the kernel nor its relay grows with it (a print waits for
+    # the kernel's buffer to be sent: before, both grew until the sandbox's
+    # memory limit ended the kernel, and the next run reported that).
+    with pytest.raises(TimeoutException):
+        sbx.run_code("while True:\n    print('y' * 1000)", timeout=4)
     assert sbx.run_code("1 + 2", timeout=120).text == "3"
     ex = sbx.run_code(
         "import subprocess\nprocs = []\nfor _ in range(1000):\n    procs.append(subprocess.Popen(['sleep', '60']))",

@@ -93,8 +93,11 @@ def test_a_python_repl_runs_on_a_terminal_that_resizes_and_interrupts(server: Lo
             # readline redraws its prompt on SIGWINCH, so wait for the answer.
             term.until("columns=132, lines=43")
             term.until(">>> ")
-            # Ctrl-C reaches the foreground program through the terminal.
-            stream.send_stdin("while True: pass\r\r")
+            # Ctrl-C reaches the foreground program through the terminal:
+            # sent once the loop runs (a Ctrl-C typed before the line is read
+            # discards the unread input, as a terminal does).
+            stream.send_stdin("print('spin' + 'ning'); exec('while True: pass')\r")
+            term.until("spinning\r\n")
             stream.send_stdin("\x03")
             term.until("KeyboardInterrupt")
             term.until(">>> ")
