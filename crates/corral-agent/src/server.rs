@@ -128,7 +128,7 @@ impl Conn {
     /// session left running.
     pub fn serve(&self, input: impl Read + AsRawFd) {
         self.read_loop(input);
-        self.end_session();
+        self.end_session(false);
     }
 
     /// Reads frames until `stdin` ends.
@@ -201,13 +201,15 @@ impl Conn {
     }
 
     /// Kills what the current session left running and forgets it.
-    fn end_session(&self) {
+    /// Ends the current session; with `keep`, its commands go on running
+    /// (a restored sandbox's), else they are killed.
+    fn end_session(&self, keep: bool) {
         // An import cut short ends with what arrived: the archive is
         // short, so it fails and leaves the delta empty.
         lock(&self.import).take();
         let orphaned: Vec<Running> = lock(&self.commands).drain().map(|(_, r)| r).collect();
         for r in orphaned {
-            if !r.ctl.exited() {
+            if !keep && !r.ctl.exited() {
                 tree::kill_tree(r.pid);
             }
             // A supervisor waiting for output streams to close after the
@@ -231,14 +233,16 @@ impl Conn {
                     protocol: 0,
                     session: String::new(),
                     env: Vec::new(),
+                    restored: false,
                 };
                 (h, false)
             }
         };
         if ok {
             // The old session's commands die before the new session's
-            // first answer, and none of their frames follow it.
-            self.end_session();
+            // first answer (unless a live snapshot caught them, and they go
+            // on), and none of their frames follow it.
+            self.end_session(hello.restored);
             *lock(&self.env) = Arc::new(hello.env);
         }
         let ack = HelloAck {

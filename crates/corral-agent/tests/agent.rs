@@ -578,6 +578,7 @@ fn protocol_errors_are_answered() {
             protocol: PROTOCOL_VERSION,
             session: "no-sync".into(),
             env: Vec::new(),
+            restored: false,
         },
     ));
     assert!(c.expect_error(0).contains("sync"));

@@ -581,6 +581,39 @@ pub trait Backend: Send + Sync + 'static {
         })
     }
 
+    /// Checkpoints the running sandbox at `placement` into directory `dir`
+    /// (made by the caller, empty) and lets it go on from the checkpoint;
+    /// its control stream breaks, so the caller connects again. Returns
+    /// the bytes written. A tier that cannot checkpoint refuses by name.
+    fn checkpoint<'a>(
+        &'a self,
+        placement: &'a Placement,
+        dir: &'a std::path::Path,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        let _ = (placement, dir);
+        Box::pin(async move {
+            Err(Error::Unsupported {
+                what: format!("live snapshots with the {} backend", self.name()),
+            })
+        })
+    }
+
+    /// Starts the created (never started) sandbox at `placement` from the
+    /// checkpoint in `dir` ([`Backend::checkpoint`]) instead of from its
+    /// image's entrypoint.
+    fn restore<'a>(
+        &'a self,
+        placement: &'a Placement,
+        dir: &'a std::path::Path,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = (placement, dir);
+        Box::pin(async move {
+            Err(Error::Unsupported {
+                what: format!("live snapshots with the {} backend", self.name()),
+            })
+        })
+    }
+
     /// Every snapshot this backend keeps, with its labels.
     fn snapshots(&self) -> BoxFuture<'_, Result<Vec<LabelledSnapshot>, Error>> {
         Box::pin(async { Ok(Vec::new()) })

@@ -495,6 +495,12 @@ pub struct Hello {
     /// it in their configuration instead; left out when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<(String, String)>,
+    /// The first session after the sandbox was restored from a live
+    /// snapshot: the commands the snapshot caught running go on (under
+    /// their own timeouts), unobserved, instead of being killed as an
+    /// earlier session's are. Absent: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restored: bool,
 }
 
 /// Handshake answer from the agent.
@@ -919,6 +925,7 @@ mod tests {
                     protocol: 1,
                     session: "s".into(),
                     env: vec![("API_KEY".into(), "v".into())],
+                    restored: false,
                 },
             ),
             Frame::new(FrameKind::Stdout, 7, vec![0u8, 255, 10, 13, 0xc3]),

@@ -134,14 +134,22 @@ pub enum SnapshotKind {
     /// from the source's image and its agent takes the changes in before
     /// its first command. Only of sandboxes that reset in place.
     Delta,
+    /// The engine's checkpoint of the running sandbox: its processes,
+    /// memory, open files, listening sockets, tmpfs mounts and root file
+    /// system, kept by corral as files; a fork is restored from it and
+    /// goes on from that state. Never chosen unless asked for; only of
+    /// tiers that checkpoint (on Docker: `isolation: gvisor` with
+    /// `network: none`).
+    Live,
 }
 
 impl SnapshotKind {
-    /// `image` or `delta`.
+    /// `image`, `delta` or `live`.
     pub fn as_str(self) -> &'static str {
         match self {
             SnapshotKind::Image => "image",
             SnapshotKind::Delta => "delta",
+            SnapshotKind::Live => "live",
         }
     }
 }

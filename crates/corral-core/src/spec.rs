@@ -115,6 +115,14 @@ pub enum Isolation {
 /// `scripts/ensure-gvisor.sh` registers it.
 pub const GVISOR_RUNTIME: &str = "runsc";
 
+/// The Docker runtime of [`Isolation::Gvisor`] sandboxes with
+/// [`Network::None`], where the daemon has it (`scripts/ensure-gvisor.sh`
+/// registers it as runsc with `--network=none --overlay`): gVisor
+/// checkpoints such a sandbox, which it refuses on the host network stack
+/// [`GVISOR_RUNTIME`] uses. `--overlay` keeps the root file system's
+/// changes in the sandbox's memory, so a checkpoint carries them.
+pub const GVISOR_LIVE_RUNTIME: &str = "runsc-live";
+
 /// Host tasks the engine's pids cgroup allows per sandbox process under
 /// [`Isolation::Gvisor`] (measured: about nine on the ptrace platform).
 pub const GVISOR_HOST_TASKS_PER_PROCESS: i64 = 16;

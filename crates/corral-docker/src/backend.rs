@@ -157,6 +157,13 @@ pub(crate) struct BackendInner {
     agent_volume: OnceCell<String>,
     network: OnceCell<crate::network::NetworkInfo>,
     storage_opt: OnceCell<bool>,
+    /// Whether the daemon has [`corral_core::spec::GVISOR_LIVE_RUNTIME`].
+    live_runtime: OnceCell<bool>,
+    /// Restores from checkpoints go one at a time: the daemon uploads each
+    /// checkpoint to containerd's content store, and two uploads of the
+    /// same bytes at once fail ("commit failed: content ... already
+    /// exists").
+    pub(crate) restores: tokio::sync::Mutex<()>,
     pulls: crate::pull::Pulls,
     pub(crate) events: Arc<EventRouter>,
     /// See [`Backend::shared_deltas`].
@@ -187,6 +194,8 @@ impl DockerBackend {
                 agent_volume: OnceCell::new(),
                 network: OnceCell::new(),
                 storage_opt: OnceCell::new(),
+                live_runtime: OnceCell::new(),
+                restores: tokio::sync::Mutex::new(()),
                 pulls: crate::pull::Pulls::new(crate::pull::PullConfig {
                     timeout: config.pull_timeout,
                     limit: config.pull_limit,
@@ -198,6 +207,26 @@ impl DockerBackend {
                 host_pid_max,
             }),
         })
+    }
+
+    /// Whether the daemon has the runtime gVisor sandboxes without network
+    /// can be checkpointed under (asked once).
+    async fn has_live_runtime(&self) -> bool {
+        *self
+            .inner
+            .live_runtime
+            .get_or_init(|| async {
+                match self.inner.docker.info().await {
+                    Ok(info) => info
+                        .runtimes
+                        .is_some_and(|r| r.contains_key(corral_core::spec::GVISOR_LIVE_RUNTIME)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot list the daemon's runtimes; gVisor sandboxes run without live snapshots");
+                        false
+                    }
+                }
+            })
+            .await
     }
 
     /// The raw client, for `doctor` and benchmarks that measure the daemon
@@ -616,6 +645,9 @@ impl DockerBackend {
         };
         let storage_opt_supported = spec.limits.disk.is_some()
             && self.storage_opt_supported(&spec.image, req.owner).await?;
+        let live_runtime = spec.isolation == corral_core::Isolation::Gvisor
+            && spec.network == corral_core::Network::None
+            && self.has_live_runtime().await;
         let private_agent = agent_volume::needs_private_copy(spec);
         if private_agent {
             agent_volume::make_private(docker, id, &spec.image, req.owner).await?;
@@ -633,6 +665,7 @@ impl DockerBackend {
                     dns: dns.as_deref(),
                     shared_deltas,
                     host_pid_max: self.inner.host_pid_max,
+                    live_runtime,
                 },
             )
         };
@@ -770,6 +803,22 @@ impl Backend for DockerBackend {
             .await
             .map_err(|e| api(format!("start sandbox {id} (container {})", short(cid)), e))
         })
+    }
+
+    fn checkpoint<'a>(
+        &'a self,
+        placement: &'a Placement,
+        dir: &'a std::path::Path,
+    ) -> BoxFuture<'a, Result<u64, Error>> {
+        Box::pin(self.live_checkpoint(placement.id(), dir))
+    }
+
+    fn restore<'a>(
+        &'a self,
+        placement: &'a Placement,
+        dir: &'a std::path::Path,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.live_restore(placement.id(), dir))
     }
 
     fn connect<'a>(

@@ -12,7 +12,7 @@ use bollard::models::{
 };
 use corral_core::labels;
 use corral_core::protocol::{AGENT_DIR, AGENT_PATH};
-use corral_core::spec::GVISOR_RUNTIME;
+use corral_core::spec::{GVISOR_LIVE_RUNTIME, GVISOR_RUNTIME};
 use corral_core::{Isolation, Network, SandboxSpec, SpecError};
 
 /// Everything besides the spec that goes into a container.
@@ -44,6 +44,9 @@ pub struct CreateParams<'a> {
     /// [`corral_core::spec::DEFAULT_HOST_PID_MAX`] when not known), which
     /// bounds a gVisor sandbox's pids limit.
     pub host_pid_max: i64,
+    /// Whether the daemon has [`GVISOR_LIVE_RUNTIME`], which gVisor
+    /// sandboxes without network then run under.
+    pub live_runtime: bool,
 }
 
 /// The host-side helper directories of a `nosuid` mount of `host`: an
@@ -269,6 +272,9 @@ pub fn create_body(
         dns: p.dns.map(|d| vec![d.to_string()]),
         runtime: match spec.isolation {
             Isolation::Container => spec.runtime.clone(),
+            Isolation::Gvisor if p.live_runtime && spec.network == Network::None => {
+                Some(GVISOR_LIVE_RUNTIME.to_string())
+            }
             Isolation::Gvisor => Some(GVISOR_RUNTIME.to_string()),
         },
         storage_opt,
@@ -335,7 +341,43 @@ mod tests {
             dns: None,
             shared_deltas: None,
             host_pid_max: corral_core::spec::DEFAULT_HOST_PID_MAX,
+            live_runtime: false,
         }
+    }
+
+    #[test]
+    fn gvisor_without_network_runs_where_it_can_be_checkpointed() {
+        let owner = owner_labels(&Owner {
+            host: "h".into(),
+            pid: 1,
+            start: 1,
+        });
+        let runtime = |network: Network, live_runtime: bool| {
+            let mut spec = SandboxSpec::new("img");
+            spec.isolation = Isolation::Gvisor;
+            spec.network = network;
+            let p = CreateParams {
+                live_runtime,
+                ..params(&owner)
+            };
+            create_body(&spec, &p)
+                .expect("body")
+                .host_config
+                .and_then(|h| h.runtime)
+        };
+        assert_eq!(
+            runtime(Network::None, true).as_deref(),
+            Some(GVISOR_LIVE_RUNTIME)
+        );
+        // Without the runtime, or with network (the host stack), plain runsc.
+        assert_eq!(
+            runtime(Network::None, false).as_deref(),
+            Some(GVISOR_RUNTIME)
+        );
+        assert_eq!(
+            runtime(Network::Bridge, true).as_deref(),
+            Some(GVISOR_RUNTIME)
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 pub mod agent_volume;
 mod backend;
+mod checkpoint;
 pub mod connect;
 pub mod container_config;
 pub mod doctor;

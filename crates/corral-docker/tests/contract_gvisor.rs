@@ -230,3 +230,102 @@ async fn gvisor_pids_limit_stays_under_the_hosts_pid_max() {
     ]);
     assert_eq!(left.trim(), "", "a refused create left a container");
 }
+
+/// The counter a background shell of the live-snapshot test writes each
+/// tenth of a second, read twice a second apart: it must be moving.
+async fn counting(sb: &corral::Sandbox) -> (u64, u64) {
+    let text = out(sb, "cat /tmp/count; sleep 1; cat /tmp/count").await;
+    let mut n = text
+        .lines()
+        .map(|l| l.trim().parse::<u64>().expect("a count"));
+    let (a, b) = (n.next().expect("first"), n.next().expect("second"));
+    assert!(b > a, "the counter stands still: {a} then {b}");
+    (a, b)
+}
+
+/// A live snapshot of a gVisor sandbox without network takes its running
+/// processes along: a shell counting in memory goes on from where it was
+/// in the source and in each of two forks, which diverge; a server that
+/// listened before the snapshot answers in every fork; files in the root
+/// file system and in /tmp come along; each fork is a sandbox of its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn gvisor_live_snapshot_forks_running_processes() {
+    let Some(sb) = sandbox("gvisor_live", |s| s.network = corral::Network::None).await else {
+        return;
+    };
+    out(
+        &sb,
+        "mkdir -p /www && echo served > /www/page && echo rooted > /rootfile && \
+         setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' \
+           </dev/null >/dev/null 2>&1 & \
+         setsid httpd -f -p 8080 -h /www </dev/null >/dev/null 2>&1 & \
+         sleep 1",
+    )
+    .await;
+    let (_, before) = counting(&sb).await;
+    let name = format!("live-{}", std::process::id());
+    let opts = corral::SnapshotOptions {
+        kind: Some(corral::snapshot::SnapshotKind::Live),
+        ..Default::default()
+    };
+    let info = sb.snapshot(&name, opts).await.expect("live snapshot");
+    assert_eq!(info.kind, corral::snapshot::SnapshotKind::Live);
+    assert!(info.size > 0, "{info:?}");
+    // The source goes on from its own state (restored in place).
+    let (after, _) = counting(&sb).await;
+    assert!(
+        after >= before,
+        "the source started over: {before} then {after}"
+    );
+    let runtime = common::backend().await;
+    let forks = runtime.fork(&name, 2).await.expect("fork 2");
+    for f in &forks {
+        let (n, _) = counting(f).await;
+        assert!(n >= before, "a fork started over: {before} then {n}");
+        assert_eq!(out(f, "cat /rootfile").await, "rooted\n");
+        assert_eq!(
+            out(f, "wget -qO- http://127.0.0.1:8080/page").await,
+            "served\n"
+        );
+        assert_ne!(f.id(), sb.id());
+        assert_ne!(f.container_id(), sb.container_id());
+    }
+    out(&forks[0], "echo one > /tmp/mine").await;
+    assert_eq!(
+        out(&forks[1], "cat /tmp/mine 2>/dev/null || echo absent").await,
+        "absent\n"
+    );
+    assert_eq!(
+        out(&sb, "cat /tmp/mine 2>/dev/null || echo absent").await,
+        "absent\n"
+    );
+    for f in forks {
+        f.destroy().await.expect("destroy a fork");
+    }
+    runtime.delete_snapshot(&name).await.expect("delete");
+    assert!(runtime.snapshot_info(&name).await.is_err(), "still listed");
+    sb.destroy().await.expect("destroy");
+}
+
+/// gVisor on the host network stack (a sandbox with network) cannot be
+/// checkpointed: a live snapshot is refused by name, and the sandbox goes
+/// on as it was.
+#[tokio::test(flavor = "multi_thread")]
+async fn gvisor_with_network_refuses_a_live_snapshot_by_name() {
+    let Some(sb) = sandbox("gvisor_live_net", |_| {}).await else {
+        return;
+    };
+    out(&sb, "echo kept > /tmp/kept").await;
+    let opts = corral::SnapshotOptions {
+        kind: Some(corral::snapshot::SnapshotKind::Live),
+        ..Default::default()
+    };
+    let e = sb
+        .snapshot(&format!("net-{}", std::process::id()), opts)
+        .await
+        .expect_err("refused");
+    assert_eq!(e.kind(), corral::FailureKind::Unsupported, "{e}");
+    assert!(e.to_string().contains("host network stack"), "{e}");
+    assert_eq!(out(&sb, "cat /tmp/kept").await, "kept\n");
+    sb.destroy().await.expect("destroy");
+}

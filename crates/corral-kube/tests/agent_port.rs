@@ -101,6 +101,7 @@ fn session_running(session: &str, argv: &[&str]) -> Vec<u8> {
             protocol: PROTOCOL_VERSION,
             session: session.into(),
             env: Vec::new(),
+            restored: false,
         },
     )
     .encode_into(&mut out);

@@ -562,6 +562,12 @@ pub enum SnapshotKind {
     /// keeps (in memory, or a file when durable); forks start from the
     /// source's image and take the changes in. No image, no registry.
     Delta,
+    /// The running sandbox's checkpoint (processes, memory, open files,
+    /// listening sockets, tmpfs mounts and file system), which the service
+    /// keeps as files; forks are restored from it and go on from there.
+    /// Only when asked for, of tiers that checkpoint (Docker: `isolation:
+    /// gvisor` with `network: none`); others answer 501 `unsupported`.
+    Live,
 }
 
 impl From<SnapshotKind> for corral_core::snapshot::SnapshotKind {
@@ -569,6 +575,7 @@ impl From<SnapshotKind> for corral_core::snapshot::SnapshotKind {
         match k {
             SnapshotKind::Image => corral_core::snapshot::SnapshotKind::Image,
             SnapshotKind::Delta => corral_core::snapshot::SnapshotKind::Delta,
+            SnapshotKind::Live => corral_core::snapshot::SnapshotKind::Live,
         }
     }
 }
@@ -578,6 +585,7 @@ impl From<corral_core::snapshot::SnapshotKind> for SnapshotKind {
         match k {
             corral_core::snapshot::SnapshotKind::Image => SnapshotKind::Image,
             corral_core::snapshot::SnapshotKind::Delta => SnapshotKind::Delta,
+            corral_core::snapshot::SnapshotKind::Live => SnapshotKind::Live,
         }
     }
 }

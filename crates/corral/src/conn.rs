@@ -324,6 +324,7 @@ impl AgentConn {
         sandbox: &str,
         keepalive: Duration,
         env: Vec<(String, String)>,
+        restored: bool,
     ) -> Result<Self, Error> {
         let AgentStream { output, mut input } = stream;
         let session = random_hex(32);
@@ -403,6 +404,7 @@ impl AgentConn {
                 protocol: PROTOCOL_VERSION,
                 session,
                 env,
+                restored,
             },
         )
         .encode_into(&mut hello);

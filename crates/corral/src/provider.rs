@@ -788,7 +788,7 @@ impl Provider {
                     let created = self
                         .inner
                         .runtime
-                        .create_from(spec, base.clone(), Some(key), None)
+                        .create_from(spec, base.clone(), Some(key), None, None)
                         .await;
                     let sandbox = match created {
                         Ok(sb) => sb,

@@ -453,7 +453,7 @@ impl Runtime {
         spec: &SandboxSpec,
         watch: &(dyn Fn(StartPhase) + Send + Sync),
     ) -> Result<Sandbox, Error> {
-        self.create_from(spec, None, None, Some(watch)).await
+        self.create_from(spec, None, None, Some(watch), None).await
     }
 
     /// [`Runtime::create`] for provider session `session` (its events
@@ -463,24 +463,26 @@ impl Runtime {
         spec: &SandboxSpec,
         session: Option<&str>,
     ) -> Result<Sandbox, Error> {
-        self.create_from(spec, None, session, None).await
+        self.create_from(spec, None, session, None, None).await
     }
 
     /// [`Runtime::create_for`] of a sandbox whose agent first takes `base`
-    /// in (a fork of a delta snapshot), before anything runs.
+    /// in (a fork of a delta snapshot), before anything runs, or which is
+    /// restored from the checkpoint in `restore` (a fork of a live one).
     pub(crate) async fn create_from(
         &self,
         spec: &SandboxSpec,
         base: Option<Delta>,
         session: Option<&str>,
         watch: PhaseWatch<'_>,
+        restore: Option<&std::path::Path>,
     ) -> Result<Sandbox, Error> {
         let id = format!("sb-{}", host::random_hex(12));
         let tenant = spec
             .labels
             .get(crate::events::TENANT_LABEL)
             .map(String::as_str);
-        match self.create_as(spec, id.clone(), base, watch).await {
+        match self.create_as(spec, id.clone(), base, watch, restore).await {
             Ok(sb) => {
                 if let Some(key) = session {
                     sb.set_session(key);
@@ -515,9 +517,13 @@ impl Runtime {
         id: String,
         base: Option<Delta>,
         watch: PhaseWatch<'_>,
+        restore: Option<&std::path::Path>,
     ) -> Result<Sandbox, Error> {
         let span = tracing::info_span!("sandbox_start", sandbox = %id, image = %spec.image);
-        let started = self.start_new(spec, &id, watch).instrument(span).await?;
+        let started = self
+            .start_new(spec, &id, watch, restore)
+            .instrument(span)
+            .await?;
         let sandbox = Sandbox::new(
             id,
             started.placement,
@@ -582,9 +588,21 @@ impl Runtime {
         sandbox_id: &str,
         spec: &SandboxSpec,
     ) -> Result<AgentConn, Error> {
+        self.connect_as(placement, sandbox_id, spec, false).await
+    }
+
+    /// [`Runtime::connect`]; `restored`: the first connection to a sandbox
+    /// restored from a live snapshot, whose caught commands go on.
+    pub(crate) async fn connect_as(
+        &self,
+        placement: &Placement,
+        sandbox_id: &str,
+        spec: &SandboxSpec,
+        restored: bool,
+    ) -> Result<AgentConn, Error> {
         let env = spec.resolve_env(&RealHost)?;
         let stream = self.inner.backend.connect(placement, sandbox_id).await?;
-        AgentConn::open(stream, sandbox_id, spec.keepalive(), env).await
+        AgentConn::open(stream, sandbox_id, spec.keepalive(), env, restored).await
     }
 
     /// Removes a sandbox's container (or pod) and what was made for it.
@@ -646,6 +664,7 @@ impl Runtime {
         spec: &SandboxSpec,
         id: &str,
         watch: PhaseWatch<'_>,
+        restore: Option<&std::path::Path>,
     ) -> Result<Started, Error> {
         let total = Instant::now();
         let mut timings = StartTimings::default();
@@ -704,10 +723,12 @@ impl Runtime {
         // take it.
         let mut guard = RemoveOnDrop::new(backend.clone(), placement.clone(), id);
         let t2 = Instant::now();
-        let start = backend
-            .start(&req, &placement)
-            .instrument(enter(watch, StartPhase::Start))
-            .await;
+        let start = match restore {
+            None => backend.start(&req, &placement),
+            Some(dir) => backend.restore(&placement, dir),
+        }
+        .instrument(enter(watch, StartPhase::Start))
+        .await;
         timings.start = t2.elapsed();
         match &start {
             Ok(()) => self.breaker_ok(t, probe),
@@ -723,7 +744,8 @@ impl Runtime {
                     if !exec_slot.waited.is_zero() {
                         self.inner.metrics.slot_wait(exec_slot.waited);
                     }
-                    self.connect(&placement, id, spec).await
+                    self.connect_as(&placement, id, spec, restore.is_some())
+                        .await
                 }
                 .instrument(enter(watch, StartPhase::Attach))
                 .await;

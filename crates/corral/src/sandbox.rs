@@ -701,6 +701,35 @@ impl Sandbox {
         self.inner.kernels.clear();
     }
 
+    /// Checkpoints the running sandbox into `dir` ([`Backend::checkpoint`])
+    /// and connects to it again as it goes on; the bytes written. Its
+    /// container stops for the checkpoint, which is no death, so it is not
+    /// watched meanwhile. Commands in flight go on in the sandbox under
+    /// their timeouts, unobserved: their callers get the stream's end.
+    /// Shells and code contexts are forgotten (their relays go on, nobody
+    /// speaks to them).
+    pub(crate) async fn checkpoint_into(&self, dir: &std::path::Path) -> Result<u64, Error> {
+        let _serial = self.inner.reattach.lock().await;
+        let runtime = &self.inner.runtime;
+        let backend = &runtime.inner.backend;
+        let placement = self.placement();
+        backend.unwatch(&placement);
+        let taken = backend.checkpoint(&placement, dir).await;
+        if taken.is_err() && !self.conn().is_closed() {
+            // Refused before the container stopped.
+            watch(runtime, &placement, &self.inner.conn);
+            return taken;
+        }
+        self.drop_shells();
+        let conn = runtime
+            .connect_as(&placement, &self.inner.id, &self.inner.spec, true)
+            .await;
+        watch(runtime, &placement, &self.inner.conn);
+        let conn = conn?;
+        *lock(&self.inner.conn) = Arc::new(conn);
+        taken
+    }
+
     /// Replaces the container with a new one from the same spec (start-up
     /// commands run again), whatever state the old one is in (removed
     /// first: the new one takes its name). A sandbox marked dead is alive
@@ -726,7 +755,7 @@ impl Sandbox {
         if let Err(e) = runtime.remove(old, id).await {
             tracing::warn!(sandbox = %id, container = %old, error = %e, "removing the sandbox's earlier container failed");
         }
-        let started = runtime.start_new(&self.inner.spec, id, None).await?;
+        let started = runtime.start_new(&self.inner.spec, id, None, None).await?;
         let placement = started.placement.clone();
         self.swap(started.placement, started.conn);
         self.set_timings(started.timings);

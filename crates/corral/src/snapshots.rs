@@ -112,7 +112,8 @@ impl Sandbox {
             }));
         }
         let kind = self.snapshot_kind(&opts)?;
-        let in_place = self.resets_in_place().is_ok();
+        // A live snapshot takes the processes as they are: no reset first.
+        let in_place = kind != SnapshotKind::Live && self.resets_in_place().is_ok();
         if in_place {
             // The changes live in the agent's overlay, not in the container:
             // keep them first (this ends the sandbox's processes), and for
@@ -147,6 +148,33 @@ impl Sandbox {
             name: name.to_string(),
         };
         match kind {
+            SnapshotKind::Live => {
+                let labels = req.labels();
+                let held = &runtime.inner.held;
+                let dir = held.live_dir(&q).await?;
+                let size = match self.checkpoint_into(&dir).await {
+                    Ok(size) => size,
+                    Err(e) => {
+                        let _ = tokio::fs::remove_dir_all(&dir).await;
+                        return Err(e);
+                    }
+                };
+                let mut info = SnapshotInfo::from_labels(
+                    &labels,
+                    self.spec().image.clone(),
+                    now(),
+                    size as i64,
+                )
+                .ok_or_else(|| Error::Agent {
+                    sandbox: self.id().to_string(),
+                    message: "the snapshot's own labels do not read back".into(),
+                })?;
+                info.kind = SnapshotKind::Live;
+                info.ownership = ownership;
+                held.put_live(&info, labels).await?;
+                runtime.drop_image_snapshot(&q).await;
+                Ok(info)
+            }
             SnapshotKind::Image => {
                 let mut info = runtime.backend().snapshot(&self.placement(), &req).await?;
                 info.ownership = ownership;
@@ -232,7 +260,7 @@ impl Runtime {
     /// whether its owner is alive.
     pub async fn snapshots(&self) -> Result<Vec<SnapshotInfo>, Error> {
         let host_name = &self.owner().host;
-        let mut all = self.inner.held.list().await;
+        let mut all = self.inner.held.list(host_name).await;
         for (mut info, labels) in self.backend().snapshots().await? {
             if all.iter().any(|h| h.qualified() == info.qualified()) {
                 continue;
@@ -289,7 +317,7 @@ impl Runtime {
         }
         let images = self.backend().snapshots().await?;
         if let Some((image, _)) = images.iter().find(|(i, _)| i.qualified() == q) {
-            let deltas = self.inner.held.list().await;
+            let deltas = self.inner.held.list(&self.owner().host).await;
             if let Some(d) = deltas.iter().find(|d| d.image == image.image) {
                 return Err(Error::InvalidSpec(SpecError {
                     field: "snapshot".into(),
@@ -325,7 +353,10 @@ impl Runtime {
         let info = self.snapshot_info(name).await?;
         let base = self.fork_base(&info).await?;
         let spec = info.fork_spec_with(env);
-        let starts = (0..n).map(|_| self.create_from(&spec, base.clone(), None, None));
+        let live =
+            (info.kind == SnapshotKind::Live).then(|| self.inner.held.live_path(&info.qualified()));
+        let starts =
+            (0..n).map(|_| self.create_from(&spec, base.clone(), None, None, live.as_deref()));
         let results = futures_util::future::join_all(starts).await;
         let mut made = Vec::with_capacity(n);
         let mut failed = None;

@@ -412,6 +412,7 @@ impl Client {
                 protocol: version,
                 session: session.clone(),
                 env,
+                restored: false,
             },
         )
         .encode_into(&mut bytes);

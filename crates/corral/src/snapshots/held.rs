@@ -1,5 +1,12 @@
 //! The snapshots corral keeps itself: deltas (`SnapshotKind::Delta`), the
-//! changes of sandboxes that reset in place as their agents exported them.
+//! changes of sandboxes that reset in place as their agents exported them,
+//! and live snapshots (`SnapshotKind::Live`), engine checkpoints.
+//!
+//! A live snapshot is always files, durable or not: `NAME.live/`, the
+//! directory the engine wrote the checkpoint into (0700, in the same
+//! private tree), and `NAME.json`. A non-durable one belongs to its owner
+//! like a sandbox (`gc` removes it once the owner is gone). Nothing of the
+//! tree is mounted into any sandbox.
 //!
 //! A non-durable one lives in this process's memory: it goes with its
 //! owner (the process) by construction, so nothing is left for `gc`, on
@@ -43,6 +50,14 @@ struct Record {
     image: String,
     created: i64,
     size: i64,
+    /// `delta` (absent from records written before live snapshots) or
+    /// `live`.
+    #[serde(default = "delta_kind")]
+    kind: SnapshotKind,
+}
+
+fn delta_kind() -> SnapshotKind {
+    SnapshotKind::Delta
 }
 
 /// The deltas this process keeps.
@@ -80,6 +95,67 @@ impl HeldSnapshots {
         }
     }
 
+    /// Where live snapshot `q`'s checkpoint goes: a directory that does not
+    /// exist yet (an earlier one of the name is removed), below a private
+    /// one that does.
+    pub async fn live_dir(&self, q: &QualifiedName) -> Result<PathBuf, Error> {
+        let dir = self.ns_dir(q.namespace.as_deref());
+        let live = self.live_path(q);
+        let root = self.dir.clone();
+        let (d, l) = (dir.clone(), live.clone());
+        tokio::task::spawn_blocking(move || -> Result<(), Error> {
+            private_dirs(&root, &d)?;
+            match std::fs::remove_dir_all(&l) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(host_err(format!("removing {}", l.display()), e))
+                }
+                _ => Ok(()),
+            }
+        })
+        .await
+        .map_err(|e| host_err(format!("making {}", dir.display()), e))??;
+        Ok(live)
+    }
+
+    /// Live snapshot `q`'s checkpoint directory.
+    pub fn live_path(&self, q: &QualifiedName) -> PathBuf {
+        self.ns_dir(q.namespace.as_deref())
+            .join(format!("{}.live", q.name))
+    }
+
+    /// Records live snapshot `info`, whose checkpoint is in
+    /// [`HeldSnapshots::live_dir`] already (replacing a delta of its name).
+    pub async fn put_live(
+        &self,
+        info: &SnapshotInfo,
+        labels: HashMap<String, String>,
+    ) -> Result<(), Error> {
+        let q = info.qualified();
+        let (tar, json) = self.paths(&q);
+        let record = Record {
+            labels,
+            image: info.image.clone(),
+            created: info.created,
+            size: info.size,
+            kind: SnapshotKind::Live,
+        };
+        let record = serde_json::to_vec_pretty(&record)
+            .map_err(|e| host_err(format!("recording snapshot {q}"), e))?;
+        tokio::task::spawn_blocking(move || -> Result<(), Error> {
+            match std::fs::remove_file(&tar) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(host_err(format!("removing {}", tar.display()), e))
+                }
+                _ => {}
+            }
+            write_atomic(&json, &record)
+        })
+        .await
+        .map_err(|e| host_err(format!("keeping snapshot {q}"), e))??;
+        self.memory().remove(&q);
+        Ok(())
+    }
+
     fn paths(&self, q: &QualifiedName) -> (PathBuf, PathBuf) {
         let dir = self.ns_dir(q.namespace.as_deref());
         (
@@ -104,15 +180,18 @@ impl HeldSnapshots {
             image: held.info.image.clone(),
             created: held.info.created,
             size: held.info.size,
+            kind: SnapshotKind::Delta,
         };
         let record = serde_json::to_vec_pretty(&record)
             .map_err(|e| host_err(format!("recording snapshot {q}"), e))?;
         let bytes = held.delta.clone();
         let root = self.dir.clone();
+        let live = self.live_path(&q);
         tokio::task::spawn_blocking(move || -> Result<(), Error> {
             private_dirs(&root, &dir)?;
             write_atomic(&tar, bytes.as_bytes())?;
-            write_atomic(&json, &record)
+            write_atomic(&json, &record)?;
+            remove_live(&live)
         })
         .await
         .map_err(|e| host_err(format!("keeping snapshot {q}"), e))??;
@@ -120,14 +199,18 @@ impl HeldSnapshots {
         Ok(())
     }
 
-    /// Every kept delta's description.
-    pub async fn list(&self) -> Vec<SnapshotInfo> {
+    /// Every kept snapshot's description; a non-durable live one's owner is
+    /// judged as a sandbox's (`this_host`: the host this process runs on).
+    pub async fn list(&self, this_host: &str) -> Vec<SnapshotInfo> {
         let mut out: Vec<SnapshotInfo> = self.memory().values().map(|h| h.info.clone()).collect();
         let dir = self.dir.clone();
         let files = tokio::task::spawn_blocking(move || read_records(&dir))
             .await
             .unwrap_or_default();
-        for info in files {
+        for (mut info, labels) in files {
+            if info.kind == SnapshotKind::Live && !info.durable {
+                info.ownership = info.ownership(&labels, this_host, crate::host::process_alive);
+            }
             if !out.iter().any(|o| o.qualified() == info.qualified()) {
                 out.push(info);
             }
@@ -144,9 +227,15 @@ impl HeldSnapshots {
         let (tar, json) = self.paths(q);
         let wanted = q.clone();
         tokio::task::spawn_blocking(move || -> Result<Option<Held>, Error> {
-            let Some(info) = read_record(&json, &wanted) else {
+            let Some((info, _)) = read_record(&json, &wanted) else {
                 return Ok(None);
             };
+            if info.kind == SnapshotKind::Live {
+                return Ok(Some(Held {
+                    info,
+                    delta: Delta::from_bytes(Vec::new()),
+                }));
+            }
             let bytes = std::fs::read(&tar)
                 .map_err(|e| host_err(format!("reading snapshot {}", tar.display()), e))?;
             Ok(Some(Held {
@@ -167,9 +256,11 @@ impl HeldSnapshots {
 
     async fn remove_files(&self, q: &QualifiedName) -> Result<bool, Error> {
         let (tar, json) = self.paths(q);
+        let live = self.live_path(q);
         let what = format!("deleting snapshot {q}");
         tokio::task::spawn_blocking(move || -> Result<bool, Error> {
-            let mut found = false;
+            let mut found = live.exists();
+            remove_live(&live)?;
             for p in [json, tar] {
                 match std::fs::remove_file(&p) {
                     Ok(()) => found = true,
@@ -207,6 +298,16 @@ fn private_dirs(root: &Path, dir: &Path) -> Result<(), Error> {
     Ok(())
 }
 
+/// Removes a live snapshot's checkpoint directory, if there is one.
+fn remove_live(live: &Path) -> Result<(), Error> {
+    match std::fs::remove_dir_all(live) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(host_err(format!("removing {}", live.display()), e))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Writes `bytes` to `path` through a temporary file (0600) and a rename.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     let tmp = path.with_extension(format!("tmp-{}", crate::host::random_hex(8)));
@@ -226,9 +327,12 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     })
 }
 
-/// Snapshot `wanted` from its record file, when it reads back as one of
-/// that very name.
-fn read_record(json: &Path, wanted: &QualifiedName) -> Option<SnapshotInfo> {
+/// Snapshot `wanted` from its record file, with its labels, when it reads
+/// back as one of that very name.
+fn read_record(
+    json: &Path,
+    wanted: &QualifiedName,
+) -> Option<(SnapshotInfo, HashMap<String, String>)> {
     let text = match std::fs::read(json) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
@@ -246,16 +350,24 @@ fn read_record(json: &Path, wanted: &QualifiedName) -> Option<SnapshotInfo> {
     };
     let mut info =
         SnapshotInfo::from_labels(&record.labels, record.image, record.created, record.size)?;
-    if info.qualified() != *wanted || !info.durable {
+    let live = record.kind == SnapshotKind::Live;
+    if info.qualified() != *wanted || !(info.durable || live) {
         tracing::warn!(file = %json.display(), "skipping a snapshot record of another name");
         return None;
     }
-    info.kind = SnapshotKind::Delta;
-    Some(info)
+    info.kind = if live {
+        SnapshotKind::Live
+    } else {
+        SnapshotKind::Delta
+    };
+    if info.durable {
+        info.ownership = corral_core::labels::Ownership::Persistent;
+    }
+    Some((info, record.labels))
 }
 
-/// Every durable delta under `dir`.
-fn read_records(dir: &Path) -> Vec<SnapshotInfo> {
+/// Every durable delta and every live snapshot under `dir`, with labels.
+fn read_records(dir: &Path) -> Vec<(SnapshotInfo, HashMap<String, String>)> {
     let mut dirs: Vec<(PathBuf, Option<String>)> = vec![(dir.join("operator"), None)];
     if let Ok(entries) = std::fs::read_dir(dir.join("ns")) {
         for e in entries.flatten() {
@@ -284,8 +396,8 @@ fn read_records(dir: &Path) -> Vec<SnapshotInfo> {
             let Ok(q) = QualifiedName::parse(&text) else {
                 continue;
             };
-            if let Some(info) = read_record(&path, &q) {
-                out.push(info);
+            if let Some(found) = read_record(&path, &q) {
+                out.push(found);
             }
         }
     }
@@ -339,7 +451,7 @@ mod tests {
         assert_eq!(mode(&root), 0o700);
         assert_eq!(mode(&root.join("ns/alice/ready.tar")), 0o600);
         let mut names: Vec<String> = store
-            .list()
+            .list("h")
             .await
             .iter()
             .map(|i| i.qualified().to_string())

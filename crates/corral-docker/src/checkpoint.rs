@@ -1,0 +1,288 @@
+//! Live snapshots on Docker: the daemon's checkpoint API over gVisor's
+//! checkpoint and restore.
+//!
+//! What works on this stack (Docker 20.10, runsc 2022-12) and what does
+//! not, as measured:
+//!
+//! - runsc refuses to checkpoint a sandbox on the host network stack
+//!   ("checkpoint not supported when using hostinet"), which the gVisor
+//!   tier uses for network; a sandbox without network runs under
+//!   [`GVISOR_LIVE_RUNTIME`] (`--network=none --overlay`), which
+//!   checkpoints, root file system changes included (`--overlay` holds
+//!   them in the sandbox's memory; without it a fork restored on a fresh
+//!   root fails on the first file the source had open that its image
+//!   lacks).
+//! - The daemon's checkpoint API needs its `experimental` setting.
+//!   `--leave-running` fails under runsc ("invalid state transition:
+//!   paused => stopped"), so a checkpoint stops the container and this
+//!   module restores it in place at once.
+//! - `docker start --checkpoint-dir` is refused ("custom checkpointdir is
+//!   not supported"): a checkpoint is written to corral's own directory
+//!   and linked into the starting container's own checkpoint directory
+//!   under the daemon's data root, which needs the daemon on this host.
+//! - Two restores at once of the same checkpoint fail ("failed to upload
+//!   checkpoint to containerd: commit failed: content sha256:...: already
+//!   exists"): restores go one at a time.
+//! - bollard has no checkpoint parameter on start: that one request goes
+//!   over the daemon's socket here.
+//! - runc: Debian's CRIU 3.17 cannot read this kernel's vDSO layout
+//!   ("vdso: Unexpected rt vDSO area bounds"), so the container tier has no
+//!   live snapshots; it is refused by name.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bollard::container::CreateCheckpointOptions;
+use corral_core::spec::{GVISOR_LIVE_RUNTIME, GVISOR_RUNTIME};
+use corral_core::Error;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::backend::DockerBackend;
+use crate::error::api;
+
+/// The checkpoint's name inside a container's own checkpoint directory.
+const NAME: &str = "corral-live";
+
+/// Bound on the start request that restores a checkpoint.
+const RESTORE_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn unsupported(what: String) -> Error {
+    Error::Unsupported { what }
+}
+
+fn host(what: String, e: impl std::fmt::Display) -> Error {
+    Error::Host {
+        what,
+        reason: e.to_string(),
+    }
+}
+
+impl DockerBackend {
+    /// Why this daemon cannot take or restore live snapshots, if it cannot.
+    async fn live_refusal(&self) -> Option<String> {
+        if self.socket_path().is_none() {
+            return Some(format!(
+                "live snapshots need the Docker daemon on this host (its socket), not {}",
+                self.inner.endpoint
+            ));
+        }
+        match self.inner.docker.version().await {
+            Ok(v) if v.experimental != Some(true) => Some(
+                "live snapshots need the Docker daemon's checkpoint API, which its \
+                 `experimental` setting turns on (scripts/ensure-gvisor.sh sets it)"
+                    .into(),
+            ),
+            Ok(_) => None,
+            Err(e) => Some(format!("the Docker daemon's version is unknown: {e}")),
+        }
+    }
+
+    /// The daemon's socket, when it is a local one.
+    fn socket_path(&self) -> Option<PathBuf> {
+        self.inner
+            .endpoint
+            .strip_prefix("unix://")
+            .map(PathBuf::from)
+    }
+
+    /// Checkpoints the container `cid` into `dir` (which must not exist;
+    /// its parent must) and restores it in place; the bytes written.
+    pub(crate) async fn live_checkpoint(&self, cid: &str, dir: &Path) -> Result<u64, Error> {
+        let docker = &self.inner.docker;
+        let info = docker
+            .inspect_container(cid, None)
+            .await
+            .map_err(|e| api(format!("inspect container {cid}"), e))?;
+        let runtime = info
+            .host_config
+            .as_ref()
+            .and_then(|h| h.runtime.clone())
+            .unwrap_or_default();
+        if runtime != GVISOR_LIVE_RUNTIME {
+            let why = if runtime == GVISOR_RUNTIME {
+                "gVisor checkpoints no sandbox on the host network stack, which gVisor sandboxes \
+                 with network use (runsc --network=host); one with `network: none` can be"
+                    .to_string()
+            } else {
+                format!(
+                    "its tier (runtime {}) has no checkpoint here: corral checkpoints gVisor \
+                     sandboxes with `network: none` (runc's checkpoint needs CRIU, and Debian's \
+                     CRIU 3.17 cannot dump on this kernel)",
+                    if runtime.is_empty() { "runc" } else { &runtime }
+                )
+            };
+            return Err(unsupported(format!(
+                "a live snapshot of container {cid}: {why}"
+            )));
+        }
+        if let Some(why) = self.live_refusal().await {
+            return Err(unsupported(why));
+        }
+        let (parent, name) = split(dir)?;
+        docker
+            .create_checkpoint(
+                cid,
+                CreateCheckpointOptions {
+                    checkpoint_id: name,
+                    checkpoint_dir: Some(parent.display().to_string()),
+                    exit: true,
+                },
+            )
+            .await
+            .map_err(|e| api(format!("checkpoint container {cid}"), e))?;
+        let size = dir_size(dir).await?;
+        self.live_restore(cid, dir).await?;
+        Ok(size)
+    }
+
+    /// Starts the created (or stopped) container `cid` from the checkpoint
+    /// in `dir`.
+    pub(crate) async fn live_restore(&self, cid: &str, dir: &Path) -> Result<(), Error> {
+        if let Some(why) = self.live_refusal().await {
+            return Err(unsupported(why));
+        }
+        let docker = &self.inner.docker;
+        let info = docker
+            .inspect_container(cid, None)
+            .await
+            .map_err(|e| api(format!("inspect container {cid}"), e))?;
+        let full = info.id.unwrap_or_else(|| cid.to_string());
+        let root = docker
+            .info()
+            .await
+            .map_err(|e| api("read the daemon's data root", e))?
+            .docker_root_dir
+            .unwrap_or_else(|| "/var/lib/docker".into());
+        let target = Path::new(&root)
+            .join("containers")
+            .join(&full)
+            .join("checkpoints")
+            .join(NAME);
+        let (from, to) = (dir.to_path_buf(), target.clone());
+        tokio::task::spawn_blocking(move || link_tree(&from, &to))
+            .await
+            .map_err(|e| host(format!("linking checkpoint {}", dir.display()), e))??;
+        let socket = self.socket_path().unwrap_or_default();
+        let started = {
+            let _one = self.inner.restores.lock().await;
+            tokio::time::timeout(RESTORE_TIMEOUT, start_from(&socket, &full))
+                .await
+                .unwrap_or_else(|_| Err(format!("no answer in {}s", RESTORE_TIMEOUT.as_secs())))
+        };
+        let _ = tokio::fs::remove_dir_all(&target).await;
+        started.map_err(|reason| Error::Engine {
+            op: format!("restore container {cid} from checkpoint {}", dir.display()),
+            kind: corral_core::FailureKind::AgentError,
+            source: reason.into(),
+        })
+    }
+}
+
+/// `dir`'s parent and last component.
+fn split(dir: &Path) -> Result<(PathBuf, String), Error> {
+    match (dir.parent(), dir.file_name().and_then(|n| n.to_str())) {
+        (Some(p), Some(n)) => Ok((p.to_path_buf(), n.to_string())),
+        _ => Err(host(
+            format!("checkpoint directory {}", dir.display()),
+            "has no parent",
+        )),
+    }
+}
+
+/// The bytes of the files in `dir`.
+async fn dir_size(dir: &Path) -> Result<u64, Error> {
+    let mut total = 0;
+    let mut entries = tokio::fs::read_dir(dir)
+        .await
+        .map_err(|e| host(format!("reading checkpoint {}", dir.display()), e))?;
+    while let Ok(Some(e)) = entries.next_entry().await {
+        if let Ok(m) = e.metadata().await {
+            total += m.len();
+        }
+    }
+    Ok(total)
+}
+
+/// Hard-links (or, across file systems, copies) the files of `from` into a
+/// fresh `to`.
+fn link_tree(from: &Path, to: &Path) -> Result<(), Error> {
+    let _ = std::fs::remove_dir_all(to);
+    std::fs::create_dir_all(to).map_err(|e| host(format!("making {}", to.display()), e))?;
+    let entries =
+        std::fs::read_dir(from).map_err(|e| host(format!("reading {}", from.display()), e))?;
+    for e in entries {
+        let e = e.map_err(|e| host(format!("reading {}", from.display()), e))?;
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if std::fs::hard_link(&src, &dst).is_err() {
+            std::fs::copy(&src, &dst).map_err(|e| host(format!("copying {}", src.display()), e))?;
+        }
+    }
+    Ok(())
+}
+
+/// `POST /containers/ID/start?checkpoint=NAME` on the daemon's socket.
+async fn start_from(socket: &Path, id: &str) -> Result<(), String> {
+    let mut s = tokio::net::UnixStream::connect(socket)
+        .await
+        .map_err(|e| format!("connect to {}: {e}", socket.display()))?;
+    let req = format!(
+        "POST /containers/{id}/start?checkpoint={NAME} HTTP/1.1\r\nHost: docker\r\n\
+         Content-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| format!("send: {e}"))?;
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer)
+        .await
+        .map_err(|e| format!("read: {e}"))?;
+    let text = String::from_utf8_lossy(&answer);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse::<u16>().ok())
+        .unwrap_or(0);
+    if (200..300).contains(&status) {
+        return Ok(());
+    }
+    // The daemon's error is JSON `{"message": ...}` in the body.
+    let message = text
+        .find('{')
+        .and_then(|at| {
+            let body = &text[at..];
+            let end = body.rfind('}')?;
+            serde_json::from_str::<serde_json::Value>(&body[..=end]).ok()
+        })
+        .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(String::from))
+        .unwrap_or_else(|| text.lines().next().unwrap_or("no answer").to_string());
+    Err(format!("{status}: {message}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_directory_splits_into_parent_and_name() {
+        let (p, n) = split(Path::new("/state/live/operator/a")).unwrap();
+        assert_eq!(
+            (p.as_path(), n.as_str()),
+            (Path::new("/state/live/operator"), "a")
+        );
+        assert!(split(Path::new("/")).is_err());
+    }
+
+    #[test]
+    fn linking_a_checkpoint_copies_every_file_into_a_fresh_directory() {
+        let t = std::env::temp_dir().join(format!("corral-link-{}", std::process::id()));
+        let (from, to) = (t.join("from"), t.join("to"));
+        std::fs::create_dir_all(&from).unwrap();
+        std::fs::create_dir_all(&to).unwrap();
+        std::fs::write(to.join("stale"), b"x").unwrap();
+        std::fs::write(from.join("checkpoint.img"), b"image").unwrap();
+        link_tree(&from, &to).unwrap();
+        assert_eq!(std::fs::read(to.join("checkpoint.img")).unwrap(), b"image");
+        assert!(!to.join("stale").exists());
+        std::fs::remove_dir_all(&t).unwrap();
+    }
+}
