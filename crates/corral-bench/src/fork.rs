@@ -590,7 +590,7 @@ impl Bench {
             let keys: Vec<String> = (0..k).map(|i| format!("fork-{i}")).collect();
             let leases = futures_util::future::join_all(
                 keys.iter()
-                    .map(|key| provider.acquire_fork(key, &fork_spec, base.clone())),
+                    .map(|key| provider.acquire_fork(key, &fork_spec, base.clone(), None)),
             )
             .await;
             let pooled = t.elapsed();

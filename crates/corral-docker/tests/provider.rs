@@ -387,7 +387,7 @@ async fn forks_land_in_warm_pristine_sandboxes_and_go_back_pristine() {
     let mut round = Vec::new();
     for i in 0..3 {
         round.push(
-            p.acquire_fork(&format!("ep1-{i}"), &fork_spec, base.clone())
+            p.acquire_fork(&format!("ep1-{i}"), &fork_spec, base.clone(), None)
                 .await
                 .expect("fork"),
         );
@@ -454,7 +454,7 @@ async fn forks_land_in_warm_pristine_sandboxes_and_go_back_pristine() {
     let mut second = Vec::new();
     for i in 0..pooled {
         second.push(
-            p.acquire_fork(&format!("ep2-{i}"), &fork_spec, base.clone())
+            p.acquire_fork(&format!("ep2-{i}"), &fork_spec, base.clone(), None)
                 .await
                 .expect("fork"),
         );
@@ -478,7 +478,7 @@ async fn forks_land_in_warm_pristine_sandboxes_and_go_back_pristine() {
     // With the pool empty, a fork starts a sandbox and still gets the
     // snapshot's files.
     let extra = p
-        .acquire_fork("ep2-extra", &fork_spec, base.clone())
+        .acquire_fork("ep2-extra", &fork_spec, base.clone(), None)
         .await
         .expect("fork without a warm sandbox");
     assert_eq!(out(&extra, TREE).await, expected);

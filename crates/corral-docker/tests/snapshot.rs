@@ -236,6 +236,42 @@ async fn bad_names_and_unknown_snapshots_are_errors_naming_them() {
     g.assert_clean();
 }
 
+/// The container tier has no checkpoint: a live snapshot is refused by
+/// name (the tier, and what can be live-snapshotted), nothing is listed,
+/// and the sandbox goes on with its processes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_live_snapshot_of_a_runc_sandbox_is_refused_naming_the_tier() {
+    let g = Guard::new("snap-live-runc");
+    let rt = backend().await;
+    let mut s = g.spec(BUSYBOX);
+    s.network = corral_core::Network::None;
+    let sb = rt.create(&s).await.expect("create");
+    out(&sb, "setsid sleep 600 </dev/null >/dev/null 2>&1 &").await;
+    let name = unique("live");
+    let e = sb
+        .snapshot(
+            &name,
+            SnapshotOptions {
+                kind: Some(SnapshotKind::Live),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("refused");
+    assert_eq!(e.kind(), corral_core::FailureKind::Unsupported, "{e}");
+    assert!(
+        e.to_string().contains("runc") && e.to_string().contains("gVisor"),
+        "{e}"
+    );
+    assert!(
+        rt.snapshot_info(&name).await.is_err(),
+        "listed after a refusal"
+    );
+    assert_eq!(out(&sb, "ps -o comm | grep -c sleep").await, "1\n");
+    sb.destroy().await.expect("destroy");
+    g.assert_clean();
+}
+
 /// The attack: read a sandbox's secret from outside it without any right
 /// to the sandbox, through what the engine shows (`docker inspect` of its
 /// container) and what a snapshot carries (the image's JSON, its history,

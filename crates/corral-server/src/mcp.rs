@@ -861,6 +861,14 @@ impl Handler {
                 a.name
             )));
         }
+        if runtime.fork_restore(info).is_some() {
+            // Never a silent fresh sandbox in its place.
+            return Ok(render::error(format!(
+                "cannot restore '{}': it is a live snapshot (processes and memory), which an \
+                 MCP session does not restore yet; fork it over REST or the Python client",
+                a.name
+            )));
+        }
         let base = match runtime.fork_base(info).await {
             Ok(b) => b,
             Err(e) => return Ok(render::error(format!("cannot restore '{}': {e}", a.name))),

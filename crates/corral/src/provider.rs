@@ -405,7 +405,8 @@ impl Provider {
             }));
         };
         let spec = pool.spec.clone();
-        self.acquire_inner(key, Some(profile), &spec, None).await
+        self.acquire_inner(key, Some(profile), &spec, None, None)
+            .await
     }
 
     /// A persistent session's sandbox: its workspace (`/workspace`, the
@@ -454,7 +455,7 @@ impl Provider {
                 }
             }
         }
-        let lease = self.acquire_inner(key, None, &spec, None).await?;
+        let lease = self.acquire_inner(key, None, &spec, None, None).await?;
         // A backend keeping the session's files records its sandbox itself.
         if let Some(dirs) = &dirs {
             let cid = lease.container_id();
@@ -609,7 +610,7 @@ impl Provider {
             )
         };
         Some(
-            self.acquire_inner(key, profile.as_deref(), &spec, base)
+            self.acquire_inner(key, profile.as_deref(), &spec, base, None)
                 .await,
         )
     }
@@ -633,7 +634,7 @@ impl Provider {
     /// The session's sandbox made from `spec` (no pool): the one bound to
     /// `key`, else a new one.
     pub async fn acquire_spec(&self, key: &str, spec: &SandboxSpec) -> Result<Lease, Error> {
-        self.acquire_inner(key, None, spec, None).await
+        self.acquire_inner(key, None, spec, None, None).await
     }
 
     /// [`Provider::acquire_spec`] for a fork: a sandbox's agent takes
@@ -648,12 +649,19 @@ impl Provider {
     /// (or an import fails), a new sandbox is started from the spec. The
     /// pool refills behind the fork as after any acquire, and the session's
     /// release resets the sandbox back to the pool's own state.
+    ///
+    /// A fork of a live snapshot (`restore`: its checkpoint,
+    /// [`Runtime::fork_restore`]) is always a new sandbox restored from it.
     pub async fn acquire_fork(
         &self,
         key: &str,
         spec: &SandboxSpec,
         base: Option<Delta>,
+        restore: Option<&std::path::Path>,
     ) -> Result<Lease, Error> {
+        if restore.is_some() {
+            return self.acquire_inner(key, None, spec, None, restore).await;
+        }
         if let Some(delta) = &base {
             if let Some(pool) = self.pool_for_fork(spec) {
                 if let Some(lease) = self.fork_from_pool(key, &pool, delta).await {
@@ -661,7 +669,7 @@ impl Provider {
                 }
             }
         }
-        self.acquire_inner(key, None, spec, base).await
+        self.acquire_inner(key, None, spec, base, None).await
     }
 
     /// The pristine pool whose sandboxes can take a fork of `spec`: its
@@ -733,6 +741,7 @@ impl Provider {
         profile: Option<&str>,
         spec: &SandboxSpec,
         base: Option<Delta>,
+        restore: Option<&std::path::Path>,
     ) -> Result<Lease, Error> {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(Error::ShutDown { key: key.into() });
@@ -788,7 +797,7 @@ impl Provider {
                     let created = self
                         .inner
                         .runtime
-                        .create_from(spec, base.clone(), Some(key), None, None)
+                        .create_from(spec, base.clone(), Some(key), None, restore)
                         .await;
                     let sandbox = match created {
                         Ok(sb) => sb,

@@ -283,6 +283,12 @@ impl Runtime {
         }
     }
 
+    /// The checkpoint a fork of `info` is restored from (`None` unless a
+    /// live snapshot's).
+    pub fn fork_restore(&self, info: &SnapshotInfo) -> Option<std::path::PathBuf> {
+        (info.kind == SnapshotKind::Live).then(|| self.inner.held.live_path(&info.qualified()))
+    }
+
     /// Removes the image snapshot named `q` after a delta took its name;
     /// one still in use stays (and a listing shows the delta).
     async fn drop_image_snapshot(&self, q: &QualifiedName) {
@@ -353,8 +359,7 @@ impl Runtime {
         let info = self.snapshot_info(name).await?;
         let base = self.fork_base(&info).await?;
         let spec = info.fork_spec_with(env);
-        let live =
-            (info.kind == SnapshotKind::Live).then(|| self.inner.held.live_path(&info.qualified()));
+        let live = self.fork_restore(&info);
         let starts =
             (0..n).map(|_| self.create_from(&spec, base.clone(), None, None, live.as_deref()));
         let results = futures_util::future::join_all(starts).await;

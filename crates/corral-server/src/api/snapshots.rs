@@ -329,6 +329,7 @@ impl AppState {
             .fork_base(&info)
             .await
             .map_err(|_| no_snapshot(name))?;
+        let restore = s.inner.runtime.fork_restore(&info);
         let reservation = s
             .inner
             .tenancy
@@ -336,7 +337,7 @@ impl AppState {
             .map_err(|e| ApiError::quota(&e))?;
         let starts = keys
             .iter()
-            .map(|k| provider.acquire_fork(k, &spec, base.clone()));
+            .map(|k| provider.acquire_fork(k, &spec, base.clone(), restore.as_deref()));
         let results = futures_util::future::join_all(starts).await;
         let mut failed = None;
         let mut made = Vec::with_capacity(count);

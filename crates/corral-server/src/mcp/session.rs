@@ -165,7 +165,7 @@ impl Session {
         // half-registered sandbox: the start completes (or fails) and the
         // release, waiting on the gate, sees the result.
         let acquired = tokio::spawn(async move {
-            let r = provider.acquire_fork(&key, &spec, base).await;
+            let r = provider.acquire_fork(&key, &spec, base, None).await;
             drop(gate);
             r
         })
@@ -254,7 +254,7 @@ impl Session {
         let key = self.key.clone();
         // Its own task, as in `lease`.
         let acquired = tokio::spawn(async move {
-            let r = provider.acquire_fork(&key, &spec, base).await;
+            let r = provider.acquire_fork(&key, &spec, base, None).await;
             drop(gate);
             r
         })

@@ -1,0 +1,117 @@
+"""Live snapshots through a real ``corral serve``: ``sb.snapshot(name,
+kind="live")`` of a running gVisor sandbox without network (the operator's
+tier) keeps its processes, and ``client.fork(name, n)`` restores sandboxes
+that go on from there. The attack: another tenant tries to fork, list,
+read and delete the live snapshot, plainly and by its qualified name, and
+must find nothing. Needs runsc registered as ``runsc-live`` and the daemon's
+``experimental`` setting (``scripts/ensure-gvisor.sh``)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import time
+from typing import Iterator
+
+import pytest
+
+import corral
+from corral.testing import LocalServer
+from conftest import LABELS, assert_no_leaks, corral_binary
+
+pytestmark = pytest.mark.server
+
+TOKENS = {"alice": secrets.token_hex(16), "bob": secrets.token_hex(16)}
+
+COUNTER = "setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1 &"
+
+
+def _live_ready() -> str:
+    """Why live snapshots cannot run here, or ''."""
+    info = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True)
+    if info.returncode != 0 or "runsc-live" not in json.loads(info.stdout or "{}"):
+        return "runtime runsc-live is not registered: scripts/ensure-gvisor.sh"
+    v = subprocess.run(["docker", "version", "--format", "{{.Server.Experimental}}"], capture_output=True, text=True)
+    if v.stdout.strip() != "true":
+        return "the daemon's experimental setting is off: scripts/ensure-gvisor.sh"
+    return ""
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LocalServer]:
+    why = _live_ready()
+    if why:
+        pytest.skip(why)
+    srv = LocalServer(
+        corral_binary(),
+        config={
+            "defaults": {
+                "image": "corral-test/busybox",
+                "isolation": "gvisor",
+                "network": "none",
+                "labels": dict(LABELS),
+            },
+            "server": {
+                "token": secrets.token_hex(16),
+                "tenants": {name: {"token": token} for name, token in TOKENS.items()},
+            },
+        },
+    )
+    srv.start()
+    try:
+        yield srv
+    finally:
+        code = srv.stop()
+        srv.close()
+        assert_no_leaks()
+        assert code == 0
+
+
+def _client(server: LocalServer, who: str) -> corral.Client:
+    return corral.Client(server.url, token=TOKENS[who])
+
+
+def _count(sb: corral.Sandbox) -> int:
+    """The background counter, which must be moving."""
+    out = sb.run("cat /tmp/count; sleep 0.5; cat /tmp/count").stdout.split()
+    a, b = int(out[0]), int(out[1])
+    assert b > a, f"the counter stands still at {a}"
+    return a
+
+
+def test_a_live_snapshot_forks_running_processes_and_no_other_tenant_reaches_it(server: LocalServer) -> None:
+    alice, bob = _client(server, "alice"), _client(server, "bob")
+    name = f"live-{secrets.token_hex(4)}"
+    forks: list = []
+    with corral.Sandbox.create(client=alice) as sb:
+        sb.run(COUNTER)
+        time.sleep(0.5)
+        before = _count(sb)
+        snap = sb.snapshot(name, kind="live")
+        assert snap.kind == "live", snap
+        try:
+            assert _count(sb) >= before
+            listed = {s.name: s.kind for s in alice.snapshots()}
+            assert listed.get(name) == "live", listed
+            # Another tenant: nothing to fork, list, read or delete, by
+            # either name.
+            for target in (name, f"alice/{name}"):
+                with pytest.raises((corral.SnapshotNotFoundError, corral.ForbiddenError)):
+                    bob.fork(target, 1)
+                with pytest.raises((corral.SnapshotNotFoundError, corral.ForbiddenError)):
+                    bob.snapshot_info(target)
+                with pytest.raises((corral.SnapshotNotFoundError, corral.ForbiddenError)):
+                    bob.delete_snapshot(target)
+            assert name not in {s.name for s in bob.snapshots()}
+            forks = alice.fork(name, 2)
+            assert len({f.id for f in forks} | {sb.id}) == 3
+            for f in forks:
+                assert _count(f) >= before, "a fork started over"
+            forks[0].run("echo mine > /tmp/mine")
+            assert forks[1].run("cat /tmp/mine 2>/dev/null || echo absent").stdout == "absent\n"
+        finally:
+            for f in forks:
+                f.delete()
+            alice.delete_snapshot(name)
+    assert name not in {s.name for s in alice.snapshots()}
