@@ -264,7 +264,7 @@ mod tests {
 
     #[test]
     fn a_checkpoint_directory_splits_into_parent_and_name() {
-        let (p, n) = split(Path::new("/state/live/operator/a")).unwrap();
+        let (p, n) = split(Path::new("/state/live/operator/a")).expect("test setup");
         assert_eq!(
             (p.as_path(), n.as_str()),
             (Path::new("/state/live/operator"), "a")
@@ -276,13 +276,13 @@ mod tests {
     fn linking_a_checkpoint_copies_every_file_into_a_fresh_directory() {
         let t = std::env::temp_dir().join(format!("corral-link-{}", std::process::id()));
         let (from, to) = (t.join("from"), t.join("to"));
-        std::fs::create_dir_all(&from).unwrap();
-        std::fs::create_dir_all(&to).unwrap();
-        std::fs::write(to.join("stale"), b"x").unwrap();
-        std::fs::write(from.join("checkpoint.img"), b"image").unwrap();
-        link_tree(&from, &to).unwrap();
-        assert_eq!(std::fs::read(to.join("checkpoint.img")).unwrap(), b"image");
+        std::fs::create_dir_all(&from).expect("test setup");
+        std::fs::create_dir_all(&to).expect("test setup");
+        std::fs::write(to.join("stale"), b"x").expect("test setup");
+        std::fs::write(from.join("checkpoint.img"), b"image").expect("test setup");
+        link_tree(&from, &to).expect("test setup");
+        assert_eq!(std::fs::read(to.join("checkpoint.img")).expect("test setup"), b"image");
         assert!(!to.join("stale").exists());
-        std::fs::remove_dir_all(&t).unwrap();
+        std::fs::remove_dir_all(&t).expect("test setup");
     }
 }
