@@ -159,11 +159,6 @@ pub(crate) struct BackendInner {
     storage_opt: OnceCell<bool>,
     /// Whether the daemon has [`corral_core::spec::GVISOR_LIVE_RUNTIME`].
     live_runtime: OnceCell<bool>,
-    /// Restores from checkpoints go one at a time: the daemon uploads each
-    /// checkpoint to containerd's content store, and two uploads of the
-    /// same bytes at once fail ("commit failed: content ... already
-    /// exists").
-    pub(crate) restores: tokio::sync::Mutex<()>,
     pulls: crate::pull::Pulls,
     pub(crate) events: Arc<EventRouter>,
     /// See [`Backend::shared_deltas`].
@@ -195,7 +190,6 @@ impl DockerBackend {
                 network: OnceCell::new(),
                 storage_opt: OnceCell::new(),
                 live_runtime: OnceCell::new(),
-                restores: tokio::sync::Mutex::new(()),
                 pulls: crate::pull::Pulls::new(crate::pull::PullConfig {
                     timeout: config.pull_timeout,
                     limit: config.pull_limit,

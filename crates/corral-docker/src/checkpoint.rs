@@ -22,7 +22,12 @@
 //!   under the daemon's data root, which needs the daemon on this host.
 //! - Two restores at once of the same checkpoint fail ("failed to upload
 //!   checkpoint to containerd: commit failed: content sha256:...: already
-//!   exists"): restores go one at a time.
+//!   exists"): each restore's copy carries a mark of its own
+//!   ([`RESTORE_MARK`]), so no two have the same digest and forks restore
+//!   in parallel (4 at once: 0.74 s, against about 0.4 s each one by one).
+//! - The daemon's shim copies each restored checkpoint into the host's
+//!   temporary directory (`ctrd-checkpoint*`) and leaves it there: corral
+//!   removes the one that carries its restore's mark.
 //! - bollard has no checkpoint parameter on start: that one request goes
 //!   over the daemon's socket here.
 //! - runc: Debian's CRIU 3.17 cannot read this kernel's vDSO layout
@@ -42,6 +47,14 @@ use crate::error::api;
 
 /// The checkpoint's name inside a container's own checkpoint directory.
 const NAME: &str = "corral-live";
+
+/// The file in each restore's copy of a checkpoint that tells it apart
+/// (its content: the container and the time), and finds the copy the
+/// daemon's shim leaves behind.
+const RESTORE_MARK: &str = "corral-restore";
+
+/// The prefix of the directories the shim copies a checkpoint into.
+const SHIM_COPY_PREFIX: &str = "ctrd-checkpoint";
 
 /// Bound on the start request that restores a checkpoint.
 const RESTORE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -158,18 +171,21 @@ impl DockerBackend {
             .join(&full)
             .join("checkpoints")
             .join(NAME);
-        let (from, to) = (dir.to_path_buf(), target.clone());
-        tokio::task::spawn_blocking(move || link_tree(&from, &to))
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let mark = format!("{full}-{nanos}");
+        let (from, to, m) = (dir.to_path_buf(), target.clone(), mark.clone());
+        tokio::task::spawn_blocking(move || link_tree(&from, &to, &m))
             .await
             .map_err(|e| host(format!("linking checkpoint {}", dir.display()), e))??;
         let socket = self.socket_path().unwrap_or_default();
-        let started = {
-            let _one = self.inner.restores.lock().await;
-            tokio::time::timeout(RESTORE_TIMEOUT, start_from(&socket, &full))
-                .await
-                .unwrap_or_else(|_| Err(format!("no answer in {}s", RESTORE_TIMEOUT.as_secs())))
-        };
+        let started = tokio::time::timeout(RESTORE_TIMEOUT, start_from(&socket, &full))
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer in {}s", RESTORE_TIMEOUT.as_secs())));
         let _ = tokio::fs::remove_dir_all(&target).await;
+        let _ = tokio::task::spawn_blocking(move || remove_shim_copy(&mark)).await;
         started.map_err(|reason| Error::Engine {
             op: format!("restore container {cid} from checkpoint {}", dir.display()),
             kind: corral_core::FailureKind::AgentError,
@@ -203,9 +219,34 @@ async fn dir_size(dir: &Path) -> Result<u64, Error> {
     Ok(total)
 }
 
+/// Removes the copy of a checkpoint the daemon's shim left in the host's
+/// temporary directory for the restore marked `mark`.
+fn remove_shim_copy(mark: &str) {
+    let mut tmps = vec![std::env::temp_dir(), PathBuf::from("/tmp")];
+    tmps.dedup();
+    for tmp in tmps {
+        let Ok(entries) = std::fs::read_dir(&tmp) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let is_copy = e
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(SHIM_COPY_PREFIX));
+            if is_copy
+                && std::fs::read_to_string(e.path().join(RESTORE_MARK)).is_ok_and(|m| m == mark)
+            {
+                if let Err(err) = std::fs::remove_dir_all(e.path()) {
+                    tracing::warn!(dir = %e.path().display(), error = %err, "cannot remove the copy of a checkpoint the daemon left");
+                }
+            }
+        }
+    }
+}
+
 /// Hard-links (or, across file systems, copies) the files of `from` into a
-/// fresh `to`.
-fn link_tree(from: &Path, to: &Path) -> Result<(), Error> {
+/// fresh `to`, with `mark` in [`RESTORE_MARK`].
+fn link_tree(from: &Path, to: &Path, mark: &str) -> Result<(), Error> {
     let _ = std::fs::remove_dir_all(to);
     std::fs::create_dir_all(to).map_err(|e| host(format!("making {}", to.display()), e))?;
     let entries =
@@ -217,7 +258,8 @@ fn link_tree(from: &Path, to: &Path) -> Result<(), Error> {
             std::fs::copy(&src, &dst).map_err(|e| host(format!("copying {}", src.display()), e))?;
         }
     }
-    Ok(())
+    std::fs::write(to.join(RESTORE_MARK), mark)
+        .map_err(|e| host(format!("marking {}", to.display()), e))
 }
 
 /// `POST /containers/ID/start?checkpoint=NAME` on the daemon's socket.
@@ -280,8 +322,15 @@ mod tests {
         std::fs::create_dir_all(&to).expect("test setup");
         std::fs::write(to.join("stale"), b"x").expect("test setup");
         std::fs::write(from.join("checkpoint.img"), b"image").expect("test setup");
-        link_tree(&from, &to).expect("test setup");
-        assert_eq!(std::fs::read(to.join("checkpoint.img")).expect("test setup"), b"image");
+        link_tree(&from, &to, "m-1").expect("test setup");
+        assert_eq!(
+            std::fs::read(to.join("checkpoint.img")).expect("test setup"),
+            b"image"
+        );
+        assert_eq!(
+            std::fs::read(to.join(RESTORE_MARK)).expect("test setup"),
+            b"m-1"
+        );
         assert!(!to.join("stale").exists());
         std::fs::remove_dir_all(&t).expect("test setup");
     }

@@ -231,6 +231,21 @@ async fn gvisor_pids_limit_stays_under_the_hosts_pid_max() {
     assert_eq!(left.trim(), "", "a refused create left a container");
 }
 
+/// The copies of checkpoints the daemon's shim made in the host's /tmp
+/// (`ctrd-checkpoint*`).
+fn shim_copies() -> Vec<std::path::PathBuf> {
+    std::fs::read_dir("/tmp")
+        .expect("read /tmp")
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("ctrd-checkpoint")
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
 /// The counter a background shell of the live-snapshot test writes each
 /// tenth of a second, read twice a second apart: it must be moving.
 async fn counting(sb: &corral::Sandbox) -> (u64, u64) {
@@ -253,6 +268,7 @@ async fn gvisor_live_snapshot_forks_running_processes() {
     let Some(sb) = sandbox("gvisor_live", |s| s.network = corral::Network::None).await else {
         return;
     };
+    let copies_before = shim_copies();
     out(
         &sb,
         "mkdir -p /www && echo served > /www/page && echo rooted > /rootfile && \
@@ -305,6 +321,13 @@ async fn gvisor_live_snapshot_forks_running_processes() {
     runtime.delete_snapshot(&name).await.expect("delete");
     assert!(runtime.snapshot_info(&name).await.is_err(), "still listed");
     sb.destroy().await.expect("destroy");
+    // The daemon's shim copies every restored checkpoint into the host's
+    // /tmp and leaves it there: none of this test's may stay.
+    let left: Vec<_> = shim_copies()
+        .into_iter()
+        .filter(|p| !copies_before.contains(p))
+        .collect();
+    assert!(left.is_empty(), "checkpoint copies left in /tmp: {left:?}");
 }
 
 /// gVisor on the host network stack (a sandbox with network) cannot be
