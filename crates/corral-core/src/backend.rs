@@ -582,15 +582,18 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// Checkpoints the running sandbox at `placement` into directory `dir`
-    /// (made by the caller, empty) and lets it go on from the checkpoint;
-    /// its control stream breaks, so the caller connects again. Returns
-    /// the bytes written. A tier that cannot checkpoint refuses by name.
+    /// (which must not exist; its parent must); the sandbox stops, holding
+    /// no memory. With `resume` it is restored in place at once and goes on
+    /// from the checkpoint. Its control stream breaks either way, so the
+    /// caller connects again. Returns the bytes written. A tier that
+    /// cannot checkpoint refuses by name, before anything stops.
     fn checkpoint<'a>(
         &'a self,
         placement: &'a Placement,
         dir: &'a std::path::Path,
+        resume: bool,
     ) -> BoxFuture<'a, Result<u64, Error>> {
-        let _ = (placement, dir);
+        let _ = (placement, dir, resume);
         Box::pin(async move {
             Err(Error::Unsupported {
                 what: format!("live snapshots with the {} backend", self.name()),
@@ -598,9 +601,9 @@ pub trait Backend: Send + Sync + 'static {
         })
     }
 
-    /// Starts the created (never started) sandbox at `placement` from the
-    /// checkpoint in `dir` ([`Backend::checkpoint`]) instead of from its
-    /// image's entrypoint.
+    /// Starts the created (or checkpointed and stopped) sandbox at
+    /// `placement` from the checkpoint in `dir` ([`Backend::checkpoint`])
+    /// instead of from its image's entrypoint.
     fn restore<'a>(
         &'a self,
         placement: &'a Placement,

@@ -803,8 +803,9 @@ impl Backend for DockerBackend {
         &'a self,
         placement: &'a Placement,
         dir: &'a std::path::Path,
+        resume: bool,
     ) -> BoxFuture<'a, Result<u64, Error>> {
-        Box::pin(self.live_checkpoint(placement.id(), dir))
+        Box::pin(self.live_checkpoint(placement.id(), dir, resume))
     }
 
     fn restore<'a>(

@@ -99,8 +99,14 @@ impl DockerBackend {
     }
 
     /// Checkpoints the container `cid` into `dir` (which must not exist;
-    /// its parent must) and restores it in place; the bytes written.
-    pub(crate) async fn live_checkpoint(&self, cid: &str, dir: &Path) -> Result<u64, Error> {
+    /// its parent must), which stops it; with `resume`, restores it in
+    /// place. The bytes written.
+    pub(crate) async fn live_checkpoint(
+        &self,
+        cid: &str,
+        dir: &Path,
+        resume: bool,
+    ) -> Result<u64, Error> {
         let docker = &self.inner.docker;
         let info = docker
             .inspect_container(cid, None)
@@ -144,7 +150,9 @@ impl DockerBackend {
             .await
             .map_err(|e| api(format!("checkpoint container {cid}"), e))?;
         let size = dir_size(dir).await?;
-        self.live_restore(cid, dir).await?;
+        if resume {
+            self.live_restore(cid, dir).await?;
+        }
         Ok(size)
     }
 

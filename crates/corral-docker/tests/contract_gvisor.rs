@@ -352,3 +352,34 @@ async fn gvisor_with_network_refuses_a_live_snapshot_by_name() {
     assert_eq!(out(&sb, "cat /tmp/kept").await, "kept\n");
     sb.destroy().await.expect("destroy");
 }
+
+/// Pausing a gVisor sandbox without network goes to disk: its container
+/// stops (no process, no memory held) and its usage reads zero memory;
+/// resuming restores it and the shell counting in memory goes on from
+/// where it was, as does a command started before.
+#[tokio::test(flavor = "multi_thread")]
+async fn gvisor_pause_to_disk_holds_no_memory_and_resume_goes_on() {
+    let Some(sb) = sandbox("gvisor_pause", |s| s.network = corral::Network::None).await else {
+        return;
+    };
+    out(
+        &sb,
+        "setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' \
+           </dev/null >/dev/null 2>&1 & sleep 0.5",
+    )
+    .await;
+    let (_, before) = counting(&sb).await;
+    sb.pause().await.expect("pause");
+    assert!(sb.is_paused() && sb.is_paused_to_disk());
+    let running = common::docker(&["inspect", "-f", "{{.State.Running}}", &sb.container_id()]);
+    assert_eq!(running.trim(), "false");
+    assert_eq!(sb.usage().await.expect("usage").memory_bytes, 0);
+    sb.resume().await.expect("resume");
+    assert!(!sb.is_paused());
+    let (after, _) = counting(&sb).await;
+    assert!(
+        after >= before,
+        "the counter started over: {before} then {after}"
+    );
+    sb.destroy().await.expect("destroy");
+}

@@ -54,6 +54,9 @@ struct Inner {
     /// answer until [`Sandbox::resume`], so readers that need not wait
     /// (a description's usage) ask the engine instead.
     frozen: AtomicBool,
+    /// Where the checkpoint of a sandbox paused to disk is (its container
+    /// stopped, no memory held) until [`Sandbox::resume`] restores it.
+    on_disk: Mutex<Option<std::path::PathBuf>>,
     /// Set once a snapshot starts folding the changes of the sandbox's
     /// commands into its container's root file system (which then is its
     /// pristine state): the container no longer matches its spec, so a
@@ -146,6 +149,7 @@ impl Sandbox {
                 reattach: tokio::sync::Mutex::new(()),
                 destroyed: AtomicBool::new(false),
                 frozen: AtomicBool::new(false),
+                on_disk: Mutex::new(None),
                 base_folded: AtomicBool::new(false),
                 dead: Mutex::new(None),
                 timings: Mutex::new(StartTimings::default()),
@@ -472,10 +476,21 @@ impl Sandbox {
         Ok(took)
     }
 
-    /// Freezes every process of the sandbox, its memory kept, until
-    /// [`Sandbox::resume`]; commands sent meanwhile wait. `Unsupported`
-    /// where the engine cannot (Kubernetes).
+    /// Pauses the sandbox until [`Sandbox::resume`]. Where its tier
+    /// checkpoints (a live snapshot's), to disk: the checkpoint is written
+    /// under the snapshot directory and the container stops, holding no
+    /// memory; resuming restores it, processes and all (commands in flight
+    /// go on under their timeouts, unobserved; shells and code contexts
+    /// start afresh). Elsewhere it freezes every process, memory kept;
+    /// commands sent meanwhile wait. `Unsupported` where the engine can do
+    /// neither (Kubernetes).
     pub async fn pause(&self) -> Result<(), Error> {
+        match self.pause_to_disk().await {
+            Err(Error::Unsupported { what }) => {
+                tracing::debug!(sandbox = %self.inner.id, %what, "pausing in memory (frozen), not to disk");
+            }
+            done => return done,
+        }
         let placement = self.placement();
         self.inner
             .runtime
@@ -487,8 +502,51 @@ impl Sandbox {
         Ok(())
     }
 
-    /// Thaws a sandbox [`Sandbox::pause`] froze.
+    /// Checkpoints the sandbox to disk and leaves it stopped; see
+    /// [`Sandbox::pause`].
+    async fn pause_to_disk(&self) -> Result<(), Error> {
+        let _serial = self.inner.reattach.lock().await;
+        let runtime = &self.inner.runtime;
+        let backend = &runtime.inner.backend;
+        let placement = self.placement();
+        let dir = runtime.inner.held.paused_dir(&self.inner.id).await?;
+        backend.unwatch(&placement);
+        match backend.checkpoint(&placement, &dir, false).await {
+            Ok(_) => {
+                self.drop_shells();
+                *lock(&self.inner.on_disk) = Some(dir);
+                self.inner.frozen.store(true, Ordering::Release);
+                Ok(())
+            }
+            Err(e) => {
+                watch(runtime, &placement, &self.inner.conn);
+                let _ = tokio::fs::remove_dir_all(&dir).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Resumes a sandbox [`Sandbox::pause`] paused: restores one paused to
+    /// disk from its checkpoint, thaws a frozen one.
     pub async fn resume(&self) -> Result<(), Error> {
+        let on_disk = lock(&self.inner.on_disk).clone();
+        if let Some(dir) = on_disk {
+            let _serial = self.inner.reattach.lock().await;
+            let runtime = &self.inner.runtime;
+            let placement = self.placement();
+            runtime.inner.backend.restore(&placement, &dir).await?;
+            let conn = runtime
+                .connect_as(&placement, &self.inner.id, &self.inner.spec, true)
+                .await?;
+            *lock(&self.inner.conn) = Arc::new(conn);
+            watch(runtime, &placement, &self.inner.conn);
+            *lock(&self.inner.on_disk) = None;
+            self.inner.frozen.store(false, Ordering::Release);
+            if let Err(e) = tokio::fs::remove_dir_all(&dir).await {
+                tracing::warn!(sandbox = %self.inner.id, dir = %dir.display(), error = %e, "cannot remove a resumed sandbox's checkpoint");
+            }
+            return Ok(());
+        }
         let placement = self.placement();
         self.inner
             .runtime
@@ -500,10 +558,16 @@ impl Sandbox {
         Ok(())
     }
 
-    /// Whether [`Sandbox::pause`] froze it (and no [`Sandbox::resume`]
-    /// thawed it since): its agent answers nothing meanwhile.
+    /// Whether [`Sandbox::pause`] paused it (and no [`Sandbox::resume`]
+    /// resumed it since): its agent answers nothing meanwhile.
     pub fn is_paused(&self) -> bool {
         self.inner.frozen.load(Ordering::Acquire)
+    }
+
+    /// Whether it is paused to disk: its container stopped, its processes
+    /// and memory in a checkpoint.
+    pub fn is_paused_to_disk(&self) -> bool {
+        lock(&self.inner.on_disk).is_some()
     }
 
     /// Starts a command and returns a handle to feed it and wait for it. With
@@ -714,7 +778,7 @@ impl Sandbox {
         let backend = &runtime.inner.backend;
         let placement = self.placement();
         backend.unwatch(&placement);
-        let taken = backend.checkpoint(&placement, dir).await;
+        let taken = backend.checkpoint(&placement, dir, true).await;
         if taken.is_err() && !self.conn().is_closed() {
             // Refused before the container stopped.
             watch(runtime, &placement, &self.inner.conn);
@@ -936,7 +1000,14 @@ impl Sandbox {
         let placement = self.placement();
         let runtime = &self.inner.runtime;
         runtime.inner.backend.unwatch(&placement);
-        runtime.remove(&placement, &self.inner.id).await
+        let removed = runtime.remove(&placement, &self.inner.id).await;
+        let on_disk = lock(&self.inner.on_disk).take();
+        if let Some(dir) = on_disk {
+            if let Err(e) = tokio::fs::remove_dir_all(&dir).await {
+                tracing::warn!(sandbox = %self.inner.id, dir = %dir.display(), error = %e, "cannot remove a paused sandbox's checkpoint");
+            }
+        }
+        removed
     }
 }
 

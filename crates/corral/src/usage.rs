@@ -24,6 +24,10 @@ impl Sandbox {
     /// accounting, or the agent's reading from inside when the engine has
     /// none (`source` says which).
     pub async fn usage(&self) -> Result<Usage, Error> {
+        if self.is_paused_to_disk() {
+            // Nothing runs and no memory is held: its container is stopped.
+            return Ok(self.with_limits(Usage::default()));
+        }
         let usage = match self.runtime().inner.backend.usage(&self.placement()).await {
             Err(Error::Unsupported { .. }) => self.usage_from_agent().await?,
             other => other?,

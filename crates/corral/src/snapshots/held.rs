@@ -117,6 +117,22 @@ impl HeldSnapshots {
         Ok(live)
     }
 
+    /// Where the checkpoint of sandbox `id`, paused to disk, goes: like
+    /// [`HeldSnapshots::live_dir`], under `paused/`.
+    pub async fn paused_dir(&self, id: &str) -> Result<PathBuf, Error> {
+        let dir = self.dir.join("paused");
+        let path = dir.join(format!("{id}.live"));
+        let root = self.dir.clone();
+        let (d, l) = (dir.clone(), path.clone());
+        tokio::task::spawn_blocking(move || -> Result<(), Error> {
+            private_dirs(&root, &d)?;
+            remove_live(&l)
+        })
+        .await
+        .map_err(|e| host_err(format!("making {}", dir.display()), e))??;
+        Ok(path)
+    }
+
     /// Live snapshot `q`'s checkpoint directory.
     pub fn live_path(&self, q: &QualifiedName) -> PathBuf {
         self.ns_dir(q.namespace.as_deref())
