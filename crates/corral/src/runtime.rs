@@ -405,6 +405,9 @@ impl Runtime {
         report.volumes_removed = self.inner.backend.collect_garbage().await?;
         progress(GcStep::Snapshots);
         report.snapshots_removed = self.gc_snapshots(all).await?;
+        // A checkpoint of a sandbox paused to disk goes with its container.
+        let kept: Vec<&str> = report.kept.iter().map(|i| i.sandbox_id.as_str()).collect();
+        self.inner.held.remove_paused_except(&kept).await;
         Ok(report)
     }
 

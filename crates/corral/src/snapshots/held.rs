@@ -133,6 +133,27 @@ impl HeldSnapshots {
         Ok(path)
     }
 
+    /// Removes the checkpoints of paused sandboxes other than `kept` (those
+    /// whose containers still exist).
+    pub async fn remove_paused_except(&self, kept: &[&str]) {
+        let dir = self.dir.join("paused");
+        let kept: Vec<String> = kept.iter().map(|k| format!("{k}.live")).collect();
+        let _ = tokio::task::spawn_blocking(move || {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                return;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.ends_with(".live") && !kept.contains(&name) {
+                    if let Err(err) = remove_live(&e.path()) {
+                        tracing::warn!(dir = %e.path().display(), error = %err, "cannot remove the checkpoint of a paused sandbox that is gone");
+                    }
+                }
+            }
+        })
+        .await;
+    }
+
     /// Live snapshot `q`'s checkpoint directory.
     pub fn live_path(&self, q: &QualifiedName) -> PathBuf {
         self.ns_dir(q.namespace.as_deref())
@@ -517,5 +538,21 @@ mod tests {
         assert_eq!(mode, 0o1777);
         assert!(!root.join("ns").exists());
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[tokio::test]
+    async fn a_paused_sandboxs_checkpoint_goes_with_its_container() {
+        let root = std::env::temp_dir().join(format!("corral-held-{}", crate::host::random_hex(8)));
+        let store = HeldSnapshots::new(root.clone());
+        let kept = store.paused_dir("sb-kept").await.expect("dir");
+        let gone = store.paused_dir("sb-gone").await.expect("dir");
+        for d in [&kept, &gone] {
+            std::fs::create_dir(d).expect("make");
+            std::fs::write(d.join("checkpoint.img"), b"x").expect("write");
+        }
+        store.remove_paused_except(&["sb-kept"]).await;
+        assert!(kept.join("checkpoint.img").exists());
+        assert!(!gone.exists());
+        std::fs::remove_dir_all(&root).expect("clean");
     }
 }
