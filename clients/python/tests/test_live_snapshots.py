@@ -115,3 +115,49 @@ def test_a_live_snapshot_forks_running_processes_and_no_other_tenant_reaches_it(
                 f.delete()
             alice.delete_snapshot(name)
     assert name not in {s.name for s in alice.snapshots()}
+
+
+def test_e2b_fork_full_snapshot_and_pause_keep_running_processes() -> None:
+    """Through E2B's own SDK, on the operator's gVisor tier without
+    network: `fork(count)` and `create_snapshot(mode="full")` carry the
+    running processes, and `pause()` goes to disk (the container stops)
+    while `connect()` brings the same process back."""
+    why = _live_ready()
+    if why:
+        pytest.skip(why)
+    from e2b import Sandbox as E2bSandbox
+    from test_e2b import _docker_state, e2b_service
+
+    def e2b_count(sbx: E2bSandbox) -> int:
+        out = sbx.commands.run("cat /tmp/count; sleep 0.5; cat /tmp/count").stdout.split()
+        a, b = int(out[0]), int(out[1])
+        assert b > a, f"the counter stands still at {a}"
+        return a
+
+    with e2b_service(defaults={"isolation": "gvisor", "network": "none"}) as server:
+        sbx = E2bSandbox.create(timeout=120)
+        children: list = []
+        snap = None
+        try:
+            sbx.commands.run(COUNTER + " sleep 0.5")
+            before = e2b_count(sbx)
+            children += sbx.fork(count=2, timeout=120)
+            assert len({f.sandbox_id for f in children} | {sbx.sandbox_id}) == 3
+            for f in children:
+                assert e2b_count(f) >= before, "a fork started over"
+            snap = sbx.create_snapshot(mode="full")
+            child = E2bSandbox.create(snap.snapshot_id, timeout=120)
+            children.append(child)
+            assert e2b_count(child) >= before
+            holder = sbx.commands.run("pidof sh | tr ' ' '\\n' | sort -n | tail -1").stdout.strip()
+            sbx.pause()
+            assert _docker_state(server, sbx.sandbox_id) == "exited"
+            resumed = E2bSandbox.connect(sbx.sandbox_id)
+            assert resumed.commands.run(f"kill -0 {holder} && echo alive").stdout == "alive\n"
+            assert e2b_count(resumed) >= before
+        finally:
+            for f in children:
+                f.kill()
+            sbx.kill()
+            if snap is not None:
+                E2bSandbox.delete_snapshot(snap.snapshot_id)

@@ -28,6 +28,14 @@
 //! - The daemon's shim copies each restored checkpoint into the host's
 //!   temporary directory (`ctrd-checkpoint*`) and leaves it there: corral
 //!   removes the one that carries its restore's mark.
+//! - A checkpoint of a sandbox that was itself restored stops it but
+//!   leaves runsc's state behind, saying paused (`runsc kill` and `resume`
+//!   then fail: "connecting to control server ... connection refused"), so
+//!   containerd keeps the task and the daemon refuses to start the
+//!   container again ("id already in use"). corral then removes the state
+//!   with `runsc delete -force` (the runtime's binary, under the daemon's
+//!   default exec root), after which a restore works; a restore in place
+//!   also tries again for up to 5 s while the daemon finds the id in use.
 //! - bollard has no checkpoint parameter on start: that one request goes
 //!   over the daemon's socket here.
 //! - runc: Debian's CRIU 3.17 cannot read this kernel's vDSO layout
@@ -55,6 +63,20 @@ const RESTORE_MARK: &str = "corral-restore";
 
 /// The prefix of the directories the shim copies a checkpoint into.
 const SHIM_COPY_PREFIX: &str = "ctrd-checkpoint";
+
+/// How often a restore in place is tried again while the checkpointed
+/// task is still being cleaned up ("id already in use"), and how long
+/// apart.
+const RESTORE_RETRIES: u32 = 50;
+const RESTORE_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// Where the daemon's runc shim has runsc keep its state (the daemon's
+/// default exec root).
+const RUNSC_STATE_ROOT: &str = "/var/run/docker/runtime-runc/moby";
+
+/// How long runsc's state of a checkpointed sandbox may take to go by
+/// itself.
+const STALE_STATE_WAIT: Duration = Duration::from_secs(1);
 
 /// Bound on the start request that restores a checkpoint.
 const RESTORE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -149,11 +171,61 @@ impl DockerBackend {
             )
             .await
             .map_err(|e| api(format!("checkpoint container {cid}"), e))?;
+        let full = info.id.clone().unwrap_or_else(|| cid.to_string());
+        self.clear_stale_sandbox(&full).await;
         let size = dir_size(dir).await?;
         if resume {
             self.live_restore(cid, dir).await?;
         }
         Ok(size)
+    }
+
+    /// Clears what runsc leaves of container `id` after a checkpoint of a
+    /// sandbox that was itself restored: its state (which still says
+    /// paused) outlives the sandbox, so containerd keeps the task and the
+    /// daemon refuses to start the container again ("id already in use")
+    /// until runsc forgets it. The normal teardown removes the state within
+    /// moments; what is left after [`STALE_STATE_WAIT`] is removed with
+    /// `runsc delete -force`.
+    async fn clear_stale_sandbox(&self, id: &str) {
+        let state = Path::new(RUNSC_STATE_ROOT).join(format!("{id}_sandbox:{id}.state"));
+        let until = tokio::time::Instant::now() + STALE_STATE_WAIT;
+        while tokio::fs::try_exists(&state).await.unwrap_or(false) {
+            if tokio::time::Instant::now() >= until {
+                let runsc = self.live_runtime_path().await;
+                let out = tokio::time::timeout(
+                    Duration::from_secs(30),
+                    tokio::process::Command::new(&runsc)
+                        .args(["--root", RUNSC_STATE_ROOT, "delete", "-force", id])
+                        .stdin(std::process::Stdio::null())
+                        .output(),
+                )
+                .await;
+                let still = tokio::fs::try_exists(&state).await.unwrap_or(false);
+                match out {
+                    Ok(Ok(_)) if !still => {
+                        tracing::info!(container = %id, "cleared runsc's state of a checkpointed sandbox");
+                    }
+                    other => {
+                        tracing::warn!(container = %id, outcome = ?other.map(|r| r.map(|o| o.status)), "cannot clear runsc's state of a checkpointed sandbox; it cannot start again");
+                    }
+                }
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The runsc binary the daemon runs for [`GVISOR_LIVE_RUNTIME`].
+    async fn live_runtime_path(&self) -> String {
+        self.inner
+            .docker
+            .info()
+            .await
+            .ok()
+            .and_then(|i| i.runtimes)
+            .and_then(|r| r.get(GVISOR_LIVE_RUNTIME).and_then(|r| r.path.clone()))
+            .unwrap_or_else(|| "runsc".into())
     }
 
     /// Starts the created (or stopped) container `cid` from the checkpoint
@@ -189,9 +261,22 @@ impl DockerBackend {
             .await
             .map_err(|e| host(format!("linking checkpoint {}", dir.display()), e))??;
         let socket = self.socket_path().unwrap_or_default();
-        let started = tokio::time::timeout(RESTORE_TIMEOUT, start_from(&socket, &full))
-            .await
-            .unwrap_or_else(|_| Err(format!("no answer in {}s", RESTORE_TIMEOUT.as_secs())));
+        let started = tokio::time::timeout(RESTORE_TIMEOUT, async {
+            let mut tries = 0;
+            loop {
+                match start_from(&socket, &full).await {
+                    // The checkpointed task may still be on its way out of
+                    // containerd: the daemon then finds its id in use.
+                    Err(e) if e.contains("id already in use") && tries < RESTORE_RETRIES => {
+                        tries += 1;
+                        tokio::time::sleep(RESTORE_RETRY_PAUSE).await;
+                    }
+                    other => return other,
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer in {}s", RESTORE_TIMEOUT.as_secs())));
         let _ = tokio::fs::remove_dir_all(&target).await;
         let _ = tokio::task::spawn_blocking(move || remove_shim_copy(&mark)).await;
         started.map_err(|reason| Error::Engine {

@@ -381,5 +381,21 @@ async fn gvisor_pause_to_disk_holds_no_memory_and_resume_goes_on() {
         after >= before,
         "the counter started over: {before} then {after}"
     );
+    // Again: a checkpoint of a sandbox that was itself restored (runsc
+    // leaves its state behind then, and the daemon would not start it).
+    sb.pause().await.expect("pause again");
+    sb.resume().await.expect("resume again");
+    let (again, _) = counting(&sb).await;
+    assert!(
+        again >= after,
+        "the counter started over: {after} then {again}"
+    );
+    let cid = sb.container_id();
     sb.destroy().await.expect("destroy");
+    let runsc = std::process::Command::new("runsc")
+        .args(["--root", "/var/run/docker/runtime-runc/moby", "list"])
+        .output()
+        .expect("runsc list");
+    let listed = String::from_utf8_lossy(&runsc.stdout);
+    assert!(!listed.contains(&cid), "runsc still holds {cid}: {listed}");
 }

@@ -918,6 +918,10 @@ impl Provider {
         if sb.dead().is_some() {
             return false;
         }
+        // Paused to disk: its container is stopped on purpose.
+        if sb.is_paused_to_disk() {
+            return true;
+        }
         // The stream may have broken with the container still running: a
         // command re-attaches then, so only a stopped container is dead.
         matches!(sb.state().await, Ok(s) if s.status.is_running())

@@ -785,13 +785,21 @@ impl Sandbox {
             return taken;
         }
         self.drop_shells();
+        let size = match taken {
+            Ok(size) => size,
+            Err(e) => {
+                // It stopped and did not come back: watching it again tells
+                // its commands so; the checkpoint's error is the cause.
+                watch(runtime, &placement, &self.inner.conn);
+                return Err(e);
+            }
+        };
         let conn = runtime
             .connect_as(&placement, &self.inner.id, &self.inner.spec, true)
             .await;
         watch(runtime, &placement, &self.inner.conn);
-        let conn = conn?;
-        *lock(&self.inner.conn) = Arc::new(conn);
-        taken
+        *lock(&self.inner.conn) = Arc::new(conn?);
+        Ok(size)
     }
 
     /// Replaces the container with a new one from the same spec (start-up

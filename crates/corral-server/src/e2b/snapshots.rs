@@ -9,9 +9,13 @@
 //! the engine lets it go (at once for a delta, after the last fork for an
 //! image).
 //!
-//! corral keeps the file system, not memory: a snapshot's sandboxes start
-//! fresh from it (E2B's `mode="filesystem"`), and `memory: true` (E2B's
-//! `mode="full"`, asked for explicitly) is refused by name.
+//! `memory: true` (E2B's `mode="full"`) takes a live snapshot: the
+//! sandbox's processes and memory too, which its sandboxes go on from, on
+//! a tier that checkpoints (gVisor without network); elsewhere it is
+//! refused by name. Otherwise (`mode="filesystem"`, the default) the file
+//! system is kept and its sandboxes start fresh from it. `fork(count)`
+//! forks the running processes where the tier checkpoints, and the file
+//! system elsewhere (as before).
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -61,17 +65,12 @@ struct SnapshotRequest {
     memory: Option<bool>,
 }
 
-/// A snapshot's file system only: `memory: true` is refused by name.
-fn check_memory(memory: Option<bool>) -> Result<(), E2bError> {
-    if memory == Some(true) {
-        return Err(error(
-            StatusCode::BAD_REQUEST,
-            "memory true (mode=\"full\") is not supported by corral: a snapshot keeps the \
-             sandbox's file system and its sandboxes start fresh from it; use \
-             mode=\"filesystem\"",
-        ));
+/// The snapshot E2B's `memory` asks for: a live one for `true`.
+fn snapshot_options(memory: Option<bool>) -> SnapshotOptions {
+    SnapshotOptions {
+        kind: (memory == Some(true)).then_some(corral::snapshot::SnapshotKind::Live),
+        ..SnapshotOptions::default()
     }
-    Ok(())
 }
 
 async fn create_snapshot(
@@ -82,7 +81,6 @@ async fn create_snapshot(
 ) -> Result<Response, E2bError> {
     let caller = caller(&e2b, &headers)?;
     let req: SnapshotRequest = body(&bytes)?;
-    check_memory(req.memory)?;
     let entry = visible(&e2b, &caller, &id)?;
     let name = match req.name {
         Some(n) if n.starts_with(FORK_BASE) => {
@@ -96,9 +94,18 @@ async fn create_snapshot(
     };
     let info = e2b
         .app
-        .snapshot_as(&entry.owner, &id, &name, SnapshotOptions::default())
+        .snapshot_as(&entry.owner, &id, &name, snapshot_options(req.memory))
         .await
-        .map_err(api_error)?;
+        .map_err(|mut e| {
+            if e.detail.kind == "unsupported" {
+                e.detail.message = format!(
+                    "memory true (mode=\"full\") keeps the sandbox's processes, which needs a \
+                     tier corral can checkpoint: {}; mode=\"filesystem\" keeps its files",
+                    e.detail.message
+                );
+            }
+            api_error(e)
+        })?;
     let snapshot_id = info.qualified().name;
     Ok((
         StatusCode::CREATED,
@@ -214,10 +221,22 @@ async fn fork(
     }
     let source = visible(&e2b, &caller, &id)?;
     let base = format!("{FORK_BASE}{}", corral::host::random_hex(12));
-    e2b.app
-        .snapshot_as(&source.owner, &id, &base, SnapshotOptions::default())
-        .await
-        .map_err(api_error)?;
+    // The running processes where the tier checkpoints; else the file
+    // system, as E2B's `fork` did on corral before.
+    let live = e2b
+        .app
+        .snapshot_as(&source.owner, &id, &base, snapshot_options(Some(true)))
+        .await;
+    match live {
+        Ok(_) => {}
+        Err(e) if e.detail.kind == "unsupported" => {
+            e2b.app
+                .snapshot_as(&source.owner, &id, &base, SnapshotOptions::default())
+                .await
+                .map_err(api_error)?;
+        }
+        Err(e) => return Err(api_error(e)),
+    }
     let ids: Vec<String> = (0..count).map(|_| super::new_sandbox_id()).collect();
     let forked = e2b
         .app
@@ -283,11 +302,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn full_memory_snapshots_are_refused_by_name() {
-        assert!(check_memory(None).is_ok());
-        assert!(check_memory(Some(false)).is_ok());
-        let e = check_memory(Some(true)).expect_err("should fail");
-        assert!(format!("{e:?}").contains("memory true"), "{e:?}");
+    fn memory_true_asks_for_a_live_snapshot() {
+        use corral::snapshot::SnapshotKind;
+        assert_eq!(snapshot_options(None).kind, None);
+        assert_eq!(snapshot_options(Some(false)).kind, None);
+        assert_eq!(snapshot_options(Some(true)).kind, Some(SnapshotKind::Live));
     }
 
     #[test]
