@@ -9,12 +9,38 @@
 //! exits, which stops the container. Only corral can write to PID 1's stdin
 //! (PID 1 is non-dumpable), so nothing inside the sandbox can keep the switch
 //! from firing.
+//!
+//! Time the sandbox spent stopped does not count: a sandbox restored from
+//! a checkpoint (a live snapshot's fork, a pause to disk) wakes with its
+//! monotonic clock moved on by however long it was stopped, before corral
+//! could attach. The switch waits in slices of [`SLICE`]; a slice that
+//! took more than [`STOPPED`] longer than asked was time the sandbox was
+//! not running, and moves the last sign of life forward by as much.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::control::lock;
 use crate::sys;
+
+/// The longest one wait of the switch lasts.
+const SLICE: Duration = Duration::from_secs(1);
+
+/// How much longer than asked a wait must take to count as time the
+/// sandbox was stopped. A loaded machine's late wake-up taken for a stop
+/// only delays the switch by as much.
+const STOPPED: Duration = Duration::from_secs(1);
+
+/// The last sign of life `seen`, moved forward by the time the sandbox was
+/// stopped during a wait from `asleep` until `now` that asked for `asked`.
+fn discount_stopped(seen: Instant, asleep: Instant, now: Instant, asked: Duration) -> Instant {
+    let slept = now.saturating_duration_since(asleep);
+    if slept > asked + STOPPED {
+        seen + (slept - asked)
+    } else {
+        seen
+    }
+}
 
 /// Fires after `grace` without a sign of life from the controller.
 #[derive(Debug)]
@@ -49,11 +75,14 @@ impl DeadMan {
             if idle >= self.grace {
                 return idle;
             }
+            let asked = (self.grace - idle).min(SLICE);
+            let asleep = Instant::now();
             seen = self
                 .changed
-                .wait_timeout(seen, self.grace - idle)
+                .wait_timeout(seen, asked)
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .0;
+            *seen = discount_stopped(*seen, asleep, Instant::now(), asked);
         }
     }
 
@@ -110,6 +139,21 @@ mod tests {
         let idle = waiter.join().expect("waiter");
         assert!(idle >= Duration::from_millis(150));
         assert!(t0.elapsed() >= Duration::from_millis(450));
+    }
+
+    #[test]
+    fn time_stopped_is_not_idle_time() {
+        let t0 = Instant::now();
+        let asked = Duration::from_secs(1);
+        // A wait that took its second, or a little more on a loaded machine.
+        let late = t0 + Duration::from_millis(1900);
+        assert_eq!(discount_stopped(t0, t0, late, asked), t0);
+        // One that took a minute: the sandbox was stopped for 59 s.
+        let restored = t0 + Duration::from_secs(60);
+        assert_eq!(
+            discount_stopped(t0, t0, restored, asked),
+            t0 + Duration::from_secs(59)
+        );
     }
 
     #[test]

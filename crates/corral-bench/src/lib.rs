@@ -26,6 +26,7 @@ mod floors;
 mod fork;
 pub use fork::ForkRows;
 mod isolation;
+mod live;
 mod net;
 mod report;
 mod reset;
@@ -106,11 +107,14 @@ pub enum Rows {
     /// gVisor against runc in the same run: cold start, round trip,
     /// reset, CPU-bound and syscall-heavy commands.
     Isolation,
+    /// Live snapshots, pause to disk and live forks of 1, 8 and 32 of a
+    /// gVisor sandbox holding 100 MB, against preparing 8 and 32 anew.
+    Live,
 }
 
 impl Rows {
-    /// Parses `default`, `net`, `all`, `forks` or `isolation`; `None` for
-    /// anything else.
+    /// Parses `default`, `net`, `all`, `forks`, `isolation` or `live`;
+    /// `None` for anything else.
     pub fn parse(text: &str) -> Option<Rows> {
         match text {
             "default" => Some(Rows::Default),
@@ -118,6 +122,7 @@ impl Rows {
             "all" => Some(Rows::All),
             "forks" => Some(Rows::Forks),
             "isolation" => Some(Rows::Isolation),
+            "live" => Some(Rows::Live),
             _ => None,
         }
     }
@@ -136,6 +141,10 @@ impl Rows {
 
     fn isolation(self) -> bool {
         self == Rows::Isolation
+    }
+
+    fn live(self) -> bool {
+        self == Rows::Live
     }
 }
 
@@ -187,6 +196,9 @@ impl Samples {
         }
         if options.rows.isolation() {
             steps += isolation::steps(self.starts, self.round_trips, self.resets);
+        }
+        if options.rows.live() {
+            steps += live::steps();
         }
         if options.rows.forks() {
             steps += options
@@ -336,11 +348,16 @@ impl Bench {
             true => Some(self.measure_isolation().await?),
             false => None,
         };
+        let live = match self.options.rows.live() {
+            true => Some(self.measure_live().await?),
+            false => None,
+        };
         Ok(Report {
             core,
             net,
             forks,
             isolation,
+            live,
         })
     }
 

@@ -26,6 +26,8 @@ pub struct Report {
     pub(crate) forks: Option<Vec<crate::fork::PoolForkRun>>,
     /// gVisor against runc (`--rows isolation`).
     pub(crate) isolation: Option<crate::isolation::IsolationReport>,
+    /// Live snapshots, pause to disk, live forks (`--rows live`).
+    pub(crate) live: Option<crate::live::LiveReport>,
 }
 
 /// The default rows of a run.
@@ -403,6 +405,9 @@ impl Report {
         if let Some(isolation) = &self.isolation {
             rows.extend(isolation.rows());
         }
+        if let Some(live) = &self.live {
+            rows.extend(live.rows());
+        }
         rows
     }
 
@@ -420,6 +425,9 @@ impl Report {
         }
         if let Some(isolation) = &self.isolation {
             ratios.extend(isolation.ratios());
+        }
+        if let Some(live) = &self.live {
+            ratios.extend(live.ratios());
         }
         ratios
     }
@@ -464,6 +472,9 @@ impl Report {
         }
         if let Some(isolation) = &self.isolation {
             let _ = writeln!(out, "{}; times in ms", isolation.describe());
+        }
+        if let Some(live) = &self.live {
+            let _ = writeln!(out, "{}; times in ms", live.describe());
         }
         out.push('\n');
         let _ = writeln!(
@@ -673,6 +684,7 @@ mod tests {
             net: Some(net()),
             forks: None,
             isolation: None,
+            live: None,
         };
         let table = only.table_of(&header(&opts));
         let lines: Vec<&str> = table.lines().collect();
@@ -761,6 +773,7 @@ mod tests {
             net: Some(net()),
             forks: None,
             isolation: None,
+            live: None,
         };
         let v = all.json_of(&header(&opts), &MetricsSnapshot::default());
         assert_eq!(keys(&v["rows"]).len(), 17 + 8);
@@ -843,6 +856,7 @@ mod tests {
             net: None,
             forks: None,
             isolation: None,
+            live: None,
         }
         .json_of(&header(&opts), &MetricsSnapshot::default());
         assert_eq!(
@@ -958,6 +972,7 @@ mod tests {
             net: None,
             forks: None,
             isolation: None,
+            live: None,
         }
         .table_of(&header(&opts));
         let lines: Vec<&str> = table.lines().collect();
@@ -1034,6 +1049,7 @@ mod tests {
             net: None,
             forks: None,
             isolation: None,
+            live: None,
         }
         .table_of(&header(&at_target));
         assert!(

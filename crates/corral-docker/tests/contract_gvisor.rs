@@ -437,3 +437,37 @@ async fn gvisor_pause_to_disk_holds_no_memory_and_resume_goes_on() {
     let listed = String::from_utf8_lossy(&runsc.stdout);
     assert!(!listed.contains(&cid), "runsc still holds {cid}: {listed}");
 }
+
+/// A fork restored long after its snapshot was taken (longer than the
+/// agent's dead-man grace) starts: the time the checkpoint spent on disk is
+/// not time without a controller.
+#[tokio::test(flavor = "multi_thread")]
+async fn gvisor_a_fork_restored_after_the_agents_grace_starts() {
+    let Some(sb) = sandbox("gvisor_live_grace", |s| {
+        s.network = corral::Network::None;
+        s.agent_grace_ms = 2000;
+    })
+    .await
+    else {
+        return;
+    };
+    out(&sb, "echo before > /tmp/state").await;
+    let name = format!("grace-{}", std::process::id());
+    let opts = corral::SnapshotOptions {
+        kind: Some(corral::snapshot::SnapshotKind::Live),
+        ..Default::default()
+    };
+    sb.snapshot(&name, opts).await.expect("live snapshot");
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let runtime = common::backend().await;
+    let forks = runtime.fork(&name, 1).await.expect("fork after the grace");
+    assert_eq!(out(&forks[0], "cat /tmp/state").await, "before\n");
+    // And it stays up past the grace, fed by corral as any sandbox.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(out(&forks[0], "echo up").await, "up\n");
+    for f in forks {
+        f.destroy().await.expect("destroy the fork");
+    }
+    runtime.delete_snapshot(&name).await.expect("delete");
+    sb.destroy().await.expect("destroy");
+}

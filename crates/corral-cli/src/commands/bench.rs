@@ -66,8 +66,12 @@ pub struct BenchArgs {
     /// with the reason, and the other rows still run), or
     /// isolation (gVisor against runc in the same run: cold start, round
     /// trip, reset, CPU-bound, syscall-heavy and, where the image has
-    /// python3, a Python start with imports; needs runtime runsc).
-    #[arg(long, default_value = "default", value_parser = rows, value_name = "default|net|all|forks|isolation")]
+    /// python3, a Python start with imports; needs runtime runsc), or
+    /// live (live snapshot, pause to disk and resume, live forks of 1, 8
+    /// and 32 of a gVisor sandbox whose Python process holds 100 MB and
+    /// serves TCP, against preparing 8 and 32 anew; needs runtime
+    /// runsc-live and an image with python3).
+    #[arg(long, default_value = "default", value_parser = rows, value_name = "default|net|all|forks|isolation|live")]
     rows: Rows,
     /// With --rows forks: a prepared state's size in MB and the fork
     /// counts from it, one row each; repeat for more states [default:
@@ -78,7 +82,7 @@ pub struct BenchArgs {
 
 fn rows(text: &str) -> Result<Rows, String> {
     Rows::parse(text)
-        .ok_or_else(|| format!("'{text}' is not default, net, all, forks or isolation"))
+        .ok_or_else(|| format!("'{text}' is not default, net, all, forks, isolation or live"))
 }
 
 fn at_least_one(text: &str) -> Result<usize, String> {
