@@ -145,6 +145,20 @@ def test_e2b_fork_full_snapshot_and_pause_keep_running_processes() -> None:
             assert len({f.sandbox_id for f in children} | {sbx.sandbox_id}) == 3
             for f in children:
                 assert e2b_count(f) >= before, "a fork started over"
+            # Each fork has its own envd token; the source's opens none of
+            # them (nor a sibling's the other).
+            import httpx
+
+            def read_as(target: E2bSandbox, token: str) -> int:
+                headers = {"E2b-Sandbox-Id": target.sandbox_id, "E2b-Sandbox-Port": "49983", "X-Access-Token": token}
+                return httpx.get(f"{server['url']}/files", params={"path": "/tmp/count"}, headers=headers, timeout=30).status_code
+
+            tokens = {sbx._envd_access_token} | {f._envd_access_token for f in children}
+            assert len(tokens) == 3
+            for f, other in ((children[0], children[1]), (children[1], children[0])):
+                assert read_as(f, f._envd_access_token) == 200
+                assert read_as(f, sbx._envd_access_token) == 401
+                assert read_as(f, other._envd_access_token) == 401
             snap = sbx.create_snapshot(mode="full")
             child = E2bSandbox.create(snap.snapshot_id, timeout=120)
             children.append(child)
