@@ -175,3 +175,46 @@ def test_e2b_fork_full_snapshot_and_pause_keep_running_processes() -> None:
             sbx.kill()
             if snap is not None:
                 E2bSandbox.delete_snapshot(snap.snapshot_id)
+
+
+def test_mcp_snapshot_live_and_restore_bring_the_processes_back() -> None:
+    """`corral mcp` on the operator's gVisor tier without network: a
+    `snapshot` with live true keeps the running counter, and `restore`
+    replaces the session's sandbox with one restored from it, the counter
+    going on; without the tier it says why."""
+    why = _live_ready()
+    if why:
+        pytest.skip(why)
+    import anyio
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+    from test_mcp import Labelled, _env, _ok
+
+    def _numbers(text: str) -> list:
+        return [int(w) for w in text.split() if w.isdigit()]
+
+    lab = Labelled("mcp-live", defaults="  isolation: gvisor\n  network: none\n")
+    params = StdioServerParameters(command=corral_binary(), args=["--config", lab.config, "mcp"], env=_env())
+    name = f"mcp-live-{secrets.token_hex(4)}"
+
+    async def main() -> None:
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as session:
+                with anyio.fail_after(60):
+                    await session.initialize()
+                await _ok(session, "run_command", {"command": COUNTER + " sleep 0.5"})
+                first = _numbers(await _ok(session, "run_command", {"command": "cat /tmp/count"}))[0]
+                text = await _ok(session, "snapshot", {"name": name, "live": True})
+                assert name in text, text
+                before = lab.ids()
+                text = await _ok(session, "restore", {"name": name})
+                assert "restored with the processes" in text, text
+                assert lab.wait_at_most(1, 30) != before
+                out = await _ok(session, "run_command", {"command": "cat /tmp/count; sleep 0.5; cat /tmp/count"})
+                a, b = _numbers(out)[:2]
+                assert b > a >= first, out
+
+    try:
+        anyio.run(main)
+    finally:
+        lab.close()

@@ -781,9 +781,10 @@ impl Handler {
     }
 
     /// Save the sandbox's current file system as a named snapshot, to come
-    /// back to later with restore (before a risky step, say). Running
-    /// processes and shell sessions are not kept; files are. Taking it
-    /// may end the sandbox's running processes.
+    /// back to later with restore (before a risky step, say). Files are
+    /// kept; running processes too with live true (where the sandbox can
+    /// be checkpointed), else they are not, and taking it may end them.
+    /// Shell sessions are never kept.
     #[tool(input_schema = schema::<args::Snapshot>())]
     async fn snapshot(&self, params: JsonObject) -> Result<CallToolResult, ErrorData> {
         const TOOL: &str = "snapshot";
@@ -801,7 +802,10 @@ impl Handler {
             // Its own namespace: another's snapshot of this name is not
             // touched.
             namespace: principal.snapshot_namespace(),
-            kind: None,
+            kind: a
+                .live
+                .unwrap_or(false)
+                .then_some(corral::snapshot::SnapshotKind::Live),
         };
         match lease.snapshot(&a.name, opts).await {
             Ok(info) => Ok(with_notes(
@@ -822,8 +826,9 @@ impl Handler {
     }
 
     /// Replace the sandbox with a fresh one started from a snapshot: its
-    /// files are as they were when the snapshot was taken. Everything
-    /// since is gone, including running processes and shell sessions.
+    /// files are as they were when the snapshot was taken (and, from a
+    /// live snapshot, its running processes). Everything since is gone,
+    /// shell sessions included.
     #[tool(input_schema = schema::<args::Restore>())]
     async fn restore(&self, params: JsonObject) -> Result<CallToolResult, ErrorData> {
         const TOOL: &str = "restore";
@@ -861,24 +866,27 @@ impl Handler {
                 a.name
             )));
         }
-        if runtime.fork_restore(info).is_some() {
-            // Never a silent fresh sandbox in its place.
-            return Ok(render::error(format!(
-                "cannot restore '{}': it is a live snapshot (processes and memory), which an \
-                 MCP session does not restore yet; fork it over REST or the Python client",
-                a.name
-            )));
-        }
         let base = match runtime.fork_base(info).await {
             Ok(b) => b,
             Err(e) => return Ok(render::error(format!("cannot restore '{}': {e}", a.name))),
         };
-        match self.session.replace(spec, base).await {
+        let recipe = session::Recipe {
+            spec,
+            base,
+            restore: runtime.fork_restore(info),
+        };
+        let live = recipe.restore.is_some();
+        match self.session.replace(recipe).await {
             Ok(lease) => Ok(render::ok(format!(
-                "restored snapshot '{}': this session's sandbox is now {}, started from it; \
-                 processes and shell sessions from before are gone",
+                "restored snapshot '{}': this session's sandbox is now {}, {}",
                 a.name,
-                lease.id()
+                lease.id(),
+                if live {
+                    "restored with the processes the live snapshot kept running; shell \
+                     sessions from before are gone"
+                } else {
+                    "started from it; processes and shell sessions from before are gone"
+                }
             ))),
             Err(LeaseError::Ended) => Ok(render::error(
                 "this MCP session has ended and its sandbox was released; start a new session",

@@ -1300,6 +1300,9 @@ impl Provider {
             .teardowns
             .wait(Instant::now() + Duration::from_secs(120))
             .await;
+        // Its live snapshots that are not durable go with it, as its
+        // in-memory deltas do.
+        self.inner.runtime.drop_own_live_snapshots().await;
     }
 }
 

@@ -385,6 +385,20 @@ impl Runtime {
         Ok(made)
     }
 
+    /// Deletes the live snapshots this runtime took that are not durable
+    /// (files, unlike its deltas, which go with its memory).
+    pub(crate) async fn drop_own_live_snapshots(&self) {
+        for info in self.inner.held.list(&self.owner().host).await {
+            let own = info.owner.as_ref() == Some(self.owner());
+            if info.kind == SnapshotKind::Live && !info.durable && own {
+                let q = info.qualified();
+                if let Err(e) = self.inner.held.remove(&q).await {
+                    tracing::warn!(snapshot = %q, error = %e, "removing a live snapshot at shutdown failed");
+                }
+            }
+        }
+    }
+
     /// Removes the snapshots `gc` should: those whose owner is gone (with
     /// `all`, every snapshot that is not durable). Returns their names.
     pub(crate) async fn gc_snapshots(&self, all: bool) -> Result<Vec<String>, Error> {

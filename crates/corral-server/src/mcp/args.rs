@@ -165,6 +165,12 @@ pub(super) struct Snapshot {
     /// (default false).
     #[serde(default)]
     pub durable: Option<bool>,
+    /// Keep the running processes and their memory too (a live snapshot),
+    /// which restore brings back running; only where the sandbox's tier
+    /// can checkpoint (gVisor without network), else an error saying why
+    /// (default false: files only).
+    #[serde(default)]
+    pub live: Option<bool>,
 }
 
 /// Arguments of `restore`.

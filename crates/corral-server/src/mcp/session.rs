@@ -52,13 +52,25 @@ pub(super) struct Session {
     closing: CancellationToken,
     books: Mutex<Books>,
     /// The spec of a snapshot the session restored, used in place of the
-    /// context's from then on.
-    restored: Mutex<Option<(SandboxSpec, Option<corral::Delta>)>>,
+    /// context's from then on, with a delta's changes or a live one's
+    /// checkpoint.
+    restored: Mutex<Option<Recipe>>,
     /// The session as a principal, once bound.
     principal: OnceLock<Principal>,
 }
 
 /// What the session remembers of its current sandbox.
+/// What a session's sandbox is made from.
+#[derive(Clone)]
+pub(super) struct Recipe {
+    /// The spec (the context's, or a restored snapshot's fork spec).
+    pub(super) spec: SandboxSpec,
+    /// A delta snapshot's changes, taken in before the first command.
+    pub(super) base: Option<corral::Delta>,
+    /// A live snapshot's checkpoint, restored instead of a start.
+    pub(super) restore: Option<std::path::PathBuf>,
+}
+
 #[derive(Default)]
 struct Books {
     /// Id of the sandbox last handed out.
@@ -160,12 +172,18 @@ impl Session {
         self.used.store(true, Ordering::Release);
         let provider = self.ctx.provider.clone();
         let key = self.key.clone();
-        let (spec, base) = self.recipe();
+        let Recipe {
+            spec,
+            base,
+            restore,
+        } = self.recipe();
         // Its own task, so a client that gives up mid-start cannot leave a
         // half-registered sandbox: the start completes (or fails) and the
         // release, waiting on the gate, sees the result.
         let acquired = tokio::spawn(async move {
-            let r = provider.acquire_fork(&key, &spec, base, None).await;
+            let r = provider
+                .acquire_fork(&key, &spec, base, restore.as_deref())
+                .await;
             drop(gate);
             r
         })
@@ -218,28 +236,27 @@ impl Session {
     /// The spec the session's sandbox is made from: a restored snapshot's,
     /// else the context's.
     pub(super) fn spec(&self) -> SandboxSpec {
-        self.recipe().0
+        self.recipe().spec
     }
 
     /// What the session's sandbox is made from: a restored snapshot's spec
     /// and delta (a delta snapshot's), else the context's spec.
-    fn recipe(&self) -> (SandboxSpec, Option<corral::Delta>) {
+    fn recipe(&self) -> Recipe {
         let restored = self.restored.lock().unwrap_or_else(|p| p.into_inner());
-        restored
-            .clone()
-            .unwrap_or_else(|| (self.ctx.spec.clone(), None))
+        restored.clone().unwrap_or_else(|| Recipe {
+            spec: self.ctx.spec.clone(),
+            base: None,
+            restore: None,
+        })
     }
 
-    /// Replaces the session's sandbox with one made from `spec` (a
-    /// snapshot's fork spec, already checked) whose agent first takes
-    /// `base` in (a delta snapshot's): the current sandbox, if any, is
-    /// released first, then the new one started under the same key.
-    /// When it cannot start, the session goes back to its own spec.
-    pub(super) async fn replace(
-        &self,
-        spec: SandboxSpec,
-        base: Option<corral::Delta>,
-    ) -> Result<Lease, LeaseError> {
+    /// Replaces the session's sandbox with one made from `recipe` (a
+    /// snapshot's fork spec, already checked, whose agent first takes a
+    /// delta snapshot's changes in, or restored from a live snapshot's
+    /// checkpoint): the current sandbox, if any, is released first, then
+    /// the new one started under the same key. When it cannot start, the
+    /// session goes back to its own spec.
+    pub(super) async fn replace(&self, recipe: Recipe) -> Result<Lease, LeaseError> {
         let gate = self.gate.clone().lock_owned().await;
         if self.released.load(Ordering::Acquire) || self.closing.is_cancelled() {
             return Err(LeaseError::Ended);
@@ -248,13 +265,14 @@ impl Session {
             release_key(&self.ctx.provider, &self.key).await;
         }
         let reservation = self.reserve().map_err(|f| LeaseError::Failed(*f))?;
-        *self.restored.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((spec.clone(), base.clone()));
+        *self.restored.lock().unwrap_or_else(|p| p.into_inner()) = Some(recipe.clone());
         let provider = self.ctx.provider.clone();
         let key = self.key.clone();
         // Its own task, as in `lease`.
         let acquired = tokio::spawn(async move {
-            let r = provider.acquire_fork(&key, &spec, base, None).await;
+            let r = provider
+                .acquire_fork(&key, &recipe.spec, recipe.base, recipe.restore.as_deref())
+                .await;
             drop(gate);
             r
         })
