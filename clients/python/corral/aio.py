@@ -954,6 +954,32 @@ class AsyncSandbox:
 
     # -- lifetime ----------------------------------------------------------
 
+    async def pause(self) -> str:
+        """Pause the sandbox until :meth:`resume`. Where its tier
+        checkpoints (the operator's gVisor tier without network) it goes to
+        disk: its processes and memory are written to a checkpoint and its
+        container stops, holding no memory; commands fail until it resumes.
+        Elsewhere it is frozen with its memory kept. Returns ``"disk"`` or
+        ``"memory"``. Raises :class:`ConflictError` when already paused."""
+        r = await self.client.request(
+            "POST",
+            self._path("pause"),
+            timeout=httpx.Timeout(_core.CREATE_TIMEOUT, connect=self.client._timeout.connect),
+            resource="sandbox",
+        )
+        return str(r.json()["paused"])
+
+    async def resume(self) -> None:
+        """Resume a sandbox :meth:`pause` paused: one paused to disk comes
+        back with its processes. Raises :class:`ConflictError` when it is
+        not paused."""
+        await self.client.request(
+            "POST",
+            self._path("resume"),
+            timeout=httpx.Timeout(_core.CREATE_TIMEOUT, connect=self.client._timeout.connect),
+            resource="sandbox",
+        )
+
     async def reset(self) -> ResetResult:
         """Return the sandbox to its state right after start: every process
         killed (background jobs and shell sessions too), every change to its

@@ -14,6 +14,7 @@ import subprocess
 import time
 from typing import Iterator
 
+import httpx
 import pytest
 
 import corral
@@ -117,6 +118,34 @@ def test_a_live_snapshot_forks_running_processes_and_no_other_tenant_reaches_it(
     assert name not in {s.name for s in alice.snapshots()}
 
 
+def test_pause_to_disk_through_the_service_and_no_other_tenant_pauses_it(server: LocalServer) -> None:
+    alice = _client(server, "alice")
+    with corral.Sandbox.create(client=alice) as sb:
+        sb.run(COUNTER)
+        time.sleep(0.5)
+        before = _count(sb)
+        # Another tenant can neither pause nor resume it.
+        def as_bob(action: str) -> int:
+            url = f"{server.url}/v1/sandboxes/{sb.id}/{action}"
+            return httpx.post(url, headers={"Authorization": f"Bearer {TOKENS['bob']}"}, timeout=30).status_code
+
+        assert as_bob("pause") == 404
+        assert sb.pause() == "disk"
+        with pytest.raises(corral.ConflictError):
+            sb.pause()
+        state = subprocess.run(
+            ["docker", "inspect", "-f", "{{.State.Running}}", sb.container_id], capture_output=True, text=True
+        ).stdout.strip()
+        assert state == "false", state
+        r = sb.run("echo no", raise_on_failure=False)
+        assert r.failure is not None and "paused" in r.failure.message, r
+        assert as_bob("resume") == 404
+        sb.resume()
+        with pytest.raises(corral.ConflictError):
+            sb.resume()
+        assert _count(sb) >= before
+
+
 def test_e2b_fork_full_snapshot_and_pause_keep_running_processes() -> None:
     """Through E2B's own SDK, on the operator's gVisor tier without
     network: `fork(count)` and `create_snapshot(mode="full")` carry the
@@ -147,7 +176,6 @@ def test_e2b_fork_full_snapshot_and_pause_keep_running_processes() -> None:
                 assert e2b_count(f) >= before, "a fork started over"
             # Each fork has its own envd token; the source's opens none of
             # them (nor a sibling's the other).
-            import httpx
 
             def read_as(target: E2bSandbox, token: str) -> int:
                 headers = {"E2b-Sandbox-Id": target.sandbox_id, "E2b-Sandbox-Port": "49983", "X-Access-Token": token}

@@ -997,6 +997,78 @@ async fn reset_sandbox(
     Ok(Json(ResetBody::from(&outcome)))
 }
 
+/// Pause a sandbox until it is resumed: where its tier checkpoints (gVisor
+/// without network), to disk (its processes and memory written under the
+/// service's snapshot directory, its container stopped, no memory held;
+/// commands are refused until it resumes); elsewhere frozen, memory kept
+/// (commands wait). It counts against quotas as before.
+#[utoipa::path(
+    post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id (its session key)")),
+    responses(
+        (status = 200, body = PauseBody),
+        (status = 400, description = "The engine can pause no sandbox (kind `unsupported`: Kubernetes)", body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, description = "Already paused", body = ErrorBody),
+        (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody),
+    )
+)]
+async fn pause_sandbox(
+    State(s): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> Result<Json<PauseBody>, ApiError> {
+    let lease = s.lease(&caller, &id).await?;
+    if lease.is_paused() {
+        return Err(paused_conflict(&id, "is already paused"));
+    }
+    lease.pause().await.map_err(|e| ApiError::runtime(&e, ""))?;
+    let paused = if lease.is_paused_to_disk() {
+        "disk"
+    } else {
+        "memory"
+    };
+    Ok(Json(PauseBody {
+        paused: paused.into(),
+    }))
+}
+
+/// Resume a sandbox paused with `pause`: one paused to disk is restored
+/// with its processes, a frozen one thawed.
+#[utoipa::path(
+    post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id (its session key)")),
+    responses(
+        (status = 204, description = "Resumed"),
+        (status = 404, body = ErrorBody), (status = 409, description = "Not paused", body = ErrorBody),
+        (status = 401, description = "No or a wrong bearer token", body = ErrorBody), (status = 403, description = "Refused: a browser Origin or a foreign Host", body = ErrorBody),
+    )
+)]
+async fn resume_sandbox(
+    State(s): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let lease = s.lease(&caller, &id).await?;
+    if !lease.is_paused() {
+        return Err(paused_conflict(&id, "is not paused"));
+    }
+    lease
+        .resume()
+        .await
+        .map_err(|e| ApiError::runtime(&e, ""))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn paused_conflict(id: &str, what: &str) -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::CONFLICT,
+        "conflict",
+        format!("sandbox '{id}' {what}"),
+    );
+    e.detail.field = Some("id".into());
+    e
+}
+
 /// Run a command and wait for its outcome. Timeouts, OOM kills and lost
 /// containers are outcomes (200 with `failure`), not HTTP errors.
 #[utoipa::path(
@@ -1694,6 +1766,8 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(create_sandbox, list_sandboxes))
         .routes(routes!(get_sandbox, delete_sandbox))
         .routes(routes!(reset_sandbox))
+        .routes(routes!(pause_sandbox))
+        .routes(routes!(resume_sandbox))
         .routes(routes!(exec))
         .routes(routes!(exec_stream))
         .routes(routes!(exec_input))

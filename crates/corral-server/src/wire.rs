@@ -358,6 +358,15 @@ pub enum ResetModeBody {
     Replaced,
 }
 
+/// Body of `POST /v1/sandboxes/{id}/pause`: how the sandbox was paused.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PauseBody {
+    /// `disk`: its processes and memory written to a checkpoint and its
+    /// container stopped, holding no memory (a tier that checkpoints:
+    /// gVisor without network); `memory`: frozen, memory kept.
+    pub paused: String,
+}
+
 /// Body of `POST /v1/sandboxes/{id}/reset`: what the reset did. Either way
 /// the sandbox is back in its state right after start: every process
 /// killed, every file system change gone (host mounts are the host's),

@@ -608,6 +608,15 @@ impl Sandbox {
                 "invalid argv '[]': a command is required",
             ));
         }
+        if self.is_paused_to_disk() {
+            return Err(Failure::new(
+                FailureKind::InvalidSpec,
+                format!(
+                    "sandbox {} is paused to disk: resume it before running commands",
+                    self.inner.id
+                ),
+            ));
+        }
         if let Some(size) = &cmd.pty {
             size.validate()
                 .map_err(|m| Failure::new(FailureKind::InvalidSpec, m))?;
