@@ -94,7 +94,7 @@ fn host(what: String, e: impl std::fmt::Display) -> Error {
 
 impl DockerBackend {
     /// Why this daemon cannot take or restore live snapshots, if it cannot.
-    async fn live_refusal(&self) -> Option<String> {
+    pub(crate) async fn live_refusal(&self) -> Option<String> {
         if self.socket_path().is_none() {
             return Some(format!(
                 "live snapshots need the Docker daemon on this host (its socket), not {}",

@@ -45,6 +45,9 @@ pub struct DoctorReport {
     /// network whose bridge has no host address (probed with a network
     /// made and removed at once).
     pub egress: Check,
+    /// Live snapshots and pause to disk: the daemon on this host, with
+    /// runtime `runsc-live` and its checkpoint API (`experimental`).
+    pub live: Check,
 }
 
 impl DockerBackend {
@@ -89,6 +92,7 @@ impl DockerBackend {
             agent_bytes: crate::agent_volume::AGENT_BINARY.len(),
             network: Check::default(),
             egress: Check::default(),
+            live: Check::default(),
         };
         if let Some(image) = image {
             self.ensure_image(image).await?;
@@ -96,6 +100,30 @@ impl DockerBackend {
         }
         report.network = self.network_check().await?;
         report.egress = self.egress_check().await;
+        report.live = match self.live_refusal().await {
+            _ if !report.runtimes.iter().any(|r| r == corral_core::spec::GVISOR_LIVE_RUNTIME) => {
+                Check {
+                    name: "live snapshots".into(),
+                    ok: false,
+                    detail: format!(
+                        "runtime {} is not registered (scripts/ensure-gvisor.sh): a live snapshot is \
+                         refused, pause freezes",
+                        corral_core::spec::GVISOR_LIVE_RUNTIME
+                    ),
+                }
+            }
+            Some(why) => Check {
+                name: "live snapshots".into(),
+                ok: false,
+                detail: format!("{why}: a live snapshot is refused, pause freezes"),
+            },
+            None => Check {
+                name: "live snapshots".into(),
+                ok: true,
+                detail: "gVisor sandboxes without network can be snapshotted live and paused to disk"
+                    .into(),
+            },
+        };
         Ok(report)
     }
 }

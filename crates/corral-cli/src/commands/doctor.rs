@@ -94,6 +94,13 @@ pub async fn run(
         r.egress.name,
         r.egress.detail
     );
+    // Only live snapshots and pause to disk need it.
+    println!(
+        "live          [{}] {}: {}",
+        if r.live.ok { " ok " } else { "WARN" },
+        r.live.name,
+        r.live.detail
+    );
     if let Some(image) = image {
         println!("protections in force (probe sandbox from {image}):");
         all_ok &= print_protections(&protections);
