@@ -22,6 +22,7 @@ of its own namespace, ``corral-snapshot/NAMESPACE:NAME``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -50,6 +51,22 @@ def server_config(**sections: Any) -> Dict[str, Any]:
     cfg: Dict[str, Any] = {"defaults": {"image": IMAGE, "labels": dict(LABELS)}}
     cfg.update(sections)
     return cfg
+
+
+@contextlib.contextmanager
+def running_server(**kwargs: Any) -> Iterator[LocalServer]:
+    """A `corral serve` of its own (`kwargs` as `LocalServer`'s), started;
+    at the end stopped (it removes its sandboxes), checked to have exited 0
+    and to have left no container behind."""
+    srv = LocalServer(corral_binary(), **kwargs)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        code = srv.stop()
+        srv.close()
+        assert_no_leaks()
+        assert code == 0
 
 
 def leaked_containers() -> list:

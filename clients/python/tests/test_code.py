@@ -14,7 +14,7 @@ import pytest
 import corral
 from corral.errors import SandboxOOMError, SandboxTimeoutError, UnsupportedError
 from corral.testing import LocalServer
-from conftest import LABELS, assert_no_leaks, corral_binary
+from conftest import LABELS, corral_binary, running_server
 
 pytestmark = pytest.mark.server
 
@@ -25,21 +25,13 @@ PY_IMAGE = "corral-test/python"
 def server() -> Iterator[LocalServer]:
     if subprocess.run(["docker", "image", "inspect", PY_IMAGE], capture_output=True).returncode != 0:
         pytest.skip(f"{PY_IMAGE} is not built: scripts/build-test-images.sh --python")
-    srv = LocalServer(
-        corral_binary(),
+    with running_server(
         config={
             "defaults": {"image": PY_IMAGE, "labels": dict(LABELS)},
             "profiles": {"small": {"image": PY_IMAGE, "labels": dict(LABELS), "limits": {"memory": 256 << 20}}},
         },
-    )
-    srv.start()
-    try:
+    ) as srv:
         yield srv
-    finally:
-        code = srv.stop()
-        srv.close()
-        assert_no_leaks()
-        assert code == 0
 
 
 def sandbox(server: LocalServer, **kw) -> corral.Sandbox:

@@ -28,7 +28,7 @@ import pytest
 
 import corral
 from corral.testing import LocalServer
-from conftest import LABELS, assert_no_leaks, corral_binary
+from conftest import LABELS, assert_no_leaks, corral_binary, running_server
 
 pytestmark = pytest.mark.server
 
@@ -40,21 +40,13 @@ MAX_CONTEXTS = 4
 def server() -> Iterator[LocalServer]:
     if subprocess.run(["docker", "image", "inspect", PY_IMAGE], capture_output=True).returncode != 0:
         pytest.skip(f"{PY_IMAGE} is not built: scripts/build-test-images.sh --python")
-    srv = LocalServer(
-        corral_binary(),
+    with running_server(
         config={
             "defaults": {"image": PY_IMAGE, "labels": dict(LABELS)},
             "server": {"limits": {"max_code_contexts": MAX_CONTEXTS}} if not os.environ.get("OLD") else {},
         },
-    )
-    srv.start()
-    try:
+    ) as srv:
         yield srv
-    finally:
-        code = srv.stop()
-        srv.close()
-        assert_no_leaks()
-        assert code == 0
 
 
 def sandbox(server: LocalServer) -> corral.Sandbox:

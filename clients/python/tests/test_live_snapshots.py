@@ -19,7 +19,7 @@ import pytest
 
 import corral
 from corral.testing import LocalServer
-from conftest import LABELS, assert_no_leaks, corral_binary
+from conftest import LABELS, corral_binary, running_server
 
 pytestmark = pytest.mark.server
 
@@ -44,8 +44,7 @@ def server() -> Iterator[LocalServer]:
     why = _live_ready()
     if why:
         pytest.skip(why)
-    srv = LocalServer(
-        corral_binary(),
+    with running_server(
         config={
             "defaults": {
                 "image": "corral-test/busybox",
@@ -58,15 +57,8 @@ def server() -> Iterator[LocalServer]:
                 "tenants": {name: {"token": token} for name, token in TOKENS.items()},
             },
         },
-    )
-    srv.start()
-    try:
+    ) as srv:
         yield srv
-    finally:
-        code = srv.stop()
-        srv.close()
-        assert_no_leaks()
-        assert code == 0
 
 
 def _client(server: LocalServer, who: str) -> corral.Client:

@@ -17,7 +17,7 @@ import pytest
 
 import corral
 from corral.testing import LocalServer
-from conftest import LABELS, assert_no_leaks, corral_binary
+from conftest import LABELS, running_server
 
 pytestmark = pytest.mark.server
 
@@ -29,8 +29,7 @@ TOKENS = {"alice": secrets.token_hex(16), "bob": secrets.token_hex(16)}
 def server() -> Iterator[LocalServer]:
     if subprocess.run(["docker", "image", "inspect", PY_IMAGE], capture_output=True).returncode != 0:
         pytest.skip(f"{PY_IMAGE} is not built: scripts/build-test-images.sh --python")
-    srv = LocalServer(
-        corral_binary(),
+    with running_server(
         config={
             "defaults": {"image": PY_IMAGE, "labels": dict(LABELS)},
             "server": {
@@ -38,15 +37,8 @@ def server() -> Iterator[LocalServer]:
                 "tenants": {name: {"token": token} for name, token in TOKENS.items()},
             },
         },
-    )
-    srv.start()
-    try:
+    ) as srv:
         yield srv
-    finally:
-        code = srv.stop()
-        srv.close()
-        assert_no_leaks()
-        assert code == 0
 
 
 def sandbox(server: LocalServer, who: str = "alice") -> corral.Sandbox:
