@@ -320,7 +320,7 @@ impl Bench {
 
 /// Runs `script` in `sb`; its stdout, or an error naming the sandbox,
 /// the script and how it failed.
-async fn workload(sb: &Sandbox, script: &str) -> anyhow::Result<String> {
+pub(crate) async fn workload(sb: &Sandbox, script: &str) -> anyhow::Result<String> {
     let r = sb
         .run(&CommandSpec::shell(script).timeout(WORKLOAD_TIMEOUT))
         .await;

@@ -13,13 +13,13 @@
 //! 5x); the absolute times are in the table (targets: snapshot and resume
 //! within 500 ms, a fork of 8 within 2 s).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context};
 use corral::snapshot::SnapshotKind;
 use corral::{Isolation, Network, Sandbox, SandboxSpec, SnapshotOptions};
-use corral_core::CommandSpec;
 
+use crate::isolation::workload as run;
 use crate::report::{Ratio, Row};
 use crate::stats::{times, Latency};
 use crate::Bench;
@@ -52,9 +52,6 @@ const SAMPLES: usize = 3;
 /// The fork counts, and the counts prepared from scratch to compare.
 const FORKS: [usize; 3] = [1, 8, 32];
 const PREPARED: [usize; 2] = [8, 32];
-
-/// How long one command of these rows may take.
-const TIMEOUT: Duration = Duration::from_secs(300);
 
 /// What the live rows measured.
 pub(crate) struct LiveReport {
@@ -295,23 +292,6 @@ impl Bench {
             prepared,
         })
     }
-}
-
-/// Runs `script` in `sb`; its stdout, or an error naming the sandbox, the
-/// script and how it failed.
-async fn run(sb: &Sandbox, script: &str) -> anyhow::Result<String> {
-    let r = sb.run(&CommandSpec::shell(script).timeout(TIMEOUT)).await;
-    if !r.success() {
-        bail!(
-            "`{}` in sandbox {} failed: exit {:?}, failure {:?}, stderr {:?}",
-            script.lines().next().unwrap_or_default(),
-            sb.id(),
-            r.exit_code,
-            r.failure.map(|f| f.to_string()),
-            String::from_utf8_lossy(&r.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&r.stdout).into_owned())
 }
 
 /// Checks that `sb`'s server still holds the state.
