@@ -186,6 +186,11 @@ def test_e2b_fork_full_snapshot_and_pause_keep_running_processes() -> None:
             holder = sbx.commands.run("pidof sh | tr ' ' '\\n' | sort -n | tail -1").stdout.strip()
             sbx.pause()
             assert _docker_state(server, sbx.sandbox_id) == "exited"
+            # A paused sandbox forks (E2B's own service answers 409).
+            from_paused = E2bSandbox.fork(sbx.sandbox_id, count=1, timeout=120)
+            assert all(isinstance(f, E2bSandbox) for f in from_paused), from_paused
+            children += from_paused
+            assert e2b_count(from_paused[0]) >= before
             resumed = E2bSandbox.connect(sbx.sandbox_id)
             assert resumed.commands.run(f"kill -0 {holder} && echo alive").stdout == "alive\n"
             assert e2b_count(resumed) >= before

@@ -412,6 +412,35 @@ async fn gvisor_pause_to_disk_holds_no_memory_and_resume_goes_on() {
     let running = common::docker(&["inspect", "-f", "{{.State.Running}}", &sb.container_id()]);
     assert_eq!(running.trim(), "false");
     assert_eq!(sb.usage().await.expect("usage").memory_bytes, 0);
+    // A paused sandbox forks (its checkpoint is the live snapshot), and
+    // takes no command meanwhile.
+    let r = sb.run(&corral_testing::contract::sh("echo no")).await;
+    assert!(
+        r.failure
+            .as_ref()
+            .is_some_and(|f| f.message.contains("paused")),
+        "{r:?}"
+    );
+    let name = format!("paused-{}", std::process::id());
+    let opts = corral::SnapshotOptions {
+        kind: Some(corral::snapshot::SnapshotKind::Live),
+        ..Default::default()
+    };
+    sb.snapshot(&name, opts)
+        .await
+        .expect("a live snapshot of a paused sandbox");
+    let runtime = common::backend().await;
+    let forks = runtime.fork(&name, 1).await.expect("fork a paused sandbox");
+    let (forked, _) = counting(&forks[0]).await;
+    assert!(
+        forked >= before,
+        "the fork started over: {before} then {forked}"
+    );
+    for f in forks {
+        f.destroy().await.expect("destroy the fork");
+    }
+    runtime.delete_snapshot(&name).await.expect("delete");
+    assert!(sb.is_paused_to_disk(), "the snapshot resumed the source");
     sb.resume().await.expect("resume");
     assert!(!sb.is_paused());
     let (after, _) = counting(&sb).await;

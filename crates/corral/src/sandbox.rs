@@ -505,6 +505,20 @@ impl Sandbox {
     /// Checkpoints the sandbox to disk and leaves it stopped; see
     /// [`Sandbox::pause`].
     async fn pause_to_disk(&self) -> Result<(), Error> {
+        // Only gVisor sandboxes without network can be checkpointed (see
+        // `Backend::checkpoint`): others freeze, with no file made.
+        let spec = &self.inner.spec;
+        if spec.isolation != corral_core::Isolation::Gvisor
+            || spec.network != corral_core::Network::None
+        {
+            return Err(Error::Unsupported {
+                what: format!(
+                    "pausing sandbox {} to disk: only gVisor sandboxes without network are \
+                     checkpointed",
+                    self.inner.id
+                ),
+            });
+        }
         let _serial = self.inner.reattach.lock().await;
         let runtime = &self.inner.runtime;
         let backend = &runtime.inner.backend;
@@ -568,6 +582,11 @@ impl Sandbox {
     /// and memory in a checkpoint.
     pub fn is_paused_to_disk(&self) -> bool {
         lock(&self.inner.on_disk).is_some()
+    }
+
+    /// The checkpoint of a sandbox paused to disk.
+    pub(crate) fn paused_checkpoint(&self) -> Option<std::path::PathBuf> {
+        lock(&self.inner.on_disk).clone()
     }
 
     /// Starts a command and returns a handle to feed it and wait for it. With

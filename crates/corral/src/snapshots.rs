@@ -152,7 +152,12 @@ impl Sandbox {
                 let labels = req.labels();
                 let held = &runtime.inner.held;
                 let dir = held.live_dir(&q).await?;
-                let size = match self.checkpoint_into(&dir).await {
+                // A sandbox paused to disk is its checkpoint already.
+                let taken = match self.paused_checkpoint() {
+                    Some(paused) => held::copy_checkpoint(&paused, &dir).await,
+                    None => self.checkpoint_into(&dir).await,
+                };
+                let size = match taken {
                     Ok(size) => size,
                     Err(e) => {
                         let _ = tokio::fs::remove_dir_all(&dir).await;

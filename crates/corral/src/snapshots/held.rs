@@ -335,6 +335,32 @@ fn private_dirs(root: &Path, dir: &Path) -> Result<(), Error> {
     Ok(())
 }
 
+/// Copies the checkpoint in `from` (a sandbox paused to disk) into `to`
+/// (which must not exist), by hard links where it can; the bytes.
+pub(crate) async fn copy_checkpoint(from: &Path, to: &Path) -> Result<u64, Error> {
+    let (from, to) = (from.to_path_buf(), to.to_path_buf());
+    tokio::task::spawn_blocking(move || -> Result<u64, Error> {
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&to)
+            .map_err(|e| host_err(format!("making {}", to.display()), e))?;
+        let mut size = 0;
+        let entries = std::fs::read_dir(&from)
+            .map_err(|e| host_err(format!("reading {}", from.display()), e))?;
+        for e in entries.flatten() {
+            let (src, dst) = (e.path(), to.join(e.file_name()));
+            if std::fs::hard_link(&src, &dst).is_err() {
+                std::fs::copy(&src, &dst)
+                    .map_err(|err| host_err(format!("copying {}", src.display()), err))?;
+            }
+            size += e.metadata().map(|m| m.len()).unwrap_or(0);
+        }
+        Ok(size)
+    })
+    .await
+    .map_err(|e| host_err("copying a checkpoint".into(), e))?
+}
+
 /// Removes a live snapshot's checkpoint directory, if there is one.
 fn remove_live(live: &Path) -> Result<(), Error> {
     match std::fs::remove_dir_all(live) {
