@@ -175,7 +175,7 @@ impl DockerBackend {
         self.clear_stale_sandbox(&full).await;
         let size = dir_size(dir).await?;
         if resume {
-            self.live_restore(cid, dir).await?;
+            self.restore_checked(cid, dir).await?;
         }
         Ok(size)
     }
@@ -234,6 +234,11 @@ impl DockerBackend {
         if let Some(why) = self.live_refusal().await {
             return Err(unsupported(why));
         }
+        self.restore_checked(cid, dir).await
+    }
+
+    /// [`DockerBackend::live_restore`] where the daemon was found able to.
+    async fn restore_checked(&self, cid: &str, dir: &Path) -> Result<(), Error> {
         let docker = &self.inner.docker;
         let info = docker
             .inspect_container(cid, None)

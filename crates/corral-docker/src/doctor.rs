@@ -5,6 +5,7 @@
 //! sandbox (`corral::doctor`) says what actually holds.
 
 use corral_core::backend::{Backend, Check};
+use corral_core::spec::GVISOR_LIVE_RUNTIME;
 
 use crate::DockerBackend;
 use corral_core::Error;
@@ -100,28 +101,26 @@ impl DockerBackend {
         }
         report.network = self.network_check().await?;
         report.egress = self.egress_check().await;
-        report.live = match self.live_refusal().await {
-            _ if !report.runtimes.iter().any(|r| r == corral_core::spec::GVISOR_LIVE_RUNTIME) => {
-                Check {
-                    name: "live snapshots".into(),
-                    ok: false,
-                    detail: format!(
-                        "runtime {} is not registered (scripts/ensure-gvisor.sh): a live snapshot is \
-                         refused, pause freezes",
-                        corral_core::spec::GVISOR_LIVE_RUNTIME
-                    ),
-                }
-            }
+        let name = "live snapshots".to_string();
+        let refusal = if report.runtimes.iter().any(|r| r == GVISOR_LIVE_RUNTIME) {
+            self.live_refusal().await
+        } else {
+            Some(format!(
+                "runtime {GVISOR_LIVE_RUNTIME} is not registered (scripts/ensure-gvisor.sh)"
+            ))
+        };
+        report.live = match refusal {
             Some(why) => Check {
-                name: "live snapshots".into(),
+                name,
                 ok: false,
                 detail: format!("{why}: a live snapshot is refused, pause freezes"),
             },
             None => Check {
-                name: "live snapshots".into(),
+                name,
                 ok: true,
-                detail: "gVisor sandboxes without network can be snapshotted live and paused to disk"
-                    .into(),
+                detail:
+                    "gVisor sandboxes without network can be snapshotted live and paused to disk"
+                        .into(),
             },
         };
         Ok(report)

@@ -164,18 +164,7 @@ impl Sandbox {
                         return Err(e);
                     }
                 };
-                let mut info = SnapshotInfo::from_labels(
-                    &labels,
-                    self.spec().image.clone(),
-                    now(),
-                    size as i64,
-                )
-                .ok_or_else(|| Error::Agent {
-                    sandbox: self.id().to_string(),
-                    message: "the snapshot's own labels do not read back".into(),
-                })?;
-                info.kind = SnapshotKind::Live;
-                info.ownership = ownership;
+                let info = self.held_info(&labels, size, SnapshotKind::Live, ownership)?;
                 held.put_live(&info, labels).await?;
                 runtime.drop_image_snapshot(&q).await;
                 Ok(info)
@@ -191,18 +180,8 @@ impl Sandbox {
                 let max = runtime.config().snapshot_max_bytes;
                 let delta = self.export_delta(max).await?;
                 let labels = req.labels();
-                let mut info = SnapshotInfo::from_labels(
-                    &labels,
-                    self.spec().image.clone(),
-                    now(),
-                    delta.len() as i64,
-                )
-                .ok_or_else(|| Error::Agent {
-                    sandbox: self.id().to_string(),
-                    message: "the snapshot's own labels do not read back".into(),
-                })?;
-                info.kind = SnapshotKind::Delta;
-                info.ownership = ownership;
+                let info =
+                    self.held_info(&labels, delta.len() as u64, SnapshotKind::Delta, ownership)?;
                 runtime
                     .inner
                     .held
@@ -218,6 +197,26 @@ impl Sandbox {
                 Ok(info)
             }
         }
+    }
+
+    /// The description of a snapshot corral keeps itself (a delta or a
+    /// live one) of `size` bytes, from its own labels.
+    fn held_info(
+        &self,
+        labels: &std::collections::HashMap<String, String>,
+        size: u64,
+        kind: SnapshotKind,
+        ownership: Ownership,
+    ) -> Result<SnapshotInfo, Error> {
+        let mut info =
+            SnapshotInfo::from_labels(labels, self.spec().image.clone(), now(), size as i64)
+                .ok_or_else(|| Error::Agent {
+                    sandbox: self.id().to_string(),
+                    message: "the snapshot's own labels do not read back".into(),
+                })?;
+        info.kind = kind;
+        info.ownership = ownership;
+        Ok(info)
     }
 
     /// The kind a snapshot with `opts` is taken as, or why none can be.

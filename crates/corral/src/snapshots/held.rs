@@ -99,22 +99,8 @@ impl HeldSnapshots {
     /// exist yet (an earlier one of the name is removed), below a private
     /// one that does.
     pub async fn live_dir(&self, q: &QualifiedName) -> Result<PathBuf, Error> {
-        let dir = self.ns_dir(q.namespace.as_deref());
-        let live = self.live_path(q);
-        let root = self.dir.clone();
-        let (d, l) = (dir.clone(), live.clone());
-        tokio::task::spawn_blocking(move || -> Result<(), Error> {
-            private_dirs(&root, &d)?;
-            match std::fs::remove_dir_all(&l) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    Err(host_err(format!("removing {}", l.display()), e))
-                }
-                _ => Ok(()),
-            }
-        })
-        .await
-        .map_err(|e| host_err(format!("making {}", dir.display()), e))??;
-        Ok(live)
+        self.fresh(self.ns_dir(q.namespace.as_deref()), self.live_path(q))
+            .await
     }
 
     /// Where the checkpoint of sandbox `id`, paused to disk, goes: like
@@ -122,6 +108,12 @@ impl HeldSnapshots {
     pub async fn paused_dir(&self, id: &str) -> Result<PathBuf, Error> {
         let dir = self.dir.join("paused");
         let path = dir.join(format!("{id}.live"));
+        self.fresh(dir, path).await
+    }
+
+    /// `path` below the private directory `dir` (made), with nothing left
+    /// of an earlier one.
+    async fn fresh(&self, dir: PathBuf, path: PathBuf) -> Result<PathBuf, Error> {
         let root = self.dir.clone();
         let (d, l) = (dir.clone(), path.clone());
         tokio::task::spawn_blocking(move || -> Result<(), Error> {
