@@ -347,15 +347,12 @@ fn remove_shim_copy(mark: &str) {
 fn link_tree(from: &Path, to: &Path, mark: &str) -> Result<(), Error> {
     let _ = std::fs::remove_dir_all(to);
     std::fs::create_dir_all(to).map_err(|e| host(format!("making {}", to.display()), e))?;
-    let entries =
-        std::fs::read_dir(from).map_err(|e| host(format!("reading {}", from.display()), e))?;
-    for e in entries {
-        let e = e.map_err(|e| host(format!("reading {}", from.display()), e))?;
-        let (src, dst) = (e.path(), to.join(e.file_name()));
-        if std::fs::hard_link(&src, &dst).is_err() {
-            std::fs::copy(&src, &dst).map_err(|e| host(format!("copying {}", src.display()), e))?;
-        }
-    }
+    corral_core::snapshot::link_checkpoint(from, to).map_err(|e| {
+        host(
+            format!("linking {} into {}", from.display(), to.display()),
+            e,
+        )
+    })?;
     std::fs::write(to.join(RESTORE_MARK), mark)
         .map_err(|e| host(format!("marking {}", to.display()), e))
 }

@@ -336,18 +336,12 @@ pub(crate) async fn copy_checkpoint(from: &Path, to: &Path) -> Result<u64, Error
             .mode(0o700)
             .create(&to)
             .map_err(|e| host_err(format!("making {}", to.display()), e))?;
-        let mut size = 0;
-        let entries = std::fs::read_dir(&from)
-            .map_err(|e| host_err(format!("reading {}", from.display()), e))?;
-        for e in entries.flatten() {
-            let (src, dst) = (e.path(), to.join(e.file_name()));
-            if std::fs::hard_link(&src, &dst).is_err() {
-                std::fs::copy(&src, &dst)
-                    .map_err(|err| host_err(format!("copying {}", src.display()), err))?;
-            }
-            size += e.metadata().map(|m| m.len()).unwrap_or(0);
-        }
-        Ok(size)
+        corral_core::snapshot::link_checkpoint(&from, &to).map_err(|e| {
+            host_err(
+                format!("copying {} into {}", from.display(), to.display()),
+                e,
+            )
+        })
     })
     .await
     .map_err(|e| host_err("copying a checkpoint".into(), e))?
