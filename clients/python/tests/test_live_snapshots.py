@@ -25,7 +25,9 @@ pytestmark = pytest.mark.server
 
 TOKENS = {"alice": secrets.token_hex(16), "bob": secrets.token_hex(16)}
 
-COUNTER = "setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1 &"
+# A counter in a shell variable, written out each tenth of a second (renamed
+# into place, so a reader never finds the file empty).
+COUNTER = "setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1 &"
 
 
 def _live_ready() -> str:
@@ -213,10 +215,14 @@ def test_mcp_snapshot_live_and_restore_bring_the_processes_back() -> None:
     import anyio
     from mcp import ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client
-    from test_mcp import Labelled, _env, _ok
+    from test_mcp import Labelled, _call, _env, _is_error, _ok, _text
 
     def _numbers(text: str) -> list:
-        return [int(w) for w in text.split() if w.isdigit()]
+        """The numbers a command printed (its stdout section of run_command's
+        answer, not the exit code or usage lines)."""
+        assert "--- stdout ---" in text, text
+        out = text.split("--- stdout ---", 1)[1].split("---", 1)[0]
+        return [int(w) for w in out.split() if w.isdigit()]
 
     lab = Labelled("mcp-live", defaults="  isolation: gvisor\n  network: none\n")
     params = StdioServerParameters(command=corral_binary(), args=["--config", lab.config, "mcp"], env=_env())
@@ -238,6 +244,21 @@ def test_mcp_snapshot_live_and_restore_bring_the_processes_back() -> None:
                 out = await _ok(session, "run_command", {"command": "cat /tmp/count; sleep 0.5; cat /tmp/count"})
                 a, b = _numbers(out)[:2]
                 assert b > a >= first, out
+                # Another MCP session (the model of another run) can neither
+                # restore it nor replace it with a snapshot of its own.
+                async with stdio_client(params) as (read2, write2):
+                    async with ClientSession(read2, write2) as other:
+                        with anyio.fail_after(60):
+                            await other.initialize()
+                        result = await _call(other, "restore", {"name": name})
+                        assert _is_error(result) and "no such snapshot" in _text(result), _text(result)
+                        await _ok(other, "run_command", {"command": "echo theirs > /tmp/count"})
+                        await _ok(other, "snapshot", {"name": name, "live": True})
+                out = await _ok(session, "run_command", {"command": "sleep 0.3; cat /tmp/count"})
+                assert _numbers(out)[0] > a, out
+                text = await _ok(session, "restore", {"name": name})
+                out = await _ok(session, "run_command", {"command": "cat /tmp/count"})
+                assert "theirs" not in out and _numbers(out)[0] >= first, out
 
     try:
         anyio.run(main)

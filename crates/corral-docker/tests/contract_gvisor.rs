@@ -272,7 +272,7 @@ async fn gvisor_live_snapshot_forks_running_processes() {
     out(
         &sb,
         "mkdir -p /www && echo served > /www/page && echo rooted > /rootfile && \
-         setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' \
+         setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done' \
            </dev/null >/dev/null 2>&1 & \
          setsid httpd -f -p 8080 -h /www </dev/null >/dev/null 2>&1 & \
          sleep 1",
@@ -402,7 +402,7 @@ async fn gvisor_pause_to_disk_holds_no_memory_and_resume_goes_on() {
     };
     out(
         &sb,
-        "setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' \
+        "setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done' \
            </dev/null >/dev/null 2>&1 & sleep 0.5",
     )
     .await;
