@@ -213,8 +213,9 @@ class SandboxInfo:
     belongs to: ``tenant:NAME``, ``operator`` or ``mcp:TENANT:SESSION``
     (``None`` from a service without principals). ``result_integrity`` is
     ``False`` where the sandbox's tier lets a command forge what the service
-    reports of another (today ``isolation: gvisor``, which only the
-    service's configuration may choose), and ``result_integrity_gap`` then
+    reports of another (e.g. ``isolation: gvisor`` for a sandbox that starts
+    as a user, which only the service's configuration may choose), and
+    ``result_integrity_gap`` then
     says why; ``None`` from a service that does not say."""
 
     id: str

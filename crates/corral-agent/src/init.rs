@@ -39,6 +39,10 @@ pub struct InitOptions {
     /// process limit where the engine's pids cgroup cannot be it (gVisor,
     /// whose own host tasks fill that cgroup).
     pub nproc: Option<u64>,
+    /// Splits PID 1 (`--pid-ns`, `door`): the agent and commands in a PID
+    /// namespace and a `/proc` of their own, behind a door that holds the
+    /// engine's pipes.
+    pub pid_ns: bool,
 }
 
 /// Default grace of the dead-man switch.
@@ -54,6 +58,13 @@ pub fn run(opts: &InitOptions) -> i32 {
             "corral-agent: init must run as PID 1 of a container (it signals every process it can see); this is pid {pid}"
         );
         return 2;
+    }
+    if opts.pid_ns {
+        // Before anything else: from here on this is the agent, PID 1 of
+        // the commands' namespace (the door never returns).
+        if let Err(code) = crate::door::split(opts.pristine.is_some()) {
+            return code;
+        }
     }
     if let Err(e) = sys::set_non_dumpable() {
         // Without it, any command could write frames into our stdout.

@@ -18,6 +18,7 @@ mod confine;
 mod control;
 mod deadman;
 mod delta;
+mod door;
 mod egress;
 mod files;
 mod ids;
@@ -47,7 +48,7 @@ use std::time::Duration;
 use files::{FileRequest, Op};
 use init::{InitOptions, DEFAULT_GRACE_MS};
 
-const USAGE: &str = "usage: corral-agent init [--grace-ms N] [--agent-caps KILL,SETPCAP] [--nproc N] [--pristine [--pristine-size BYTES]] [--pristine-refused REASON]
+const USAGE: &str = "usage: corral-agent init [--grace-ms N] [--agent-caps KILL,SETPCAP] [--nproc N] [--pid-ns] [--pristine [--pristine-size BYTES]] [--pristine-refused REASON]
        corral-agent install DIR
        corral-agent file-write PATH [--root DIR] [--mode OCTAL] [--mkdirs] [--max BYTES]
        corral-agent file-read PATH [--root DIR] [--max BYTES]
@@ -66,6 +67,9 @@ command drops them before it runs. --nproc N runs every command with
 RLIMIT_NPROC N (soft and hard): the sandbox's process limit where the kernel
 counts only the sandbox's processes (gVisor's). --pristine-refused says why the engine
 could not start the sandbox for in-place reset; the handshake reports it.
+--pid-ns (gVisor) runs the agent and every command in a PID namespace and
+under a /proc of their own, PID 1 staying outside as a door that copies the
+engine's pipes to the agent's sockets (needs CAP_SYS_ADMIN, which it drops).
 
 init serves corral on its stdin and stdout; with CORRAL_AGENT_LISTEN=PORT and
 CORRAL_AGENT_SECRET=<64 hex digits> in its environment it serves TCP port
@@ -209,8 +213,13 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
             let mut agent_caps = Vec::new();
             let mut pristine_refused = None;
             let mut nproc = None;
+            let mut pid_ns = false;
             let mut it = rest.iter();
             while let Some(arg) = it.next() {
+                if arg == "--pid-ns" {
+                    pid_ns = true;
+                    continue;
+                }
                 if arg == "--pristine" {
                     pristine.get_or_insert(None);
                     continue;
@@ -272,6 +281,7 @@ fn parse_args(args: &[String]) -> Result<Mode, String> {
                 pristine_refused,
                 agent_caps,
                 nproc,
+                pid_ns,
             }))
         }
         "install" => match rest {
@@ -346,6 +356,7 @@ mod tests {
             pristine_refused: None,
             agent_caps: Vec::new(),
             nproc: None,
+            pid_ns: false,
         });
         assert_eq!(parse(&["init"]), Ok(default));
         let pristine = Mode::Init(InitOptions {
@@ -354,6 +365,7 @@ mod tests {
             pristine_refused: None,
             agent_caps: Vec::new(),
             nproc: None,
+            pid_ns: false,
         });
         assert_eq!(
             parse(&["init", "--pristine", "--pristine-size", "1048576"]),
@@ -370,6 +382,7 @@ mod tests {
             pristine_refused: None,
             agent_caps: Vec::new(),
             nproc: None,
+            pid_ns: false,
         });
         assert_eq!(parse(&["init", "--grace-ms", "1500"]), Ok(short));
         let kill = Mode::Init(InitOptions {
@@ -378,6 +391,7 @@ mod tests {
             pristine_refused: None,
             agent_caps: vec![caps::CAP_KILL, caps::CAP_SETPCAP],
             nproc: None,
+            pid_ns: false,
         });
         assert_eq!(parse(&["init", "--agent-caps", "KILL,SETPCAP"]), Ok(kill));
         assert!(parse(&["init", "--agent-caps=KILL"]).is_ok());
@@ -390,6 +404,7 @@ mod tests {
             pristine_refused: Some("namespace forbids it".into()),
             agent_caps: Vec::new(),
             nproc: None,
+            pid_ns: false,
         });
         assert_eq!(
             parse(&["init", "--pristine-refused", "namespace forbids it"]),
@@ -407,6 +422,8 @@ mod tests {
             matches!(&nproc, Ok(Mode::Init(o)) if o.nproc == Some(256)),
             "{nproc:?}"
         );
+        let ns = parse(&["init", "--pid-ns"]);
+        assert!(matches!(&ns, Ok(Mode::Init(o)) if o.pid_ns), "{ns:?}");
         let e = parse(&["init", "--nproc=many"]).expect_err("not a number");
         assert!(e.contains("'many'") && e.contains("'--nproc'"), "{e}");
         assert!(parse(&["attach"]).is_err(), "the relay is gone");

@@ -13,8 +13,8 @@
 //! namespace, start-up commands and the recovery policy; they may not add
 //! host mounts or capabilities, weaken any protection, change the runtime,
 //! lower the isolation tier below the operator's, raise it to a tier that
-//! does not hold result integrity ([`SandboxSpec::result_integrity`]: today
-//! gVisor, which only the operator may choose), read the host's
+//! does not hold result integrity ([`SandboxSpec::result_integrity`]: e.g.
+//! gVisor for sandboxes that start as a user), read the host's
 //! environment, lengthen the dead-man switch or set
 //! `persistent`. Profiles and pools of the config are the operator's and are
 //! not checked here.
@@ -599,20 +599,21 @@ mod tests {
         let container = SandboxSpec::new("img");
         let mut gvisor = container.clone();
         gvisor.isolation = crate::Isolation::Gvisor;
-        match gvisor.result_integrity() {
-            Ok(()) => p
-                .check_spec(&container, &gvisor)
-                .expect("a client may ask for the stronger tier"),
-            Err(why) => {
-                let e = refused(&container, &gvisor);
-                assert_eq!(
-                    (e.field.as_str(), e.value.as_str()),
-                    ("isolation", "gvisor")
-                );
-                assert!(e.reason.starts_with(&why), "{e}");
-                assert!(e.reason.contains("profile"), "{e}");
-            }
-        }
+        p.check_spec(&container, &gvisor)
+            .expect("a client may ask for the stronger tier, which holds result integrity");
+        // Not where it does not: gVisor for sandboxes that start as a user.
+        let mut as_user = container.clone();
+        as_user.security.user = Some("1000".into());
+        let mut gvisor_as_user = as_user.clone();
+        gvisor_as_user.isolation = crate::Isolation::Gvisor;
+        let why = gvisor_as_user.result_integrity().expect_err("a user");
+        let e = refused(&as_user, &gvisor_as_user);
+        assert_eq!(
+            (e.field.as_str(), e.value.as_str()),
+            ("isolation", "gvisor")
+        );
+        assert!(e.reason.starts_with(&why), "{e}");
+        assert!(e.reason.contains("profile"), "{e}");
         // The operator's gVisor stays the client's to keep.
         p.check_spec(&gvisor, &gvisor).expect("the operator's tier");
         let e = refused(&gvisor, &container);

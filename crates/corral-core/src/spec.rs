@@ -131,11 +131,6 @@ pub const GVISOR_HOST_TASKS_PER_PROCESS: i64 = 16;
 /// for gVisor's kernel itself (measured: about 45 with one process).
 pub const GVISOR_KERNEL_TASKS: i64 = 128;
 
-/// Whether [`Isolation::Gvisor`] holds result integrity
-/// ([`SandboxSpec::result_integrity`]): not yet, while commands can run
-/// under the agent's uid there.
-pub const GVISOR_HOLDS_RESULT_INTEGRITY: bool = false;
-
 /// The host's `pid_max` assumed where corral cannot read the engine
 /// host's own (a daemon reached over TCP): Linux's default, the smallest
 /// a host commonly has.
@@ -613,11 +608,9 @@ impl SandboxSpec {
         if !sec.drop_all_caps {
             return Err("security.drop_all_caps is false: commands would keep the daemon's default capabilities next to the agent's".into());
         }
-        if let Some(user) = &sec.user {
-            let uid = user.split(':').next().unwrap_or("");
-            if uid != "0" && uid != "root" {
-                return Err(format!("security.user '{user}': in-place reset needs the agent to run as root (commands keep only the usual capabilities)"));
-            }
+        if !self.starts_as_root() {
+            let user = sec.user.as_deref().unwrap_or_default();
+            return Err(format!("security.user '{user}': in-place reset needs the agent to run as root (commands keep only the usual capabilities)"));
         }
         if self.isolation == Isolation::Gvisor {
             return Err("isolation gvisor: in-place reset is only supported under runc".into());
@@ -630,6 +623,33 @@ impl SandboxSpec {
         }
     }
 
+    /// Whether the sandbox runs under gVisor: `isolation: gvisor`, or a
+    /// runsc runtime named directly.
+    pub fn runs_gvisor(&self) -> bool {
+        self.isolation == Isolation::Gvisor
+            || matches!(
+                self.runtime.as_deref(),
+                Some(GVISOR_RUNTIME) | Some(GVISOR_LIVE_RUNTIME)
+            )
+    }
+
+    /// Whether PID 1 starts as root (`security.user` unset, `root` or 0).
+    pub fn starts_as_root(&self) -> bool {
+        self.security.user.as_deref().is_none_or(|user| {
+            let uid = user.split(':').next().unwrap_or("");
+            uid == "0" || uid == "root"
+        })
+    }
+
+    /// Whether the agent and commands run in a PID namespace and under a
+    /// `/proc` of their own, behind a door that holds the engine's pipes
+    /// (corral-agent's `init --pid-ns`): under gVisor, for a sandbox that
+    /// starts as root (the split needs `CAP_SYS_ADMIN`, which the agent
+    /// drops once `/proc` is mounted).
+    pub fn agent_pid_namespace(&self) -> bool {
+        self.runs_gvisor() && self.starts_as_root()
+    }
+
     /// Why a command in this spec's sandboxes could forge what corral
     /// reports of a command (its own result, a later command's, an
     /// `exclusive` grader's), naming the field; `Ok` when the tier holds
@@ -638,31 +658,30 @@ impl SandboxSpec {
     /// ([`crate::client_policy::ClientPolicy::check_spec`]), and the
     /// service's create answer says when a sandbox's does not.
     ///
-    /// Under gVisor a command of the agent's uid opens the agent's stdout
-    /// through `/proc/1/fd` (gVisor's procfs does not honour the agent's
-    /// non-dumpable flag) and writes frames; [`GVISOR_HOLDS_RESULT_INTEGRITY`]
-    /// says whether commands run under a uid of their own there. Even then
-    /// `setuid_caps` lets a command switch back to the agent's uid.
+    /// Under gVisor, whose procfs reopens `/proc/PID/fd/N` without a
+    /// ptrace check, the agent holds it only from a PID namespace of its
+    /// own behind a door ([`SandboxSpec::agent_pid_namespace`]), which
+    /// needs the sandbox to start as root; `setuid_caps` lets a command
+    /// take the agent's uid, which gVisor's checks do not keep out.
     pub fn result_integrity(&self) -> Result<(), String> {
-        let gvisor =
-            self.isolation == Isolation::Gvisor || self.runtime.as_deref() == Some(GVISOR_RUNTIME);
-        if gvisor && !GVISOR_HOLDS_RESULT_INTEGRITY {
-            return Err(
-                "isolation gvisor: results are not integrity-protected (a command can open the \
-                 agent's stream through /proc/1/fd and write any command's result, an exclusive \
-                 grader's included)"
-                    .into(),
-            );
+        let gvisor = self.runs_gvisor();
+        if gvisor && !self.agent_pid_namespace() {
+            return Err(format!(
+                "isolation gvisor with security.user '{}': results are not integrity-protected \
+                 (the agent needs root to keep its stream out of commands' reach; a command can \
+                 open it through /proc/1/fd)",
+                self.security.user.as_deref().unwrap_or_default()
+            ));
         }
         if gvisor && self.security.setuid_caps {
             return Err(
                 "isolation gvisor with security.setuid_caps: results are not integrity-protected \
-                 (a command can switch to the agent's uid and open its stream through /proc/1/fd)"
+                 (a command can switch to the agent's uid and stop or trace it)"
                     .into(),
             );
         }
         match self.runtime.as_deref() {
-            None | Some("runc") | Some(GVISOR_RUNTIME) => Ok(()),
+            None | Some("runc") | Some(GVISOR_RUNTIME) | Some(GVISOR_LIVE_RUNTIME) => Ok(()),
             Some(other) => Err(format!(
                 "runtime '{other}': result integrity is established under runc and gVisor only"
             )),
@@ -1051,13 +1070,20 @@ mod tests {
             .expect_err("setuid_caps under gVisor");
         assert!(why.starts_with("isolation gvisor"), "{why}");
         spec.security.setuid_caps = false;
-        if GVISOR_HOLDS_RESULT_INTEGRITY {
-            assert_eq!(spec.result_integrity(), Ok(()));
-        } else {
-            let why = spec.result_integrity().expect_err("gVisor");
-            assert!(why.starts_with("isolation gvisor:"), "{why}");
-            assert!(why.contains("not integrity-protected"), "{why}");
+        assert_eq!(spec.result_integrity(), Ok(()), "behind the door");
+        assert!(spec.agent_pid_namespace());
+        for root in ["root", "0", "0:0", "root:root"] {
+            spec.security.user = Some(root.into());
+            assert_eq!(spec.result_integrity(), Ok(()), "{root}");
         }
+        spec.security.user = Some("1000:1000".into());
+        assert!(!spec.agent_pid_namespace());
+        let why = spec.result_integrity().expect_err("gVisor as a user");
+        assert!(why.contains("security.user '1000:1000'"), "{why}");
+        assert!(why.contains("not integrity-protected"), "{why}");
+        spec.isolation = Isolation::Container;
+        assert_eq!(spec.result_integrity(), Ok(()), "runc keeps its uids");
+        assert!(!spec.agent_pid_namespace());
     }
 
     #[test]

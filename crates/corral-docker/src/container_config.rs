@@ -121,6 +121,11 @@ pub fn container_name(sandbox_id: &str) -> String {
 /// What the agent of a sandbox that resets in place needs on top.
 pub const PRISTINE_CAPS: [&str; 3] = corral_core::spec::PRISTINE_AGENT_CAPS;
 
+/// What PID 1 needs to split into a door and an agent in a PID namespace
+/// of its own ([`SandboxSpec::agent_pid_namespace`]); dropped by the agent
+/// before anything runs.
+pub const PID_NAMESPACE_CAP: &str = "SYS_ADMIN";
+
 /// PID 1's command line.
 fn entrypoint(spec: &SandboxSpec, pristine: bool) -> Vec<String> {
     let mut args = vec![
@@ -136,6 +141,9 @@ fn entrypoint(spec: &SandboxSpec, pristine: bool) -> Vec<String> {
     }
     if let Some(n) = spec.command_nproc() {
         args.extend(["--nproc".into(), n.to_string()]);
+    }
+    if spec.agent_pid_namespace() {
+        args.push("--pid-ns".into());
     }
     if pristine {
         args.push("--pristine".into());
@@ -245,19 +253,30 @@ pub fn create_body(
         nano_cpus: spec.limits.cpus.map(|c| (c * 1e9) as i64),
         pids_limit,
         cap_drop: sec.drop_all_caps.then(|| vec!["ALL".to_string()]),
-        cap_add: sec.drop_all_caps.then(|| {
+        cap_add: {
             // Commands' and the agent's own (which commands drop:
-            // `--agent-caps`, corral-agent's `caps`).
-            let mut caps = sec.container_caps();
+            // `--agent-caps`, corral-agent's `caps`); with every one of
+            // the daemon's defaults when not all are dropped.
+            let mut caps = if sec.drop_all_caps {
+                sec.container_caps()
+            } else {
+                Vec::new()
+            };
             if pristine {
                 // The agent's alone: commands drop them (corral-agent's
                 // `pristine` and `confine`).
                 caps.extend(PRISTINE_CAPS.iter().map(|c| c.to_string()));
-                caps.sort();
-                caps.dedup();
             }
-            caps
-        }),
+            if spec.agent_pid_namespace() {
+                // To mount the commands' /proc; the agent drops it from
+                // every set, the bounding set included, before anything
+                // runs (corral-agent's `door`).
+                caps.push(PID_NAMESPACE_CAP.to_string());
+            }
+            caps.sort();
+            caps.dedup();
+            (sec.drop_all_caps || !caps.is_empty()).then_some(caps)
+        },
         security_opt: (!security_opt.is_empty()).then_some(security_opt),
         readonly_rootfs: Some(sec.read_only_root),
         tmpfs: (!tmpfs.is_empty()).then_some(tmpfs),
@@ -378,6 +397,42 @@ mod tests {
             runtime(Network::Bridge, true).as_deref(),
             Some(GVISOR_RUNTIME)
         );
+    }
+
+    #[test]
+    fn a_gvisor_sandbox_that_starts_as_root_splits_pid1_behind_a_door() {
+        let owner = owner_labels(&Owner {
+            host: "h".into(),
+            pid: 1,
+            start: 2,
+        });
+        let split = |spec: &SandboxSpec| {
+            let body = create_body(spec, &params(&owner)).expect("body");
+            let entry = body.entrypoint.expect("entrypoint");
+            let caps = body.host_config.and_then(|h| h.cap_add);
+            (entry.contains(&"--pid-ns".to_string()), caps)
+        };
+        let mut spec = SandboxSpec::new("img");
+        let (door, caps) = split(&spec);
+        assert!(!door, "runc keeps its uids alone");
+        assert!(!caps.expect("caps").contains(&PID_NAMESPACE_CAP.to_string()));
+        spec.isolation = Isolation::Gvisor;
+        let (door, caps) = split(&spec);
+        assert!(door);
+        assert!(caps.expect("caps").contains(&PID_NAMESPACE_CAP.to_string()));
+        // With the daemon's default capabilities, it alone is added.
+        spec.security.drop_all_caps = false;
+        let (door, caps) = split(&spec);
+        assert!(door);
+        assert_eq!(caps, Some(vec![PID_NAMESPACE_CAP.to_string()]));
+        // A sandbox that starts as a user cannot split (and says so in
+        // its result_integrity).
+        spec.security.drop_all_caps = true;
+        spec.security.user = Some("1000:1000".into());
+        let (door, caps) = split(&spec);
+        assert!(!door);
+        assert!(!caps.expect("caps").contains(&PID_NAMESPACE_CAP.to_string()));
+        assert!(spec.result_integrity().is_err());
     }
 
     #[test]

@@ -91,14 +91,14 @@ pub struct SandboxInfo {
     pub reset_unavailable_reason: Option<String>,
     /// Whether what the service reports of its commands (exit codes,
     /// output, an `exclusive` grader's result) is what they did: false
-    /// where its tier lets a command forge another's result (today
-    /// `isolation: gvisor`, which only the operator's configuration may
-    /// choose). Treat a result of such a sandbox as something its commands
-    /// could have written.
+    /// where its tier lets a command forge another's result (e.g.
+    /// `isolation: gvisor` for a sandbox that starts as a user, which only
+    /// the operator's configuration may choose). Treat a result of such a
+    /// sandbox as something its commands could have written.
     pub result_integrity: bool,
-    /// Why results are not integrity-protected, naming the tier (e.g.
-    /// `isolation gvisor: results are not integrity-protected (...)`); null
-    /// when they are.
+    /// Why results are not integrity-protected, naming the tier and field
+    /// (e.g. `isolation gvisor with security.user '1000': results are not
+    /// integrity-protected (...)`); null when they are.
     pub result_integrity_gap: Option<String>,
     /// Its usage: in `GET /v1/sandboxes/{id}`, the service's latest usage
     /// sample's (the one `/metrics` and `GET /v1/usage` report) while it

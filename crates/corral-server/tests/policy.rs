@@ -313,7 +313,12 @@ async fn what_clients_may_ask_for_still_works() {
 async fn a_client_cannot_raise_isolation_to_a_tier_without_result_integrity() {
     let label = "api-trust-isolation-raised";
     let _g = Guard(label);
-    let svc = start(label, |_, _| {}).await;
+    // Sandboxes that start as a user: under gVisor the agent could not
+    // keep its stream out of commands' reach.
+    let svc = start(label, |c, _| {
+        c.defaults.security.user = Some("1000:1000".into());
+    })
+    .await;
     let r = svc
         .send(
             svc.req("POST", "/v1/sandboxes")
@@ -324,7 +329,9 @@ async fn a_client_cannot_raise_isolation_to_a_tier_without_result_integrity() {
     assert_eq!(r.json["error"]["kind"], "forbidden", "{}", r.text);
     assert_eq!(r.field(), "spec.isolation", "{}", r.text);
     assert!(
-        r.message().contains("gvisor") && r.message().contains("not integrity-protected"),
+        r.message().contains("gvisor")
+            && r.message().contains("security.user '1000:1000'")
+            && r.message().contains("not integrity-protected"),
         "{}",
         r.text
     );
@@ -334,6 +341,29 @@ async fn a_client_cannot_raise_isolation_to_a_tier_without_result_integrity() {
         "a container was made"
     );
     svc.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_may_raise_isolation_to_gvisor_which_holds_result_integrity() {
+    let label = "api-trust-isolation-gvisor";
+    if !gvisor_available(label) {
+        return;
+    }
+    let _g = Guard(label);
+    let svc = start(label, |_, _| {}).await;
+    let r = svc
+        .send(
+            svc.req("POST", "/v1/sandboxes")
+                .json(json!({"session": "raised", "spec": {"isolation": "gvisor"}})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.json["result_integrity"], true, "{}", r.text);
+    assert_eq!(r.json["result_integrity_gap"], Value::Null, "{}", r.text);
+    let r = svc.send(svc.req("DELETE", "/v1/sandboxes/raised")).await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    svc.stop().await;
+    assert_eq!(remaining(label), Vec::<String>::new());
 }
 
 /// Whether the daemon has gVisor's runtime (`scripts/ensure-gvisor.sh`);
@@ -351,7 +381,7 @@ fn gvisor_available(test: &str) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn an_operators_gvisor_sandbox_says_its_results_are_not_integrity_protected() {
+async fn an_operators_gvisor_sandbox_as_a_user_says_its_results_are_not_integrity_protected() {
     let label = "api-trust-gvisor-integrity";
     if !gvisor_available(label) {
         return;
@@ -360,8 +390,11 @@ async fn an_operators_gvisor_sandbox_says_its_results_are_not_integrity_protecte
     let svc = start(label, |c, _| {
         let mut runc = c.defaults.clone();
         runc.isolation = corral_core::Isolation::Container;
+        runc.security.user = Some("1000:1000".into());
         c.profiles.insert("runc".into(), runc);
+        // Under gVisor as a user the agent cannot hide its stream.
         c.defaults.isolation = corral_core::Isolation::Gvisor;
+        c.defaults.security.user = Some("1000:1000".into());
         c.server.e2b_listen = Some("127.0.0.1:0".into());
     })
     .await;
@@ -377,7 +410,8 @@ async fn an_operators_gvisor_sandbox_says_its_results_are_not_integrity_protecte
     assert_eq!(r.json["result_integrity"], false, "{}", r.text);
     let why = gap(&r.json["result_integrity_gap"]);
     assert!(
-        why.starts_with("isolation gvisor:") && why.contains("not integrity-protected"),
+        why.starts_with("isolation gvisor with security.user '1000:1000':")
+            && why.contains("not integrity-protected"),
         "{}",
         r.text
     );

@@ -11,33 +11,15 @@ use super::common::{self, backend, Guard, BUSYBOX};
 use super::ISOLATION;
 use corral_core::{CommandSpec, FailureKind, Isolation, SandboxSpec};
 
-/// PID 1's stdio is reachable through `/proc/1/fd` under gVisor: its
-/// procfs reopens `/proc/PID/fd/N` checking only the file's own mode (no
-/// ptrace check, non-dumpable or not, whatever PID 1's uid), and PID 1's
-/// stdin and stdout are the engine's pipes, root's, mode 0600. PID 1's own
-/// uid keeps a root command from stopping it (`trust-tkill-hijack`), not
-/// from reopening them.
-const GVISOR_PROC1_FD: &str = "KNOWN BROKEN under gVisor, SECURITY: a command running as root \
-     opens PID 1's stdin and stdout through /proc/1/fd (gVisor's procfs checks only the \
-     file's mode, and the engine's pipes are root's, whatever PID 1's uid) and forges frames \
-     into its stream: its own result, a later command's, an exclusive grader's (it can no \
-     longer stop PID 1: another uid's)";
-
-/// Cases that fail under gVisor today, and what breaks: a run prints
-/// each as skipped with its reason. Every one but the OOM verdict is a
-/// defect of the tier, not of the case (README, Isolation tiers, says
-/// so), to be fixed, not kept.
-const BROKEN_UNDER_GVISOR: &[(&str, &str)] = &[
-    ("trust-forge-own", GVISOR_PROC1_FD),
-    ("trust-forge-later", GVISOR_PROC1_FD),
-    ("trust-exclusive", GVISOR_PROC1_FD),
-    ("trust-pid1", GVISOR_PROC1_FD),
-    (
-        "trust-oom-verdict",
-        "gVisor charges memory to the whole sandbox: a helper's OOM stops the sandbox, \
+/// Cases that fail under gVisor, and why: a run prints each as skipped
+/// with its reason. The forging cases ran here once too: gVisor's procfs
+/// let a root command reopen PID 1's pipes through `/proc/1/fd`, until
+/// the agent moved behind a door (corral-agent's `door`).
+const BROKEN_UNDER_GVISOR: &[(&str, &str)] = &[(
+    "trust-oom-verdict",
+    "gVisor charges memory to the whole sandbox: a helper's OOM stops the sandbox, \
          typed oom_killed (contract_gvisor.rs asserts it)",
-    ),
-];
+)];
 
 /// The test's guard, or `None` (the test is skipped, saying why) when
 /// this daemon cannot run the tier or the case is known not to hold
@@ -164,9 +146,16 @@ async fn pid1_is_out_of_reach_of_commands() {
     .join("\n");
     let r = sb.run(&sh(&script)).await;
     assert_eq!(r.failure, None, "{r:?}");
+    // gVisor's procfs ignores PID 1's non-dumpable flag for `environ` (the
+    // image's variables, which every command has) and the names of its
+    // descriptors (sockets, which cannot be opened through /proc).
+    let (environ, fd) = match ISOLATION {
+        Isolation::Gvisor => ("open", "open"),
+        _ => ("refused", "refused"),
+    };
     assert_eq!(
         text(&r.stdout),
-        "/proc/1/mem refused\n/proc/1/environ refused\nfd refused\nstdin refused\nstdout refused\n0\n0\n",
+        format!("/proc/1/mem refused\n/proc/1/environ {environ}\nfd {fd}\nstdin refused\nstdout refused\n0\n0\n"),
         "{r:?}"
     );
     // Nothing got through to the control stream.

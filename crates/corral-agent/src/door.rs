@@ -1,0 +1,249 @@
+//! The door: under gVisor, commands get a PID namespace and a `/proc` of
+//! their own, and no process they can see holds the engine's pipes.
+//!
+//! gVisor's procfs reopens `/proc/PID/fd/N` checking only the open file's
+//! own mode, with no ptrace-style check of the process holding it (the
+//! runsc here, 2022-12). PID 1's stdin and stdout are the engine's pipes,
+//! owned by root, so a command running as root (`DAC_OVERRIDE`) could
+//! open the agent's stream and write frames into it, whatever the agent's
+//! uid or dumpable flag. A socket cannot be reopened that way (`ENXIO`,
+//! under gVisor as under Linux), and a process in an ancestor PID
+//! namespace has no pid a command can name.
+//!
+//! So, asked to (`init --pid-ns`), PID 1 splits in two before anything
+//! else runs: it forks the agent into a PID namespace of its own, where
+//! it is PID 1, mounts a fresh `/proc` over the old one (gVisor has one mount namespace per sandbox; the old
+//! `/proc` is covered for everyone), drops `CAP_SYS_ADMIN` from every set
+//! so no command can uncover it, and runs as before with sockets as its
+//! stdin, stdout and stderr. The parent, the door, stays PID 1 of the
+//! container: it copies bytes between the engine's pipes and those
+//! sockets, forwards the engine's signals to the agent and ends with the
+//! agent's status. Nothing a command can name holds a pipe: the agent's
+//! are sockets, the door has no pid in the commands' namespace.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use crate::sys;
+
+/// `CAP_SYS_ADMIN`: what mounting the namespace's `/proc` needs.
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// How long the door waits for the agent's last output once it ended.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// Splits PID 1 (see the module's comment). Returns in the agent, PID 1
+/// of the commands' namespace, with its stdin, stdout and stderr on
+/// sockets; in the door it never returns. `keep_admin`: the agent keeps
+/// `CAP_SYS_ADMIN` (its in-place reset drops it from commands itself).
+/// `Err` with an exit code when the split cannot be made: the sandbox
+/// must not start without it.
+pub fn split(keep_admin: bool) -> Result<(), i32> {
+    let (ctl_door, ctl_agent) = pair("the control stream")?;
+    let (err_door, err_agent) = pair("standard error")?;
+    // clone(CLONE_NEWPID) as a fork: the child alone enters the new
+    // namespace (after unshare(CLONE_NEWPID) the door could start no
+    // thread: a thread must share its process's namespace for children).
+    // SAFETY: a fork-like clone with no new stack; the process has one
+    // thread (init runs this before any), so the child may run ordinary
+    // code.
+    let child = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_NEWPID | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    if child < 0 {
+        let e = io::Error::last_os_error();
+        eprintln!("corral-agent: cannot start the agent in a PID namespace of its own: {e}");
+        return Err(1);
+    }
+    let child = child as i32;
+    if child == 0 {
+        drop((ctl_door, err_door));
+        return become_agent(ctl_agent, err_agent, keep_admin);
+    }
+    drop((ctl_agent, err_agent));
+    let code = door(child, ctl_door, err_door);
+    std::process::exit(code);
+}
+
+/// A connected pair of stream sockets, closed on exec.
+fn pair(what: &str) -> Result<(UnixStream, UnixStream), i32> {
+    UnixStream::pair().map_err(|e| {
+        eprintln!("corral-agent: cannot make a socket pair for {what}: {e}");
+        1
+    })
+}
+
+/// The child's half: `/proc` of the new namespace, no `CAP_SYS_ADMIN`,
+/// sockets as stdio.
+fn become_agent(ctl: UnixStream, err: UnixStream, keep_admin: bool) -> Result<(), i32> {
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    if let Err(e) = sys::mount(Some(c"proc"), c"/proc", Some(c"proc"), flags, None) {
+        eprintln!("corral-agent: cannot mount /proc for the commands' PID namespace: {e}");
+        return Err(1);
+    }
+    if !keep_admin {
+        if let Err(e) = drop_admin() {
+            eprintln!("corral-agent: cannot drop CAP_SYS_ADMIN after mounting /proc: {e}");
+            return Err(1);
+        }
+    }
+    for (from, to) in [
+        (ctl.as_raw_fd(), 0),
+        (ctl.as_raw_fd(), 1),
+        (err.as_raw_fd(), 2),
+    ] {
+        // SAFETY: dup2 on descriptors this process owns; the new ones do
+        // not close on exec, as stdio must not.
+        if unsafe { libc::dup2(from, to) } == -1 {
+            let e = io::Error::last_os_error();
+            eprintln!("corral-agent: cannot make a socket descriptor {to}: {e}");
+            return Err(1);
+        }
+    }
+    Ok(())
+}
+
+/// Removes `CAP_SYS_ADMIN` from the bounding set (no command can get it
+/// back) and from the agent's own sets.
+fn drop_admin() -> io::Result<()> {
+    let bit = 1u64 << CAP_SYS_ADMIN;
+    sys::drop_bounding(CAP_SYS_ADMIN)?;
+    let mut sets = sys::capget()?;
+    sets.effective &= !bit;
+    sets.permitted &= !bit;
+    sets.inheritable &= !bit;
+    sys::capset(sets)?;
+    let now = sys::capget()?;
+    if (now.effective | now.permitted) & bit != 0 {
+        return Err(io::Error::other("still held"));
+    }
+    Ok(())
+}
+
+/// The door's life: pumps and signals until the agent ends; its exit
+/// status.
+fn door(agent: i32, ctl: UnixStream, err: UnixStream) -> i32 {
+    let mut waited = sys::FORWARDED.to_vec();
+    waited.push(libc::SIGCHLD);
+    if let Err(e) = sys::block_signals(&waited) {
+        eprintln!("corral-agent: the door cannot block signals: {e}");
+        let _ = sys::kill(agent, libc::SIGKILL);
+        return 1;
+    }
+    let started = (|| -> io::Result<_> {
+        let named = |what: &str, e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
+        let ctl_in = ctl
+            .try_clone()
+            .map_err(|e| named("the control socket", e))?;
+        let engine_in = dup_file(0).map_err(|e| named("stdin", e))?;
+        let engine_out = dup_file(1).map_err(|e| named("stdout", e))?;
+        let engine_err = dup_file(2).map_err(|e| named("stderr", e))?;
+        // Engine → agent. At the engine's end of stdin, the agent reads its
+        // end too, as it would have on the pipe.
+        spawn("door-in", move || {
+            let _ = pump(engine_in, &ctl_in);
+            let _ = ctl_in.shutdown(std::net::Shutdown::Write);
+        })?;
+        let out = spawn("door-out", move || {
+            let _ = pump(&ctl, engine_out);
+        })?;
+        let err = spawn("door-err", move || {
+            let _ = pump(&err, engine_err);
+        })?;
+        Ok((out, err))
+    })();
+    let (out, err) = match started {
+        Ok(joins) => joins,
+        Err(e) => {
+            eprintln!("corral-agent: the door cannot start: {e}");
+            let _ = sys::kill(agent, libc::SIGKILL);
+            return 1;
+        }
+    };
+    let status = loop {
+        match sys::sigwaitinfo(&waited) {
+            Ok((libc::SIGCHLD, _)) => {
+                if let Some(status) = reap_all(agent) {
+                    break status;
+                }
+            }
+            Ok((sig, _)) => {
+                let _ = sys::kill(agent, sig);
+            }
+            Err(e) => {
+                eprintln!("corral-agent: the door cannot wait for signals: {e}");
+                let _ = sys::kill(agent, libc::SIGKILL);
+            }
+        }
+    };
+    // The agent's last words (its sockets closed with its namespace).
+    let until = std::time::Instant::now() + DRAIN;
+    for join in [out, err] {
+        while !join.is_finished() && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let _ = io::stdout().flush();
+    match sys::ExitStatus::from_raw(status) {
+        sys::ExitStatus::Code(code) => code,
+        sys::ExitStatus::Signal(sig) => 128 + sig,
+    }
+}
+
+/// Reaps every child that ended; the agent's raw status once it did.
+fn reap_all(agent: i32) -> Option<libc::c_int> {
+    let mut agent_status = None;
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes the status through a valid pointer.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid <= 0 {
+            return agent_status;
+        }
+        if pid == agent {
+            agent_status = Some(status);
+        }
+    }
+}
+
+/// A descriptor of the engine's, duplicated into a file the door owns.
+fn dup_file(fd: RawFd) -> io::Result<File> {
+    // SAFETY: fcntl duplicates a descriptor this process holds (stdio).
+    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if new == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `new` is a fresh descriptor owned by nothing else.
+    Ok(File::from(unsafe { OwnedFd::from_raw_fd(new) }))
+}
+
+/// Copies until end of input or an error on either side.
+fn pump(mut from: impl Read, mut to: impl Write) -> io::Result<()> {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        to.write_all(&buf[..n])?;
+    }
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map_err(|e| io::Error::new(e.kind(), format!("thread {name}: {e}")))
+}
