@@ -35,13 +35,36 @@ const CAP_SYS_ADMIN: u32 = 21;
 /// How long the door waits for the agent's last output once it ended.
 const DRAIN: Duration = Duration::from_secs(2);
 
+/// Why PID 1 did not split when asked to; see [`integrity_gap`].
+static GAP: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Why the agent could not keep its stream out of commands' reach when
+/// asked to split (the handshake reports it): it started as a user, not
+/// root (an image's `USER`), so it has no right to the namespace and
+/// commands share its uid anyway.
+pub fn integrity_gap() -> Option<String> {
+    GAP.get().cloned()
+}
+
 /// Splits PID 1 (see the module's comment). Returns in the agent, PID 1
 /// of the commands' namespace, with its stdin, stdout and stderr on
 /// sockets; in the door it never returns. `keep_admin`: the agent keeps
 /// `CAP_SYS_ADMIN` (its in-place reset drops it from commands itself).
-/// `Err` with an exit code when the split cannot be made: the sandbox
-/// must not start without it.
+/// A PID 1 that did not start as root cannot split: it goes on as before
+/// and says why ([`integrity_gap`]). `Err` with an exit code when a root
+/// PID 1 cannot split: the sandbox must not start without it.
 pub fn split(keep_admin: bool) -> Result<(), i32> {
+    let (_, euid, _) = sys::getresuid();
+    if euid != 0 {
+        let why = format!(
+            "isolation gvisor: the sandbox started as uid {euid}, not root (the image's USER), so \
+             the agent shares commands' PID namespace: results are not integrity-protected (a \
+             command of its uid can open its stream through /proc/1/fd)"
+        );
+        eprintln!("corral-agent: {why}");
+        let _ = GAP.set(why);
+        return Ok(());
+    }
     let (ctl_door, ctl_agent) = pair("the control stream")?;
     let (err_door, err_agent) = pair("standard error")?;
     // clone(CLONE_NEWPID) as a fork: the child alone enters the new

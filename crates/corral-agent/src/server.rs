@@ -253,6 +253,7 @@ impl Conn {
             reset: self.shared.pristine.support().cloned(),
             deltas: self.shared.pristine.deltas(),
             shared_deltas: self.shared.pristine.shared_deltas(),
+            integrity_gap: crate::door::integrity_gap(),
             usage: true,
             pty: true,
             workdir: std::env::current_dir()

@@ -542,6 +542,12 @@ pub struct HelloAck {
     /// with no such mount: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shared_deltas: bool,
+    /// Why the agent could not keep its stream out of commands' reach
+    /// where the engine asked it to (gVisor's `init --pid-ns` in a sandbox
+    /// that started as a user, not root): results are then not
+    /// integrity-protected. Absent when it could, or was not asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub integrity_gap: Option<String>,
 }
 
 /// What the agent said about in-place reset at the handshake.

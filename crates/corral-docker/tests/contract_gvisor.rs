@@ -500,3 +500,53 @@ async fn gvisor_a_fork_restored_after_the_agents_grace_starts() {
     runtime.delete_snapshot(&name).await.expect("delete");
     sb.destroy().await.expect("destroy");
 }
+
+/// A gVisor sandbox that starts as root holds result integrity: its
+/// agent runs behind the door, in a PID namespace of its own (its
+/// stream's sockets are all a command finds at `/proc/1/fd`). One whose
+/// image's `USER` is not root cannot split, runs anyway, and says why its
+/// results are not integrity-protected (the spec alone cannot tell).
+#[tokio::test(flavor = "multi_thread")]
+async fn gvisor_an_image_user_that_is_not_root_says_results_are_not_integrity_protected() {
+    let Some(sb) = sandbox("gvisor_integrity_root", |_| {}).await else {
+        return;
+    };
+    assert_eq!(sb.result_integrity(), Ok(()));
+    let fds = out(&sb, "for f in /proc/1/fd/[012]; do readlink $f; done").await;
+    assert!(
+        fds.lines().count() == 3 && fds.lines().all(|l| l.starts_with("socket:")),
+        "{fds}"
+    );
+    sb.destroy().await.expect("destroy");
+
+    let image = format!("corral-test/busybox-user-{}", std::process::id());
+    let built = std::process::Command::new("docker")
+        .args(["build", "-q", "-t", &image, "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().expect("stdin");
+            stdin.write_all(format!("FROM {}\nUSER 1000:1000\n", common::BUSYBOX).as_bytes())?;
+            drop(stdin);
+            child.wait()
+        })
+        .expect("docker build");
+    assert!(built.success(), "docker build {image}");
+    let sb = sandbox("gvisor_integrity_user", |s| s.image = image.clone())
+        .await
+        .expect("the tier is there");
+    assert_eq!(out(&sb, "id -u").await, "1000\n");
+    let why = sb
+        .result_integrity()
+        .expect_err("a user's agent cannot split");
+    assert!(
+        why.starts_with("isolation gvisor") && why.contains("uid 1000"),
+        "{why}"
+    );
+    sb.destroy().await.expect("destroy");
+    let _ = std::process::Command::new("docker")
+        .args(["rmi", "-f", &image])
+        .output();
+}

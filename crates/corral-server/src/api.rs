@@ -306,7 +306,7 @@ impl AppState {
             lost: None,
         });
         let reset_unavailable_reason = lease.resets_in_place().err();
-        let result_integrity_gap = lease.spec().result_integrity().err();
+        let result_integrity_gap = lease.result_integrity().err();
         let id = caller.display_key(key);
         SandboxInfo {
             id: id.clone(),

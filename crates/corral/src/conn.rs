@@ -390,6 +390,7 @@ impl AgentConn {
                 pty: false,
                 workdir: None,
                 shared_deltas: false,
+                integrity_gap: None,
             },
         };
         let agent_err = |message: String| Error::Agent {

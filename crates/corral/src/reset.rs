@@ -54,6 +54,21 @@ impl Sandbox {
         }
     }
 
+    /// Why a command in this sandbox could forge what corral reports of a
+    /// command, naming the field; `Ok` when its tier holds result
+    /// integrity: the spec's rule ([`SandboxSpec::result_integrity`]) and
+    /// what the agent said at its handshake (under gVisor, an image
+    /// whose `USER` is not root keeps the agent from hiding its stream).
+    ///
+    /// [`SandboxSpec::result_integrity`]: corral_core::SandboxSpec::result_integrity
+    pub fn result_integrity(&self) -> Result<(), String> {
+        self.spec().result_integrity()?;
+        match self.conn_hello().integrity_gap {
+            Some(gap) => Err(gap),
+            None => Ok(()),
+        }
+    }
+
     /// Returns the sandbox to exactly the state it had right after its
     /// start: every process gone, every change to its file system gone
     /// (root file system, tmpfs mounts; host mounts are the host's), shell

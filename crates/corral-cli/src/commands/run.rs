@@ -344,7 +344,7 @@ pub async fn run(
         Ok(s) => s,
         Err(e) => return finish_early(&args, e.kind(), Diagnostic::of_core(&e)),
     };
-    if let Err(why) = sandbox.spec().result_integrity() {
+    if let Err(why) = sandbox.result_integrity() {
         diagnostics::warn(why);
     }
 
