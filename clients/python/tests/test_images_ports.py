@@ -76,6 +76,57 @@ def test_port_url_reaches_a_server_in_the_sandbox_without_the_bearer_token(corra
     assert on_api.status_code == 401 and "served-by-httpd" not in on_api.text, on_api.text
 
 
+COOKIE_SERVER = r"""
+import http.server
+
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        if self.path.endswith("/set"):
+            self.send_header("Set-Cookie", "sid=mine; Domain=localhost; Path=/; HttpOnly")
+        self.end_headers()
+        self.wfile.write(("cookie:" + (self.headers.get("Cookie") or "")).encode())
+
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("0.0.0.0", 8082), H).serve_forever()
+"""
+
+
+def test_a_port_gets_only_the_cookies_its_own_server_set_and_sets_none_beyond_its_host(corral_client, corral_spec):
+    import httpx
+
+    with corral_client.sandbox(spec=corral_spec(image="corral-test/python")) as sb:
+        sb.write_file("/srv/cookies.py", COOKIE_SERVER.encode())
+        r = sb.run(
+            "nohup python3 /srv/cookies.py </dev/null >/dev/null 2>&1 &"
+            " for i in $(seq 1 100); do python3 -c 'import urllib.request as u; u.urlopen(\"http://127.0.0.1:8082/\")' 2>/dev/null && exit 0; sleep 0.1; done; exit 1",
+            timeout=60,
+        )
+        assert r.exit_code == 0, r
+        link = sb.port_link(8082)
+
+        def get(path: str, cookie: str) -> httpx.Response:
+            return httpx.get(
+                link["connect"] + link["path"] + path,
+                headers={"Host": link["host"], "Cookie": cookie},
+                timeout=30,
+            )
+
+        # What a browser holds for the link's host name but its server never
+        # set (another loopback app's session, a cookie another link's page
+        # set on the parent domain) never reaches the sandbox.
+        page = get("", "session=another-apps; sid=tossed")
+        assert page.status_code == 200 and page.text == "cookie:", page.text
+        # The server's own cookie is kept to the link's host name...
+        page = get("set", "")
+        assert page.headers.get_list("set-cookie") == ["sid=mine; Path=/; HttpOnly"], page.headers
+        # ...and from then on passes, alone.
+        page = get("", "session=another-apps; sid=mine")
+        assert page.text == "cookie:sid=mine", page.text
+
+
 def test_usage_moves_with_memory_and_stays_within_the_limit(corral_client, corral_spec):
     with corral_client.sandbox(spec=corral_spec(limits={"memory": 256 << 20})) as sb:
         before = sb.usage()

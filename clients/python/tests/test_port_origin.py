@@ -295,6 +295,13 @@ echo "q=$QUERY_STRING cookie=$HTTP_COOKIE" >> /tmp/captured.log
 echo ok
 """
 
+# Tenant B's server sets its session cookie, as an app's login does (the
+# proxy sends a link's server only cookies it set itself).
+LOGIN = r"""#!/bin/sh
+printf 'Content-Type: text/plain\r\nSet-Cookie: session=victim-session; Path=/\r\nCache-Control: no-store\r\n\r\n'
+echo ok
+"""
+
 # Tenant B keeps things a page keeps: a worker, a cache named after its
 # address (which holds its link's token), storage and a session cookie.
 VICTIM_WORKER = "self.addEventListener('install', () => self.skipWaiting());\n"
@@ -302,7 +309,7 @@ VICTIM_PAGE = r"""<!doctype html><title>tenant B</title><p id="status">starting<
 <script>
 (async () => {
   localStorage.setItem("b-secret", "victim-storage");
-  document.cookie = "session=victim-session; path=/";
+  await fetch("cgi-bin/login");
   await caches.open("b-cache " + location.href);
   const reg = await navigator.serviceWorker.register("sw.js");
   document.getElementById("status").textContent = "armed " + reg.scope;
@@ -429,6 +436,7 @@ def test_each_link_is_an_origin_of_its_own_and_the_dashboards_token_stays_out_of
                 "/www/index.html": (VICTIM_PAGE, "644"),
                 "/www/sw.js": (VICTIM_WORKER, "644"),
                 "/www/cgi-bin/log": (LOG, "755"),
+                "/www/cgi-bin/login": (LOGIN, "755"),
             })
             _serve(a, {
                 "/www/index.html": (ATTACKER_PAGE, "644"),

@@ -77,6 +77,7 @@ struct Shared {
     /// The key of the port links' tokens (`api/ports.rs`): made at start,
     /// so a link lives as long as the service and its sandbox.
     port_key: crate::port_links::PortKey,
+    port_cookies: crate::port_links::CookieNames,
     /// Where port links are served, once `serve` has bound the port-link
     /// listener; before that (a router without it) no link is handed out.
     port_origin: std::sync::OnceLock<crate::port_links::PortOrigin>,
@@ -148,6 +149,7 @@ impl AppState {
                 closing: AtomicBool::new(false),
                 ceilings,
                 port_key: crate::port_links::PortKey::new(),
+                port_cookies: crate::port_links::CookieNames::default(),
                 port_origin: std::sync::OnceLock::new(),
                 interactive: Mutex::new(BTreeMap::new()),
                 next_handle: AtomicU64::new(1),
@@ -158,6 +160,11 @@ impl AppState {
     /// The key of its port links (shared with the MCP endpoint).
     pub fn port_key(&self) -> &crate::port_links::PortKey {
         &self.inner.port_key
+    }
+
+    /// The cookie names each port's server set ([`crate::port_links::CookieNames`]).
+    pub fn port_cookies(&self) -> &crate::port_links::CookieNames {
+        &self.inner.port_cookies
     }
 
     /// Records where the port-link listener is bound (once; later calls

@@ -865,7 +865,16 @@ async fn sandbox_port(
         .path_and_query()
         .map_or_else(|| "/".to_string(), |p| p.as_str().to_string());
     let wait = std::time::Duration::from_millis(e2b.app.ceilings().limits().backend_timeout_ms);
-    crate::api::ports::relay(&lease.sandbox(), port, path_and_query, None, req, wait).await
+    crate::api::ports::relay(
+        &lease.sandbox(),
+        port,
+        path_and_query,
+        None,
+        req,
+        wait,
+        e2b.app.port_cookies(),
+    )
+    .await
 }
 
 /// Anything else: named, so an SDK of another version says what it asked.

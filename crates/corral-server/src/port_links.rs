@@ -15,8 +15,15 @@
 //! is the first segment of its path, never part of the host name: an
 //! origin travels in `Origin` and `Referer` headers, a path does not
 //! (cross-origin).
+//!
+//! And which cookies pass ([`CookieNames`]): a browser sends a link's
+//! server every cookie it holds for the link's host name, also those a
+//! page of another link (or another app) set for a parent domain. The
+//! proxy sends on only the cookies whose names the link's own server set,
+//! and keeps the server's cookies to its host name (`Domain` taken off),
+//! so no link's server learns, or tosses, another's.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
@@ -235,6 +242,116 @@ pub fn of_host<'a>(host: &'a str, domain: &str) -> Option<(u16, &'a str)> {
     (!first.contains('.') && id_fits_a_host_name(id)).then_some((port, id))
 }
 
+/// Cookie names one link's server may set before the oldest is forgotten.
+const MAX_COOKIE_NAMES: usize = 64;
+
+/// The names of the cookies each link's server set (`Set-Cookie`), by
+/// sandbox id and port: the only cookies the proxy sends it. A cookie a
+/// page's script sets, never the server, is not sent on. Kept for the
+/// service's life, forgotten with the sandbox. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct CookieNames(Arc<Mutex<NamesByPort>>);
+
+/// Cookie names by sandbox id and port.
+type NamesByPort = HashMap<(String, u16), BTreeSet<String>>;
+
+impl CookieNames {
+    fn lock(&self) -> std::sync::MutexGuard<'_, NamesByPort> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps from `headers` (a request to port `port` of `sandbox`) only
+    /// the cookies that port's server set.
+    pub fn filter_request(&self, sandbox: &str, port: u16, headers: &mut axum::http::HeaderMap) {
+        let sent: Vec<String> = headers
+            .get_all(axum::http::header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .map(|pair| pair.trim().to_string())
+            .filter(|pair| !pair.is_empty())
+            .collect();
+        headers.remove(axum::http::header::COOKIE);
+        let names = self.lock();
+        let Some(set) = names.get(&(sandbox.to_string(), port)) else {
+            return;
+        };
+        let kept: Vec<&str> = sent
+            .iter()
+            .map(String::as_str)
+            .filter(|pair| set.contains(cookie_name(pair)))
+            .collect();
+        if let Ok(value) = axum::http::HeaderValue::from_str(&kept.join("; ")) {
+            if !kept.is_empty() {
+                headers.insert(axum::http::header::COOKIE, value);
+            }
+        }
+    }
+
+    /// Learns the cookies a response of port `port` of `sandbox` sets,
+    /// and takes their `Domain` off: a link's cookie is its host name's.
+    pub fn learn_response(&self, sandbox: &str, port: u16, headers: &mut axum::http::HeaderMap) {
+        let set: Vec<axum::http::HeaderValue> = headers
+            .get_all(axum::http::header::SET_COOKIE)
+            .iter()
+            .cloned()
+            .collect();
+        if set.is_empty() {
+            return;
+        }
+        headers.remove(axum::http::header::SET_COOKIE);
+        let mut names = self.lock();
+        if names.len() >= MAX_REMEMBERED && !names.contains_key(&(sandbox.to_string(), port)) {
+            names.clear();
+        }
+        let learnt = names.entry((sandbox.to_string(), port)).or_default();
+        for value in set {
+            let Ok(text) = value.to_str() else {
+                continue; // not text: no cookie a browser keeps
+            };
+            let name = cookie_name(text);
+            if name.is_empty() {
+                continue;
+            }
+            if !learnt.contains(name) && learnt.len() >= MAX_COOKIE_NAMES {
+                continue; // past the bound: set, never sent back
+            }
+            learnt.insert(name.to_string());
+            if let Ok(v) = axum::http::HeaderValue::from_str(&without_domain(text)) {
+                headers.append(axum::http::header::SET_COOKIE, v);
+            }
+        }
+    }
+
+    /// Forgets every port of `sandbox` (it is gone).
+    pub fn forget(&self, sandbox: &str) {
+        self.lock().retain(|(id, _), _| id != sandbox);
+    }
+}
+
+/// The name of a `name=value[; attributes]` cookie, trimmed.
+fn cookie_name(cookie: &str) -> &str {
+    let pair = cookie.split(';').next().unwrap_or_default();
+    pair.split('=').next().unwrap_or_default().trim()
+}
+
+/// A `Set-Cookie` value without its `Domain` attributes.
+fn without_domain(value: &str) -> String {
+    value
+        .split(';')
+        .enumerate()
+        .filter(|(i, part)| {
+            *i == 0
+                || !part
+                    .trim()
+                    .get(..6)
+                    .is_some_and(|a| a.eq_ignore_ascii_case("domain"))
+        })
+        .map(|(_, part)| part)
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
 /// Response headers a sandbox's server may not send through a link.
 /// Each link being an origin of its own, these reach no other link's
 /// pages; they are dropped still, as a second wall: `Service-Worker-Allowed`
@@ -244,8 +361,8 @@ pub const DROPPED_RESPONSE_HEADERS: [&str; 2] = ["service-worker-allowed", "clea
 
 /// Request headers never sent on to a sandbox's server through a link:
 /// credentials a browser or a client holds for something else (a bearer
-/// token of the API sent by mistake, a proxy's). The sandbox's own cookies
-/// pass: on a link's origin the browser sends no others.
+/// token of the API sent by mistake, a proxy's). Of the cookies, only the
+/// link's own server's pass ([`CookieNames`]).
 pub const DROPPED_REQUEST_HEADERS: [&str; 2] = ["authorization", "proxy-authorization"];
 
 #[cfg(test)]
@@ -331,6 +448,55 @@ mod tests {
             Some((3000, "sb-1"))
         );
         assert_eq!(proxied.of_host("3000-sb-1.localhost"), None);
+    }
+
+    #[test]
+    fn only_cookies_a_links_server_set_are_sent_to_it_and_none_beyond_its_host() {
+        use axum::http::header::{COOKIE, SET_COOKIE};
+        let jar = CookieNames::default();
+        let mut req = axum::http::HeaderMap::new();
+        req.insert(COOKIE, "sid=1; other=stolen".parse().expect("value"));
+        jar.filter_request("sb-1", 8080, &mut req);
+        assert_eq!(req.get(COOKIE), None, "nothing set yet, nothing sent");
+        let mut resp = axum::http::HeaderMap::new();
+        resp.append(
+            SET_COOKIE,
+            "sid=1; Domain=localhost; Path=/; HttpOnly"
+                .parse()
+                .expect("value"),
+        );
+        resp.append(
+            SET_COOKIE,
+            "pref=dark;domain=.localhost".parse().expect("value"),
+        );
+        jar.learn_response("sb-1", 8080, &mut resp);
+        let set: Vec<_> = resp.get_all(SET_COOKIE).iter().collect();
+        assert_eq!(set, ["sid=1; Path=/; HttpOnly", "pref=dark"]);
+        for cookie in [
+            "sid=1; other=stolen; pref=dark",
+            "other=stolen;sid=1;pref=dark",
+        ] {
+            let mut req = axum::http::HeaderMap::new();
+            req.insert(COOKIE, cookie.parse().expect("value"));
+            jar.filter_request("sb-1", 8080, &mut req);
+            let sent = req.get(COOKIE).and_then(|v| v.to_str().ok()).unwrap_or("");
+            assert!(
+                sent.contains("sid=1") && sent.contains("pref=dark") && !sent.contains("other"),
+                "{sent}"
+            );
+        }
+        // Another port, another sandbox: their own servers set nothing.
+        for (id, port) in [("sb-1", 8081), ("sb-2", 8080)] {
+            let mut req = axum::http::HeaderMap::new();
+            req.insert(COOKIE, "sid=1".parse().expect("value"));
+            jar.filter_request(id, port, &mut req);
+            assert_eq!(req.get(COOKIE), None, "{id}:{port}");
+        }
+        jar.forget("sb-1");
+        let mut req = axum::http::HeaderMap::new();
+        req.insert(COOKIE, "sid=1".parse().expect("value"));
+        jar.filter_request("sb-1", 8080, &mut req);
+        assert_eq!(req.get(COOKIE), None, "forgotten");
     }
 
     #[test]

@@ -20,7 +20,8 @@
 //! (glibc does not resolve `*.localhost`; curl and browsers do) connects to
 //! the listener (`connect` in the answer) and sends that name as `Host`.
 //! The proxy sends the sandbox no credential meant for something else
-//! ([`port_links::DROPPED_REQUEST_HEADERS`]) and drops the response headers
+//! ([`port_links::DROPPED_REQUEST_HEADERS`]) and no cookie its server did
+//! not set ([`port_links::CookieNames`]), and drops the response headers
 //! that would reach beyond a link's pages
 //! ([`port_links::DROPPED_RESPONSE_HEADERS`]).
 //!
@@ -178,6 +179,7 @@ async fn forward(
         Some(Ok(lease)) if lease.sandbox().id() == id => lease,
         Some(Ok(_)) | None => {
             keys.forget(&id);
+            s.port_cookies().forget(&id);
             return refused();
         }
         Some(Err(_)) => return refused(),
@@ -202,6 +204,7 @@ async fn forward(
         Some(format!("/{token}")),
         req,
         wait,
+        s.port_cookies(),
     )
     .await
 }
@@ -212,7 +215,9 @@ async fn forward(
 /// `localhost:PORT`; `prefix`, when the client's path had one, is sent as
 /// `X-Forwarded-Prefix`. Who may reach the port is the caller's check.
 /// A server that has not started its answer within `wait`
-/// (`server.limits.backend_timeout_ms`) is given up on: 504.
+/// (`server.limits.backend_timeout_ms`) is given up on: 504. Only the
+/// cookies the port's server set go to it, and its cookies stay on the
+/// link's host name (`cookies`).
 pub(crate) async fn relay(
     sandbox: &corral::Sandbox,
     port: u16,
@@ -220,8 +225,9 @@ pub(crate) async fn relay(
     prefix: Option<String>,
     req: Request,
     wait: std::time::Duration,
+    cookies: &port_links::CookieNames,
 ) -> Response {
-    let answer = relay_until_answered(sandbox, port, path_and_query, prefix, req);
+    let answer = relay_until_answered(sandbox, port, path_and_query, prefix, req, cookies);
     match tokio::time::timeout(wait, answer).await {
         Ok(response) => response,
         Err(_) => ApiError::new(
@@ -243,6 +249,7 @@ async fn relay_until_answered(
     path_and_query: String,
     prefix: Option<String>,
     mut req: Request,
+    cookies: &port_links::CookieNames,
 ) -> Response {
     let stream = match sandbox.open_port(port).await {
         Ok(stream) => stream,
@@ -279,6 +286,7 @@ async fn relay_until_answered(
     if let Some(p) = prefix.and_then(|p| HeaderValue::from_str(&p).ok()) {
         parts.headers.insert("x-forwarded-prefix", p);
     }
+    cookies.filter_request(sandbox.id(), port, &mut parts.headers);
     let upstream = axum::http::Request::from_parts(parts, body);
     let mut response = match sender.send_request(upstream).await {
         Ok(r) => r,
@@ -311,6 +319,7 @@ async fn relay_until_answered(
     for name in port_links::DROPPED_RESPONSE_HEADERS {
         parts.headers.remove(name);
     }
+    cookies.learn_response(sandbox.id(), port, &mut parts.headers);
     Response::from_parts(parts, Body::new(body))
 }
 
