@@ -4,6 +4,7 @@ reports the outcome by class.
 
     scripts/python-env.sh && scripts/build-test-images.sh --net && cargo build --bin corral
     target/pyenv/bin/python scripts/e2b-suite.py --e2b E2B_CHECKOUT [-n 2] [-k EXPR]
+        [--isolation gvisor] [--network none]
 
 E2B_CHECKOUT is a clone of github.com/e2b-dev/E2B (a checkout, or a bare git
 directory whose HEAD is used). Nothing of it is copied into this project: its
@@ -18,6 +19,10 @@ What the run sets up, as a new user of corral would:
 - a `corral serve` of its own on free loopback ports, the E2B listener on,
   that image as the default (template `base`), and only the SDK's own
   environment (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY) pointing at it.
+  `--isolation gvisor --network none` makes the service's sandboxes
+  gVisor ones without network, where pause goes to disk and forks and
+  full snapshots are live (processes and memory kept); `-k "fork or
+  snapshot or pause or connect"` runs that part.
 
 Every test falls in one class (CLASSES below, matched on the test's node id):
 - `cloud`: needs E2B's cloud or the internet (template builds on E2B's
@@ -194,6 +199,10 @@ def main() -> int:
     p.add_argument("--timeout", default="90", help="per-test timeout, seconds")
     p.add_argument("--binary", default=os.environ.get("CORRAL_BIN", str(ROOT / "target" / "debug" / "corral")))
     p.add_argument("--json", type=Path, help="also write the per-test outcomes here")
+    p.add_argument("--isolation", choices=["container", "gvisor"], default=None,
+                   help="the service's isolation tier (default: corral's, container)")
+    p.add_argument("--network", choices=["bridge", "none"], default=None,
+                   help="the service's sandbox network (default: corral's)")
     args = p.parse_args()
 
     work = ROOT / "target" / "e2b-suite"
@@ -217,8 +226,13 @@ def main() -> int:
     deselect.write_text("".join(f"{n}\n" for n in cloud))
 
     e2b_port = free_port()
+    defaults = {"image": IMAGE, "labels": {RUN_LABEL: "1"}}
+    if args.isolation:
+        defaults["isolation"] = args.isolation
+    if args.network:
+        defaults["network"] = args.network
     config = {
-        "defaults": {"image": IMAGE, "labels": {RUN_LABEL: "1"}},
+        "defaults": defaults,
         "server": {"token": TOKEN, "e2b_listen": f"127.0.0.1:{e2b_port}"},
     }
     url = f"http://127.0.0.1:{e2b_port}"

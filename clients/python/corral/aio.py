@@ -878,10 +878,12 @@ class AsyncSandbox:
         the names of the sandbox's variables, not their values.
         ``durable`` keeps it until deleted; otherwise it goes with the
         service. ``kind`` asks for ``"delta"`` or ``"image"`` (default: the
-        service's choice, a delta for a sandbox that resets in place), or
-        ``"live"``: the running sandbox's processes and memory too, which
-        forks go on from (gVisor sandboxes without network; other tiers
-        raise :class:`UnsupportedError` naming why). A
+        service's choice: a delta for a sandbox that resets in place, live
+        for one that can be checkpointed), or ``"live"``: the running
+        sandbox's processes and memory too, which forks go on from (gVisor
+        sandboxes without network, where it is the default and ``"image"``
+        raises :class:`UnsupportedError`; other tiers raise it for
+        ``"live"``, naming why). A
         bad name raises :class:`InvalidRequestError` naming ``name``; a
         tenant past its ``max_snapshots`` or ``max_snapshot_bytes`` gets
         :class:`CapacityError` naming it."""

@@ -581,6 +581,17 @@ pub trait Backend: Send + Sync + 'static {
         })
     }
 
+    /// Whether sandboxes of `spec` run where [`Backend::checkpoint`] can
+    /// take them (Docker: gVisor without network, under
+    /// [`crate::spec::GVISOR_LIVE_RUNTIME`]). Such a runtime keeps the
+    /// root file system's changes in its own memory, not in the
+    /// container: a snapshot of the file system alone would miss them, so
+    /// the runtime takes a live one. False by default.
+    fn checkpoints(&self, spec: &crate::SandboxSpec) -> bool {
+        let _ = spec;
+        false
+    }
+
     /// Checkpoints the running sandbox at `placement` into directory `dir`
     /// (which must not exist; its parent must); the sandbox stops, holding
     /// no memory. With `resume` it is restored in place at once and goes on

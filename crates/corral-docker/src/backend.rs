@@ -204,7 +204,7 @@ impl DockerBackend {
     }
 
     /// Whether the daemon has the runtime gVisor sandboxes without network
-    /// can be checkpointed under (asked once).
+    /// can be checkpointed under ([`live_tier`]; asked once).
     async fn has_live_runtime(&self) -> bool {
         *self
             .inner
@@ -639,9 +639,7 @@ impl DockerBackend {
         };
         let storage_opt_supported = spec.limits.disk.is_some()
             && self.storage_opt_supported(&spec.image, req.owner).await?;
-        let live_runtime = spec.isolation == corral_core::Isolation::Gvisor
-            && spec.network == corral_core::Network::None
-            && self.has_live_runtime().await;
+        let live_runtime = live_tier(spec) && self.has_live_runtime().await;
         let private_agent = agent_volume::needs_private_copy(spec);
         if private_agent {
             agent_volume::make_private(docker, id, &spec.image, req.owner).await?;
@@ -946,6 +944,11 @@ impl Backend for DockerBackend {
         true
     }
 
+    fn checkpoints(&self, spec: &corral_core::SandboxSpec) -> bool {
+        // Asked at the first such create, before any sandbox of it exists.
+        live_tier(spec) && self.inner.live_runtime.get() == Some(&true)
+    }
+
     fn shared_deltas(&self) -> Option<&std::path::Path> {
         self.inner
             .shared_deltas
@@ -1042,4 +1045,11 @@ fn create_error(id: &str, image: &str, e: bollard::errors::Error) -> Error {
         }
         _ => api(format!("create sandbox {id} from {image}"), e),
     }
+}
+
+/// Whether sandboxes of `spec` run under [`corral_core::spec::GVISOR_LIVE_RUNTIME`]
+/// where the daemon has it: gVisor without network (runsc checkpoints no
+/// sandbox on the host's network stack).
+fn live_tier(spec: &corral_core::SandboxSpec) -> bool {
+    spec.isolation == corral_core::Isolation::Gvisor && spec.network == corral_core::Network::None
 }

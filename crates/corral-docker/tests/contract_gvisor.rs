@@ -550,3 +550,52 @@ async fn gvisor_an_image_user_that_is_not_root_says_results_are_not_integrity_pr
         .args(["rmi", "-f", &image])
         .output();
 }
+
+/// runsc-live keeps a gVisor sandbox's root file system changes in its
+/// own memory (`--overlay`), not in the container: a `docker commit`
+/// would miss them. So there a snapshot is live unless asked otherwise,
+/// an image snapshot is refused by name, and a fork has the files.
+#[tokio::test(flavor = "multi_thread")]
+async fn gvisor_without_network_snapshots_live_by_default_and_keeps_its_files() {
+    let Some(sb) = sandbox("gvisor_live_default", |s| s.network = corral::Network::None).await
+    else {
+        return;
+    };
+    let runtimes = std::process::Command::new("docker")
+        .args(["info", "--format", "{{json .Runtimes}}"])
+        .output()
+        .expect("docker info");
+    if !String::from_utf8_lossy(&runtimes.stdout).contains("\"runsc-live\"") {
+        eprintln!("skipped: the daemon has no runtime runsc-live (scripts/ensure-gvisor.sh)");
+        sb.destroy().await.expect("destroy");
+        return;
+    }
+    let runtime = common::backend().await;
+    out(&sb, "echo rooted > /rootfile && echo tmp > /tmp/t").await;
+    let image = corral::SnapshotOptions {
+        kind: Some(corral::snapshot::SnapshotKind::Image),
+        ..Default::default()
+    };
+    let name = format!("live-default-{}", std::process::id());
+    match sb.snapshot(&name, image).await {
+        Err(corral::Error::Unsupported { what }) => {
+            assert!(what.contains("image snapshot"), "{what}")
+        }
+        other => panic!("an image snapshot under runsc-live: {other:?}"),
+    }
+    let info = sb
+        .snapshot(&name, corral::SnapshotOptions::default())
+        .await
+        .expect("snapshot");
+    assert_eq!(info.kind, corral::snapshot::SnapshotKind::Live);
+    let forks = runtime.fork(&name, 1).await.expect("fork");
+    assert_eq!(
+        out(&forks[0], "cat /rootfile /tmp/t").await,
+        "rooted\ntmp\n"
+    );
+    for f in forks {
+        f.destroy().await.expect("destroy a fork");
+    }
+    runtime.delete_snapshot(&name).await.expect("delete");
+    sb.destroy().await.expect("destroy");
+}

@@ -553,9 +553,10 @@ pub struct CreateSnapshot {
     /// service (removed by `corral gc` once the service is gone).
     #[serde(default)]
     pub durable: bool,
-    /// How to keep it; default: the service's choice (`delta` for a
-    /// sandbox that resets in place, unless durable on an engine that
-    /// keeps images; `image` otherwise).
+    /// How to keep it; default: the service's choice (`live` for a
+    /// sandbox the engine checkpoints, gVisor without network; `delta`
+    /// for a sandbox that resets in place, unless durable on an engine
+    /// that keeps images; `image` otherwise).
     #[serde(default)]
     pub kind: Option<SnapshotKind>,
 }

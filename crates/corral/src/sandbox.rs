@@ -505,16 +505,19 @@ impl Sandbox {
     /// Checkpoints the sandbox to disk and leaves it stopped; see
     /// [`Sandbox::pause`].
     async fn pause_to_disk(&self) -> Result<(), Error> {
-        // Only gVisor sandboxes without network can be checkpointed (see
-        // `Backend::checkpoint`): others freeze, with no file made.
-        let spec = &self.inner.spec;
-        if spec.isolation != corral_core::Isolation::Gvisor
-            || spec.network != corral_core::Network::None
+        // Only sandboxes the backend can checkpoint (Docker: gVisor
+        // without network): others freeze, with no file made.
+        if !self
+            .inner
+            .runtime
+            .inner
+            .backend
+            .checkpoints(&self.inner.spec)
         {
             return Err(Error::Unsupported {
                 what: format!(
-                    "pausing sandbox {} to disk: only gVisor sandboxes without network are \
-                     checkpointed",
+                    "pausing sandbox {} to disk: its tier cannot be checkpointed (gVisor \
+                     sandboxes without network can)",
                     self.inner.id
                 ),
             });

@@ -222,7 +222,10 @@ impl Sandbox {
     /// The kind a snapshot with `opts` is taken as, or why none can be.
     fn snapshot_kind(&self, opts: &SnapshotOptions) -> Result<SnapshotKind, Error> {
         let backend = self.runtime().backend();
-        let images = backend.keeps_snapshot_images();
+        // Its root file system's changes are in the runtime's memory: only
+        // a live snapshot keeps them.
+        let live_root = backend.checkpoints(self.spec());
+        let images = backend.keeps_snapshot_images() && !live_root;
         let deltas = self.conn_hello().deltas && self.resets_in_place().is_ok();
         let why_no_delta = || {
             self.resets_in_place()
@@ -237,10 +240,19 @@ impl Sandbox {
                     why_no_delta()
                 ),
             }),
+            Some(SnapshotKind::Image) if live_root => Err(Error::Unsupported {
+                what: format!(
+                    "an image snapshot of sandbox {}: gVisor without network keeps its file \
+                     system's changes in memory, not in the container; a live snapshot (the \
+                     default here) keeps them",
+                    self.id()
+                ),
+            }),
             Some(SnapshotKind::Image) if !images => Err(Error::Unsupported {
                 what: format!("image snapshots with the {} backend", backend.name()),
             }),
             Some(kind) => Ok(kind),
+            None if live_root => Ok(SnapshotKind::Live),
             None if deltas && !(opts.durable && images) => Ok(SnapshotKind::Delta),
             None if images => Ok(SnapshotKind::Image),
             None => Err(Error::InvalidSpec(SpecError {
