@@ -67,6 +67,18 @@ pub fn split(keep_admin: bool) -> Result<(), i32> {
     }
     let (ctl_door, ctl_agent) = pair("the control stream")?;
     let (err_door, err_agent) = pair("standard error")?;
+    // The door's signals are blocked before the agent exists, so neither
+    // its end nor the engine's signals can come before the door waits for
+    // them; the agent gets the mask it had back.
+    let mut waited = sys::FORWARDED.to_vec();
+    waited.push(libc::SIGCHLD);
+    let before = match mask(libc::SIG_BLOCK, &waited) {
+        Ok(before) => before,
+        Err(e) => {
+            eprintln!("corral-agent: the door cannot block signals: {e}");
+            return Err(1);
+        }
+    };
     // clone(CLONE_NEWPID) as a fork: the child alone enters the new
     // namespace (after unshare(CLONE_NEWPID) the door could start no
     // thread: a thread must share its process's namespace for children).
@@ -91,10 +103,12 @@ pub fn split(keep_admin: bool) -> Result<(), i32> {
     let child = child as i32;
     if child == 0 {
         drop((ctl_door, err_door));
+        // SAFETY: restores the mask read above; one thread.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut()) };
         return become_agent(ctl_agent, err_agent, keep_admin);
     }
     drop((ctl_agent, err_agent));
-    let code = door(child, ctl_door, err_door);
+    let code = door(child, &waited, ctl_door, err_door);
     std::process::exit(code);
 }
 
@@ -155,14 +169,7 @@ fn drop_admin() -> io::Result<()> {
 
 /// The door's life: pumps and signals until the agent ends; its exit
 /// status.
-fn door(agent: i32, ctl: UnixStream, err: UnixStream) -> i32 {
-    let mut waited = sys::FORWARDED.to_vec();
-    waited.push(libc::SIGCHLD);
-    if let Err(e) = sys::block_signals(&waited) {
-        eprintln!("corral-agent: the door cannot block signals: {e}");
-        let _ = sys::kill(agent, libc::SIGKILL);
-        return 1;
-    }
+fn door(agent: i32, waited: &[libc::c_int], ctl: UnixStream, err: UnixStream) -> i32 {
     let started = (|| -> io::Result<_> {
         let named = |what: &str, e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
         let ctl_in = ctl
@@ -177,8 +184,11 @@ fn door(agent: i32, ctl: UnixStream, err: UnixStream) -> i32 {
             let _ = pump(engine_in, &ctl_in);
             let _ = ctl_in.shutdown(std::net::Shutdown::Write);
         })?;
+        // Agent → engine. When the engine's end goes, the agent's writes
+        // fail as they would have on the pipe, rather than block.
         let out = spawn("door-out", move || {
             let _ = pump(&ctl, engine_out);
+            let _ = ctl.shutdown(std::net::Shutdown::Both);
         })?;
         let err = spawn("door-err", move || {
             let _ = pump(&err, engine_err);
@@ -194,12 +204,12 @@ fn door(agent: i32, ctl: UnixStream, err: UnixStream) -> i32 {
         }
     };
     let status = loop {
-        match sys::sigwaitinfo(&waited) {
-            Ok((libc::SIGCHLD, _)) => {
-                if let Some(status) = reap_all(agent) {
-                    break status;
-                }
-            }
+        // An agent that ended before the door first waited is reaped too.
+        if let Some(status) = reap_all(agent) {
+            break status;
+        }
+        match sys::sigwaitinfo(waited) {
+            Ok((libc::SIGCHLD, _)) => {}
             Ok((sig, _)) => {
                 let _ = sys::kill(agent, sig);
             }
@@ -220,6 +230,24 @@ fn door(agent: i32, ctl: UnixStream, err: UnixStream) -> i32 {
     match sys::ExitStatus::from_raw(status) {
         sys::ExitStatus::Code(code) => code,
         sys::ExitStatus::Signal(sig) => 128 + sig,
+    }
+}
+
+/// pthread_sigmask(how, signals); the mask before.
+fn mask(how: libc::c_int, signals: &[libc::c_int]) -> io::Result<libc::sigset_t> {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it,
+    // pthread_sigmask reads one and writes the other through valid pointers.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &sig in signals {
+            libc::sigaddset(&mut set, sig);
+        }
+        match libc::pthread_sigmask(how, &set, &mut before) {
+            0 => Ok(before),
+            e => Err(io::Error::from_raw_os_error(e)),
+        }
     }
 }
 
