@@ -51,6 +51,12 @@ printf 'Content-Type: text/plain\r\n\r\n'
 echo "auth=[$HTTP_AUTHORIZATION] proxy=[$HTTP_PROXY_AUTHORIZATION] cookie=[$HTTP_COOKIE] host=[$HTTP_HOST]"
 CGI
 chmod +x /www/cgi-bin/env
+cat > /www/cgi-bin/login <<'CGI'
+#!/bin/sh
+printf 'Content-Type: text/plain\r\nSet-Cookie: mine=1; Domain=localhost; Path=/\r\n\r\n'
+echo in
+CGI
+chmod +x /www/cgi-bin/login
 cat > /ws.sh <<'WS'
 #!/bin/sh
 cr=$(printf '\r')
@@ -213,24 +219,41 @@ async fn a_server_in_a_sandbox_is_reached_through_its_link_and_nothing_else_is()
     let (status, text) = get(&s, &s.ports.to_string(), &path).await;
     assert_eq!(status, 404, "{text}");
     assert!(!text.contains("hello from the sandbox"), "{text}");
-    // Credentials meant for something else never reach the sandbox; its
-    // own cookies do.
+    // Credentials meant for something else never reach the sandbox, nor
+    // a cookie its server did not set; its own cookies do, kept to the
+    // link's host name.
+    let env = |cookie: &str| {
+        format!(
+            "Authorization: Bearer {ALICE}\r\nProxy-Authorization: Basic eDp5\r\n\
+             Cookie: {cookie}\r\n"
+        )
+    };
     let (status, text) = get_with(
         s.ports,
         &host,
         &format!("{path}cgi-bin/env"),
-        &format!(
-            "Authorization: Bearer {ALICE}\r\nProxy-Authorization: Basic eDp5\r\n\
-             Cookie: theirs=1\r\n"
-        ),
+        &env("theirs=1; mine=1"),
     )
     .await;
     assert_eq!(status, 200, "{text}");
-    assert!(
-        text.contains("auth=[] proxy=[] cookie=[theirs=1]"),
-        "{text}"
-    );
+    assert!(text.contains("auth=[] proxy=[] cookie=[] "), "{text}");
     assert!(!text.contains(ALICE), "{text}");
+    let (status, text) = get(&s, &host, &format!("{path}cgi-bin/login")).await;
+    assert_eq!(status, 200, "{text}");
+    let set_cookie = text
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .unwrap_or_default();
+    assert_eq!(set_cookie.trim(), "set-cookie: mine=1; Path=/", "{text}");
+    let (status, text) = get_with(
+        s.ports,
+        &host,
+        &format!("{path}cgi-bin/env"),
+        &env("theirs=1; mine=1"),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("auth=[] proxy=[] cookie=[mine=1] "), "{text}");
 
     // No content from a sandbox on the API's origin: its listener has no
     // port links at all.
