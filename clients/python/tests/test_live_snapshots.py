@@ -185,7 +185,9 @@ def test_e2b_fork_full_snapshot_and_pause_keep_running_processes() -> None:
             child = E2bSandbox.create(snap.snapshot_id, timeout=120)
             children.append(child)
             assert e2b_count(child) >= before
-            holder = sbx.commands.run("pidof sh | tr ' ' '\\n' | sort -n | tail -1").stdout.strip()
+            # The counter's loop: the oldest sh (a newer one can be the
+            # loop's own child between its fork and its exec of sleep).
+            holder = sbx.commands.run("pidof sh | tr ' ' '\\n' | sort -n | head -1").stdout.strip()
             sbx.pause()
             assert _docker_state(server, sbx.sandbox_id) == "exited"
             # A paused sandbox forks (E2B's own service answers 409).
