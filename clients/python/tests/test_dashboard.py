@@ -121,6 +121,7 @@ def test_the_dashboard_shows_a_sandbox_its_usage_and_its_commands_live(corral_ur
 
 
 def test_the_dashboard_runs_code_and_shows_a_results_image(corral_url, corral_client, corral_spec):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
     image = os.environ.get("CORRAL_PYTHON_IMAGE", "corral-test/python")
@@ -133,13 +134,27 @@ def test_the_dashboard_runs_code_and_shows_a_results_image(corral_url, corral_cl
             login(browser, corral_url, token)
 
             def row():
-                for tr in browser.find_elements(By.CSS_SELECTOR, "#sandboxes tr[data-sandbox]"):
-                    if tr.get_attribute("data-session") == sb.id:
-                        return tr
+                # The table is drawn anew every 2 s: a row found a moment
+                # ago may be gone (stale), so look again.
+                try:
+                    for tr in browser.find_elements(By.CSS_SELECTOR, "#sandboxes tr[data-sandbox]"):
+                        if tr.get_attribute("data-session") == sb.id:
+                            return tr
+                except StaleElementReferenceException:
+                    pass
                 return None
 
-            _wait("the test's sandbox", lambda: row() is not None)
-            row().click()
+            def click_row():
+                try:
+                    found = row()
+                    if found is not None:
+                        found.click()
+                        return True
+                except StaleElementReferenceException:
+                    pass
+                return False
+
+            _wait("the test's sandbox", click_row)
             box = browser.find_element(By.ID, "code")
             box.clear()
             box.send_keys("import matplotlib.pyplot as plt\nn = 20\nprint('plotted')\nplt.plot([3, 1, 2])\nplt.show()\n")
