@@ -26,6 +26,8 @@ pub const CAP_SETPCAP: u32 = 8;
 pub const CAP_SETGID: u32 = 6;
 /// CAP_SETUID: become another user (commands' and relays' uids).
 pub const CAP_SETUID: u32 = 7;
+/// CAP_SYS_ADMIN: mounts (the in-place reset's worlds, the door's `/proc`).
+pub const CAP_SYS_ADMIN: u32 = 21;
 
 /// The names `--agent-caps` accepts, as Docker spells them.
 const NAMES: [(&str, u32); 4] = [

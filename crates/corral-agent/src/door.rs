@@ -22,15 +22,13 @@
 //! are sockets, the door has no pid in the commands' namespace.
 
 use std::fs::File;
-use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{self, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
+use crate::caps::CAP_SYS_ADMIN;
 use crate::sys;
-
-/// `CAP_SYS_ADMIN`: what mounting the namespace's `/proc` needs.
-const CAP_SYS_ADMIN: u32 = 21;
 
 /// How long the door waits for the agent's last output once it ended.
 const DRAIN: Duration = Duration::from_secs(2);
@@ -72,7 +70,7 @@ pub fn split(keep_admin: bool) -> Result<(), i32> {
     // them; the agent gets the mask it had back.
     let mut waited = sys::FORWARDED.to_vec();
     waited.push(libc::SIGCHLD);
-    let before = match mask(libc::SIG_BLOCK, &waited) {
+    let before = match sys::block_signals(&waited) {
         Ok(before) => before,
         Err(e) => {
             eprintln!("corral-agent: the door cannot block signals: {e}");
@@ -103,8 +101,10 @@ pub fn split(keep_admin: bool) -> Result<(), i32> {
     let child = child as i32;
     if child == 0 {
         drop((ctl_door, err_door));
-        // SAFETY: restores the mask read above; one thread.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut()) };
+        if let Err(e) = sys::set_signal_mask(&before) {
+            eprintln!("corral-agent: cannot give the agent its signal mask back: {e}");
+            return Err(1);
+        }
         return become_agent(ctl_agent, err_agent, keep_admin);
     }
     drop((ctl_agent, err_agent));
@@ -151,15 +151,11 @@ fn become_agent(ctl: UnixStream, err: UnixStream, keep_admin: bool) -> Result<()
 }
 
 /// Removes `CAP_SYS_ADMIN` from the bounding set (no command can get it
-/// back) and from the agent's own sets.
+/// back) and from the agent's own sets (the ambient set is emptied, as
+/// for every command), and checks it is gone.
 fn drop_admin() -> io::Result<()> {
     let bit = 1u64 << CAP_SYS_ADMIN;
-    sys::drop_bounding(CAP_SYS_ADMIN)?;
-    let mut sets = sys::capget()?;
-    sets.effective &= !bit;
-    sets.permitted &= !bit;
-    sets.inheritable &= !bit;
-    sys::capset(sets)?;
+    sys::drop_caps_in_child(&[CAP_SYS_ADMIN], true)?;
     let now = sys::capget()?;
     if (now.effective | now.permitted) & bit != 0 {
         return Err(io::Error::other("still held"));
@@ -175,23 +171,23 @@ fn door(agent: i32, waited: &[libc::c_int], ctl: UnixStream, err: UnixStream) ->
         let ctl_in = ctl
             .try_clone()
             .map_err(|e| named("the control socket", e))?;
-        let engine_in = dup_file(0).map_err(|e| named("stdin", e))?;
-        let engine_out = dup_file(1).map_err(|e| named("stdout", e))?;
-        let engine_err = dup_file(2).map_err(|e| named("stderr", e))?;
+        let engine_in = dup_file(io::stdin().as_fd()).map_err(|e| named("stdin", e))?;
+        let engine_out = dup_file(io::stdout().as_fd()).map_err(|e| named("stdout", e))?;
+        let engine_err = dup_file(io::stderr().as_fd()).map_err(|e| named("stderr", e))?;
         // Engine → agent. At the engine's end of stdin, the agent reads its
         // end too, as it would have on the pipe.
         spawn("door-in", move || {
-            let _ = pump(engine_in, &ctl_in);
+            let _ = io::copy(&mut &engine_in, &mut &ctl_in);
             let _ = ctl_in.shutdown(std::net::Shutdown::Write);
         })?;
         // Agent → engine. When the engine's end goes, the agent's writes
         // fail as they would have on the pipe, rather than block.
         let out = spawn("door-out", move || {
-            let _ = pump(&ctl, engine_out);
+            let _ = io::copy(&mut &ctl, &mut &engine_out);
             let _ = ctl.shutdown(std::net::Shutdown::Both);
         })?;
         let err = spawn("door-err", move || {
-            let _ = pump(&err, engine_err);
+            let _ = io::copy(&mut &err, &mut &engine_err);
         })?;
         Ok((out, err))
     })();
@@ -233,24 +229,6 @@ fn door(agent: i32, waited: &[libc::c_int], ctl: UnixStream, err: UnixStream) ->
     }
 }
 
-/// pthread_sigmask(how, signals); the mask before.
-fn mask(how: libc::c_int, signals: &[libc::c_int]) -> io::Result<libc::sigset_t> {
-    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it,
-    // pthread_sigmask reads one and writes the other through valid pointers.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        let mut before: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for &sig in signals {
-            libc::sigaddset(&mut set, sig);
-        }
-        match libc::pthread_sigmask(how, &set, &mut before) {
-            0 => Ok(before),
-            e => Err(io::Error::from_raw_os_error(e)),
-        }
-    }
-}
-
 /// Reaps every child that ended; the agent's raw status once it did.
 fn reap_all(agent: i32) -> Option<libc::c_int> {
     let mut agent_status = None;
@@ -267,29 +245,10 @@ fn reap_all(agent: i32) -> Option<libc::c_int> {
     }
 }
 
-/// A descriptor of the engine's, duplicated into a file the door owns.
-fn dup_file(fd: RawFd) -> io::Result<File> {
-    // SAFETY: fcntl duplicates a descriptor this process holds (stdio).
-    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
-    if new == -1 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `new` is a fresh descriptor owned by nothing else.
-    Ok(File::from(unsafe { OwnedFd::from_raw_fd(new) }))
-}
-
-/// Copies until end of input or an error on either side.
-fn pump(mut from: impl Read, mut to: impl Write) -> io::Result<()> {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match from.read(&mut buf) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        to.write_all(&buf[..n])?;
-    }
+/// A descriptor of the engine's (stdio), duplicated into a file the
+/// door owns.
+fn dup_file(fd: BorrowedFd<'_>) -> io::Result<File> {
+    fd.try_clone_to_owned().map(File::from)
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> io::Result<std::thread::JoinHandle<()>> {

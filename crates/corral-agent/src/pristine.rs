@@ -73,6 +73,7 @@ use corral_core::protocol::{
     DeltaError, DeltaErrorKind, ResetReport, ResetSupport, SHARED_DELTAS_DIR,
 };
 
+use crate::caps::{CAP_SETPCAP, CAP_SYS_ADMIN};
 use crate::delta;
 use crate::reaper::Reaper;
 use crate::sys;
@@ -80,9 +81,7 @@ use crate::sys;
 /// The agent's extra capabilities, in the order commands drop them
 /// (CAP_SETPCAP last: dropping from the bounding set needs it).
 pub const EXTRA_CAPS: [u32; 3] = [CAP_SYS_ADMIN, CAP_SYS_CHROOT, CAP_SETPCAP];
-const CAP_SETPCAP: u32 = 8;
 const CAP_SYS_CHROOT: u32 = 18;
-const CAP_SYS_ADMIN: u32 = 21;
 
 /// Where the state tmpfs is mounted in the agent's own namespace: a
 /// directory of the container's `/dev/shm`, which worlds get as a fresh

@@ -77,10 +77,23 @@ fn sigset(signals: &[libc::c_int]) -> libc::sigset_t {
 
 /// Blocks `signals` in the calling thread; threads spawned afterwards inherit
 /// the mask, which is why `init` calls this before starting any thread.
-pub fn block_signals(signals: &[libc::c_int]) -> io::Result<()> {
+/// Returns the mask before, for [`set_signal_mask`].
+pub fn block_signals(signals: &[libc::c_int]) -> io::Result<libc::sigset_t> {
     let set = sigset(signals);
-    // SAFETY: `set` is an initialised sigset_t; a null old-set pointer is allowed.
-    let ret = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    // SAFETY: sigset_t is plain data; pthread_sigmask fills it in.
+    let mut before: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is an initialised sigset_t, `before` valid storage.
+    let ret = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut before) };
+    if ret != 0 {
+        return Err(io::Error::from_raw_os_error(ret));
+    }
+    Ok(before)
+}
+
+/// Makes `mask` (from [`block_signals`]) the calling thread's signal mask.
+pub fn set_signal_mask(mask: &libc::sigset_t) -> io::Result<()> {
+    // SAFETY: `mask` is an initialised sigset_t; a null old-set pointer is allowed.
+    let ret = unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut()) };
     if ret != 0 {
         return Err(io::Error::from_raw_os_error(ret));
     }

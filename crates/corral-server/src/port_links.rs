@@ -281,10 +281,11 @@ impl CookieNames {
             .map(String::as_str)
             .filter(|pair| set.contains(cookie_name(pair)))
             .collect();
+        if kept.is_empty() {
+            return;
+        }
         if let Ok(value) = axum::http::HeaderValue::from_str(&kept.join("; ")) {
-            if !kept.is_empty() {
-                headers.insert(axum::http::header::COOKIE, value);
-            }
+            headers.insert(axum::http::header::COOKIE, value);
         }
     }
 

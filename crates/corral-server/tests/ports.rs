@@ -222,19 +222,13 @@ async fn a_server_in_a_sandbox_is_reached_through_its_link_and_nothing_else_is()
     // Credentials meant for something else never reach the sandbox, nor
     // a cookie its server did not set; its own cookies do, kept to the
     // link's host name.
-    let env = |cookie: &str| {
-        format!(
-            "Authorization: Bearer {ALICE}\r\nProxy-Authorization: Basic eDp5\r\n\
-             Cookie: {cookie}\r\n"
-        )
-    };
-    let (status, text) = get_with(
-        s.ports,
-        &host,
-        &format!("{path}cgi-bin/env"),
-        &env("theirs=1; mine=1"),
-    )
-    .await;
+    let cgi = format!("{path}cgi-bin/env");
+    let headers = format!(
+        "Authorization: Bearer {ALICE}\r\nProxy-Authorization: Basic eDp5\r\n\
+         Cookie: theirs=1; mine=1\r\n"
+    );
+    let ask_env = || get_with(s.ports, &host, &cgi, &headers);
+    let (status, text) = ask_env().await;
     assert_eq!(status, 200, "{text}");
     assert!(text.contains("auth=[] proxy=[] cookie=[] "), "{text}");
     assert!(!text.contains(ALICE), "{text}");
@@ -245,13 +239,7 @@ async fn a_server_in_a_sandbox_is_reached_through_its_link_and_nothing_else_is()
         .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
         .unwrap_or_default();
     assert_eq!(set_cookie.trim(), "set-cookie: mine=1; Path=/", "{text}");
-    let (status, text) = get_with(
-        s.ports,
-        &host,
-        &format!("{path}cgi-bin/env"),
-        &env("theirs=1; mine=1"),
-    )
-    .await;
+    let (status, text) = ask_env().await;
     assert_eq!(status, 200, "{text}");
     assert!(text.contains("auth=[] proxy=[] cookie=[mine=1] "), "{text}");
 
