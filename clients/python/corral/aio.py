@@ -960,9 +960,11 @@ class AsyncSandbox:
         """Pause the sandbox until :meth:`resume`. Where its tier
         checkpoints (the operator's gVisor tier without network) it goes to
         disk: its processes and memory are written to a checkpoint and its
-        container stops, holding no memory; commands fail until it resumes.
-        Elsewhere it is frozen with its memory kept. Returns ``"disk"`` or
-        ``"memory"``. Raises :class:`ConflictError` when already paused."""
+        container stops, holding no memory; commands fail until it resumes,
+        and it outlives a restart of the service (get it again with
+        :meth:`Client.get_sandbox` and resume it). Elsewhere it is frozen
+        with its memory kept. Returns ``"disk"`` or ``"memory"``. Raises
+        :class:`ConflictError` when already paused."""
         r = await self.client.request(
             "POST",
             self._path("pause"),

@@ -72,6 +72,28 @@ def _wait(what, predicate, timeout=60.0):
         time.sleep(0.2)
 
 
+def _in_row(browser, session, read):
+    """``read`` of the sandboxes table's row of ``session``, or None while
+    there is none. The table is drawn anew every 2 s: a row found a moment
+    ago may be gone (stale), and is then looked for again next time."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        for tr in browser.find_elements(By.CSS_SELECTOR, "#sandboxes tr[data-sandbox]"):
+            if tr.get_attribute("data-session") == session:
+                return read(tr)
+    except StaleElementReferenceException:
+        pass
+    return None
+
+
+def _click_row(browser, session):
+    """Clicks the row of ``session``; False when it was not there (or went
+    stale under the click)."""
+    return _in_row(browser, session, lambda tr: tr.click() or True) or False
+
+
 def test_the_dashboard_shows_a_sandbox_its_usage_and_its_commands_live(corral_url, corral_client, corral_spec):
     from selenium.webdriver.common.by import By
 
@@ -84,20 +106,19 @@ def test_the_dashboard_shows_a_sandbox_its_usage_and_its_commands_live(corral_ur
             # The token never was in the address.
             assert token not in browser.current_url and "token" not in browser.current_url
 
-            def row():
-                for tr in browser.find_elements(By.CSS_SELECTOR, "#sandboxes tr[data-sandbox]"):
-                    if tr.get_attribute("data-session") == sb.id:
-                        return tr
-                return None
+            def text():
+                return _in_row(browser, sb.id, lambda tr: tr.text) or ""
 
-            _wait("the test's sandbox with its memory limit", lambda: row() is not None and "256M" in row().text)
-            commands = lambda: int(row().find_element(By.CSS_SELECTOR, "td.commands").text)  # noqa: E731
+            def commands():
+                return _in_row(browser, sb.id, lambda tr: int(tr.find_element(By.CSS_SELECTOR, "td.commands").text)) or 0
+
+            _wait("the test's sandbox with its memory limit", lambda: "256M" in text())
             before = _wait("the first command counted", lambda: commands() >= 1 and commands())
             # A command that fails: counted, its outcome shown, no reload.
             sb.run("exit 3")
             _wait("the new command", lambda: commands() > before)
-            _wait("its outcome", lambda: "exit" in row().text)
-            row().click()
+            _wait("its outcome", lambda: "exit" in text())
+            _wait("the row clicked", lambda: _click_row(browser, sb.id))
             _wait("its recent commands", lambda: "exit 3" in browser.find_element(By.ID, "recent").text)
             out = REPO / "target" / "test-artifacts"
             out.mkdir(parents=True, exist_ok=True)
@@ -121,7 +142,6 @@ def test_the_dashboard_shows_a_sandbox_its_usage_and_its_commands_live(corral_ur
 
 
 def test_the_dashboard_runs_code_and_shows_a_results_image(corral_url, corral_client, corral_spec):
-    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
     image = os.environ.get("CORRAL_PYTHON_IMAGE", "corral-test/python")
@@ -133,28 +153,7 @@ def test_the_dashboard_runs_code_and_shows_a_results_image(corral_url, corral_cl
         with corral_client.sandbox(spec=corral_spec(image=image)) as sb:
             login(browser, corral_url, token)
 
-            def row():
-                # The table is drawn anew every 2 s: a row found a moment
-                # ago may be gone (stale), so look again.
-                try:
-                    for tr in browser.find_elements(By.CSS_SELECTOR, "#sandboxes tr[data-sandbox]"):
-                        if tr.get_attribute("data-session") == sb.id:
-                            return tr
-                except StaleElementReferenceException:
-                    pass
-                return None
-
-            def click_row():
-                try:
-                    found = row()
-                    if found is not None:
-                        found.click()
-                        return True
-                except StaleElementReferenceException:
-                    pass
-                return False
-
-            _wait("the test's sandbox", click_row)
+            _wait("the test's sandbox", lambda: _click_row(browser, sb.id))
             box = browser.find_element(By.ID, "code")
             box.clear()
             box.send_keys("import matplotlib.pyplot as plt\nn = 20\nprint('plotted')\nplt.plot([3, 1, 2])\nplt.show()\n")

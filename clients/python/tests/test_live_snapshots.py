@@ -266,3 +266,104 @@ def test_mcp_snapshot_live_and_restore_bring_the_processes_back() -> None:
         anyio.run(main)
     finally:
         lab.close()
+
+
+def test_a_sandbox_paused_to_disk_outlives_a_restart_of_the_service(tmp_path) -> None:
+    """`corral serve` stops and starts again (same configuration and
+    snapshot directory): a sandbox paused to disk through the REST API and
+    one paused through E2B's SDK are served again, paused, by the new
+    service, owned as before: another tenant finds neither, and a resume
+    (`connect` for E2B, with the sandbox's own envd token) brings back the
+    shell counting in memory."""
+    why = _live_ready()
+    if why:
+        pytest.skip(why)
+    from e2b import Sandbox as E2bSandbox
+    from corral.testing import free_port
+
+    snapshots = tmp_path / "snapshots"
+    snapshots.mkdir(mode=0o700)
+    e2b_port = free_port()
+    config = {
+        "defaults": {"image": "corral-test/busybox", "isolation": "gvisor", "network": "none", "labels": dict(LABELS)},
+        "server": {
+            "token": secrets.token_hex(16),
+            "tenants": {name: {"token": token} for name, token in TOKENS.items()},
+            "e2b_listen": f"127.0.0.1:{e2b_port}",
+        },
+        "snapshots": {"dir": str(snapshots)},
+    }
+    e2b_url = f"http://127.0.0.1:{e2b_port}"
+    e2b_env = {"api_key": TOKENS["alice"], "api_url": e2b_url, "sandbox_url": e2b_url}
+    srv = LocalServer(corral_binary(), config=config)
+    srv.start()
+    ids: list = []
+    e2b_id = None
+    try:
+        alice = _client(srv, "alice")
+        sb = corral.Sandbox.create(client=alice)
+        ids.append(sb.id)
+        sb.run(COUNTER)
+        time.sleep(0.5)
+        before = _count(sb)
+        assert sb.pause() == "disk"
+        sbx = E2bSandbox.create(timeout=300, metadata={"run": "restart"}, **e2b_env)
+        e2b_id = sbx.sandbox_id
+        envd_token = sbx._envd_access_token
+        sbx.commands.run(COUNTER + " sleep 0.5")
+        e2b_before = int(sbx.commands.run("cat /tmp/count").stdout)
+        sbx.pause()
+
+        assert srv.stop() == 0, srv.log_tail()
+        # Both stay, stopped, with their checkpoints.
+        left = subprocess.run(
+            ["docker", "ps", "-a", "--filter", "label=corral.sandbox", "--format", "{{.State}}"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert left.count("exited") >= 2, left
+        srv.start()
+
+        alice, bob = _client(srv, "alice"), _client(srv, "bob")
+        assert sb.id in {i.id for i in alice.list_sandboxes()}
+        assert sb.id not in {i.id for i in bob.list_sandboxes()}
+        for action in ("resume", "pause"):
+            url = f"{srv.url}/v1/sandboxes/{sb.id}/{action}"
+            r = httpx.post(url, headers={"Authorization": f"Bearer {TOKENS['bob']}"}, timeout=30)
+            assert r.status_code == 404, (action, r.status_code, r.text)
+        from e2b.exceptions import NotFoundException
+
+        with pytest.raises(NotFoundException):
+            E2bSandbox.connect(e2b_id, api_key=TOKENS["bob"], api_url=e2b_url, sandbox_url=e2b_url)
+
+        again = alice.get_sandbox(sb.id)
+        r = again.run("echo no", raise_on_failure=False)
+        assert r.failure is not None and "paused" in r.failure.message, r
+        again.resume()
+        assert _count(again) >= before, "the counter started over"
+
+        resumed = E2bSandbox.connect(e2b_id, **e2b_env)
+        assert resumed._envd_access_token == envd_token
+        assert resumed.get_info().metadata.get("run") == "restart"
+        out = resumed.commands.run("cat /tmp/count; sleep 0.5; cat /tmp/count").stdout.split()
+        assert int(out[1]) > int(out[0]) >= e2b_before, out
+    finally:
+        if srv.proc is not None:
+            for sid in ids:
+                try:
+                    _client(srv, "alice").delete_sandbox(sid)
+                except Exception:
+                    pass
+            if e2b_id is not None:
+                try:
+                    E2bSandbox.kill(e2b_id, **e2b_env)
+                except Exception:
+                    pass
+        code = srv.stop()
+        srv.close()
+        from conftest import assert_no_leaks
+
+        assert_no_leaks()
+        assert code == 0
+    # Deleting them removed their checkpoints and records.
+    assert not list((snapshots / "paused").glob("*")), list((snapshots / "paused").iterdir())

@@ -516,6 +516,7 @@ impl Bench {
                     reuse: false,
                     reset: Vec::new(),
                     pristine: false,
+                    on_idle: None,
                 },
             )]),
             ..ProviderConfig::default()

@@ -138,6 +138,7 @@ impl Bench {
                         Vec::new()
                     },
                     pristine: mode == PoolMode::Pristine,
+                    on_idle: None,
                 },
             )]),
             ..ProviderConfig::default()

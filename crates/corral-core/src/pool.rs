@@ -26,6 +26,25 @@ pub struct ProviderConfig {
     pub auto_restart: bool,
     /// Warm pools, by profile name.
     pub pools: BTreeMap<String, PoolConfig>,
+    /// What the idle timeout does to a session's sandbox: `release` it
+    /// (removed, its state gone), or `pause` it to disk where its tier
+    /// checkpoints (gVisor without network: processes, memory and files
+    /// kept, no memory held; it comes back with a resume, also after
+    /// `corral serve` restarts) and release it elsewhere. A pool's
+    /// `on_idle` overrides it for the pool's sandboxes.
+    pub on_idle: IdleAction,
+}
+
+/// What the idle timeout does to a session's sandbox
+/// ([`ProviderConfig::on_idle`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdleAction {
+    /// Remove it.
+    #[default]
+    Release,
+    /// Pause it to disk where its tier checkpoints; remove it elsewhere.
+    Pause,
 }
 
 impl Default for ProviderConfig {
@@ -37,6 +56,7 @@ impl Default for ProviderConfig {
             reap_interval_ms: 1000,
             auto_restart: true,
             pools: BTreeMap::new(),
+            on_idle: IdleAction::Release,
         }
     }
 }
@@ -71,6 +91,9 @@ pub struct PoolConfig {
     /// runtime's metrics count both). Takes precedence over `reuse` and
     /// `reset`, and is safe for untrusted workloads.
     pub pristine: bool,
+    /// What the idle timeout does to a session's sandbox from this pool;
+    /// unset: the provider's `on_idle`.
+    pub on_idle: Option<IdleAction>,
 }
 
 impl Default for PoolConfig {
@@ -81,6 +104,7 @@ impl Default for PoolConfig {
             reuse: false,
             reset: vec![DEFAULT_RESET.to_string()],
             pristine: false,
+            on_idle: None,
         }
     }
 }
@@ -96,6 +120,17 @@ pub struct Candidate<K> {
     pub started_ms: u64,
     /// In use right now (never evicted).
     pub busy: bool,
+}
+
+impl ProviderConfig {
+    /// What the idle timeout does to a sandbox of pool `profile` (`None`:
+    /// of no pool).
+    pub fn on_idle_of(&self, profile: Option<&str>) -> IdleAction {
+        profile
+            .and_then(|p| self.pools.get(p))
+            .and_then(|p| p.on_idle)
+            .unwrap_or(self.on_idle)
+    }
 }
 
 /// Which entries the reaper evicts now: idle past `idle_timeout_ms` or alive

@@ -233,6 +233,26 @@ impl Principal {
         }
     }
 
+    /// The principal whose [`Principal::id`] is `id`; `None` for text no
+    /// principal prints.
+    pub fn from_id(id: &str) -> Option<Principal> {
+        if id == OPERATOR {
+            return Some(Principal::Operator);
+        }
+        if let Some(t) = id.strip_prefix("tenant:") {
+            return (!t.is_empty() && !t.contains(KEY_SEPARATOR))
+                .then(|| Principal::Tenant(t.to_string()));
+        }
+        let (tenant, session) = id.strip_prefix("mcp:")?.split_once(KEY_SEPARATOR)?;
+        if tenant.is_empty() || session.is_empty() || session.contains(KEY_SEPARATOR) {
+            return None;
+        }
+        Some(Principal::Mcp {
+            tenant: (tenant != OPERATOR).then(|| tenant.to_string()),
+            session: session.to_string(),
+        })
+    }
+
     /// The tenant whose quotas it spends; `None` for the operator and its
     /// MCP sessions.
     pub fn tenant(&self) -> Option<&str> {
@@ -773,5 +793,35 @@ mod tests {
         assert!(quota.snapshot_bytes("a", 100).is_ok());
         assert!(quota.snapshot_bytes("a", 101).is_err());
         assert!(Quota::default().sandboxes("a", 1000, 1000).is_ok());
+    }
+
+    #[test]
+    fn a_principal_reads_back_from_its_id_and_nothing_else_does() {
+        let all = [
+            Principal::Operator,
+            tenant("alice"),
+            Principal::Mcp {
+                tenant: Some("alice".into()),
+                session: "mcp-1f".into(),
+            },
+            Principal::Mcp {
+                tenant: None,
+                session: "mcp-2e".into(),
+            },
+        ];
+        for p in all {
+            assert_eq!(Principal::from_id(&p.id()), Some(p));
+        }
+        for bad in [
+            "",
+            "tenant:",
+            "tenant:a:b",
+            "mcp:alice",
+            "mcp::x",
+            "mcp:a:b:c",
+            "alice",
+        ] {
+            assert_eq!(Principal::from_id(bad), None, "{bad}");
+        }
     }
 }

@@ -599,3 +599,132 @@ async fn gvisor_without_network_snapshots_live_by_default_and_keeps_its_files() 
     runtime.delete_snapshot(&name).await.expect("delete");
     sb.destroy().await.expect("destroy");
 }
+
+/// A private snapshot directory of a test's own, so what a runtime leaves
+/// there is this test's alone.
+fn private_snapshot_dir(test: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = std::env::temp_dir().join(format!("corral-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .expect("make a snapshot dir");
+    dir
+}
+
+/// A runtime over the Docker backend keeping its snapshots in `dir`.
+async fn runtime_in(dir: &std::path::Path) -> corral::Runtime {
+    common::images();
+    let docker = corral_docker::DockerBackend::connect(&corral_docker::DockerConfig::default())
+        .await
+        .expect("a Docker daemon");
+    corral::Runtime::new(
+        std::sync::Arc::new(docker),
+        corral::RuntimeConfig {
+            snapshot_dir: Some(dir.to_path_buf()),
+            ..corral::RuntimeConfig::default()
+        },
+    )
+}
+
+/// `on_idle: pause`: a session's gVisor sandbox without network, idle past
+/// its timeout, is paused to disk, not released. Its provider shuts down
+/// and leaves it stopped, with its checkpoint; a second provider (a
+/// restarted service) serves the session again, paused, with the notes its
+/// front end left, and a resume brings back the shell counting in memory.
+#[tokio::test(flavor = "multi_thread")]
+async fn gvisor_an_idle_session_pauses_to_disk_and_outlives_its_provider() {
+    let test = "gvisor_idle_pause";
+    if !common::tier_available(Isolation::Gvisor, test) {
+        return;
+    }
+    let dir = private_snapshot_dir(test);
+    let config = corral::pool::ProviderConfig {
+        idle_timeout_ms: 1500,
+        reap_interval_ms: 200,
+        on_idle: corral::pool::IdleAction::Pause,
+        ..Default::default()
+    };
+    let mut spec = SandboxSpec::new(common::BUSYBOX);
+    spec.isolation = Isolation::Gvisor;
+    spec.network = corral::Network::None;
+    spec.labels
+        .insert(TEST_LABEL.into(), format!("{test}-{}", std::process::id()));
+    let first = corral::Provider::new(runtime_in(&dir).await, config.clone());
+    let key = "idle-pause";
+    let lease = first.acquire_spec(key, &spec).await.expect("acquire");
+    lease.set_note("owner", "tenant:alice");
+    out(
+        &lease,
+        "setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done' \
+           </dev/null >/dev/null 2>&1 & sleep 0.5",
+    )
+    .await;
+    let (_, before) = counting(&lease).await;
+    let sandbox_id = lease.id().to_string();
+    let container = lease.container_id();
+    drop(lease);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    while !first.peek(key).is_some_and(|sb| sb.is_paused_to_disk()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the idle sandbox was not paused to disk: {:?}",
+            first.peek(key).map(|sb| sb.is_paused())
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // Paused, it is neither expired nor evicted by the idle timeout.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert!(first.peek(key).is_some(), "a paused sandbox was evicted");
+    first.shutdown().await;
+    let running = common::docker(&["inspect", "-f", "{{.State.Running}}", &container]);
+    assert_eq!(running.trim(), "false", "shutdown removed or restarted it");
+    assert!(dir
+        .join("paused")
+        .join(format!("{sandbox_id}.json"))
+        .exists());
+
+    let runtime = runtime_in(&dir).await;
+    // The orphan reaper keeps a sandbox paused to disk.
+    runtime.gc(false).await.expect("gc");
+    let second = corral::Provider::new(runtime, config);
+    let recovered = second.recover_paused().await.expect("recover");
+    assert_eq!(recovered.len(), 1, "{recovered:?}");
+    assert_eq!(recovered[0].0, key);
+    assert_eq!(
+        recovered[0].1.get("owner").map(String::as_str),
+        Some("tenant:alice")
+    );
+    let lease = second.lease(key).await.expect("a session").expect("lease");
+    assert!(lease.is_paused_to_disk());
+    assert_eq!(lease.id(), sandbox_id);
+    let r = lease.run(&corral_testing::contract::sh("echo no")).await;
+    assert!(
+        r.failure
+            .as_ref()
+            .is_some_and(|f| f.message.contains("paused")),
+        "{r:?}"
+    );
+    lease.resume().await.expect("resume");
+    let (after, _) = counting(&lease).await;
+    assert!(
+        after >= before,
+        "the counter started over: {before} then {after}"
+    );
+    drop(lease);
+    second.release_and_wait(key).await.expect("release");
+    second.shutdown().await;
+    assert!(
+        !dir.join("paused")
+            .join(format!("{sandbox_id}.json"))
+            .exists(),
+        "the record outlived its sandbox"
+    );
+    let gone = std::process::Command::new("docker")
+        .args(["inspect", &container])
+        .output()
+        .expect("docker inspect");
+    assert!(!gone.status.success(), "its container is left");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -93,6 +93,12 @@ struct Interactive {
     on_terminal: bool,
 }
 
+/// The note ([`Sandbox::set_note`]) naming a sandbox's owner
+/// ([`Principal::id`]).
+pub(crate) const OWNER_NOTE: &str = "owner";
+/// The note naming the profile a sandbox was made from.
+const PROFILE_NOTE: &str = "profile";
+
 #[derive(Clone)]
 struct Meta {
     /// Who created it: only it (and the operator) may see or touch it.
@@ -236,6 +242,44 @@ impl AppState {
             return Err(ApiError::shutting_down());
         }
         Ok(())
+    }
+
+    /// Serves `key`'s sandbox from now on as `meta` says, and notes its
+    /// owner and profile on the sandbox, so a later process serves it as
+    /// this one did when it is paused to disk ([`AppState::recover_paused`]).
+    fn register(&self, key: &str, sandbox: &Sandbox, meta: Meta) {
+        sandbox.set_note(OWNER_NOTE, meta.owner.id());
+        if let Some(p) = &meta.profile {
+            sandbox.set_note(PROFILE_NOTE, p.clone());
+        }
+        self.sessions().insert(key.to_string(), meta);
+    }
+
+    /// Serves again the sandboxes an earlier `corral serve` paused to disk
+    /// ([`Provider::recover_paused`]): each is listed, owned and counted
+    /// as before, paused until resumed. One whose owner was not noted is
+    /// the operator's alone. Returns what each front end noted, by key.
+    pub async fn recover_paused(
+        &self,
+    ) -> Result<Vec<(String, BTreeMap<String, String>)>, corral::Error> {
+        let recovered = self.inner.provider.recover_paused().await?;
+        for (key, notes) in &recovered {
+            let owner = notes
+                .get(OWNER_NOTE)
+                .and_then(|o| Principal::from_id(o))
+                .unwrap_or(Principal::Operator);
+            self.inner.tenancy.adopt(key, &owner);
+            self.sessions().insert(
+                key.clone(),
+                Meta {
+                    owner,
+                    profile: notes.get(PROFILE_NOTE).cloned(),
+                    persistent: false,
+                    lost: None,
+                },
+            );
+        }
+        Ok(recovered)
     }
 
     /// The sandbox `id` as `caller` names it: its lease, or the failure
@@ -843,8 +887,9 @@ impl AppState {
             err
         })?;
         reservation.commit();
-        s.sessions().insert(
-            key.clone(),
+        s.register(
+            &key,
+            &lease,
             Meta {
                 owner: caller.clone(),
                 profile,
@@ -1007,7 +1052,8 @@ async fn reset_sandbox(
 /// Pause a sandbox until it is resumed: where its tier checkpoints (gVisor
 /// without network), to disk (its processes and memory written under the
 /// service's snapshot directory, its container stopped, no memory held;
-/// commands are refused until it resumes); elsewhere frozen, memory kept
+/// commands are refused until it resumes; it outlives a restart of the
+/// service, which serves it again, paused); elsewhere frozen, memory kept
 /// (commands wait). It counts against quotas as before.
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes",

@@ -127,6 +127,46 @@ impl Entry {
     }
 }
 
+/// The note ([`corral::Sandbox::set_note`]) that carries a sandbox's E2B
+/// identity into its record when it is paused to disk.
+const E2B_NOTE: &str = "e2b";
+
+/// What of an [`Entry`] outlives the service with a sandbox paused to
+/// disk: its identity, tokens and what its creator asked for.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Noted {
+    template: String,
+    token: String,
+    traffic: String,
+    metadata: BTreeMap<String, String>,
+    domain: Option<String>,
+    envs: BTreeMap<String, String>,
+    /// Unix seconds.
+    started_at: u64,
+    public: bool,
+    auto_pause: bool,
+}
+
+impl Noted {
+    fn of(e: &Entry) -> Noted {
+        Noted {
+            template: e.template.clone(),
+            token: e.token.clone(),
+            traffic: e.traffic.clone(),
+            metadata: e.metadata.clone(),
+            domain: e.domain.clone(),
+            envs: e.envs.clone(),
+            started_at: e
+                .started_at
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            public: e.public,
+            auto_pause: e.auto_pause,
+        }
+    }
+}
+
 impl E2b {
     /// The front end over `app` (the service's one state).
     pub fn new(app: AppState) -> E2b {
@@ -134,6 +174,64 @@ impl E2b {
             app,
             sandboxes: Arc::new(Mutex::new(HashMap::new())),
             fork_bases: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// Serves again, paused, the E2B sandboxes among those an earlier
+    /// service paused to disk (`recovered`, from
+    /// [`AppState::recover_paused`]): same id, tokens and metadata, so the
+    /// SDK's `connect` resumes them; the lifetime starts again at resume.
+    pub fn recover(&self, recovered: &[(String, BTreeMap<String, String>)]) {
+        for (key, notes) in recovered {
+            let Some(noted) = notes.get(E2B_NOTE) else {
+                continue;
+            };
+            let noted: Noted = match serde_json::from_str(noted) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(session = %key, error = %e, "cannot read the E2B note of a sandbox paused to disk; it is served on the main API only");
+                    continue;
+                }
+            };
+            let Some(owner) = notes
+                .get(crate::api::OWNER_NOTE)
+                .and_then(|o| Principal::from_id(o))
+            else {
+                continue;
+            };
+            let id = owner.display_key(key);
+            let entry = Arc::new(Entry {
+                id: id.clone(),
+                owner,
+                template: noted.template,
+                token: noted.token,
+                traffic: noted.traffic,
+                metadata: noted.metadata,
+                domain: noted.domain,
+                envs: noted.envs,
+                started_at: SystemTime::UNIX_EPOCH
+                    + std::time::Duration::from_secs(noted.started_at),
+                end: Mutex::new((SystemTime::now(), None)),
+                procs: Default::default(),
+                watchers: Default::default(),
+                public: noted.public,
+                auto_pause: noted.auto_pause,
+                paused: std::sync::atomic::AtomicBool::new(true),
+            });
+            tracing::info!(sandbox = %id, "serving an e2b sandbox an earlier service paused to disk");
+            self.registry().insert(id, entry);
+        }
+    }
+
+    /// Notes `entry` on its sandbox, for [`E2b::recover`].
+    fn note(&self, entry: &Entry) {
+        let key = entry.owner.session_key(&entry.id);
+        let Some(sandbox) = self.app.provider().peek(&key) else {
+            return;
+        };
+        match serde_json::to_string(&Noted::of(entry)) {
+            Ok(text) => sandbox.set_note(E2B_NOTE, text),
+            Err(e) => tracing::warn!(sandbox = %entry.id, error = %e, "cannot note an e2b sandbox"),
         }
     }
 

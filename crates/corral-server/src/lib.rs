@@ -12,7 +12,9 @@
 //! own. On SIGINT or SIGTERM it shuts
 //! down in order: remove the token file, stop accepting, give requests in
 //! flight `server.shutdown_grace_ms`, cancel the rest, then remove every
-//! non-persistent sandbox (persistent ones stay for adoption).
+//! sandbox but the persistent ones (they stay for adoption) and those
+//! paused to disk (they stay stopped, with their checkpoints; the next
+//! service serves them again, paused, before it listens).
 
 pub mod api;
 pub mod ceilings;
@@ -149,6 +151,11 @@ pub async fn serve(
     }
     let runtime_dir = config.runtime_dir(&corral::host::RealHost);
     let state = AppState::new(provider.clone(), runtime.clone(), config, default_image);
+    // Sandboxes an earlier service paused to disk are served again, paused.
+    let recovered = state
+        .recover_paused()
+        .await
+        .context("serving the sandboxes an earlier service paused to disk")?;
     let mcp_cancel = shutdown.child_token();
     let tcp = tokio::net::TcpListener::bind(server.listen.trim())
         .await
@@ -273,6 +280,7 @@ pub async fn serve(
         // Its own keys and tokens authenticate; Host and browsers are
         // checked as on the main listener.
         let front = e2b::E2b::new(state.clone());
+        front.recover(&recovered);
         let app = door(
             &state,
             Guard::e2b(&server, addr, front.clone()),

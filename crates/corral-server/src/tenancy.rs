@@ -156,6 +156,19 @@ impl Tenancy {
         })
     }
 
+    /// Books `key` as `owner`'s without a quota check: a sandbox an
+    /// earlier process started under the quota, served again.
+    pub fn adopt(&self, key: &str, owner: &Principal) {
+        self.owners().insert(
+            key.to_string(),
+            Owned {
+                owner: owner.clone(),
+                pending: false,
+            },
+        );
+        self.remember(key, owner);
+    }
+
     /// Forgets `key` (its sandbox was released).
     pub fn forget(&self, key: &str) {
         self.owners().remove(key);

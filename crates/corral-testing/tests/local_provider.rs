@@ -36,6 +36,7 @@ fn config(max_live: usize, warm: usize) -> ProviderConfig {
             reuse: false,
             reset: vec!["true".into()],
             pristine: false,
+            on_idle: None,
         },
     );
     ProviderConfig {

@@ -446,6 +446,35 @@ impl AgentConn {
         Ok(conn)
     }
 
+    /// A stream that has ended already, for `reason`: what a sandbox with
+    /// no agent to talk to yet holds (one an earlier process paused to
+    /// disk), so every command sees it closed.
+    pub fn ended(reason: String) -> Self {
+        let mut routes = Routes::default();
+        routes.close(Closed::Ended(reason));
+        let (writer, _) = mpsc::channel::<Vec<u8>>(1);
+        AgentConn {
+            routes: Arc::new(Mutex::new(routes)),
+            writer,
+            next_id: AtomicU32::new(1),
+            issued: Arc::new(AtomicU32::new(0)),
+            tasks: Vec::new(),
+            hello: HelloAck {
+                protocol: 0,
+                agent_version: String::new(),
+                oom_counter: String::new(),
+                session: String::new(),
+                reset: None,
+                deltas: false,
+                usage: false,
+                pty: false,
+                workdir: None,
+                shared_deltas: false,
+                integrity_gap: None,
+            },
+        }
+    }
+
     /// A fresh command id.
     pub fn next_id(&self) -> u32 {
         loop {

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use corral_core::backend::SessionStorage;
-use corral_core::pool::{expired, lru_victim, Candidate, ProviderConfig};
+use corral_core::pool::{expired, lru_victim, Candidate, IdleAction, ProviderConfig};
 use corral_core::{CommandSpec, FailureKind, Recovery, SandboxSpec};
 use tokio::sync::Notify;
 
@@ -156,7 +156,9 @@ impl State {
                 key: k.clone(),
                 last_used_ms: e.last_used_ms,
                 started_ms: e.started_ms,
-                busy: e.leases > 0,
+                // One paused to disk holds no memory and keeps its session's
+                // state until it is deleted: no timeout or eviction ends it.
+                busy: e.leases > 0 || e.sandbox.is_paused_to_disk(),
             })
             .collect()
     }
@@ -1261,9 +1263,66 @@ impl Provider {
         }
     }
 
+    /// Serves again the sessions whose sandboxes an earlier process paused
+    /// to disk (their containers stopped, their checkpoints and records in
+    /// the snapshot directory): each becomes this provider's session,
+    /// paused, until a resume restores it. Returns each session's key and
+    /// the notes its front end left ([`Sandbox::set_note`]), so the front
+    /// end can serve it as before. A record whose container is gone is
+    /// removed with its checkpoint; a key this provider already serves is
+    /// left alone.
+    pub async fn recover_paused(&self) -> Result<Vec<(String, BTreeMap<String, String>)>, Error> {
+        let runtime = &self.inner.runtime;
+        let records = runtime.inner.held.paused_records().await;
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let containers = runtime.list_sandboxes().await?;
+        let mut recovered = Vec::new();
+        for (record, checkpoint) in records {
+            let stopped = containers.iter().any(|c| {
+                c.sandbox_id == record.sandbox_id
+                    && c.placement.id() == record.placement
+                    && !c.state.is_running()
+            });
+            if !stopped {
+                tracing::warn!(sandbox = %record.sandbox_id, session = %record.session, "the container of a sandbox paused to disk is gone or running: forgetting its checkpoint");
+                if let Err(e) = runtime.inner.held.remove_paused(&record.sandbox_id).await {
+                    tracing::warn!(sandbox = %record.sandbox_id, error = %e, "cannot remove a stale checkpoint");
+                }
+                continue;
+            }
+            let key = record.session.clone();
+            let notes = record.notes.clone();
+            let id = record.sandbox_id.clone();
+            let sandbox = Sandbox::dormant(record, checkpoint, runtime.clone());
+            let now = self.inner.now_ms();
+            let mut st = lock(&self.inner.state);
+            if st.sessions.contains_key(&key) {
+                continue;
+            }
+            st.live += 1;
+            st.sessions.insert(
+                key.clone(),
+                Entry {
+                    sandbox,
+                    profile: None,
+                    last_used_ms: now,
+                    started_ms: now,
+                    leases: 0,
+                },
+            );
+            drop(st);
+            tracing::info!(sandbox = %id, session = %key, "serving a sandbox an earlier process paused to disk");
+            recovered.push((key, notes));
+        }
+        Ok(recovered)
+    }
+
     /// Destroys every sandbox the provider holds, except persistent ones
-    /// (left running for the next corral to adopt), and stops its background
-    /// work; later acquires fail.
+    /// (left running for the next corral to adopt) and those paused to disk
+    /// (left stopped, with their checkpoints, for the next corral to
+    /// resume), and stops its background work; later acquires fail.
     pub async fn shutdown(&self) {
         self.inner.closed.store(true, Ordering::Release);
         // Let refills in flight finish (they destroy what they start once
@@ -1276,11 +1335,13 @@ impl Provider {
         }
         let all: Vec<Sandbox> = {
             let mut st = lock(&self.inner.state);
+            // A sandbox paused to disk stays, stopped, with its record: the
+            // next process serves its session again (`recover_paused`).
             let mut all: Vec<Sandbox> = st
                 .sessions
                 .drain()
                 .map(|(_, e)| e.sandbox)
-                .filter(|sb| sb.spec().persistent.is_none())
+                .filter(|sb| sb.spec().persistent.is_none() && !sb.is_paused_to_disk())
                 .collect();
             for (_, q) in st.pools.drain() {
                 all.extend(q.into_iter().map(|p| p.sandbox));
@@ -1374,14 +1435,30 @@ impl Provider {
     fn expire(&self) {
         let cfg = &self.inner.config;
         let now = self.inner.now_ms();
+        let backend = self.inner.runtime.backend();
+        let mut to_pause = Vec::new();
         let doomed: Vec<(Sandbox, bool)> = {
             let mut st = lock(&self.inner.state);
             let candidates = st.candidates();
             let mut doomed = Vec::new();
             for key in expired(&candidates, now, cfg) {
+                let Some(e) = st.sessions.get_mut(&key) else {
+                    continue;
+                };
+                let by_lifetime = cfg.max_lifetime_ms > 0
+                    && now.saturating_sub(e.started_ms) >= cfg.max_lifetime_ms;
+                if !by_lifetime
+                    && cfg.on_idle_of(e.profile.as_deref()) == IdleAction::Pause
+                    && backend.checkpoints(e.sandbox.spec())
+                    && !e.sandbox.is_paused()
+                {
+                    // Held as leased while it pauses: no second expiry, no
+                    // eviction meanwhile.
+                    e.leases += 1;
+                    to_pause.push((key, e.sandbox.clone()));
+                    continue;
+                }
                 if let Some(e) = st.sessions.remove(&key) {
-                    let by_lifetime = cfg.max_lifetime_ms > 0
-                        && now.saturating_sub(e.started_ms) >= cfg.max_lifetime_ms;
                     doomed.push((e.sandbox, by_lifetime));
                 }
             }
@@ -1401,6 +1478,9 @@ impl Provider {
             st.live = st.live.saturating_sub(doomed.len());
             doomed
         };
+        for (key, sb) in to_pause {
+            self.pause_idle(key, sb);
+        }
         if doomed.is_empty() {
             return;
         }
@@ -1428,6 +1508,36 @@ impl Provider {
             self.discard(sb);
         }
         self.inner.changed.notify_waiters();
+    }
+
+    /// Pauses session `key`'s idle sandbox to disk (`on_idle: pause`), in
+    /// the background; one that cannot be paused is evicted as `release`
+    /// would.
+    fn pause_idle(&self, key: String, sb: Sandbox) {
+        let provider = self.clone();
+        tokio::spawn(async move {
+            let paused = sb.pause().await;
+            let give_back = |st: &mut State| {
+                if let Some(e) = st.sessions.get_mut(&key) {
+                    if e.sandbox.id() == sb.id() {
+                        e.leases = e.leases.saturating_sub(1);
+                    }
+                }
+            };
+            match paused {
+                Ok(()) => {
+                    give_back(&mut lock(&provider.inner.state));
+                    tracing::info!(sandbox = sb.id(), session = %key, "paused an idle sandbox to disk (on_idle: pause)");
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox = sb.id(), session = %key, error = %e, "cannot pause an idle sandbox to disk; releasing it");
+                    give_back(&mut lock(&provider.inner.state));
+                    let evicted = &provider.inner.counters.evicted_idle;
+                    provider.evict_key(&key, &sb, Some(evicted));
+                    provider.discard(sb);
+                }
+            }
+        });
     }
 
     fn refill(&self) {

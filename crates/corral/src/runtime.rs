@@ -357,7 +357,10 @@ impl Runtime {
     }
 
     /// Removes orphans: sandboxes whose owning corral process is gone. With
-    /// `all`, removes every non-persistent corral sandbox, owned or not.
+    /// `all`, removes every corral sandbox, owned or not, except persistent
+    /// ones and those of sessions paused to disk (both outlive their
+    /// processes by design; deleting them through the service removes
+    /// them).
     pub async fn gc(&self, all: bool) -> Result<GcReport, Error> {
         self.gc_with(all, |_| {}).await
     }
@@ -371,8 +374,20 @@ impl Runtime {
     ) -> Result<GcReport, Error> {
         let mut report = GcReport::default();
         let mut doomed = Vec::new();
+        // A sandbox of a session paused to disk outlives its process by
+        // design, as a persistent one does: the next `corral serve`
+        // resumes it, and deleting it removes it.
+        let paused: Vec<String> = self
+            .inner
+            .held
+            .paused_records()
+            .await
+            .into_iter()
+            .map(|(r, _)| r.sandbox_id)
+            .collect();
         for info in self.list_sandboxes().await? {
             let remove = match info.ownership {
+                _ if paused.contains(&info.sandbox_id) => false,
                 Ownership::Orphan => true,
                 Ownership::LiveOwner | Ownership::ForeignHost => all,
                 Ownership::Persistent => false,

@@ -79,6 +79,9 @@ struct Inner {
     /// that replaces its own. A warm pool's sandbox has one while a fork
     /// holds it ([`Sandbox::take_fork`]).
     base: Mutex<Option<crate::delta::Delta>>,
+    /// What the front end that made it noted ([`Sandbox::set_note`]):
+    /// kept with its record when it is paused to disk.
+    notes: Mutex<std::collections::BTreeMap<String, String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -157,8 +160,58 @@ impl Sandbox {
                 kernels: Default::default(),
                 session: Mutex::new(None),
                 base: Mutex::new(base),
+                notes: Mutex::new(Default::default()),
             }),
         }
+    }
+
+    /// A sandbox of session `record.session` that an earlier process paused
+    /// to disk (its container stopped, its checkpoint in `checkpoint`):
+    /// paused, with no control stream until [`Sandbox::resume`] restores
+    /// it.
+    pub(crate) fn dormant(
+        record: crate::snapshots::held::PausedRecord,
+        checkpoint: std::path::PathBuf,
+        runtime: Runtime,
+    ) -> Self {
+        let conn = AgentConn::ended(format!(
+            "sandbox {} is paused to disk: resume it",
+            record.sandbox_id
+        ));
+        Sandbox {
+            inner: Arc::new(Inner {
+                id: record.sandbox_id,
+                spec: record.spec,
+                runtime,
+                placement: Mutex::new(Placement(record.placement)),
+                conn: Arc::new(Mutex::new(Arc::new(conn))),
+                reattach: tokio::sync::Mutex::new(()),
+                destroyed: AtomicBool::new(false),
+                frozen: AtomicBool::new(true),
+                on_disk: Mutex::new(Some(checkpoint)),
+                base_folded: AtomicBool::new(false),
+                dead: Mutex::new(None),
+                timings: Mutex::new(StartTimings::default()),
+                shells: Mutex::new(HashMap::new()),
+                kernels: Default::default(),
+                session: Mutex::new(Some(record.session)),
+                base: Mutex::new(None),
+                notes: Mutex::new(record.notes),
+            }),
+        }
+    }
+
+    /// Notes `value` under `name` for the front end that made the sandbox
+    /// (its owner, its E2B identity): a sandbox paused to disk keeps its
+    /// notes in its record, and a later process that serves it again reads
+    /// them back ([`crate::Provider::recover_paused`]).
+    pub fn set_note(&self, name: &str, value: impl Into<String>) {
+        lock(&self.inner.notes).insert(name.to_string(), value.into());
+    }
+
+    /// Its notes ([`Sandbox::set_note`]).
+    pub fn notes(&self) -> std::collections::BTreeMap<String, String> {
+        lock(&self.inner.notes).clone()
     }
 
     /// The sandbox id (also the value of its `corral.sandbox` label).
@@ -533,6 +586,7 @@ impl Sandbox {
                 self.drop_shells();
                 *lock(&self.inner.on_disk) = Some(dir);
                 self.inner.frozen.store(true, Ordering::Release);
+                self.record_paused().await;
                 Ok(())
             }
             Err(e) => {
@@ -543,12 +597,36 @@ impl Sandbox {
         }
     }
 
+    /// Records a sandbox of a provider session, just paused to disk, so a
+    /// later process can serve its session again (a sandbox of no session
+    /// belongs to this process alone, and goes with it).
+    async fn record_paused(&self) {
+        let Some(session) = lock(&self.inner.session).clone() else {
+            return;
+        };
+        let record = crate::snapshots::held::PausedRecord {
+            sandbox_id: self.inner.id.clone(),
+            placement: self.placement().0,
+            session,
+            spec: self.inner.spec.clone(),
+            notes: self.notes(),
+            paused_at: crate::snapshots::now(),
+        };
+        if let Err(e) = self.inner.runtime.inner.held.put_paused(&record).await {
+            tracing::warn!(sandbox = %self.inner.id, error = %e, "cannot record a sandbox paused to disk: it will not outlive this process");
+        }
+    }
+
     /// Resumes a sandbox [`Sandbox::pause`] paused: restores one paused to
     /// disk from its checkpoint, thaws a frozen one.
     pub async fn resume(&self) -> Result<(), Error> {
         let on_disk = lock(&self.inner.on_disk).clone();
-        if let Some(dir) = on_disk {
+        if on_disk.is_some() {
             let _serial = self.inner.reattach.lock().await;
+            // A concurrent resume may have restored it meanwhile.
+            let Some(dir) = lock(&self.inner.on_disk).clone() else {
+                return Ok(());
+            };
             let runtime = &self.inner.runtime;
             let placement = self.placement();
             runtime.inner.backend.restore(&placement, &dir).await?;
@@ -559,7 +637,7 @@ impl Sandbox {
             watch(runtime, &placement, &self.inner.conn);
             *lock(&self.inner.on_disk) = None;
             self.inner.frozen.store(false, Ordering::Release);
-            if let Err(e) = tokio::fs::remove_dir_all(&dir).await {
+            if let Err(e) = runtime.inner.held.remove_paused(&self.inner.id).await {
                 tracing::warn!(sandbox = %self.inner.id, dir = %dir.display(), error = %e, "cannot remove a resumed sandbox's checkpoint");
             }
             return Ok(());
@@ -1042,7 +1120,7 @@ impl Sandbox {
         let removed = runtime.remove(&placement, &self.inner.id).await;
         let on_disk = lock(&self.inner.on_disk).take();
         if let Some(dir) = on_disk {
-            if let Err(e) = tokio::fs::remove_dir_all(&dir).await {
+            if let Err(e) = runtime.inner.held.remove_paused(&self.inner.id).await {
                 tracing::warn!(sandbox = %self.inner.id, dir = %dir.display(), error = %e, "cannot remove a paused sandbox's checkpoint");
             }
         }

@@ -26,7 +26,7 @@
 //! which becomes an image; any other sandbox needs an engine that keeps
 //! images.
 
-mod held;
+pub(crate) mod held;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -66,7 +66,7 @@ fn no_such(name: &str) -> Error {
     })
 }
 
-fn now() -> i64 {
+pub(crate) fn now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)

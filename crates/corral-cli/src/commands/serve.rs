@@ -45,7 +45,9 @@ use crate::progress::{self, Progress};
 /// authentication off (loopback only; logged as a warning).
 ///
 /// On SIGINT or SIGTERM, requests in flight get `server.shutdown_grace_ms`,
-/// then every non-persistent sandbox is removed.
+/// then every sandbox is removed but persistent ones and those paused to
+/// disk: a paused one stays stopped, with its checkpoint, and the next
+/// `corral serve` serves it again (resume restores it).
 ///
 /// On a terminal a progress bar counts the warm pools' sandboxes
 /// (`provider.pools`) until they are all started (--quiet: none).

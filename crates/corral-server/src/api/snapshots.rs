@@ -362,8 +362,9 @@ impl AppState {
         reservation.commit();
         let mut sandboxes = Vec::with_capacity(count);
         for (key, lease) in &made {
-            s.sessions().insert(
-                key.clone(),
+            s.register(
+                key,
+                lease,
                 Meta {
                     owner: caller.clone(),
                     profile: None,

@@ -441,6 +441,7 @@ pub(super) fn register(
         watchers: Default::default(),
     });
     e2b.registry().insert(r.id, entry.clone());
+    e2b.note(&entry);
     e2b.arm_timer(&entry, now + life);
     entry
 }

@@ -43,6 +43,24 @@ pub(crate) struct Held {
     pub delta: Delta,
 }
 
+/// What `paused/ID.json` holds: a sandbox of a provider session, paused
+/// to disk, as a later process needs it to serve the session again (its
+/// container stopped, its checkpoint in `paused/ID.live`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct PausedRecord {
+    pub sandbox_id: String,
+    /// The engine's id of its (stopped) container.
+    pub placement: String,
+    /// The provider session key it serves.
+    pub session: String,
+    pub spec: corral_core::SandboxSpec,
+    /// What the front end that made it noted ([`crate::Sandbox::set_note`]).
+    #[serde(default)]
+    pub notes: std::collections::BTreeMap<String, String>,
+    /// When it was paused (Unix seconds).
+    pub paused_at: i64,
+}
+
 /// What `NAME.json` holds.
 #[derive(Debug, Serialize, Deserialize)]
 struct Record {
@@ -125,25 +143,100 @@ impl HeldSnapshots {
         Ok(path)
     }
 
-    /// Removes the checkpoints of paused sandboxes other than `kept` (those
-    /// whose containers still exist).
+    /// Removes the checkpoints (and records) of paused sandboxes other
+    /// than `kept` (those whose containers still exist).
     pub async fn remove_paused_except(&self, kept: &[&str]) {
         let dir = self.dir.join("paused");
-        let kept: Vec<String> = kept.iter().map(|k| format!("{k}.live")).collect();
+        let kept: Vec<String> = kept.iter().map(|k| k.to_string()).collect();
         let _ = tokio::task::spawn_blocking(move || {
             let Ok(entries) = std::fs::read_dir(&dir) else {
                 return;
             };
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                if name.ends_with(".live") && !kept.contains(&name) {
-                    if let Err(err) = remove_live(&e.path()) {
-                        tracing::warn!(dir = %e.path().display(), error = %err, "cannot remove the checkpoint of a paused sandbox that is gone");
-                    }
+                let id = name
+                    .strip_suffix(".live")
+                    .or_else(|| name.strip_suffix(".json"));
+                let Some(id) = id.filter(|id| !kept.iter().any(|k| k == id)) else {
+                    continue;
+                };
+                let gone = if name.ends_with(".live") {
+                    remove_live(&e.path())
+                } else {
+                    remove_file(&e.path())
+                };
+                if let Err(err) = gone {
+                    tracing::warn!(sandbox = id, file = %e.path().display(), error = %err, "cannot remove what a paused sandbox that is gone left");
                 }
             }
         })
         .await;
+    }
+
+    /// Records sandbox `record.sandbox_id`, paused to disk into
+    /// [`HeldSnapshots::paused_dir`], as `paused/ID.json` (0600), so a
+    /// later process can resume it ([`HeldSnapshots::paused_records`]).
+    pub async fn put_paused(&self, record: &PausedRecord) -> Result<(), Error> {
+        let path = self.paused_record_path(&record.sandbox_id);
+        let bytes = serde_json::to_vec_pretty(record)
+            .map_err(|e| host_err(format!("recording paused sandbox {}", record.sandbox_id), e))?;
+        tokio::task::spawn_blocking(move || write_atomic(&path, &bytes))
+            .await
+            .map_err(|e| host_err("recording a paused sandbox".into(), e))?
+    }
+
+    /// Forgets paused sandbox `id`: its record and its checkpoint.
+    pub async fn remove_paused(&self, id: &str) -> Result<(), Error> {
+        let json = self.paused_record_path(id);
+        let live = self.dir.join("paused").join(format!("{id}.live"));
+        tokio::task::spawn_blocking(move || -> Result<(), Error> {
+            remove_file(&json)?;
+            remove_live(&live)
+        })
+        .await
+        .map_err(|e| host_err(format!("forgetting paused sandbox {id}"), e))?
+    }
+
+    /// Every recorded paused sandbox whose checkpoint is there; a record
+    /// that does not parse, names another sandbox or has no checkpoint is
+    /// skipped with a warning.
+    pub async fn paused_records(&self) -> Vec<(PausedRecord, PathBuf)> {
+        let dir = self.dir.join("paused");
+        tokio::task::spawn_blocking(move || {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                return Vec::new();
+            };
+            let mut out = Vec::new();
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some(id) = name.strip_suffix(".json") else {
+                    continue;
+                };
+                let record: PausedRecord = match std::fs::read(e.path())
+                    .map_err(|e| e.to_string())
+                    .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+                {
+                    Ok(r) => r,
+                    Err(why) => {
+                        tracing::warn!(file = %e.path().display(), error = %why, "skipping a paused sandbox's record that cannot be read");
+                        continue;
+                    }
+                };
+                let live = dir.join(format!("{id}.live"));
+                if record.sandbox_id != id || !live.is_dir() {
+                    tracing::warn!(file = %e.path().display(), "skipping a paused sandbox's record of another sandbox or without its checkpoint");
+                    continue;
+                }
+                out.push((record, live));
+            }
+            out
+        })
+        .await
+        .unwrap_or_default()
+    }
+
+    fn paused_record_path(&self, id: &str) -> PathBuf {
+        self.dir.join("paused").join(format!("{id}.json"))
     }
 
     /// Live snapshot `q`'s checkpoint directory.
@@ -345,6 +438,16 @@ pub(crate) async fn copy_checkpoint(from: &Path, to: &Path) -> Result<u64, Error
     })
     .await
     .map_err(|e| host_err("copying a checkpoint".into(), e))?
+}
+
+/// Removes a file, if there is one.
+fn remove_file(path: &Path) -> Result<(), Error> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(host_err(format!("removing {}", path.display()), e))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Removes a live snapshot's checkpoint directory, if there is one.
