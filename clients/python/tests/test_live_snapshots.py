@@ -341,6 +341,9 @@ def test_a_sandbox_paused_to_disk_outlives_a_restart_of_the_service(tmp_path) ->
         assert r.failure is not None and "paused" in r.failure.message, r
         again.resume()
         assert _count(again) >= before, "the counter started over"
+        # The store of checkpoints and records is nowhere inside.
+        seen = again.run(f"test -e {snapshots} && echo present; find / -xdev -name '*.live' 2>/dev/null").stdout
+        assert seen == "", seen
 
         resumed = E2bSandbox.connect(e2b_id, **e2b_env)
         assert resumed._envd_access_token == envd_token
