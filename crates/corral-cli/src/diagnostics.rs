@@ -245,6 +245,14 @@ fn core_help(e: &CoreError) -> Vec<String> {
         CoreError::ContainerLost { .. } => {
             return kind_help(e.kind()).into_iter().collect();
         }
+        CoreError::Build(b) => format!(
+            "step {}{} failed inside the build sandbox; its output is above. Fix the step \
+             and build again: the steps before it are cached",
+            b.step,
+            b.line
+                .map(|l| format!(" (Dockerfile line {l})"))
+                .unwrap_or_default()
+        ),
         CoreError::Startup { index, .. } => format!(
             "start-up command {index} comes from --startup or the config's `startup:`; run it \
              as the command (`corral run -- SCRIPT`) to see why it fails"

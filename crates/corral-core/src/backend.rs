@@ -204,6 +204,22 @@ pub struct ImageInfo {
     pub created: i64,
 }
 
+/// An image a template build made ([`Backend::commit`]): a step's cached
+/// layer or a template.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BuiltImage {
+    /// The reference it was asked for by (`repository:tag`).
+    pub reference: String,
+    /// The engine's id of it (`sha256:...`).
+    pub id: String,
+    /// Its labels.
+    pub labels: std::collections::HashMap<String, String>,
+    /// When it was made, in seconds since the epoch.
+    pub created: i64,
+    /// Bytes on disk.
+    pub size: u64,
+}
+
 /// Where a pull of a missing image is, as the engine reports it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PullProgress {
@@ -641,6 +657,48 @@ pub trait Backend: Send + Sync + 'static {
                 what: format!("snapshot '{name}' with the {} backend", self.name()),
             })
         })
+    }
+
+    /// Commits the file system of the sandbox at `placement` as image
+    /// `reference` with `labels` (a template build's step or template);
+    /// returns what was made. Engines that keep no images refuse by name.
+    fn commit<'a>(
+        &'a self,
+        placement: &'a Placement,
+        reference: &'a str,
+        labels: &'a std::collections::HashMap<String, String>,
+    ) -> BoxFuture<'a, Result<BuiltImage, Error>> {
+        let _ = (placement, reference, labels);
+        Box::pin(async move {
+            Err(Error::Unsupported {
+                what: format!(
+                    "building templates with the {} backend (it keeps no images; build them on                      Docker and push them to the cluster's registry)",
+                    self.name()
+                ),
+            })
+        })
+    }
+
+    /// Image `reference`, when the engine has it.
+    fn built_image<'a>(
+        &'a self,
+        reference: &'a str,
+    ) -> BoxFuture<'a, Result<Option<BuiltImage>, Error>> {
+        let _ = reference;
+        Box::pin(async { Ok(None) })
+    }
+
+    /// Every tagged image carrying label `label`, one per tag.
+    fn built_images<'a>(&'a self, label: &'a str) -> BoxFuture<'a, Result<Vec<BuiltImage>, Error>> {
+        let _ = label;
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// Removes the tag `reference` (the image's layers go once no tag or
+    /// container uses them); one that does not exist is not an error.
+    fn remove_image<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = reference;
+        Box::pin(async { Ok(()) })
     }
 
     /// The backend's counters now.

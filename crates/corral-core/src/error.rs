@@ -131,6 +131,9 @@ pub enum Error {
         /// The limit.
         cap: u64,
     },
+    /// A step of a template build failed ([`BuildFailure`]).
+    #[error("{0}")]
+    Build(Box<BuildFailure>),
     /// Something on the host corral runs on failed (a key file, a
     /// directory), naming the path or operation.
     #[error("{what}: {reason}")]
@@ -140,6 +143,28 @@ pub enum Error {
         /// What the system said.
         reason: String,
     },
+}
+
+/// A step of a template build that failed: which, where in the
+/// Dockerfile, and what it printed last.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("template {template}: step {step} ({instruction}{}) failed: {detail}", line.map(|l| format!(", Dockerfile line {l}")).unwrap_or_default())]
+pub struct BuildFailure {
+    /// The template.
+    pub template: String,
+    /// Which step, from 1.
+    pub step: usize,
+    /// Its Dockerfile line, when it came from one.
+    pub line: Option<usize>,
+    /// The step as the build log names it.
+    pub instruction: String,
+    /// What went wrong.
+    pub detail: String,
+    /// The end of its output.
+    pub output: String,
+    /// What the failure means: a timeout, an OOM kill, or a step that
+    /// failed (`invalid_spec`).
+    pub kind: FailureKind,
 }
 
 impl Error {
@@ -161,6 +186,7 @@ impl Error {
             Error::SlotTimeout { .. } => FailureKind::DaemonUnavailable,
             Error::NoRoom { .. } | Error::Capacity { .. } => FailureKind::Capacity,
             Error::Startup { .. } => FailureKind::SpawnFailed,
+            Error::Build(b) => b.kind,
         }
     }
 

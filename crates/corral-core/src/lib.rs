@@ -27,6 +27,7 @@ pub mod protocol;
 pub mod server_limits;
 pub mod snapshot;
 pub mod spec;
+pub mod template;
 pub mod units;
 
 pub use backend::{Backend, Placement};

@@ -986,6 +986,33 @@ impl Backend for DockerBackend {
             retries: self.inner.retries.load(Ordering::Relaxed),
         }
     }
+
+    fn commit<'a>(
+        &'a self,
+        placement: &'a Placement,
+        reference: &'a str,
+        labels: &'a std::collections::HashMap<String, String>,
+    ) -> BoxFuture<'a, Result<corral_core::backend::BuiltImage, Error>> {
+        Box::pin(self.commit_built(placement, reference, labels))
+    }
+
+    fn built_image<'a>(
+        &'a self,
+        reference: &'a str,
+    ) -> BoxFuture<'a, Result<Option<corral_core::backend::BuiltImage>, Error>> {
+        Box::pin(self.built(reference))
+    }
+
+    fn built_images<'a>(
+        &'a self,
+        label: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<corral_core::backend::BuiltImage>, Error>> {
+        Box::pin(self.built_labelled(label))
+    }
+
+    fn remove_image<'a>(&'a self, reference: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.remove_built(reference))
+    }
 }
 
 /// Makes the host-side helper directories of `nosuid` mounts (an empty

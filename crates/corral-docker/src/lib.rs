@@ -23,6 +23,7 @@ mod registry_auth;
 mod retry;
 pub mod snapshot;
 pub mod state;
+mod template;
 mod usage;
 
 pub use backend::{DockerBackend, DockerConfig};

@@ -45,6 +45,7 @@ mod sandbox;
 pub mod seal;
 mod shell;
 mod snapshots;
+mod templates;
 mod usage;
 pub mod workspace;
 
@@ -59,3 +60,4 @@ pub use runtime::{GcReport, GcStep, PhaseWatch, Runtime, RuntimeConfig, StartTim
 pub use sandbox::{ExecEvent, Execution, OutputStream, Recovered, Sandbox, StdinWriter};
 pub use shell::{SessionResult, ShellOptions, ShellSession};
 pub use snapshots::SnapshotOptions;
+pub use templates::{BuildEvent, BuildRequest, BuildSummary, TemplateInfo};

@@ -177,6 +177,9 @@ pub(crate) struct RuntimeInner {
     pub(crate) held: crate::snapshots::HeldSnapshots,
     /// Why resets could not be done in place, each logged once.
     pub(crate) reset_fallbacks_logged: Mutex<std::collections::HashSet<String>>,
+    /// Template build steps in progress, by cache image: a second build
+    /// of the same step waits for the first and takes its layer.
+    pub(crate) build_steps: crate::templates::StepLocks,
 }
 
 /// A span for one phase of a start, a child of the `sandbox_start` span.
@@ -238,6 +241,7 @@ impl Runtime {
                         .unwrap_or_else(|| Config::default().snapshot_dir(&RealHost)),
                 ),
                 reset_fallbacks_logged: Mutex::default(),
+                build_steps: Default::default(),
                 config,
             }),
         };
