@@ -190,8 +190,11 @@ def create_body(
     profile: Optional[str],
     persistent: bool,
     pristine: Optional[bool] = None,
+    template: Optional[str] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {"session": session or new_session_key()}
+    if template is not None:
+        body["template"] = template
     if profile is not None:
         body["profile"] = profile
     if spec is not None:
@@ -203,6 +206,21 @@ def create_body(
     if pristine is not None:
         body["pristine"] = bool(pristine)
     return body
+
+
+def context_tar(context: Union[None, bytes, str, "os.PathLike[str]"]) -> Optional[str]:
+    """A build context as ``POST /v1/templates`` takes it: a tar archive
+    (given as bytes, or made of a directory's files), base64."""
+    if context is None:
+        return None
+    if isinstance(context, (bytes, bytearray)):
+        data = bytes(context)
+    else:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(os.fspath(context), arcname=".")
+        data = buf.getvalue()
+    return base64.b64encode(data).decode("ascii")
 
 
 def fork_body(n: int, *, session_prefix: Optional[str], env: Optional[Mapping[str, str]]) -> Dict[str, Any]:

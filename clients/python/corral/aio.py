@@ -26,7 +26,7 @@ import json as _json
 import asyncio
 import warnings
 from types import TracebackType
-from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Tuple, Type, Union
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
 # unasync: async only
 from typing import Generator
 # unasync: end
@@ -330,13 +330,14 @@ class AsyncClient:
         session: Optional[str] = None,
         persistent: bool = False,
         pristine: Optional[bool] = None,
+        template: Optional[str] = None,
     ) -> "AsyncSandbox":
         """Create (or, for an existing ``session`` key, get) a sandbox. Use it
         as a context manager to delete it at the end (the asyncio client's is
         created when it is awaited or its context is entered)."""
         return AsyncSandbox(
             self, image=image, spec=spec, profile=profile, session=session, persistent=persistent,
-            pristine=pristine,
+            pristine=pristine, template=template,
         )
 
     # unasync: async only
@@ -369,6 +370,75 @@ class AsyncClient:
         """Release a sandbox (destroyed unless persistent)."""
         try:
             await self.request("DELETE", f"/v1/sandboxes/{seg(sandbox_id)}", idempotent=True, resource="sandbox")
+        except NotFoundError:
+            if not missing_ok:
+                raise
+
+    # -- templates ---------------------------------------------------------
+
+    async def build_template(
+        self,
+        name: str,
+        *,
+        dockerfile: Optional[str] = None,
+        context: Union[None, bytes, str, "os.PathLike[str]"] = None,
+        from_: Optional[str] = None,
+        steps: Optional[Sequence[Mapping[str, Any]]] = None,
+        start: Optional[str] = None,
+        ready: Optional[str] = None,
+        build_args: Optional[Mapping[str, str]] = None,
+        skip_cache: bool = False,
+        timeout: Optional[float] = 3600.0,
+    ) -> Dict[str, Any]:
+        """Build template ``name`` (``POST /v1/templates``) from a
+        ``dockerfile`` (its text) with its ``context`` (a directory, or a tar
+        archive as bytes), or ``from_`` an image (or ``"template:NAME"``)
+        with ``steps``, in sandboxes of the caller's own spec. Waits for the
+        build; returns the template (``build``: steps and how many came from
+        the cache; ``log``: the build's last lines). Unchanged steps are not
+        run again unless ``skip_cache``. A failing step raises
+        :class:`CorralError` with ``kind`` ``build_failed``, naming the step,
+        its Dockerfile line and the end of its output.
+        :meth:`sandbox` ``(template=name)`` starts from it."""
+        body: Dict[str, Any] = {"name": name, "skip_cache": bool(skip_cache)}
+        if dockerfile is not None:
+            body["dockerfile"] = dockerfile
+        if from_ is not None:
+            body["from"] = from_
+        if steps is not None:
+            body["steps"] = [dict(x) for x in steps]
+        if start is not None:
+            body["start"] = start
+        if ready is not None:
+            body["ready"] = ready
+        if build_args:
+            body["build_args"] = dict(build_args)
+        ctx = _core.context_tar(context)
+        if ctx is not None:
+            body["context"] = ctx
+        r = await self.request(
+            "POST",
+            "/v1/templates",
+            json=body,
+            timeout=httpx.Timeout(timeout, connect=self._timeout.connect),
+        )
+        return dict(r.json())
+
+    async def templates(self) -> List[Dict[str, Any]]:
+        """The caller's templates."""
+        r = await self.request("GET", "/v1/templates", idempotent=True)
+        return list(r.json().get("templates", []))
+
+    async def template_info(self, name: str) -> Dict[str, Any]:
+        """Template ``name`` (raises :class:`NotFoundError`, also for
+        another principal's)."""
+        r = await self.request("GET", f"/v1/templates/{seg(name)}", idempotent=True)
+        return dict(r.json())
+
+    async def delete_template(self, name: str, *, missing_ok: bool = False) -> None:
+        """Delete template ``name`` (sandboxes started from it go on)."""
+        try:
+            await self.request("DELETE", f"/v1/templates/{seg(name)}", idempotent=True)
         except NotFoundError:
             if not missing_ok:
                 raise
@@ -488,6 +558,9 @@ class AsyncSandbox:
             other than runc, persistent) is replaced by a reset instead;
             ``info.resets_in_place`` and ``info.reset_unavailable_reason`` say
             which.
+        template: a template of the caller's (:meth:`AsyncClient.build_template`)
+            to start from: its image, environment, working directory, user,
+            start and ready commands. Not with ``image`` or ``profile``.
     """
 
     def __init__(
@@ -500,6 +573,7 @@ class AsyncSandbox:
         session: Optional[str] = None,
         persistent: bool = False,
         pristine: Optional[bool] = None,
+        template: Optional[str] = None,
         base_url: Optional[str] = None,
         token: Optional[str] = None,
         timeout: Union[float, httpx.Timeout, None] = None,
@@ -508,7 +582,8 @@ class AsyncSandbox:
         self._body = None
         if _info is None:
             self._body = _core.create_body(
-                session=session, image=image, spec=spec, profile=profile, persistent=persistent, pristine=pristine
+                session=session, image=image, spec=spec, profile=profile, persistent=persistent, pristine=pristine,
+                template=template,
             )
         self._owns_client = client is None
         self.client = client if client is not None else AsyncClient(base_url, token=token, timeout=timeout)

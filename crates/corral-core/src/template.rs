@@ -79,6 +79,10 @@ pub enum Op {
         /// Build arguments in force for it.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         env: Vec<(String, String)>,
+        /// The user it runs as, for this step only (`None`: the current
+        /// `USER`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
     },
     /// Copy files of the build context (or inline ones) to `dest`.
     Copy {
@@ -135,6 +139,17 @@ impl Op {
             Op::Env { name, value } => format!("ENV {name}={value}"),
             Op::Workdir { path } => format!("WORKDIR {path}"),
             Op::User { user } => format!("USER {user}"),
+        }
+    }
+
+    /// The user its sandbox runs as in `state`: a run's own or the
+    /// current one; a copy and a directory are made as root (what they make
+    /// is root's unless `chown` says otherwise, as in a Dockerfile).
+    pub fn runs_as(&self, state: &BuildState) -> Option<String> {
+        match self {
+            Op::Run { user, .. } => user.clone().or_else(|| state.user.clone()),
+            Op::Copy { .. } | Op::Workdir { .. } => Some("0".into()),
+            Op::Env { .. } | Op::User { .. } => state.user.clone(),
         }
     }
 
@@ -391,6 +406,7 @@ impl Recipe {
                         Op::Run {
                             argv,
                             env: env_of_step,
+                            user: None,
                         },
                     );
                 }
@@ -849,6 +865,7 @@ mod tests {
             &Op::Run {
                 argv: vec!["/bin/sh".into(), "-c".into(), "echo $GREETING > /x".into()],
                 env: vec![("GREETING".into(), "hi".into())],
+                user: None,
             }
         );
         assert_eq!(r.steps[5].line, Some(8));
@@ -901,6 +918,7 @@ mod tests {
         let op = Op::Run {
             argv: vec!["true".into()],
             env: vec![],
+            user: None,
         };
         let s = BuildState::default();
         let k = cache_key("p", &op, &s, None);

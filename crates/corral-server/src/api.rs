@@ -43,6 +43,7 @@ mod events;
 mod images;
 pub(crate) mod ports;
 mod snapshots;
+pub(crate) mod templates;
 mod usage;
 
 /// Longest session key and shell name.
@@ -733,6 +734,22 @@ async fn check_image(
             return unlisted_image(field, image, engine, ImagePresence::Absent);
         }
     }
+    // A template or a build's cached step is started from by the
+    // `template` field (its owner's alone), never by its image, however
+    // spelled: the engine resolves the reference, the labels say what it is.
+    if *caller != Principal::Operator {
+        let built = runtime.backend().built_image(image).await.map_err(|e| {
+            let mut err = ApiError::runtime(&e, "");
+            err.detail.field = Some(field.to_string());
+            err
+        })?;
+        if built.is_some_and(|b| {
+            b.labels.contains_key(corral_core::template::NAME_LABEL)
+                || b.labels.contains_key(corral_core::template::CACHE_LABEL)
+        }) {
+            return unlisted_image(field, image, engine, ImagePresence::Absent);
+        }
+    }
     if rule == ImageRule::Listed {
         return Ok(());
     }
@@ -839,7 +856,25 @@ impl AppState {
         let key = caller.session_key(&client_key);
         // Checked before anything else: a refused request is refused even for
         // a key that already has a sandbox.
-        let (spec, profile, chosen_image) = spec_of(s, req)?;
+        let (mut spec, profile, mut chosen_image) = spec_of(s, req)?;
+        if let Some(name) = &req.template {
+            if req.image.is_some() || req.profile.is_some() {
+                return Err(ApiError::invalid(
+                    "template",
+                    "give a template, or an image or profile, not both",
+                ));
+            }
+            let t = s
+                .inner
+                .runtime
+                .template(caller.snapshot_namespace().as_deref(), name)
+                .await
+                .map_err(|e| ApiError::runtime(&e, "template"))?
+                .ok_or_else(|| templates::no_template(name))?;
+            t.apply(&mut spec);
+            // The template's image is the runtime's own, found by name.
+            chosen_image = None;
+        }
         let existing = s.sessions().get(&key).map(|m| m.owner.clone());
         if let Some(owner) = existing {
             if !caller.may_session(&owner) {
@@ -864,17 +899,21 @@ impl AppState {
         let provider = &s.inner.provider;
         let lease = if req.persistent {
             provider.acquire_persistent(&key, &spec).await
-        } else if let Some(pool) = profile.as_deref().filter(|p| {
-            // A pool hands out sandboxes of its own spec: a request that
-            // changes it (image, pristine) gets a sandbox of its own.
-            s.inner.config.provider.pools.get(*p).is_some_and(|pool| {
-                let mut own = pool_spec(pool);
-                if own.image.is_empty() {
-                    own.image = s.inner.default_image.clone();
-                }
-                own == spec
+        } else if let Some(pool) = profile
+            .as_deref()
+            .filter(|_| req.template.is_none())
+            .filter(|p| {
+                // A pool hands out sandboxes of its own spec: a request that
+                // changes it (image, pristine) gets a sandbox of its own.
+                s.inner.config.provider.pools.get(*p).is_some_and(|pool| {
+                    let mut own = pool_spec(pool);
+                    if own.image.is_empty() {
+                        own.image = s.inner.default_image.clone();
+                    }
+                    own == spec
+                })
             })
-        }) {
+        {
             provider.acquire(&key, pool).await
         } else {
             provider.acquire_spec(&key, &spec).await
@@ -1807,6 +1846,7 @@ what differs.",
         (name = "shells", description = "Stateful shell sessions"),
         (name = "files", description = "Files and archives"),
         (name = "snapshots", description = "Snapshots of sandboxes and forks from them"),
+        (name = "templates", description = "Environments built from a Dockerfile or steps, in sandboxes, cached"),
         (name = "images", description = "Images sandboxes may use, and pulls of missing ones"),
         (name = "ports", description = "Links to servers listening inside sandboxes"),
         (name = "service", description = "Health and metrics"),
@@ -1837,6 +1877,11 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(snapshots::list_snapshots))
         .routes(routes!(snapshots::get_snapshot, snapshots::delete_snapshot))
         .routes(routes!(snapshots::fork))
+        .routes(routes!(
+            templates::build_template,
+            templates::list_templates
+        ))
+        .routes(routes!(templates::get_template, templates::delete_template))
         .routes(routes!(ports::port_link))
         .routes(routes!(usage::sandbox_usage))
         .routes(routes!(usage::all_usage))

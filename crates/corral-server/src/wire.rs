@@ -56,6 +56,100 @@ pub struct CreateSandbox {
     /// `resets_in_place` in its description.
     #[serde(default)]
     pub pristine: Option<bool>,
+    /// A template of the caller's (`POST /v1/templates`) to start from:
+    /// its image, its environment under the spec's, its working directory
+    /// and user where the spec sets none, its start and ready commands
+    /// before the spec's start-up. Not with `image` or `profile`.
+    #[serde(default)]
+    pub template: Option<String>,
+}
+
+/// Body of `POST /v1/templates`: a template built from a Dockerfile (with
+/// its context) or from steps, in sandboxes of the caller's own spec (its
+/// policy, limits and network: a build runs untrusted code like any
+/// command).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BuildTemplate {
+    /// Its name: lower-case letters, digits, `.`, `_`, `-` (1..=128). A
+    /// template of the name is replaced.
+    pub name: String,
+    /// A Dockerfile (one stage; `RUN`, `COPY`/`ADD` of the context, `ENV`,
+    /// `ARG`, `WORKDIR`, `USER`, `SHELL`; `LABEL`, `EXPOSE`, `CMD`,
+    /// `ENTRYPOINT` and the like are noted and ignored). Not with `from`.
+    pub dockerfile: Option<String>,
+    /// The build context `COPY` reads: a tar archive, base64.
+    pub context: Option<String>,
+    /// Build from steps: the image (one the caller may start from) or
+    /// `template:NAME` (one of its templates) they start from.
+    pub from: Option<String>,
+    /// The steps after `from`, each one of `{"run": {"argv": [...],
+    /// "user": "root"}}`, `{"copy": {"src": [...], "dest": "/x", "chown":
+    /// "u", "chmod": "0644"}}`, `{"env": {"name": "A", "value": "1"}}`,
+    /// `{"workdir": {"path": "/app"}}`, `{"user": {"user": "u"}}`.
+    #[schema(value_type = Vec<Object>)]
+    pub steps: Option<serde_json::Value>,
+    /// Started in the background in every sandbox of the template.
+    pub start: Option<String>,
+    /// Run until it succeeds (a minute at most) once `start` ran.
+    pub ready: Option<String>,
+    /// `ARG` values of the Dockerfile.
+    #[serde(default)]
+    pub build_args: std::collections::BTreeMap<String, String>,
+    /// Run every step, cached or not.
+    #[serde(default)]
+    pub skip_cache: bool,
+}
+
+/// A template.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TemplateBody {
+    /// Its name.
+    pub name: String,
+    /// Who owns it: `tenant:NAME`, `operator`, or `mcp:TENANT:SESSION`.
+    pub owner: String,
+    /// The image its sandboxes start from.
+    pub image: String,
+    /// What it was built from.
+    pub from: String,
+    /// Environment its sandboxes get, in order (`[name, value]` pairs).
+    pub env: Vec<(String, String)>,
+    /// Working directory of their commands.
+    pub workdir: Option<String>,
+    /// User their commands run as.
+    pub user: Option<String>,
+    /// Started in the background in each.
+    pub start: Option<String>,
+    /// Waited for once `start` ran.
+    pub ready: Option<String>,
+    /// Build time, seconds since the epoch (0: unknown).
+    pub created: i64,
+    /// Bytes of its image, base layers included.
+    pub size: u64,
+    /// Of the build just made: steps, how many came from the cache, and
+    /// its wall time in ms.
+    pub build: Option<BuildSummaryBody>,
+    /// Of the build just made: its log (steps, output, notes), the last
+    /// lines.
+    pub log: Vec<String>,
+}
+
+/// How a build went.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BuildSummaryBody {
+    /// Steps in all.
+    pub steps: usize,
+    /// Steps taken from the cache, not run.
+    pub cached: usize,
+    /// Wall time in ms.
+    pub took_ms: u64,
+}
+
+/// Body of `GET /v1/templates`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TemplateList {
+    /// The caller's templates, by name.
+    pub templates: Vec<TemplateBody>,
 }
 
 /// A sandbox of the service.

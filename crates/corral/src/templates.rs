@@ -343,14 +343,15 @@ impl Runtime {
                     }
                     continue;
                 }
-                if builder.as_ref().is_some_and(|b| b.user != state.user) {
+                let user = step.op.runs_as(&state);
+                if builder.as_ref().is_some_and(|b| b.user != user) {
                     if let Some(b) = builder.take() {
                         let _ = b.sandbox.destroy().await;
                     }
                 }
                 if builder.is_none() {
                     let sandbox = self
-                        .create(&build_spec(&req.spec, &parent_ref, &state))
+                        .create(&build_spec(&req.spec, &parent_ref, user.clone()))
                         .await
                         .map_err(|e| {
                             fail(
@@ -359,10 +360,7 @@ impl Runtime {
                                 e.kind(),
                             )
                         })?;
-                    builder = Some(Builder {
-                        sandbox,
-                        user: state.user.clone(),
-                    });
+                    builder = Some(Builder { sandbox, user });
                 }
                 let sb = &builder
                     .as_ref()
@@ -390,7 +388,7 @@ impl Runtime {
             let sb = match builder.take() {
                 Some(b) => b.sandbox,
                 None => {
-                    self.create(&build_spec(&req.spec, &parent_ref, &BuildState::default()))
+                    self.create(&build_spec(&req.spec, &parent_ref, None))
                         .await?
                 }
             };
@@ -536,10 +534,10 @@ impl Runtime {
     }
 }
 
-/// A build sandbox's spec: the caller's, from `image`, as the state's user,
+/// A build sandbox's spec: the caller's, from `image`, as `user`,
 /// with no tmpfs (what a step writes to `/tmp` stays in its layer) and
 /// nothing of the caller's start-up.
-fn build_spec(base: &SandboxSpec, image: &str, state: &BuildState) -> SandboxSpec {
+fn build_spec(base: &SandboxSpec, image: &str, user: Option<String>) -> SandboxSpec {
     let mut spec = base.clone();
     spec.image = image.to_string();
     spec.tmpfs.clear();
@@ -547,7 +545,7 @@ fn build_spec(base: &SandboxSpec, image: &str, state: &BuildState) -> SandboxSpe
     spec.pristine = false;
     spec.persistent = None;
     spec.workdir = None;
-    spec.security.user = state.user.clone();
+    spec.security.user = user;
     spec.security.read_only_root = false;
     spec
 }
@@ -606,7 +604,7 @@ async fn run_step(
         }
     };
     match op {
-        Op::Run { argv, env } => exec(run(argv.clone(), env)).await,
+        Op::Run { argv, env, .. } => exec(run(argv.clone(), env)).await,
         Op::Workdir { path } => {
             exec(run(vec!["mkdir".into(), "-p".into(), path.clone()], &[])).await
         }
