@@ -218,6 +218,9 @@ pub struct BuiltImage {
     pub created: i64,
     /// Bytes on disk.
     pub size: u64,
+    /// Its configuration's environment (`NAME=value`), where the engine
+    /// says (a lookup by reference does; a listing need not).
+    pub env: Vec<String>,
 }
 
 /// Where a pull of a missing image is, as the engine reports it.

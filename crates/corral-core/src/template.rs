@@ -262,6 +262,28 @@ pub struct BuildState {
 }
 
 impl BuildState {
+    /// `op` with its `ENV` value's variables expanded from `image_env` (the
+    /// base image's `NAME=value` list) and this state's environment; other
+    /// steps as they are.
+    pub fn resolve(&self, op: &Op, image_env: &[String]) -> Op {
+        let Op::Env { name, value } = op else {
+            return op.clone();
+        };
+        if !value.contains('$') {
+            return op.clone();
+        }
+        let mut vars: BTreeMap<String, String> = image_env
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        vars.extend(self.env.iter().cloned());
+        Op::Env {
+            name: name.clone(),
+            value: expand(value, &vars),
+        }
+    }
+
     /// Applies what a step changes of the state (its environment,
     /// directory or user; nothing for a run or a copy).
     pub fn apply(&mut self, op: &Op) {
@@ -435,7 +457,7 @@ impl Recipe {
                     for (name, value) in split_assignments(&e.arguments.value, false)
                         .map_err(|r| refuse("ENV", &r))?
                     {
-                        let value = expand(&value.unwrap_or_default(), &vars(&args, &env));
+                        let value = expand_known(&value.unwrap_or_default(), &vars(&args, &env));
                         env.insert(name.clone(), value.clone());
                         push(&mut steps, Op::Env { name, value });
                     }
@@ -758,6 +780,17 @@ fn split_words(text: &str) -> Result<Vec<String>, String> {
 /// Expands `$NAME`, `${NAME}`, `${NAME:-default}` and `${NAME:+alt}` from
 /// `vars` (unset: empty), as a Dockerfile does; `\$` is a literal `$`.
 pub fn expand(text: &str, vars: &BTreeMap<String, String>) -> String {
+    expand_with(text, vars, false)
+}
+
+/// [`expand`], leaving `$NAME` and `${NAME}` of names `vars` lacks as they
+/// are: an `ENV` value refers to the base image's variables too, which the
+/// build knows only when it runs (`$PATH`).
+pub fn expand_known(text: &str, vars: &BTreeMap<String, String>) -> String {
+    expand_with(text, vars, true)
+}
+
+fn expand_with(text: &str, vars: &BTreeMap<String, String>, keep_unknown: bool) -> String {
     let mut out = String::new();
     let b: Vec<char> = text.chars().collect();
     let mut i = 0;
@@ -794,7 +827,11 @@ pub fn expand(text: &str, vars: &BTreeMap<String, String>) -> String {
                             String::new()
                         }
                     }
-                    None => vars.get(&inner).cloned().unwrap_or_default(),
+                    None => match vars.get(&inner) {
+                        Some(v) => v.clone(),
+                        None if keep_unknown => format!("${{{inner}}}"),
+                        None => String::new(),
+                    },
                 },
             };
             out.push_str(&value);
@@ -809,7 +846,14 @@ pub fn expand(text: &str, vars: &BTreeMap<String, String>) -> String {
             out.push(c);
             i += 1;
         } else {
-            out.push_str(vars.get(&name).map(String::as_str).unwrap_or(""));
+            match vars.get(&name) {
+                Some(v) => out.push_str(v),
+                None if keep_unknown => {
+                    out.push('$');
+                    out.push_str(&name);
+                }
+                None => {}
+            }
             i += 1 + name.chars().count();
         }
     }

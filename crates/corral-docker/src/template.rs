@@ -67,10 +67,12 @@ impl DockerBackend {
             Err(e) if status_code(&e) == Some(400) => return Ok(None),
             Err(e) => return Err(api(format!("inspect image {reference}"), e)),
         };
+        let config = inspected.config.unwrap_or_default();
         Ok(Some(BuiltImage {
             reference: reference.to_string(),
             id: inspected.id.unwrap_or_default(),
-            labels: inspected.config.and_then(|c| c.labels).unwrap_or_default(),
+            labels: config.labels.unwrap_or_default(),
+            env: config.env.unwrap_or_default(),
             // Listings carry it (`built_labelled`); one image looked up by
             // reference needs only its id and labels.
             created: 0,
@@ -98,6 +100,7 @@ impl DockerBackend {
                     labels: image.labels.clone(),
                     created: image.created,
                     size: image.size.max(0) as u64,
+                    env: Vec::new(),
                 });
             }
         }

@@ -195,6 +195,11 @@ impl AppState {
         &self.inner.config
     }
 
+    /// The runtime.
+    pub fn runtime(&self) -> &Runtime {
+        &self.inner.runtime
+    }
+
     /// The provider.
     pub fn provider(&self) -> &Provider {
         &self.inner.provider

@@ -37,6 +37,7 @@ mod control;
 mod filesystem;
 mod process;
 mod snapshots;
+mod templates;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -81,6 +82,8 @@ pub struct E2b {
     /// Snapshots taken under forks, with their owners, until the engine
     /// lets them go (`snapshots.rs`).
     fork_bases: Arc<Mutex<Vec<(Principal, String)>>>,
+    /// E2B's template names, tags and builds (`templates.rs`).
+    templates: Arc<templates::Registry>,
 }
 
 /// One sandbox created through this front end.
@@ -174,6 +177,7 @@ impl E2b {
             app,
             sandboxes: Arc::new(Mutex::new(HashMap::new())),
             fork_bases: Arc::new(Mutex::new(Vec::new())),
+            templates: Arc::default(),
         }
     }
 
@@ -444,6 +448,9 @@ impl E2b {
             return self.entry(&id).map(|e| e.owner.clone());
         }
         let query = req.uri().query()?;
+        if let Some(owner) = templates::upload_owner(self, req.uri().path(), query) {
+            return Some(owner);
+        }
         let q: HashMap<String, String> = serde_urlencoded::from_str(query).ok()?;
         let signature = q.get("signature")?;
         let expiration = match q.get("signature_expiration") {

@@ -267,17 +267,18 @@ impl Runtime {
         }
         let ns = req.namespace.as_deref();
         let (mut parent_ref, mut state) = self.resolve_from(req).await?;
-        let mut parent_id = match backend.built_image(&parent_ref).await? {
-            Some(img) => img.id,
+        let base = match backend.built_image(&parent_ref).await? {
+            Some(img) => img,
             None => {
                 backend.pull(&parent_ref).await?;
                 backend
                     .built_image(&parent_ref)
                     .await?
-                    .map(|i| i.id)
                     .ok_or_else(|| invalid("from", &parent_ref, "no such image"))?
             }
         };
+        let mut parent_id = base.id;
+        let image_env = base.env;
         let context = match &req.context {
             Some(bytes) => Context::read(bytes)?,
             None => Context::default(),
@@ -290,14 +291,15 @@ impl Runtime {
                 let index = i + 1;
                 let fail = build_error(req, index, step.line, &step.op);
                 if !step.op.changes_files() {
+                    let op = state.resolve(&step.op, &image_env);
                     progress(BuildEvent::Step {
                         index,
                         total,
-                        text: step.op.describe(),
+                        text: op.describe(),
                         line: step.line,
                         cached: false,
                     });
-                    state.apply(&step.op);
+                    state.apply(&op);
                     continue;
                 }
                 let copy = match &step.op {

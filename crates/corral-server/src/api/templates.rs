@@ -62,6 +62,22 @@ fn body(t: &TemplateInfo, owner: &Principal, log: Vec<String>) -> TemplateBody {
     }
 }
 
+/// The spec `caller`'s build sandboxes get (the one a create without
+/// fields would give it), once the image the build starts `from` passes
+/// the image policy a create's `image` does (named `field` if refused).
+pub(crate) async fn build_spec(
+    s: &AppState,
+    caller: &Principal,
+    from: &str,
+    field: &str,
+) -> Result<corral::SandboxSpec, ApiError> {
+    let (spec, _, _) = spec_of(s, &CreateSandbox::default())?;
+    if !from.starts_with("template:") {
+        check_image(s, caller, field, from).await?;
+    }
+    Ok(spec)
+}
+
 /// The recipe a build request describes, its fields checked by name.
 fn recipe_of(req: &BuildTemplate) -> Result<Recipe, ApiError> {
     let mut recipe = match (&req.dockerfile, &req.from) {
@@ -163,11 +179,7 @@ pub(super) async fn build_template(
                 .map_err(|e| ApiError::invalid("context", format!("not base64: {e}")))?,
         ),
     };
-    // The spec a create without fields would give the caller.
-    let (spec, _, _) = spec_of(&s, &CreateSandbox::default())?;
-    if !recipe.from.starts_with("template:") {
-        check_image(&s, &caller, "from", &recipe.from).await?;
-    }
+    let spec = build_spec(&s, &caller, &recipe.from, "from").await?;
     let mut build = BuildRequest::new(&req.name, recipe, spec);
     build.namespace = caller.snapshot_namespace();
     build.context = context;

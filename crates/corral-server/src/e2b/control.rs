@@ -51,6 +51,7 @@ pub(super) fn routes() -> axum::Router<E2b> {
         .route("/sandboxes/{id}/refreshes", post(refresh))
         .route("/sandboxes/{id}/network", put(update_network))
         .merge(super::snapshots::routes())
+        .merge(super::templates::routes())
 }
 
 /// An E2B API error: `{"code": STATUS, "message": ...}`.
@@ -74,6 +75,13 @@ impl IntoResponse for E2bError {
             }
         }
         r
+    }
+}
+
+impl E2bError {
+    /// What it says.
+    pub(super) fn message(&self) -> &str {
+        &self.message
     }
 }
 
@@ -314,19 +322,31 @@ async fn create(
         return Err(error(StatusCode::BAD_REQUEST, "templateID '' is empty"));
     }
     let id = super::new_sandbox_id();
-    let code_interpreter = super::code::template_profile(e2b.app.config(), &req.template_id)?;
+    // A template built here (`name`, `name:tag`, `name:BUILD`) first.
+    let built = match e2b.templates.resolve(&owner, &req.template_id) {
+        Some(r) => Some(r?),
+        None => None,
+    };
+    let code_interpreter = match built {
+        Some(_) => None,
+        None => super::code::template_profile(e2b.app.config(), &req.template_id)?,
+    };
     let create = CreateSandbox {
         session: Some(id.clone()),
-        image: (req.template_id != DEFAULT_TEMPLATE && code_interpreter.is_none())
-            .then(|| req.template_id.clone()),
+        image: (req.template_id != DEFAULT_TEMPLATE
+            && code_interpreter.is_none()
+            && built.is_none())
+        .then(|| req.template_id.clone()),
         profile: code_interpreter.clone(),
         spec: network.clone().map(|n| json!({"network": n})),
+        template: built.clone(),
         ..CreateSandbox::default()
     };
     // A template naming one of the caller's snapshots (or a shared one)
     // starts a fork of it; anything else is an image.
     let forked = if req.template_id != DEFAULT_TEMPLATE
         && code_interpreter.is_none()
+        && built.is_none()
         && !req.template_id.contains([':', '@'])
     {
         match e2b
@@ -1013,7 +1033,7 @@ fn unquote(s: &str) -> String {
 }
 
 /// `t` as RFC 3339 in UTC (what E2B's `startedAt`/`endAt` carry).
-fn rfc3339(t: SystemTime) -> String {
+pub(super) fn rfc3339(t: SystemTime) -> String {
     let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Days since 1970-01-01 to a civil date (proleptic Gregorian).

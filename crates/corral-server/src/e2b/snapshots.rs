@@ -189,6 +189,21 @@ async fn delete_snapshot(
     Path(id): Path<String>,
 ) -> Result<Response, E2bError> {
     let caller = caller(&e2b, &headers)?;
+    // A template built here: its builds' templates go with its name.
+    if let Some(built) = e2b.templates.forget(&caller, &id) {
+        let ns = caller.snapshot_namespace();
+        for name in built {
+            if let Err(e) = e2b
+                .app
+                .runtime()
+                .delete_template(ns.as_deref(), &name)
+                .await
+            {
+                tracing::warn!(template = %name, error = %e, "cannot delete the template of an e2b build");
+            }
+        }
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
     e2b.app
         .delete_snapshot_as(&caller, &id)
         .await
