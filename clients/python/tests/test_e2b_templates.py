@@ -114,3 +114,24 @@ def test_another_tenant_finds_and_builds_on_nothing_of_a_template(server: dict) 
             Sandbox.create(template=built[0], api_key=OTHER_TOKEN)
     finally:
         _delete(server, name)
+
+
+def test_the_sdks_dockerfile_builds_with_its_context(server: dict, tmp_path: Path) -> None:
+    """`from_dockerfile` (what Harbor's e2b environment builds with): the
+    SDK turns it into steps (USER root and WORKDIR / first, USER user last
+    when it has none), and the copy reads the context directory."""
+    (tmp_path / "app.txt").write_text("from the context\n")
+    name = f"df-{RUN}"
+    template = Template(file_context_path=str(tmp_path)).from_dockerfile(
+        f"FROM corral-test/busybox\nENV RUN_ID={RUN}\nWORKDIR /app\nCOPY app.txt ./\nRUN cat app.txt > copied\n"
+    )
+    try:
+        Template.build(template, name)
+        sbx = Sandbox.create(template=name)
+        try:
+            r = sbx.commands.run("pwd; cat copied; id -un")
+            assert r.stdout == "/app\nfrom the context\nuser\n", r
+        finally:
+            sbx.kill()
+    finally:
+        _delete(server, name)
