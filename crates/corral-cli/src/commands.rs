@@ -2,6 +2,7 @@
 
 pub mod agent_image;
 pub mod bench;
+pub mod build;
 pub mod config;
 pub mod doctor;
 pub mod egress;
