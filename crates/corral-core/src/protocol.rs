@@ -503,8 +503,8 @@ pub struct Hello {
     pub restored: bool,
 }
 
-/// Handshake answer from the agent.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+/// Handshake answer from the agent (its `Default`: none heard yet).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct HelloAck {
     /// The agent's [`PROTOCOL_VERSION`].
     pub protocol: u32,

@@ -14,20 +14,10 @@ use std::time::Duration;
 use common::{backend, Guard, BUSYBOX};
 use corral::template::Recipe;
 use corral::{BuildEvent, BuildRequest, Runtime, Sandbox};
-use corral_core::{CommandSpec, Error, Network};
+use corral_core::{Error, Network};
 
 async fn out(sb: &Sandbox, script: &str) -> String {
-    let r = sb
-        .run(&CommandSpec::shell(script).timeout(Duration::from_secs(60)))
-        .await;
-    assert_eq!(r.failure, None, "{script}: {r:?}");
-    assert_eq!(
-        r.exit_code,
-        Some(0),
-        "{script}: {}",
-        String::from_utf8_lossy(&r.stderr)
-    );
-    String::from_utf8_lossy(&r.stdout).into_owned()
+    corral_testing::contract::out(sb, script).await
 }
 
 fn unique(prefix: &str) -> String {

@@ -379,19 +379,7 @@ impl AgentConn {
             next_id: AtomicU32::new(1),
             issued,
             tasks: vec![reader, writer_task, keepalive_task],
-            hello: HelloAck {
-                protocol: 0,
-                agent_version: String::new(),
-                oom_counter: String::new(),
-                session: String::new(),
-                reset: None,
-                deltas: false,
-                usage: false,
-                pty: false,
-                workdir: None,
-                shared_deltas: false,
-                integrity_gap: None,
-            },
+            hello: HelloAck::default(),
         };
         let agent_err = |message: String| Error::Agent {
             sandbox: sandbox.to_string(),
@@ -459,19 +447,7 @@ impl AgentConn {
             next_id: AtomicU32::new(1),
             issued: Arc::new(AtomicU32::new(0)),
             tasks: Vec::new(),
-            hello: HelloAck {
-                protocol: 0,
-                agent_version: String::new(),
-                oom_counter: String::new(),
-                session: String::new(),
-                reset: None,
-                deltas: false,
-                usage: false,
-                pty: false,
-                workdir: None,
-                shared_deltas: false,
-                integrity_gap: None,
-            },
+            hello: HelloAck::default(),
         }
     }
 

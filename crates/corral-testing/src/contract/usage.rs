@@ -14,7 +14,7 @@ const MIB: u64 = 1 << 20;
 /// A shell loop that burns CPU in the shell itself (no child processes).
 const BUSY: &str = "i=0; while [ $i -lt 1000000 ]; do i=$((i+1)); done";
 
-/// A busy command reports far more CPU than `true`, and no more than its
+/// A busy command reports several times the CPU of `true`, and no more than its
 /// wall time (one thread); one that holds a 64 MiB buffer reports a peak
 /// of at least that, `true` a small fraction; CPU burnt by an orphan of
 /// the command's group that ends before the command does is counted too.
@@ -30,8 +30,11 @@ pub async fn usage_of_commands_counts_cpu_and_peak_memory(c: &Case) {
         idle.usage.expect("true: usage reported"),
         busy.usage.expect("busy: usage reported"),
     );
+    // Four times, not more: under gVisor on a loaded machine the exec of
+    // `true` alone has cost 160 ms of system time (against 1.4 s for the
+    // loop).
     assert!(
-        busy_u.cpu() >= idle_u.cpu() * 10 && busy_u.cpu().as_millis() >= 20,
+        busy_u.cpu() >= idle_u.cpu() * 4 && busy_u.cpu().as_millis() >= 20,
         "busy {busy_u:?} vs true {idle_u:?}"
     );
     // One thread cannot use more CPU than wall time (plus the accounting
