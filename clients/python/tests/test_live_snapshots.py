@@ -314,14 +314,17 @@ def test_a_sandbox_paused_to_disk_outlives_a_restart_of_the_service(tmp_path) ->
         e2b_before = int(sbx.commands.run("cat /tmp/count").stdout)
         sbx.pause()
 
+        e2b_container = httpx.get(
+            f"{srv.url}/v1/sandboxes/{e2b_id}", headers={"Authorization": f"Bearer {TOKENS['alice']}"}, timeout=30
+        ).json()["container_id"]
         assert srv.stop() == 0, srv.log_tail()
-        # Both stay, stopped, with their checkpoints.
-        left = subprocess.run(
-            ["docker", "ps", "-a", "--filter", "label=corral.sandbox", "--format", "{{.State}}"],
-            capture_output=True,
-            text=True,
-        ).stdout.split()
-        assert left.count("exited") >= 2, left
+        # Both stay, stopped, with their checkpoints, marked for every corral
+        # on the host (the other tests' services and their orphan reapers).
+        for container in (sb.container_id, e2b_container):
+            state = subprocess.run(
+                ["docker", "inspect", "-f", "{{.State.Status}} {{.Name}}", container], capture_output=True, text=True
+            ).stdout.split()
+            assert state and state[0] == "exited" and state[1].startswith("/corral-paused-"), (container, state)
         srv.start()
 
         alice, bob = _client(srv, "alice"), _client(srv, "bob")

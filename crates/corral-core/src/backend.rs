@@ -682,6 +682,20 @@ pub trait Backend: Send + Sync + 'static {
         })
     }
 
+    /// Marks the (stopped) sandbox at `placement` as one of a session
+    /// paused to disk (`paused`), or no more: every corral on the host then
+    /// lists it with [`crate::labels::PAUSED`] and keeps it, whoever's
+    /// process made it. A no-op where nothing is paused to disk.
+    fn mark_paused<'a>(
+        &'a self,
+        placement: &'a Placement,
+        sandbox_id: &'a str,
+        paused: bool,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = (placement, sandbox_id, paused);
+        Box::pin(async { Ok(()) })
+    }
+
     /// Image `reference`, when the engine has it.
     fn built_image<'a>(
         &'a self,

@@ -24,6 +24,11 @@ pub const VERSION: &str = "corral.version";
 pub const PERSISTENT: &str = "corral.persistent";
 /// The session key of a persistent sandbox.
 pub const SESSION: &str = "corral.session";
+/// Present (value `true`) in a listing of a sandbox of a session paused to
+/// disk, which outlives its owner by design until a later service resumes
+/// it (a container's labels are fixed at its creation: a backend sets it
+/// from what marks the container, [`crate::Backend::mark_paused`]).
+pub const PAUSED: &str = "corral.paused";
 /// SHA-256 (hex) of the spec a persistent sandbox was made from.
 pub const SPEC_DIGEST: &str = "corral.spec";
 /// HMAC-SHA256 (hex), under the user's secret key, of the sandbox id, the
@@ -85,7 +90,9 @@ pub fn ownership(
     this_host: &str,
     alive: impl Fn(u32, u64) -> bool,
 ) -> Ownership {
-    if labels.get(PERSISTENT).map(String::as_str) == Some("true") {
+    if labels.get(PERSISTENT).map(String::as_str) == Some("true")
+        || labels.get(PAUSED).map(String::as_str) == Some("true")
+    {
         return Ownership::Persistent;
     }
     match Owner::from_labels(labels) {

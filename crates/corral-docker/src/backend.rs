@@ -996,6 +996,29 @@ impl Backend for DockerBackend {
         Box::pin(self.commit_built(placement, reference, labels))
     }
 
+    fn mark_paused<'a>(
+        &'a self,
+        placement: &'a Placement,
+        sandbox_id: &'a str,
+        paused: bool,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let name = if paused {
+                crate::container_config::paused_container_name(sandbox_id)
+            } else {
+                container_name(sandbox_id)
+            };
+            let opts = bollard::query_parameters::RenameContainerOptionsBuilder::default()
+                .name(&name)
+                .build();
+            self.inner
+                .docker
+                .rename_container(placement.id(), opts)
+                .await
+                .map_err(|e| api(format!("rename container {} to {name}", placement.id()), e))
+        })
+    }
+
     fn built_image<'a>(
         &'a self,
         reference: &'a str,

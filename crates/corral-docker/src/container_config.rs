@@ -118,6 +118,16 @@ pub fn container_name(sandbox_id: &str) -> String {
     format!("corral-{sandbox_id}")
 }
 
+/// The prefix of the name of a sandbox's container while its session is
+/// paused to disk (`Backend::mark_paused`): what every corral on the host
+/// reads as "keep it".
+pub const PAUSED_NAME_PREFIX: &str = "corral-paused-";
+
+/// The container name for a sandbox of a session paused to disk.
+pub fn paused_container_name(sandbox_id: &str) -> String {
+    format!("{PAUSED_NAME_PREFIX}{sandbox_id}")
+}
+
 /// What the agent of a sandbox that resets in place needs on top.
 pub const PRISTINE_CAPS: [&str; 3] = corral_core::spec::PRISTINE_AGENT_CAPS;
 

@@ -28,7 +28,14 @@ pub(crate) async fn list(backend: &DockerBackend) -> Result<Vec<SandboxInfo>, Er
     Ok(list
         .into_iter()
         .map(|c| {
-            let l = c.labels.unwrap_or_default();
+            let mut l = c.labels.unwrap_or_default();
+            let paused = c.names.iter().flatten().any(|n| {
+                n.trim_start_matches('/')
+                    .starts_with(crate::container_config::PAUSED_NAME_PREFIX)
+            });
+            if paused {
+                l.insert(labels::PAUSED.to_string(), "true".to_string());
+            }
             SandboxInfo {
                 sandbox_id: l.get(labels::SANDBOX).cloned().unwrap_or_default(),
                 placement: Placement(c.id.unwrap_or_default()),

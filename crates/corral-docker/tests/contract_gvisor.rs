@@ -697,6 +697,22 @@ async fn gvisor_an_idle_session_pauses_to_disk_and_outlives_its_provider() {
         .join(format!("{sandbox_id}.json"))
         .exists());
 
+    // Every corral on the host keeps it, not only one reading this store:
+    // another's listing, which knows nothing of the record, judges it kept
+    // (what its orphan reaper and `gc --all` go by).
+    let elsewhere = private_snapshot_dir("gvisor_idle_pause_elsewhere");
+    let other = runtime_in(&elsewhere).await;
+    let seen = other.list_sandboxes().await.expect("list");
+    let ours = seen
+        .iter()
+        .find(|i| i.sandbox_id == sandbox_id)
+        .expect("listed");
+    assert_eq!(
+        ours.ownership,
+        corral::labels::Ownership::Persistent,
+        "another corral would remove a sandbox paused to disk"
+    );
+    let _ = std::fs::remove_dir_all(&elsewhere);
     let runtime = runtime_in(&dir).await;
     // The orphan reaper keeps a sandbox paused to disk.
     runtime.gc(false).await.expect("gc");

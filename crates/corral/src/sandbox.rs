@@ -614,6 +614,15 @@ impl Sandbox {
         };
         if let Err(e) = self.inner.runtime.inner.held.put_paused(&record).await {
             tracing::warn!(sandbox = %self.inner.id, error = %e, "cannot record a sandbox paused to disk: it will not outlive this process");
+            return;
+        }
+        // Every corral on the host (their orphan reapers) keeps it now.
+        let backend = &self.inner.runtime.inner.backend;
+        if let Err(e) = backend
+            .mark_paused(&self.placement(), &self.inner.id, true)
+            .await
+        {
+            tracing::warn!(sandbox = %self.inner.id, error = %e, "cannot mark a sandbox paused to disk: another corral's reaper may remove it once this process ends");
         }
     }
 
@@ -630,6 +639,16 @@ impl Sandbox {
             let runtime = &self.inner.runtime;
             let placement = self.placement();
             runtime.inner.backend.restore(&placement, &dir).await?;
+            if lock(&self.inner.session).is_some() {
+                if let Err(e) = runtime
+                    .inner
+                    .backend
+                    .mark_paused(&placement, &self.inner.id, false)
+                    .await
+                {
+                    tracing::warn!(sandbox = %self.inner.id, error = %e, "cannot unmark a resumed sandbox");
+                }
+            }
             let conn = runtime
                 .connect_as(&placement, &self.inner.id, &self.inner.spec, true)
                 .await?;
