@@ -343,6 +343,12 @@ def test_a_sandbox_paused_to_disk_outlives_a_restart_of_the_service(tmp_path) ->
         r = again.run("echo no", raise_on_failure=False)
         assert r.failure is not None and "paused" in r.failure.message, r
         again.resume()
+        # Its container's owner labels name the first service: it stays
+        # marked, or another corral's reaper would take it for an orphan.
+        name = subprocess.run(
+            ["docker", "inspect", "-f", "{{.Name}}", sb.container_id], capture_output=True, text=True
+        ).stdout.strip()
+        assert name.startswith("/corral-paused-"), name
         assert _count(again) >= before, "the counter started over"
         # The store of checkpoints and records is nowhere inside.
         seen = again.run(f"test -e {snapshots} && echo present; find / -xdev -name '*.live' 2>/dev/null").stdout

@@ -82,6 +82,11 @@ struct Inner {
     /// What the front end that made it noted ([`Sandbox::set_note`]):
     /// kept with its record when it is paused to disk.
     notes: Mutex<std::collections::BTreeMap<String, String>>,
+    /// Made by an earlier process ([`Sandbox::dormant`]): its container's
+    /// owner labels name that process, so once resumed it stays marked
+    /// paused (`Backend::mark_paused`), or every other corral's orphan
+    /// reaper would take it for an orphan. Deleting it removes it.
+    adopted: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -161,6 +166,7 @@ impl Sandbox {
                 session: Mutex::new(None),
                 base: Mutex::new(base),
                 notes: Mutex::new(Default::default()),
+                adopted: false,
             }),
         }
     }
@@ -197,6 +203,7 @@ impl Sandbox {
                 session: Mutex::new(Some(record.session)),
                 base: Mutex::new(None),
                 notes: Mutex::new(record.notes),
+                adopted: true,
             }),
         }
     }
@@ -639,7 +646,7 @@ impl Sandbox {
             let runtime = &self.inner.runtime;
             let placement = self.placement();
             runtime.inner.backend.restore(&placement, &dir).await?;
-            if lock(&self.inner.session).is_some() {
+            if lock(&self.inner.session).is_some() && !self.inner.adopted {
                 if let Err(e) = runtime
                     .inner
                     .backend
